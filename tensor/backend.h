@@ -1,0 +1,124 @@
+#pragma once
+// The backend interface: every op Strata's models need, declared once, implemented once per
+// device (tensor/cpu, tensor/cuda). See Note [Backend contract].
+//
+// Note [Backend contract]
+// The op layer (tensor/ops.h) validates shapes and dtypes, allocates outputs, and makes inputs
+// contiguous unless a method says it takes any layout. A backend method therefore receives
+// well-formed arguments on its own device: outputs are allocated, contiguous and of the documented
+// shape. Unless noted, float tensors are F32. Methods must be deterministic: the same inputs give
+// the same bits whatever the thread count (no order-dependent atomics; reductions split the same
+// way every run). Backward methods write (not accumulate) their outputs unless they say so.
+#include <vector>
+
+#include "core/rng.h"
+#include "tensor/tensor.h"
+
+namespace strata::tensor {
+
+enum class BinaryOp : uint8_t { Add, Sub, Mul, Div };
+enum class UnaryOp : uint8_t { Gelu, Silu, Relu, Exp, Log, Neg, Sqrt, Square, Tanh };
+enum class ReduceOp : uint8_t { Sum, Mean, Max };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+
+  // ---- memory ----
+  // dst = src: same shape; any layouts (both); any dtypes (converts); src may be on another
+  // device of which this backend can read (CPU<->CUDA goes through the CUDA backend).
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  virtual void fill(Tensor& dst, double value) = 0;  // any layout, any dtype
+  virtual void arange(Tensor& dst, double start, double step) = 0;  // contiguous, any dtype
+  virtual void random_uniform(Tensor& dst, RngKey key, float lo, float hi) = 0;
+  virtual void random_normal(Tensor& dst, RngKey key, float mean, float stddev) = 0;
+  // out = concat of xs along dim (xs any layout, same dtype).
+  virtual void concat(const std::vector<Tensor>& xs, int dim, Tensor& out) = 0;
+
+  // ---- elementwise ----
+  // out = a (op) b, broadcasting a and b (any layouts, possibly zero strides) to out's shape.
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // out = alpha * x + beta (x any layout).
+  virtual void affine(const Tensor& x, float alpha, float beta, Tensor& out) = 0;
+  // y += alpha * x (contiguous, same shape). The accumulation primitive of autograd.
+  virtual void axpy(float alpha, const Tensor& x, Tensor& y) = 0;
+  virtual void unary(UnaryOp op, const Tensor& x, Tensor& out) = 0;
+  // dx = dy * d op(x)/dx.
+  virtual void unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  // out = x + bias (bias [C] over the last dim of x [.., C]).
+  virtual void bias_add(const Tensor& x, const Tensor& bias, Tensor& out) = 0;
+  // Dropout with keep-mask drawn from `key` (Note [Deterministic RNG]): out = x * mask / (1 - p).
+  // The same key gives the same mask, so backward calls this with dy instead of storing the mask.
+  virtual void dropout(const Tensor& x, float p, RngKey key, Tensor& out) = 0;
+
+  // ---- reductions ----
+  // out = x summed over the dims where out (right-aligned, may have fewer dims) has size 1 or
+  // is missing: the backward of broadcasting.
+  virtual void sum_to(const Tensor& x, Tensor& out) = 0;
+  // Reduce over `dim` of x; out has x's shape with dim removed (or kept as 1: same memory).
+  // For Max, `indices` (I64, same shape as out) receives the argmax (first on ties).
+  virtual void reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) = 0;
+  // Sum of squares of all elements, accumulated in double then returned (x any float dtype).
+  virtual double sum_squares(const Tensor& x) = 0;
+
+  // ---- matmul ----
+  // out = alpha * op(a) @ op(b) + beta * out, op = transpose of the last two dims when asked.
+  // a: [..., M, K] (or [..., K, M] if trans_a), b: [..., K, N] (or [..., N, K]) or 2-D (shared
+  // across the batch), out: [..., M, N]. Batch dims of a and out are equal; b's are equal or
+  // absent. F32 everywhere, or BF16 a/b with F32 or BF16 out where supported.
+  virtual void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
+                      float alpha, float beta) = 0;
+
+  // ---- normalisation ----
+  // x [N, C]; weight, bias [C]; y [N, C]; mean, rstd [N].
+  virtual void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 float eps, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                                  Tensor& dbias) = 0;
+  // x [N, C]; weight [C]; y [N, C]; rstd [N].
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                               Tensor& rstd) = 0;
+  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                const Tensor& rstd, Tensor& dx, Tensor& dweight) = 0;
+  // Softmax over the last dim of x [N, C].
+  virtual void softmax_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+
+  // ---- attention ----
+  // Fused scaled-dot-product attention. q [B, H, Tq, D], k, v [B, H, Tk, D], out [B, H, Tq, D],
+  // lse [B, H, Tq] (log-sum-exp of each score row: all backward needs besides q, k, v, out;
+  // no Tq x Tk matrix is kept). Causal masks key j > query i + (Tk - Tq).
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                 float scale, Tensor& out, Tensor& lse) = 0;
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                  bool causal, float scale, Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+  // Rotary embedding on x [B, T, H, D] (D even; pairs (2i, 2i+1) rotate), cos/sin [T, D/2].
+  // inverse = true rotates by -theta (the backward).
+  virtual void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
+                      Tensor& out) = 0;
+
+  // ---- embedding and loss ----
+  // ids [N] (I32 or I64); weight [V, C]; out [N, C]. Out-of-range ids are a UserError.
+  virtual void embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) = 0;
+  // dweight [V, C] += scatter of dout [N, C] by ids, deterministically (ACCUMULATES).
+  virtual void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) = 0;
+  // logits [N, V]; targets [N] (I32/I64). losses [N] (0 where target == ignore_index),
+  // lse [N]. Out-of-range targets (other than ignore_index) are a UserError.
+  virtual void cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                     int64_t ignore_index, Tensor& losses, Tensor& lse) = 0;
+  // dlogits = (softmax(logits) - onehot(target)) * dloss[row]; rows with ignore_index get 0.
+  // dloss [N] is the gradient of the total objective w.r.t. each row's loss.
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                      const Tensor& lse, const Tensor& dloss, int64_t ignore_index,
+                                      Tensor& dlogits) = 0;
+};
+
+// The backend for a device. CPU is always there; CUDA registers itself when built and a GPU is
+// present (otherwise asking for it is a UserError).
+Backend& backend_for(Device device);
+void register_backend(DeviceType type, Backend* backend);
+
+}  // namespace strata::tensor

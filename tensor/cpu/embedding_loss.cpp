@@ -1,0 +1,3 @@
+#include "tensor/cpu/cpu_backend.h"
+
+namespace strata::tensor::cpu {}  // namespace strata::tensor::cpu

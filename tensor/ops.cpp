@@ -1,0 +1,439 @@
+#include "tensor/ops.h"
+
+#include <cmath>
+
+namespace strata::tensor {
+
+namespace {
+
+Backend& be(const Tensor& t) {
+  STRATA_CHECK(t.defined(), "op on an undefined tensor");
+  return backend_for(t.device());
+}
+
+void same_device(const Tensor& a, const Tensor& b, const char* op) {
+  if (!(a.device() == b.device()))
+    user_error("{}: tensors on different devices ({} and {})", op, a.device().str(),
+               b.device().str());
+}
+
+void require_float(const Tensor& t, const char* op) {
+  STRATA_CHECK(is_floating(t.dtype()), "{}: expected a float tensor, got {}", op, t.str());
+}
+
+void require_f32(const Tensor& t, const char* op) {
+  STRATA_CHECK(t.dtype() == DType::F32, "{}: expected f32, got {}", op, t.str());
+}
+
+void require_int(const Tensor& t, const char* op) {
+  STRATA_CHECK(t.dtype() == DType::I32 || t.dtype() == DType::I64, "{}: expected i32/i64 ids, got {}",
+               op, t.str());
+}
+
+Tensor like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  same_device(a, b, name);
+  require_f32(a, name);
+  require_f32(b, name);
+  Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape()), DType::F32, a.device());
+  be(a).binary(op, a, b, out);
+  return out;
+}
+
+float default_scale(const Tensor& q, float scale) {
+  return scale > 0.f ? scale : 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
+}
+
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  STRATA_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4,
+               "attention expects [B, H, T, D] tensors, got q {} k {} v {}", q.str(), k.str(),
+               v.str());
+  STRATA_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
+                   k.shape() == v.shape(),
+               "attention shapes disagree: q {} k {} v {}", q.str(), k.str(), v.str());
+  require_f32(q, "attention");
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b, "add"); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, a, b, "sub"); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Mul, a, b, "mul"); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Div, a, b, "div"); }
+
+Tensor scale(const Tensor& x, float alpha) { return affine(x, alpha, 0.f); }
+
+Tensor affine(const Tensor& x, float alpha, float beta) {
+  require_f32(x, "affine");
+  Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
+  be(x).affine(x, alpha, beta, out);
+  return out;
+}
+
+void axpy_(float alpha, const Tensor& x, Tensor& y) {
+  same_device(x, y, "axpy");
+  STRATA_CHECK(x.shape() == y.shape(), "axpy: {} vs {}", x.str(), y.str());
+  STRATA_CHECK(y.is_contiguous(), "axpy: destination must be contiguous");
+  require_f32(y, "axpy");
+  be(y).axpy(alpha, x.contiguous().to(DType::F32), y);
+}
+
+Tensor unary(UnaryOp op, const Tensor& x) {
+  require_f32(x, "unary");
+  Tensor xc = x.contiguous();
+  Tensor out = like(xc);
+  be(x).unary(op, xc, out);
+  return out;
+}
+
+Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy) {
+  STRATA_CHECK(x.shape() == dy.shape(), "unary_backward: {} vs {}", x.str(), dy.str());
+  Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  Tensor dx = like(xc);
+  be(x).unary_backward(op, xc, dyc, dx);
+  return dx;
+}
+
+Tensor bias_add(const Tensor& x, const Tensor& bias) {
+  same_device(x, bias, "bias_add");
+  STRATA_CHECK(bias.ndim() == 1 && x.ndim() >= 1 && bias.size(0) == x.size(-1),
+               "bias_add: bias {} does not match the last dim of {}", bias.str(), x.str());
+  Tensor xc = x.contiguous(), bc = bias.contiguous();
+  Tensor out = like(xc);
+  be(x).bias_add(xc, bc, out);
+  return out;
+}
+
+Tensor dropout(const Tensor& x, float p, RngKey key) {
+  STRATA_CHECK(p >= 0.f && p < 1.f, "dropout probability {} must be in [0, 1)", p);
+  Tensor xc = x.contiguous();
+  Tensor out = like(xc);
+  be(x).dropout(xc, p, key, out);
+  return out;
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  STRATA_CHECK(broadcast_shapes(shape, x.shape()) == x.shape(), "sum_to: {} is not broadcastable to {}",
+               shape.str(), x.shape().str());
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  be(x).sum_to(x, out);
+  return out;
+}
+
+namespace {
+Tensor reduce(ReduceOp op, const Tensor& x, int dim, bool keepdim, Tensor* indices) {
+  dim = x.shape().normalize(dim);
+  Shape s = x.shape();
+  s[dim] = 1;
+  Tensor out = Tensor::empty(s, x.dtype(), x.device());
+  if (indices) *indices = Tensor::empty(s, DType::I64, x.device());
+  be(x).reduce(op, x, dim, out, indices);
+  if (!keepdim) {
+    out = out.squeeze(dim);
+    if (indices) *indices = indices->squeeze(dim);
+  }
+  return out;
+}
+}  // namespace
+
+Tensor sum(const Tensor& x, int dim, bool keepdim) { return reduce(ReduceOp::Sum, x, dim, keepdim, nullptr); }
+Tensor mean(const Tensor& x, int dim, bool keepdim) {
+  return reduce(ReduceOp::Mean, x, dim, keepdim, nullptr);
+}
+MaxResult max(const Tensor& x, int dim, bool keepdim) {
+  MaxResult r;
+  r.values = reduce(ReduceOp::Max, x, dim, keepdim, &r.indices);
+  return r;
+}
+
+Tensor sum_all(const Tensor& x) {
+  Tensor flat = x.reshape({x.numel()});
+  Tensor out = Tensor::empty({1}, x.dtype(), x.device());
+  be(x).reduce(ReduceOp::Sum, flat, 0, out, nullptr);
+  return out.view(Shape{});
+}
+
+double sum_squares(const Tensor& x) { return be(x).sum_squares(x); }
+double l2_norm(const Tensor& x) { return std::sqrt(sum_squares(x)); }
+double global_l2_norm(const std::vector<Tensor>& xs) {
+  double s = 0;
+  for (const Tensor& x : xs) s += sum_squares(x);
+  return std::sqrt(s);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  STRATA_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul needs at least 2-d inputs: {} and {}",
+               a.str(), b.str());
+  Shape s = a.shape();
+  int64_t m = trans_a ? a.size(-1) : a.size(-2);
+  int64_t n = trans_b ? b.size(-2) : b.size(-1);
+  s[s.ndim() - 2] = m;
+  s[s.ndim() - 1] = n;
+  DType out_dtype = a.dtype() == DType::BF16 && b.dtype() == DType::BF16 ? DType::F32 : a.dtype();
+  Tensor out = Tensor::empty(s, out_dtype, a.device());
+  matmul_out(a, b, out, trans_a, trans_b, 1.f, 0.f);
+  return out;
+}
+
+void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
+                float alpha, float beta) {
+  same_device(a, b, "matmul");
+  require_float(a, "matmul");
+  require_float(b, "matmul");
+  STRATA_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ ({} and {})", a.str(), b.str());
+  int64_t k_a = trans_a ? a.size(-2) : a.size(-1);
+  int64_t k_b = trans_b ? b.size(-1) : b.size(-2);
+  int64_t m = trans_a ? a.size(-1) : a.size(-2);
+  int64_t n = trans_b ? b.size(-2) : b.size(-1);
+  STRATA_CHECK(k_a == k_b, "matmul: inner dims differ: {}{} @ {}{}", a.str(), trans_a ? "^T" : "",
+               b.str(), trans_b ? "^T" : "");
+  STRATA_CHECK(out.ndim() == a.ndim() && out.size(-2) == m && out.size(-1) == n &&
+                   out.is_contiguous(),
+               "matmul: output {} does not fit {} @ {}", out.str(), a.str(), b.str());
+  for (int i = 0; i + 2 < a.ndim(); ++i) STRATA_CHECK(out.size(i) == a.size(i), "matmul batch dims");
+  if (b.ndim() > 2) {
+    STRATA_CHECK(b.ndim() == a.ndim(), "matmul: batched b {} must match a {}", b.str(), a.str());
+    for (int i = 0; i + 2 < a.ndim(); ++i)
+      STRATA_CHECK(b.size(i) == a.size(i), "matmul: batch dims differ: {} and {}", a.str(), b.str());
+  }
+  be(a).matmul(a.contiguous(), b.contiguous(), out, trans_a, trans_b, alpha, beta);
+}
+
+NormResult layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  int64_t c = x.size(-1);
+  STRATA_CHECK(weight.shape() == Shape{c} && bias.shape() == Shape{c},
+               "layernorm: weight {} / bias {} must be [{}]", weight.str(), bias.str(), c);
+  require_f32(x, "layernorm");
+  Tensor x2 = x.contiguous().view({-1, c});
+  NormResult r;
+  r.y = Tensor::empty(x.shape(), DType::F32, x.device());
+  r.mean = Tensor::empty({x2.size(0)}, DType::F32, x.device());
+  r.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
+  Tensor y2 = r.y.view({-1, c});
+  be(x).layernorm_forward(x2, weight.contiguous(), bias.contiguous(), eps, y2, r.mean, r.rstd);
+  return r;
+}
+
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd) {
+  int64_t c = x.size(-1);
+  Tensor x2 = x.contiguous().view({-1, c});
+  Tensor dy2 = dy.contiguous().view({-1, c});
+  LayerNormGrads g;
+  g.dx = Tensor::empty(x.shape(), DType::F32, x.device());
+  g.dweight = Tensor::empty({c}, DType::F32, x.device());
+  g.dbias = Tensor::empty({c}, DType::F32, x.device());
+  Tensor dx2 = g.dx.view({-1, c});
+  be(x).layernorm_backward(dy2, x2, weight.contiguous(), mean, rstd, dx2, g.dweight, g.dbias);
+  return g;
+}
+
+NormResult rmsnorm(const Tensor& x, const Tensor& weight, float eps) {
+  int64_t c = x.size(-1);
+  STRATA_CHECK(weight.shape() == Shape{c}, "rmsnorm: weight {} must be [{}]", weight.str(), c);
+  require_f32(x, "rmsnorm");
+  Tensor x2 = x.contiguous().view({-1, c});
+  NormResult r;
+  r.y = Tensor::empty(x.shape(), DType::F32, x.device());
+  r.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
+  Tensor y2 = r.y.view({-1, c});
+  be(x).rmsnorm_forward(x2, weight.contiguous(), eps, y2, r.rstd);
+  return r;
+}
+
+RmsNormGrads rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                              const Tensor& rstd) {
+  int64_t c = x.size(-1);
+  Tensor x2 = x.contiguous().view({-1, c});
+  Tensor dy2 = dy.contiguous().view({-1, c});
+  RmsNormGrads g;
+  g.dx = Tensor::empty(x.shape(), DType::F32, x.device());
+  g.dweight = Tensor::empty({c}, DType::F32, x.device());
+  Tensor dx2 = g.dx.view({-1, c});
+  be(x).rmsnorm_backward(dy2, x2, weight.contiguous(), rstd, dx2, g.dweight);
+  return g;
+}
+
+Tensor softmax(const Tensor& x) {
+  require_f32(x, "softmax");
+  int64_t c = x.size(-1);
+  Tensor x2 = x.contiguous().view({-1, c});
+  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor y2 = y.view({-1, c});
+  be(x).softmax_forward(x2, y2);
+  return y;
+}
+
+Tensor softmax_backward(const Tensor& y, const Tensor& dy) {
+  int64_t c = y.size(-1);
+  Tensor y2 = y.contiguous().view({-1, c});
+  Tensor dy2 = dy.contiguous().view({-1, c});
+  Tensor dx = Tensor::empty(y.shape(), DType::F32, y.device());
+  Tensor dx2 = dx.view({-1, c});
+  be(y).softmax_backward(y2, dy2, dx2);
+  return dx;
+}
+
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                          float scale) {
+  check_attention(q, k, v);
+  AttentionResult r;
+  r.out = Tensor::empty(q.shape(), DType::F32, q.device());
+  r.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::F32, q.device());
+  be(q).attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), causal,
+                          default_scale(q, scale), r.out, r.lse);
+  return r;
+}
+
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                  bool causal, float scale) {
+  check_attention(q, k, v);
+  STRATA_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(), "attention_backward shapes");
+  AttentionGrads g;
+  g.dq = Tensor::empty(q.shape(), DType::F32, q.device());
+  g.dk = Tensor::empty(k.shape(), DType::F32, q.device());
+  g.dv = Tensor::empty(v.shape(), DType::F32, q.device());
+  be(q).attention_backward(q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
+                           lse.contiguous(), dout.contiguous(), causal, default_scale(q, scale),
+                           g.dq, g.dk, g.dv);
+  return g;
+}
+
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+  STRATA_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0, "rotary expects x [B, T, H, D] with even D, got {}",
+               x.str());
+  STRATA_CHECK(cos.shape() == Shape({x.size(1), x.size(3) / 2}) && sin.shape() == cos.shape(),
+               "rotary tables {} must be [T, D/2] for x {}", cos.str(), x.str());
+  Tensor xc = x.contiguous();
+  Tensor out = like(xc);
+  be(x).rotary(xc, cos.contiguous(), sin.contiguous(), inverse, out);
+  return out;
+}
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t T, int64_t head_dim, double theta, int64_t start,
+                                        Device device) {
+  int64_t half = head_dim / 2;
+  std::vector<float> c(static_cast<size_t>(T * half)), s(c.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+      double ang = static_cast<double>(start + t) * freq;
+      c[t * half + i] = static_cast<float>(std::cos(ang));
+      s[t * half + i] = static_cast<float>(std::sin(ang));
+    }
+  return {from_vector(c, {T, half}).to(device), from_vector(s, {T, half}).to(device)};
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  same_device(weight, ids, "embedding");
+  require_int(ids, "embedding");
+  STRATA_CHECK(weight.ndim() == 2, "embedding weight must be [V, C], got {}", weight.str());
+  Tensor flat = ids.contiguous().reshape({ids.numel()});
+  Shape s = ids.shape();
+  s.push_back(weight.size(1));
+  Tensor out = Tensor::empty(s, weight.dtype(), weight.device());
+  Tensor out2 = out.view({ids.numel(), weight.size(1)});
+  be(weight).embedding_forward(weight.contiguous(), flat, out2);
+  return out;
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
+  STRATA_CHECK(dweight.is_contiguous() && dweight.ndim() == 2, "embedding_backward: dweight {}",
+               dweight.str());
+  Tensor flat = ids.contiguous().reshape({ids.numel()});
+  Tensor d2 = dout.contiguous().reshape({ids.numel(), dweight.size(1)});
+  be(dweight).embedding_backward(flat, d2, dweight);
+}
+
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  same_device(logits, targets, "cross_entropy");
+  require_int(targets, "cross_entropy");
+  require_f32(logits, "cross_entropy");
+  int64_t v = logits.size(-1);
+  Tensor l2 = logits.contiguous().reshape({-1, v});
+  Tensor t = targets.contiguous().reshape({targets.numel()});
+  STRATA_CHECK(l2.size(0) == t.size(0), "cross_entropy: {} logit rows but {} targets", l2.size(0),
+               t.size(0));
+  CrossEntropyResult r;
+  r.losses = Tensor::empty({t.size(0)}, DType::F32, logits.device());
+  r.lse = Tensor::empty({t.size(0)}, DType::F32, logits.device());
+  be(logits).cross_entropy_forward(l2, t, ignore_index, r.losses, r.lse);
+  r.count = count_valid(t, ignore_index);
+  return r;
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              const Tensor& dloss, int64_t ignore_index) {
+  int64_t v = logits.size(-1);
+  Tensor l2 = logits.contiguous().reshape({-1, v});
+  Tensor t = targets.contiguous().reshape({targets.numel()});
+  Tensor dlogits = Tensor::empty(logits.shape(), DType::F32, logits.device());
+  Tensor d2 = dlogits.view({-1, v});
+  be(logits).cross_entropy_backward(l2, t, lse.contiguous(), dloss.contiguous(), ignore_index, d2);
+  return dlogits;
+}
+
+int64_t count_valid(const Tensor& targets, int64_t ignore_index) {
+  int64_t n = 0;
+  for (int64_t t : to_int_vector(targets)) n += t != ignore_index;
+  return n;
+}
+
+Tensor concat(const std::vector<Tensor>& xs, int dim) {
+  STRATA_CHECK(!xs.empty(), "concat of no tensors");
+  dim = xs[0].shape().normalize(dim);
+  Shape s = xs[0].shape();
+  s[dim] = 0;
+  for (const Tensor& x : xs) {
+    same_device(xs[0], x, "concat");
+    STRATA_CHECK(x.ndim() == s.ndim() && x.dtype() == xs[0].dtype(), "concat: {} vs {}", x.str(),
+                 xs[0].str());
+    for (int i = 0; i < s.ndim(); ++i)
+      if (i != dim)
+        STRATA_CHECK(x.size(i) == xs[0].size(i), "concat: {} vs {} off dim {}", x.str(),
+                     xs[0].str(), dim);
+    s[dim] += x.size(dim);
+  }
+  Tensor out = Tensor::empty(s, xs[0].dtype(), xs[0].device());
+  be(out).concat(xs, dim, out);
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim) {
+  dim = x.shape().normalize(dim);
+  std::vector<Tensor> out;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    out.push_back(x.narrow(dim, start, s));
+    start += s;
+  }
+  STRATA_CHECK(start == x.size(dim), "split sizes add up to {}, dim has {}", start, x.size(dim));
+  return out;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  STRATA_CHECK(a.shape() == b.shape(), "max_abs_diff: {} vs {}", a.str(), b.str());
+  std::vector<float> va = to_float_vector(a), vb = to_float_vector(b);
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    double d = std::fabs(static_cast<double>(va[i]) - vb[i]);
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  if (!(a.shape() == b.shape())) return false;
+  std::vector<float> va = to_float_vector(a), vb = to_float_vector(b);
+  for (size_t i = 0; i < va.size(); ++i) {
+    double d = std::fabs(static_cast<double>(va[i]) - vb[i]);
+    if (!(d <= atol + rtol * std::fabs(static_cast<double>(vb[i])))) return false;
+  }
+  return true;
+}
+
+}  // namespace strata::tensor

@@ -1,0 +1,60 @@
+# Finds the Debian packages Strata builds against and checks their versions.
+# Nothing is downloaded or vendored: a missing package is a configure error
+# that names the apt package to install (see README.md, "Dependencies").
+
+function(strata_require found pkg apt_name)
+  if(NOT ${found})
+    message(FATAL_ERROR "Strata needs ${pkg}: install it with `apt-get install ${apt_name}` "
+                        "(or run tools/setup.sh)")
+  endif()
+endfunction()
+
+find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+find_package(fmt 9 CONFIG QUIET)
+strata_require(fmt_FOUND fmt libfmt-dev)
+find_package(spdlog 1.10 CONFIG QUIET)
+strata_require(spdlog_FOUND spdlog libspdlog-dev)
+find_package(yaml-cpp 0.7 CONFIG QUIET)
+strata_require(yaml-cpp_FOUND yaml-cpp libyaml-cpp-dev)
+find_package(Eigen3 3.4 CONFIG QUIET)
+strata_require(Eigen3_FOUND Eigen3 libeigen3-dev)
+find_package(nlohmann_json 3.10 CONFIG QUIET)
+strata_require(nlohmann_json_FOUND nlohmann_json nlohmann-json3-dev)
+
+set(STRATA_HAVE_ONEDNN OFF)
+if(STRATA_WITH_ONEDNN)
+  find_package(dnnl CONFIG QUIET)
+  if(dnnl_FOUND)
+    set(STRATA_HAVE_ONEDNN ON)
+  else()
+    message(STATUS "oneDNN not found (apt-get install libdnnl-dev); CPU matmul uses Eigen")
+  endif()
+endif()
+
+set(STRATA_HAVE_MPI OFF)
+if(STRATA_WITH_MPI)
+  find_package(MPI QUIET COMPONENTS CXX)
+  if(MPI_CXX_FOUND)
+    set(STRATA_HAVE_MPI ON)
+  endif()
+endif()
+
+set(STRATA_HAVE_CUDA OFF)
+if(STRATA_WITH_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(STRATA_HAVE_CUDA ON)
+  endif()
+endif()
+
+if(STRATA_BUILD_TESTS)
+  find_package(GTest CONFIG QUIET)
+  strata_require(GTest_FOUND GoogleTest "libgtest-dev libgmock-dev")
+endif()
+if(STRATA_BUILD_BENCH)
+  find_package(benchmark CONFIG QUIET)
+  strata_require(benchmark_FOUND "Google Benchmark" libbenchmark-dev)
+endif()

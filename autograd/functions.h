@@ -1,0 +1,70 @@
+#pragma once
+// Differentiable functions. Each is defined in functions_*.cpp with its backward beside it
+// (Note [Forward and backward side by side]).
+#include <utility>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "core/rng.h"
+#include "tensor/ops.h"
+
+namespace strata::autograd {
+
+// ---- elementwise (broadcasting; gradients are summed back to each input's shape) ----
+Variable add(const Variable& a, const Variable& b);
+Variable sub(const Variable& a, const Variable& b);
+Variable mul(const Variable& a, const Variable& b);
+Variable div(const Variable& a, const Variable& b);
+Variable scale(const Variable& x, float alpha);
+Variable affine(const Variable& x, float alpha, float beta);
+Variable gelu(const Variable& x);  // tanh approximation (GPT-2)
+Variable silu(const Variable& x);
+Variable relu(const Variable& x);
+Variable exp(const Variable& x);
+Variable log(const Variable& x);
+Variable tanh(const Variable& x);
+Variable square(const Variable& x);
+Variable bias_add(const Variable& x, const Variable& bias);
+// Inverted dropout; identity when !training or p == 0. The mask comes from `key`.
+Variable dropout(const Variable& x, float p, RngKey key, bool training = true);
+
+// ---- linear algebra ----
+Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool trans_b = false);
+// x [..., in] @ weight[out, in]^T + bias[out] (bias may be undefined).
+Variable linear(const Variable& x, const Variable& weight, const Variable& bias);
+
+// ---- normalisation (last dim) ----
+Variable layernorm(const Variable& x, const Variable& weight, const Variable& bias, float eps);
+Variable rmsnorm(const Variable& x, const Variable& weight, float eps);
+Variable softmax(const Variable& x);
+
+// ---- attention ----
+// q [B, H, Tq, D], k, v [B, H, Tk, D]; scale <= 0 means 1/sqrt(D).
+Variable attention(const Variable& q, const Variable& k, const Variable& v, bool causal,
+                   float scale = 0.f);
+// x [B, T, H, D] with tables from tensor::rotary_tables (constants, no gradient).
+Variable rotary(const Variable& x, const Tensor& cos, const Tensor& sin);
+
+// ---- embedding and loss ----
+Variable embedding(const Variable& weight, const Tensor& ids);
+// Mean cross-entropy over targets != ignore_index (0 if none); logits [..., V].
+Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+// ---- reductions ----
+Variable sum(const Variable& x, int dim, bool keepdim = false);
+Variable mean(const Variable& x, int dim, bool keepdim = false);
+Variable max(const Variable& x, int dim, bool keepdim = false);  // gradient to the argmax
+Variable sum_all(const Variable& x);
+Variable mean_all(const Variable& x);
+
+// ---- shape (views where the tensor op is a view) ----
+Variable reshape(const Variable& x, const Shape& shape);
+Variable transpose(const Variable& x, int d0, int d1);
+Variable permute(const Variable& x, const std::vector<int>& dims);
+Variable narrow(const Variable& x, int dim, int64_t start, int64_t length);
+Variable slice(const Variable& x, int dim, int64_t start, int64_t end, int64_t step = 1);
+Variable contiguous(const Variable& x);
+Variable concat(const std::vector<Variable>& xs, int dim);
+std::vector<Variable> split(const Variable& x, const std::vector<int64_t>& sizes, int dim);
+
+}  // namespace strata::autograd

@@ -1,0 +1,1 @@
+#include "autograd/variable.h"

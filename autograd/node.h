@@ -36,8 +36,14 @@ class Node : public std::enable_shared_from_this<Node> {
   // Creation order; the engine runs ready nodes latest-created first (deterministic).
   uint64_t sequence_nr() const { return sequence_nr_; }
   std::vector<Edge> next_edges;
-  // Shapes/dtypes/devices of the outputs, so missing output grads can be zero-filled.
-  std::vector<Tensor> output_meta;
+  // Shapes/dtypes/devices of the outputs, so missing output grads can be zero-filled
+  // (only metadata: holding the outputs would keep every activation alive).
+  struct OutputMeta {
+    Shape shape;
+    DType dtype;
+    Device device;
+  };
+  std::vector<OutputMeta> output_meta;
   // Run right before apply (module backward pre-hooks, etc.).
   std::vector<std::function<void()>> pre_hooks;
 
@@ -74,8 +80,11 @@ class AccumulateGrad final : public Node {
 // Wraps forward results into Variables connected to `inputs` through a node running `backward`.
 // With grad mode off or no input requiring grad, returns plain (non-graph) variables and drops
 // `backward`. `backward` returns one tensor per input (undefined where none is needed).
+// `always` builds the node (grad mode permitting) even if no input requires grad: for functions
+// such as checkpoint whose parameters are not among `inputs`.
 std::vector<Variable> make_outputs(std::string name, std::vector<Tensor> outputs,
-                                   const std::vector<Variable>& inputs, BackwardFn backward);
+                                   const std::vector<Variable>& inputs, BackwardFn backward,
+                                   bool always = false);
 Variable make_output(std::string name, Tensor output, const std::vector<Variable>& inputs,
                      BackwardFn backward);
 

@@ -94,7 +94,8 @@ Shape infer_shape(const Shape& shape, int64_t numel, const Shape& from) {
 // (the chunking rule: each run of merged/split dims must be contiguous within itself).
 bool view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape, Shape& out) {
   out.resize(new_shape.ndim());
-  if (shape.numel() == 0) {
+  // Empty and 0-d tensors: any layout of the same numel is a view.
+  if (shape.numel() == 0 || shape.ndim() == 0) {
     out = new_shape.contiguous_strides();
     return true;
   }

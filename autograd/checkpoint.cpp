@@ -1,0 +1,57 @@
+#include "autograd/checkpoint.h"
+
+#include "autograd/engine.h"
+#include "autograd/node.h"
+#include "autograd/rng_context.h"
+
+namespace strata::autograd {
+
+std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs) {
+  if (!GradMode::is_enabled()) return fn(inputs);
+  Generator& gen = current_generator();
+  const uint64_t seed = gen.seed(), offset = gen.offset();
+  std::vector<Variable> first;
+  {
+    NoGradGuard no_grad;
+    first = fn(inputs);
+  }
+  std::vector<Tensor> outs;
+  for (const Variable& v : first) outs.push_back(v.data());
+  std::vector<Tensor> saved_inputs;
+  std::vector<bool> input_needs_grad;
+  for (const Variable& v : inputs) {
+    saved_inputs.push_back(v.data());
+    input_needs_grad.push_back(v.requires_grad());
+  }
+  // Note [Activation checkpointing]: the recompute sees the generator as the first run did.
+  BackwardFn backward = [fn, saved_inputs, input_needs_grad, seed,
+                         offset](const std::vector<Tensor>& grad_outputs) {
+    std::vector<Variable> detached;
+    for (size_t i = 0; i < saved_inputs.size(); ++i)
+      detached.emplace_back(saved_inputs[i], static_cast<bool>(input_needs_grad[i]));
+    Generator& g = current_generator();
+    const uint64_t cur_seed = g.seed(), cur_offset = g.offset();
+    g.set_state(seed, offset);
+    std::vector<Variable> again;
+    {
+      EnableGradGuard grad_on;
+      again = fn(detached);
+    }
+    g.set_state(cur_seed, cur_offset);
+    std::vector<Variable> roots;
+    std::vector<Tensor> root_grads;
+    for (size_t i = 0; i < again.size(); ++i)
+      if (again[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(again[i]);
+        root_grads.push_back(grad_outputs[i]);
+      }
+    if (!roots.empty()) autograd::backward(roots, root_grads);
+    std::vector<Tensor> input_grads;
+    for (const Variable& d : detached) input_grads.push_back(d.requires_grad() ? d.grad() : Tensor());
+    return input_grads;
+  };
+  // Always a node: parameters used inside fn need gradients even when no input does.
+  return make_outputs("Checkpoint", std::move(outs), inputs, std::move(backward), true);
+}
+
+}  // namespace strata::autograd

@@ -1,0 +1,125 @@
+#include "autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+
+#include "tensor/ops.h"
+
+namespace strata::autograd {
+
+namespace {
+
+struct ByLatestFirst {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+};
+
+std::shared_ptr<Node> root_node(const Variable& v, int& slot) {
+  if (v.is_leaf()) {
+    slot = 0;
+    return v.grad_accumulator();
+  }
+  slot = v.output_nr();
+  return v.grad_fn();
+}
+
+void accumulate(std::vector<Tensor>& buffer, int slot, Tensor g) {
+  if (!g.defined()) return;
+  Tensor& b = buffer[slot];
+  // Out of place: a backward may hand the same tensor to several inputs.
+  b = b.defined() ? tensor::add(b, g) : std::move(g);
+}
+
+}  // namespace
+
+void backward(const std::vector<Variable>& roots, const std::vector<Tensor>& grads) {
+  STRATA_CHECK(grads.empty() || grads.size() == roots.size(), "{} grads for {} roots", grads.size(),
+               roots.size());
+  // Count, for every node reachable from the roots, how many edges lead into it.
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
+  std::vector<Node*> stack;
+  std::vector<std::pair<std::shared_ptr<Node>, int>> seeds;
+  for (const Variable& r : roots) {
+    STRATA_CHECK(r.defined() && r.requires_grad(),
+                 "backward from a variable that does not require grad (did the forward run under "
+                 "NoGradGuard, or do no parameters require grad?)");
+    int slot = 0;
+    std::shared_ptr<Node> n = root_node(r, slot);
+    seeds.emplace_back(n, slot);
+    if (keep_alive.emplace(n.get(), n).second) {
+      deps.emplace(n.get(), 0);
+      stack.push_back(n.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.node) continue;
+      auto [it, fresh] = deps.emplace(e.node.get(), 0);
+      ++it->second;
+      if (fresh) {
+        keep_alive.emplace(e.node.get(), e.node);
+        stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  auto buffer_of = [&](Node* n) -> std::vector<Tensor>& {
+    auto [it, fresh] = buffers.try_emplace(n);
+    if (fresh) it->second.resize(n->num_outputs());
+    return it->second;
+  };
+  for (size_t i = 0; i < roots.size(); ++i) {
+    auto& [node, slot] = seeds[i];
+    Tensor g = grads.empty() ? Tensor() : grads[i];
+    const Tensor& data = roots[i].data();
+    if (!g.defined()) {
+      STRATA_CHECK(data.numel() == 1,
+                   "backward of a non-scalar ({}) needs an explicit gradient", data.str());
+      g = tensor::ones(data.shape(), data.dtype(), data.device());
+    }
+    STRATA_CHECK(g.shape() == data.shape(), "root gradient {} for {}", g.str(), data.str());
+    accumulate(buffer_of(node.get()), slot, g);
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, ByLatestFirst> ready;
+  for (auto& [node, slot] : seeds)
+    if (deps[node.get()] == 0) {
+      deps[node.get()] = -1;  // queued
+      ready.push(node.get());
+    }
+
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> in = std::move(buffer_of(n));
+    buffers.erase(n);
+    bool any = false;
+    for (const Tensor& t : in) any = any || t.defined();
+    std::vector<Tensor> out;
+    bool is_accumulate = dynamic_cast<AccumulateGrad*>(n) != nullptr;
+    if (any || is_accumulate) {
+      for (size_t i = 0; i < in.size(); ++i)
+        if (!in[i].defined() && !is_accumulate) {
+          const auto& m = n->output_meta[i];
+          in[i] = tensor::zeros(m.shape, m.dtype, m.device);
+        }
+      for (auto& hook : n->pre_hooks) hook();
+      out = n->apply(std::move(in));
+      if (auto* f = dynamic_cast<FunctionNode*>(n)) f->release();
+    }
+    for (size_t i = 0; i < n->next_edges.size(); ++i) {
+      const Edge& e = n->next_edges[i];
+      if (!e.node) continue;
+      if (i < out.size()) accumulate(buffer_of(e.node.get()), e.input_nr, std::move(out[i]));
+      if (--deps[e.node.get()] == 0) {
+        deps[e.node.get()] = -1;
+        ready.push(e.node.get());
+      }
+    }
+  }
+}
+
+}  // namespace strata::autograd

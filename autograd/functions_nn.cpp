@@ -1,0 +1,144 @@
+// Linear algebra, normalisation, attention, embedding and loss: forward and backward side by side.
+#include "autograd/functions.h"
+#include "autograd/node.h"
+
+namespace strata::autograd {
+
+namespace tops = ::strata::tensor;
+
+namespace {
+bool needs(const Variable& v) { return v.defined() && v.requires_grad(); }
+
+// Sums the leading (batch) dims away: [..., R, C] -> [R, C].
+Tensor sum_batch(const Tensor& t, int keep_dims) {
+  Tensor r = t;
+  while (r.ndim() > keep_dims) r = tops::sum(r, 0);
+  return r;
+}
+}  // namespace
+
+Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb) {
+  Tensor ad = a.data(), bd = b.data();
+  bool na = needs(a), nb = needs(b);
+  return make_output("Matmul", tops::matmul(ad, bd, ta, tb), {a, b},
+                     [=](const std::vector<Tensor>& gs) {
+                       const Tensor& g = gs[0];
+                       Tensor ga, gb;
+                       // C = op(a) op(b): d op(a) = g op(b)^T, d op(b) = op(a)^T g.
+                       if (na) {
+                         ga = tops::matmul(g, bd, false, !tb);  // d op(a), [..., M, K]
+                         if (ta) ga = ga.transpose(-1, -2).contiguous();
+                       }
+                       if (nb) {
+                         if (bd.ndim() == 2 && ad.ndim() > 2 && !ta) {
+                           // Shared b: fold the batch into rows so one GEMM sums over it.
+                           Tensor a2 = ad.reshape({-1, ad.size(-1)});
+                           Tensor g2 = g.reshape({-1, g.size(-1)});
+                           gb = tb ? tops::matmul(g2, a2, true, false) : tops::matmul(a2, g2, true, false);
+                         } else {
+                           gb = tb ? tops::matmul(g, ad, true, ta) : tops::matmul(ad, g, !ta, false);
+                           if (bd.ndim() == 2) gb = sum_batch(gb, 2);
+                         }
+                       }
+                       return std::vector<Tensor>{ga, gb};
+                     });
+}
+
+Variable linear(const Variable& x, const Variable& weight, const Variable& bias) {
+  Tensor xd = x.data(), wd = weight.data();
+  int64_t in = xd.size(-1), out_features = wd.size(0);
+  STRATA_CHECK(wd.ndim() == 2 && wd.size(1) == in, "linear: weight {} for input {}", wd.str(),
+               xd.str());
+  Tensor x2 = xd.reshape({-1, in});
+  Tensor y2 = tops::matmul(x2, wd, false, true);
+  if (bias.defined()) y2 = tops::bias_add(y2, bias.data());
+  Shape ys = xd.shape();
+  ys[ys.ndim() - 1] = out_features;
+  bool nx = needs(x), nw = needs(weight), nb = needs(bias);
+  std::vector<Variable> inputs{x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  return make_output("Linear", y2.view(ys), inputs, [=](const std::vector<Tensor>& gs) {
+    Tensor g2 = gs[0].reshape({-1, out_features});
+    std::vector<Tensor> grads;
+    grads.push_back(nx ? tops::matmul(g2, wd).view(xd.shape()) : Tensor());
+    grads.push_back(nw ? tops::matmul(g2, x2, true, false) : Tensor());
+    if (bias.defined()) grads.push_back(nb ? tops::sum_to(g2, {out_features}) : Tensor());
+    return grads;
+  });
+}
+
+Variable layernorm(const Variable& x, const Variable& weight, const Variable& bias, float eps) {
+  Tensor xd = x.data(), wd = weight.data();
+  tops::NormResult r = tops::layernorm(xd, wd, bias.data(), eps);
+  Tensor mean = r.mean, rstd = r.rstd;
+  return make_output("LayerNorm", r.y, {x, weight, bias}, [=](const std::vector<Tensor>& g) {
+    tops::LayerNormGrads d = tops::layernorm_backward(g[0], xd, wd, mean, rstd);
+    return std::vector<Tensor>{d.dx, d.dweight, d.dbias};
+  });
+}
+
+Variable rmsnorm(const Variable& x, const Variable& weight, float eps) {
+  Tensor xd = x.data(), wd = weight.data();
+  tops::NormResult r = tops::rmsnorm(xd, wd, eps);
+  Tensor rstd = r.rstd;
+  return make_output("RmsNorm", r.y, {x, weight}, [=](const std::vector<Tensor>& g) {
+    tops::RmsNormGrads d = tops::rmsnorm_backward(g[0], xd, wd, rstd);
+    return std::vector<Tensor>{d.dx, d.dweight};
+  });
+}
+
+Variable softmax(const Variable& x) {
+  Tensor y = tops::softmax(x.data());
+  return make_output("Softmax", y, {x}, [y](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{tops::softmax_backward(y, g[0])};
+  });
+}
+
+Variable attention(const Variable& q, const Variable& k, const Variable& v, bool causal,
+                   float scale) {
+  Tensor qd = q.data(), kd = k.data(), vd = v.data();
+  tops::AttentionResult r = tops::attention(qd, kd, vd, causal, scale);
+  Tensor out = r.out, lse = r.lse;
+  return make_output("Attention", r.out, {q, k, v}, [=](const std::vector<Tensor>& g) {
+    tops::AttentionGrads d = tops::attention_backward(qd, kd, vd, out, lse, g[0], causal, scale);
+    return std::vector<Tensor>{d.dq, d.dk, d.dv};
+  });
+}
+
+Variable rotary(const Variable& x, const Tensor& cos, const Tensor& sin) {
+  return make_output("Rotary", tops::rotary(x.data(), cos, sin, false), {x},
+                     [cos, sin](const std::vector<Tensor>& g) {
+                       return std::vector<Tensor>{tops::rotary(g[0], cos, sin, true)};
+                     });
+}
+
+Variable embedding(const Variable& weight, const Tensor& ids) {
+  Shape ws = weight.shape();
+  DType wt = weight.dtype();
+  Device dev = weight.device();
+  return make_output("Embedding", tops::embedding(weight.data(), ids), {weight},
+                     [=](const std::vector<Tensor>& g) {
+                       Tensor dw = tops::zeros(ws, wt, dev);
+                       tops::embedding_backward(ids, g[0], dw);
+                       return std::vector<Tensor>{dw};
+                     });
+}
+
+Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ignore_index) {
+  Tensor ld = logits.data();
+  tops::CrossEntropyResult r = tops::cross_entropy(ld, targets, ignore_index);
+  const int64_t count = r.count;
+  Tensor loss = tops::sum_all(r.losses);
+  if (count > 0) loss = tops::scale(loss, 1.f / static_cast<float>(count));
+  Tensor lse = r.lse;
+  int64_t rows = r.losses.size(0);
+  return make_output("CrossEntropy", loss, {logits}, [=](const std::vector<Tensor>& g) {
+    // d mean / d loss_row = g / count for every counted row (ignored rows are zeroed by the op).
+    float per_row = count > 0 ? g[0].item<float>() / static_cast<float>(count) : 0.f;
+    Tensor dloss = tops::full({rows}, per_row, DType::F32, ld.device());
+    return std::vector<Tensor>{
+        tops::cross_entropy_backward(ld, targets, lse, dloss, ignore_index).view(ld.shape())};
+  });
+}
+
+}  // namespace strata::autograd

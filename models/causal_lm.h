@@ -1,0 +1,55 @@
+#pragma once
+// CausalLM: what every model in the zoo is to the rest of Strata — token ids in, next-token
+// logits out, parameters in flat units (Note [Flat parameters]).
+//
+// Note [Padded vocabulary]
+// The output projection has `padded_vocab_size` columns (GPT-2: 50257 -> 50304, a multiple of
+// 64) so its matmul tiles evenly. The extra columns are not tokens: `loss` takes the cross
+// entropy over the first `vocab_size` columns only (autograd::narrow on the last dim), so their
+// logits get no gradient and cannot change the loss. Rows of a tied embedding beyond vocab_size
+// start at zero and, with zero gradient, stay there (weight decay of zero is zero).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/flat_params.h"
+#include "models/nn/module.h"
+
+namespace strata::models {
+
+using autograd::Variable;
+using tensor::Tensor;
+
+class CausalLM : public nn::Module {
+ public:
+  // ids [B, T] (I32 or I64) -> logits [B, T, padded_vocab_size]. Runs the module hooks.
+  Variable forward(const Tensor& ids);
+  // Mean cross entropy of logits[..., :vocab_size] against targets [B, T]; targets equal to
+  // ignore_index (-100) do not count (Note [Padded vocabulary]).
+  Variable loss(const Tensor& ids, const Tensor& targets, int64_t ignore_index = -100);
+
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t padded_vocab_size() const = 0;
+  virtual int64_t max_seq_len() const = 0;
+  // Family name, e.g. "gpt2".
+  virtual std::string family() const = 0;
+
+  // Note [Flat parameters]: one entry per unit, in forward order.
+  std::vector<FlatUnit>& flat_units() { return flat_units_; }
+  const std::vector<FlatUnit>& flat_units() const { return flat_units_; }
+  // Zeroes the flat gradient buffers.
+  void zero_grad() override;
+
+ protected:
+  // The model's computation, ids -> logits.
+  virtual Variable forward_logits(const Tensor& ids) = 0;
+  // Derived constructors call this once all modules are registered.
+  void flatten(const std::vector<UnitSpec>& units, int64_t align = 16);
+
+ private:
+  Variable forward(const Variable& ids) final { return forward_logits(ids.data()); }
+
+  std::vector<FlatUnit> flat_units_;
+};
+
+}  // namespace strata::models

@@ -1,0 +1,100 @@
+#include "models/flat_params.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "offload/memory_stats.h"
+
+namespace strata::models {
+
+int64_t FlatUnit::num_parameters() const {
+  return std::accumulate(numels.begin(), numels.end(), int64_t{0});
+}
+
+namespace {
+
+bool under(const std::string& name, const std::string& prefix) {
+  return prefix.empty() ||
+         (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+          name[prefix.size()] == '.');
+}
+
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+
+}  // namespace
+
+std::vector<FlatUnit> flatten_parameters(nn::Module& root, const std::vector<UnitSpec>& specs,
+                                         int64_t align) {
+  STRATA_CHECK(align >= 1, "alignment {} must be positive", align);
+  std::vector<std::pair<std::string, autograd::Variable>> all = root.named_parameters();
+  std::vector<int> owner(all.size(), -1);
+  for (size_t i = 0; i < all.size(); ++i)
+    for (size_t u = 0; u < specs.size(); ++u)
+      for (const std::string& prefix : specs[u].prefixes)
+        if (under(all[i].first, prefix)) {
+          STRATA_CHECK(owner[i] < 0 || owner[i] == static_cast<int>(u),
+                       "parameter '{}' matches units '{}' and '{}'", all[i].first,
+                       specs[owner[i]].name, specs[u].name);
+          owner[i] = static_cast<int>(u);
+        }
+  for (size_t i = 0; i < all.size(); ++i)
+    STRATA_CHECK(owner[i] >= 0, "parameter '{}' belongs to no unit", all[i].first);
+
+  std::vector<FlatUnit> units;
+  units.reserve(specs.size());
+  for (size_t u = 0; u < specs.size(); ++u) {
+    std::vector<size_t> members;
+    for (size_t i = 0; i < all.size(); ++i)
+      if (owner[i] == static_cast<int>(u)) members.push_back(i);
+    std::sort(members.begin(), members.end(),
+              [&](size_t a, size_t b) { return all[a].first < all[b].first; });
+
+    FlatUnit unit;
+    unit.name = specs[u].name;
+    unit.prefixes = specs[u].prefixes;
+    int64_t size = 0;
+    for (size_t i : members) {
+      const autograd::Variable& v = all[i].second;
+      STRATA_CHECK(v.dtype() == DType::F32, "parameter '{}' is {}, flat buffers are f32",
+                   all[i].first, v.data().str());
+      unit.names.push_back(all[i].first);
+      unit.offsets.push_back(size);
+      unit.numels.push_back(v.numel());
+      unit.shapes.push_back(v.shape());
+      unit.variables.push_back(v);
+      size = round_up(size + v.numel(), align);
+    }
+    Device device = members.empty() ? Device::cpu() : all[members[0]].second.device();
+    {
+      offload::CategoryScope scope(offload::Category::Param);
+      unit.params = tensor::Tensor::empty({size}, DType::F32, device);
+    }
+    {
+      offload::CategoryScope scope(offload::Category::Grad);
+      unit.grads = tensor::Tensor::empty({size}, DType::F32, device);
+    }
+    // Zero first so the alignment padding is zero (Note [Flat parameters]).
+    unit.params.zero_();
+    unit.grads.zero_();
+    for (size_t k = 0; k < unit.variables.size(); ++k) {
+      autograd::Variable& v = unit.variables[k];
+      tensor::Tensor pview =
+          unit.params.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]);
+      tensor::Tensor gview =
+          unit.grads.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]);
+      pview.copy_(v.data());
+      v.set_data(pview);  // the old storage is freed once nothing else holds it
+      v.set_grad(gview);
+    }
+    units.push_back(std::move(unit));
+  }
+  return units;
+}
+
+void zero_flat_grads(std::vector<FlatUnit>& units) {
+  for (FlatUnit& u : units) u.grads.zero_();
+}
+
+}  // namespace strata::models

@@ -1,0 +1,56 @@
+#pragma once
+// Flat parameter and gradient buffers, one pair per unit.
+//
+// Note [Flat parameters]
+// A *unit* is the granularity strategies work at: the embeddings, one transformer block, the
+// head. After a model is built, `flatten_parameters` moves the parameters of each unit into ONE
+// contiguous fp32 buffer (Category::Param) in name-sorted order, each parameter's offset aligned
+// to `align` elements (16 = 64 bytes: a cache line, an AVX-512 vector), and rebinds every
+// parameter Variable's data to a view into it (Variable::set_data). Likewise it binds each
+// parameter's gradient to a view into a zeroed flat gradient buffer (Category::Grad), so backward
+// accumulates straight into the buffer (Note [Variables and leaves]). Alignment padding is zero
+// in both buffers and no view covers it, so it stays zero: a ZeRO partition, a DP bucket, the
+// optimizer or a checkpoint can treat a unit as one tensor.
+// Invariants: each parameter belongs to exactly one unit; `names`, `offsets`, `numels`,
+// `shapes` and `variables` are parallel arrays sorted by name; views never overlap. Rebinding a
+// parameter's data or grad elsewhere (set_data/set_grad) breaks the aliasing — don't.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "models/nn/module.h"
+
+namespace strata::models {
+
+struct FlatUnit {
+  std::string name;                   // "embeddings", "h.0", ..., "head"
+  std::vector<std::string> prefixes;  // module paths whose parameters the unit holds
+  std::vector<std::string> names;     // full parameter names, sorted
+  std::vector<int64_t> offsets;       // element offset of each parameter in `params`/`grads`
+  std::vector<int64_t> numels;
+  std::vector<tensor::Shape> shapes;
+  std::vector<autograd::Variable> variables;
+  tensor::Tensor params;  // f32 [size], contiguous
+  tensor::Tensor grads;   // f32 [size], contiguous
+
+  int64_t size() const { return params.numel(); }  // including alignment padding
+  int64_t num_parameters() const;                  // excluding it
+};
+
+// Which modules' parameters go into a unit: a parameter belongs to the unit whose prefix equals
+// its module path or is a dotted ancestor of it.
+struct UnitSpec {
+  std::string name;
+  std::vector<std::string> prefixes;
+};
+
+// Note [Flat parameters]. Copies current parameter values into the buffers (so it can run before
+// or after init) and zeroes the gradients. Every parameter of `root` must match exactly one unit.
+std::vector<FlatUnit> flatten_parameters(nn::Module& root, const std::vector<UnitSpec>& units,
+                                         int64_t align = 16);
+
+// Zeroes every unit's gradient buffer (padding included) in one fill each.
+void zero_flat_grads(std::vector<FlatUnit>& units);
+
+}  // namespace strata::models

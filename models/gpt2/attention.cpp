@@ -1,0 +1,32 @@
+#include "models/gpt2/attention.h"
+
+#include <cmath>
+
+#include "autograd/functions.h"
+
+namespace strata::models::gpt2 {
+
+CausalSelfAttention::CausalSelfAttention(const GPT2Config& config)
+    : n_embd_(config.n_embd), n_head_(config.n_head) {
+  c_attn_ = &add_module<nn::Linear>("c_attn", n_embd_, 3 * n_embd_);
+  c_proj_ = &add_module<nn::Linear>("c_proj", n_embd_, n_embd_);
+  // GPT-2 paper: residual projections scaled by 1/sqrt(N) with N = 2 * n_layer residual adds.
+  c_proj_->set_init_std(0.02f / std::sqrt(2.f * static_cast<float>(config.n_layer)));
+  resid_dropout_ = &add_module<nn::Dropout>("resid_dropout", config.dropout);
+}
+
+Variable CausalSelfAttention::forward(const Variable& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, D = C / H;
+  Variable qkv = (*c_attn_)(x);  // [B, T, 3C]
+  std::vector<Variable> parts = autograd::split(qkv, {C, C, C}, -1);
+  // [B, T, C] -> [B, T, H, D] -> [B, H, T, D]; the split views are strided, so reshape copies.
+  auto heads = [&](const Variable& t) {
+    return autograd::transpose(autograd::reshape(t, {B, T, H, D}), 1, 2);
+  };
+  Variable y = autograd::attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                   /*causal=*/true);
+  y = autograd::reshape(autograd::transpose(y, 1, 2), {B, T, C});  // heads back side by side
+  return (*resid_dropout_)((*c_proj_)(y));
+}
+
+}  // namespace strata::models::gpt2

@@ -1,0 +1,89 @@
+#include "models/gpt2/gpt2.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "autograd/functions.h"
+
+namespace strata::models::gpt2 {
+
+GPT2::GPT2(const GPT2Config& config, uint64_t seed) : config_(config) {
+  config_.validate();
+  const int64_t C = config_.n_embd;
+  wte_ = &add_module<nn::Embedding>("wte", config_.padded_vocab_size, C);
+  wpe_ = &add_module<nn::Embedding>("wpe", config_.n_positions, C);
+  drop_ = &add_module<nn::Dropout>("drop", config_.dropout);
+  auto& h = add_module<nn::Module>("h");
+  for (int64_t i = 0; i < config_.n_layer; ++i)
+    blocks_.push_back(&h.add_module<Block>(std::to_string(i), config_));
+  ln_f_ = &add_module<nn::LayerNorm>("ln_f", C, config_.layer_norm_epsilon);
+
+  std::vector<UnitSpec> units;
+  units.push_back({"embeddings", {"wte", "wpe"}});
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    std::string name = "h." + std::to_string(i);
+    units.push_back({name, {name}});
+  }
+  units.push_back({"head", {"ln_f"}});
+  flatten(units);
+  reset_parameters(seed);
+}
+
+void GPT2::reset_parameters(uint64_t seed) {
+  CausalLM::reset_parameters(seed);  // each layer, keyed by name (Note [GPT-2 init])
+  if (config_.padded_vocab_size > config_.vocab_size) {
+    Tensor pad = wte_->weight().data().narrow(0, config_.vocab_size,
+                                              config_.padded_vocab_size - config_.vocab_size);
+    pad.zero_();
+  }
+}
+
+void GPT2::set_activation_checkpointing(bool on) {
+  config_.activation_checkpointing = on;
+  for (Block* b : blocks_) b->set_activation_checkpointing(on);
+}
+
+Variable GPT2::forward_logits(const Tensor& ids) {
+  const int64_t T = ids.size(1);
+  Tensor pos = tensor::arange(T, DType::I64, ids.device());
+  // [B, T, C] + [T, C]: the position embedding broadcasts over the batch.
+  Variable x = autograd::add((*wte_)(Variable(ids)), (*wpe_)(Variable(pos)));
+  x = (*drop_)(x);
+  for (Block* b : blocks_) x = (*b)(x);
+  x = (*ln_f_)(x);
+  // Tied head: [B, T, C] @ wte[Vp, C]^T -> [B, T, Vp].
+  return autograd::matmul(x, wte_->weight(), false, true);
+}
+
+void register_presets(ModelRegistry& registry) {
+  for (const std::string& name : preset_names()) {
+    GPT2Config c = preset(name);
+    ModelEntry e;
+    e.name = name;
+    e.family = "gpt2";
+    e.description = fmt::format(
+        "{} ({:.1f}M parameters: {} layers, width {}, {} heads, context {})",
+        name.starts_with("gpt3") ? "GPT-3 shape" : "GPT-2",
+        static_cast<double>(num_parameters(c)) / 1e6, c.n_layer, c.n_embd, c.n_head, c.n_positions);
+    e.create = [name](const ModelOptions& o) -> std::unique_ptr<CausalLM> {
+      return std::make_unique<GPT2>(with_overrides(preset(name), o.overrides), o.seed);
+    };
+    e.shape = [name](const ModelOptions& o) {
+      GPT2Config cfg = with_overrides(preset(name), o.overrides);
+      ModelShape s;
+      s.family = "gpt2";
+      s.num_parameters = num_parameters(cfg);
+      s.n_layer = cfg.n_layer;
+      s.n_embd = cfg.n_embd;
+      s.n_head = cfg.n_head;
+      s.max_seq_len = cfg.n_positions;
+      s.vocab_size = cfg.vocab_size;
+      s.padded_vocab_size = cfg.padded_vocab_size;
+      return s;
+    };
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace strata::models::gpt2

@@ -1,0 +1,61 @@
+#pragma once
+// GPT-2 (Radford et al. 2019), laid out and named like HF's GPT2Model without the
+// "transformer." prefix: wte, wpe, h.{i}.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+// mlp.c_proj}, ln_f; the LM head is tied to wte (logits = x wte^T, no parameter of its own).
+// Linear weights are [out, in] (Note [Linear layout]).
+//
+// Note [GPT-2 init]
+// As HF/nanoGPT: Linear and Embedding weights (wte and wpe too) ~ N(0, 0.02), biases 0,
+// LayerNorm weight 1 and bias 0, residual projections (attn.c_proj.weight, mlp.c_proj.weight)
+// ~ N(0, 0.02 / sqrt(2 n_layer)). wte rows beyond vocab_size are 0 (Note [Padded vocabulary]).
+// Draws are keyed by (seed, parameter name) (Note [Name-keyed init]).
+//
+// Units (Note [Flat parameters]): "embeddings" = wte + wpe, "h.0" .. "h.{n-1}", "head" = ln_f.
+#include <vector>
+
+#include "models/causal_lm.h"
+#include "models/gpt2/block.h"
+#include "models/gpt2/config.h"
+#include "models/nn/dropout.h"
+#include "models/nn/embedding.h"
+#include "models/nn/layer_norm.h"
+#include "models/registry.h"
+
+namespace strata::models::gpt2 {
+
+class GPT2 : public CausalLM {
+ public:
+  // Builds, flattens and initialises the model from `seed`.
+  explicit GPT2(const GPT2Config& config, uint64_t seed = 0);
+
+  const GPT2Config& config() const { return config_; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t padded_vocab_size() const override { return config_.padded_vocab_size; }
+  int64_t max_seq_len() const override { return config_.n_positions; }
+  std::string family() const override { return "gpt2"; }
+
+  void reset_parameters(uint64_t seed) override;
+  // Turns block recomputation on or off after construction.
+  void set_activation_checkpointing(bool on);
+
+  nn::Embedding& wte() { return *wte_; }
+  nn::Embedding& wpe() { return *wpe_; }
+  Block& block(int64_t i) { return *blocks_.at(static_cast<size_t>(i)); }
+  nn::LayerNorm& ln_f() { return *ln_f_; }
+
+ protected:
+  Variable forward_logits(const Tensor& ids) override;
+
+ private:
+  GPT2Config config_;
+  nn::Embedding* wte_;
+  nn::Embedding* wpe_;
+  nn::Dropout* drop_;
+  std::vector<Block*> blocks_;
+  nn::LayerNorm* ln_f_;
+};
+
+// The "gpt2-tiny", "gpt2".."gpt2-xl" and "gpt3-*" presets (Note [GPT-2 presets]).
+void register_presets(ModelRegistry& registry);
+
+}  // namespace strata::models::gpt2

@@ -1,0 +1,27 @@
+#pragma once
+// GPT-2 feed-forward: c_fc (C -> 4C), GELU (tanh approximation), c_proj (4C -> C), dropout.
+#include "models/gpt2/config.h"
+#include "models/nn/dropout.h"
+#include "models/nn/linear.h"
+
+namespace strata::models::gpt2 {
+
+using autograd::Variable;
+
+class MLP : public nn::Module {
+ public:
+  explicit MLP(const GPT2Config& config);
+
+  nn::Linear& c_fc() { return *c_fc_; }
+  nn::Linear& c_proj() { return *c_proj_; }
+
+ protected:
+  Variable forward(const Variable& x) override;
+
+ private:
+  nn::Linear* c_fc_;
+  nn::Linear* c_proj_;
+  nn::Dropout* dropout_;
+};
+
+}  // namespace strata::models::gpt2

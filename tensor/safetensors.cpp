@@ -1,0 +1,234 @@
+#include "tensor/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace strata::tensor {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; big-endian hosts would need byte swapping");
+
+namespace {
+
+using nlohmann::json;
+
+// The safetensors reference implementation refuses larger headers too.
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+
+std::string_view st_dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U16:
+      return "U16";
+    case DType::U8:
+      return "U8";
+  }
+  return "?";
+}
+
+bool parse_st_dtype(std::string_view s, DType& out) {
+  for (DType t :
+       {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U16, DType::U8})
+    if (st_dtype_name(t) == s) {
+      out = t;
+      return true;
+    }
+  return false;
+}
+
+template <typename... Args>
+[[noreturn]] void malformed(const std::string& path, fmt::format_string<Args...> f,
+                            Args&&... args) {
+  user_error("{}: not a valid safetensors file: {}", path,
+             fmt::format(f, std::forward<Args>(args)...));
+}
+
+}  // namespace
+
+SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) user_error("{}: cannot open for reading ({})", path_, std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  if (file_size < 8)
+    malformed(path_, "{} bytes is too short for the 8-byte header length", file_size);
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  if (header_len > file_size - 8 || header_len > kMaxHeaderBytes)
+    malformed(path_, "header length {} does not fit in a file of {} bytes", header_len, file_size);
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  if (!in) malformed(path_, "could not read the {}-byte header", header_len);
+  data_start_ = 8 + header_len;
+  const uint64_t data_size = file_size - data_start_;
+
+  json j = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) malformed(path_, "the header is not a JSON object");
+  for (auto& [key, value] : j.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) malformed(path_, "__metadata__ is not an object");
+      for (auto& [mk, mv] : value.items()) {
+        if (!mv.is_string()) malformed(path_, "__metadata__ value of '{}' is not a string", mk);
+        metadata_[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
+    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
+        !value.contains("data_offsets"))
+      malformed(path_, "entry '{}' needs dtype, shape and data_offsets", key);
+    SafetensorsEntry e;
+    e.name = key;
+    const json& dt = value["dtype"];
+    if (!dt.is_string() || !parse_st_dtype(dt.get<std::string>(), e.dtype))
+      malformed(path_,
+                "entry '{}' has unsupported dtype {} (supported: F32, BF16, F16, I32, I64, "
+                "U16, U8)",
+                key, dt.dump());
+    const json& shape = value["shape"];
+    if (!shape.is_array() || shape.size() > static_cast<size_t>(kMaxDims))
+      malformed(path_, "entry '{}' has a bad shape {}", key, shape.dump());
+    uint64_t numel = 1;
+    for (const json& d : shape) {
+      if (!d.is_number_unsigned())
+        malformed(path_, "entry '{}' has a bad shape {}", key, shape.dump());
+      e.shape.push_back(d.get<int64_t>());
+      numel *= d.get<uint64_t>();
+    }
+    const json& off = value["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      malformed(path_, "entry '{}' has bad data_offsets {}", key, off.dump());
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > data_size)
+      malformed(path_, "entry '{}' data_offsets [{}, {}] fall outside the {}-byte data section",
+                key, e.begin, e.end, data_size);
+    if (e.end - e.begin != numel * dtype_size(e.dtype))
+      malformed(path_, "entry '{}' has {} bytes but shape {} of {} needs {}", key, e.end - e.begin,
+                e.shape.str(), st_dtype_name(e.dtype), numel * dtype_size(e.dtype));
+    entries_.push_back(std::move(e));
+  }
+  std::sort(entries_.begin(), entries_.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < entries_.size(); ++i)
+    if (entries_[i].begin < entries_[i - 1].end)
+      malformed(path_, "the data of '{}' and '{}' overlap", entries_[i - 1].name, entries_[i].name);
+}
+
+bool SafetensorsReader::contains(std::string_view name) const {
+  return std::any_of(entries_.begin(), entries_.end(),
+                     [&](const SafetensorsEntry& e) { return e.name == name; });
+}
+
+const SafetensorsEntry& SafetensorsReader::entry(std::string_view name) const {
+  for (const SafetensorsEntry& e : entries_)
+    if (e.name == name) return e;
+  user_error("{}: no tensor named '{}'", path_, name);
+}
+
+Tensor SafetensorsReader::read(std::string_view name) const {
+  const SafetensorsEntry& e = entry(name);
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  if (e.end == e.begin) return t;
+  std::ifstream in(path_, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+  if (!in) user_error("{}: could not read the data of '{}' (file truncated?)", path_, name);
+  return t;
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+  SafetensorsReader reader(path);
+  std::map<std::string, Tensor> out;
+  for (const SafetensorsEntry& e : reader.entries()) out.emplace(e.name, reader.read(e.name));
+  return out;
+}
+
+namespace {
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) user_error("{}: write failed ({})", path, std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  std::vector<Tensor> host;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    STRATA_USER_CHECK(name != "__metadata__" && !header.contains(name),
+                      "{}: tensor name '{}' is reserved or repeated", path, name);
+    Tensor h = t.to(Device::cpu()).contiguous();
+    json shape = json::array();
+    for (int64_t d : h.shape()) shape.push_back(d);
+    header[name] = {{"dtype", std::string(st_dtype_name(h.dtype()))},
+                    {"shape", shape},
+                    {"data_offsets", {offset, offset + h.nbytes()}}};
+    offset += h.nbytes();
+    host.push_back(std::move(h));
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t len = text.size();
+
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) user_error("{}: cannot create ({})", tmp, std::strerror(errno));
+  try {
+    write_all(fd, &len, 8, tmp);
+    write_all(fd, text.data(), text.size(), tmp);
+    for (const Tensor& h : host)
+      if (h.nbytes() > 0) write_all(fd, h.data_ptr(), h.nbytes(), tmp);
+    if (::fsync(fd) != 0) user_error("{}: fsync failed ({})", tmp, std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    user_error("{}: cannot rename {} into place ({})", path, tmp, std::strerror(err));
+  }
+  // Make the rename itself durable.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace strata::tensor

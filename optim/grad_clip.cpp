@@ -1,0 +1,76 @@
+#include "optim/grad_clip.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace strata::optim {
+
+namespace {
+
+constexpr int64_t kNormChunk = int64_t{1} << 15;
+
+void check_grad(const tensor::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || t.dtype() != DType::F32 || !t.is_contiguous())
+    user_error("gradient clipping needs contiguous f32 CPU tensors, got {}",
+               t.defined() ? t.str() : "an undefined tensor");
+}
+
+double sum_squares_chunk(const float* x, int64_t n) {
+  // Independent accumulators for instruction-level parallelism; their order is fixed.
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
+  for (; i < n; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+double sum_squares(const float* x, int64_t n) {
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kNormChunk;
+    partial[c] = sum_squares_chunk(x + begin, std::min(kNormChunk, n - begin));
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+void scale(float* x, int64_t n, float coef) {
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kNormChunk;
+    const int64_t end = std::min(begin + kNormChunk, n);
+    for (int64_t i = begin; i < end; ++i) x[i] *= coef;
+  }
+}
+
+}  // namespace
+
+double global_grad_norm(const std::vector<tensor::Tensor>& grads) {
+  double total = 0;
+  for (const tensor::Tensor& g : grads) {
+    check_grad(g);
+    total += sum_squares(g.data<float>(), g.numel());
+  }
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(const std::vector<tensor::Tensor>& grads, double max_norm) {
+  if (!(max_norm > 0)) user_error("gradient clipping: max_norm must be > 0, got {}", max_norm);
+  const double norm = global_grad_norm(grads);
+  if (!std::isfinite(norm)) return norm;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    for (const tensor::Tensor& g : grads)
+      scale(g.data<float>(), g.numel(), static_cast<float>(coef));
+  }
+  return norm;
+}
+
+}  // namespace strata::optim

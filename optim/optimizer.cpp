@@ -1,0 +1,165 @@
+#include "optim/optimizer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "offload/memory_stats.h"
+
+namespace strata::optim {
+
+namespace {
+
+constexpr int64_t kFillChunk = int64_t{1} << 16;
+
+void fill_zero(float* p, int64_t n) {
+  const int64_t chunks = (n + kFillChunk - 1) / kFillChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kFillChunk;
+    std::fill(p + begin, p + std::min(begin + kFillChunk, n), 0.f);
+  }
+}
+
+bool is_flat_cpu(const tensor::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.ndim() == 1 && t.is_contiguous();
+}
+
+void validate_group(const ParamGroup& g, size_t index) {
+  if (!is_flat_cpu(g.param) || g.param.dtype() != DType::F32)
+    user_error("parameter group {}: param must be a 1-d contiguous f32 CPU tensor, got {}", index,
+               g.param.defined() ? g.param.str() : "an undefined tensor");
+  if (!is_flat_cpu(g.grad) || g.grad.dtype() != DType::F32 || g.grad.numel() != g.param.numel())
+    user_error(
+        "parameter group {}: grad must be a 1-d contiguous f32 CPU tensor of {} elements "
+        "like param, got {}",
+        index, g.param.numel(), g.grad.defined() ? g.grad.str() : "an undefined tensor");
+  if (g.low_precision_copy.defined()) {
+    const tensor::Tensor& lp = g.low_precision_copy;
+    if (!is_flat_cpu(lp) || (lp.dtype() != DType::BF16 && lp.dtype() != DType::F16) ||
+        lp.numel() != g.param.numel())
+      user_error(
+          "parameter group {}: low_precision_copy must be a 1-d contiguous bf16 or f16 CPU "
+          "tensor of {} elements, got {}",
+          index, g.param.numel(), lp.str());
+  }
+  const int64_t n = g.param.numel();
+  std::vector<const Segment*> sorted;
+  for (const Segment& s : g.segments) {
+    if (s.offset < 0 || s.numel < 0 || s.offset + s.numel > n)
+      user_error("parameter group {}: segment '{}' [{}, {}) lies outside the {}-element buffer",
+                 index, s.name, s.offset, s.offset + s.numel, n);
+    sorted.push_back(&s);
+  }
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Segment* a, const Segment* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    const Segment& a = *sorted[i - 1];
+    const Segment& b = *sorted[i];
+    if (a.offset + a.numel > b.offset)
+      user_error("parameter group {}: segments '{}' and '{}' overlap", index, a.name, b.name);
+  }
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> state_names)
+    : groups_(std::move(groups)), state_names_(std::move(state_names)) {
+  for (size_t g = 0; g < groups_.size(); ++g) validate_group(groups_[g], g);
+
+  offload::CategoryScope scope(offload::Category::Optimizer);
+  for (const ParamGroup& g : groups_) {
+    const int64_t n = g.param.numel();
+    std::vector<tensor::Tensor> bufs;
+    for (size_t k = 0; k < state_names_.size(); ++k) {
+      tensor::Tensor t = tensor::Tensor::empty({n}, DType::F32);
+      fill_zero(t.data<float>(), n);
+      bufs.push_back(std::move(t));
+    }
+    state_.push_back(std::move(bufs));
+
+    // Note [Segments and weight decay]: gaps get decay=false; equal neighbours merge.
+    std::vector<Segment> segs = g.segments;
+    std::sort(segs.begin(), segs.end(),
+              [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
+    std::vector<Run> runs;
+    auto push = [&runs](int64_t offset, int64_t numel, bool decay) {
+      if (numel == 0) return;
+      if (!runs.empty() && runs.back().decay == decay) {
+        runs.back().numel += numel;
+      } else {
+        runs.push_back({offset, numel, decay});
+      }
+    };
+    int64_t cursor = 0;
+    for (const Segment& s : segs) {
+      push(cursor, s.offset - cursor, false);
+      push(s.offset, s.numel, s.decay);
+      cursor = s.offset + s.numel;
+    }
+    push(cursor, n - cursor, false);
+    runs_.push_back(std::move(runs));
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (ParamGroup& g : groups_) fill_zero(g.grad.data<float>(), g.grad.numel());
+}
+
+std::vector<tensor::Tensor> Optimizer::grads() const {
+  std::vector<tensor::Tensor> out;
+  for (const ParamGroup& g : groups_) out.push_back(g.grad);
+  return out;
+}
+
+OptimizerState Optimizer::state_dict() const {
+  OptimizerState s;
+  s.step = step_;
+  for (size_t g = 0; g < state_.size(); ++g)
+    for (size_t k = 0; k < state_names_.size(); ++k)
+      s.tensors.push_back({fmt::format("group{}.{}", g, state_names_[k]), state_[g][k]});
+  return s;
+}
+
+void Optimizer::load_state_dict(const OptimizerState& state) {
+  // Validate everything before copying anything, so a bad checkpoint leaves the state intact.
+  if (state.step < 0) user_error("{} state has a negative step count ({})", name(), state.step);
+  std::unordered_map<std::string, const tensor::Tensor*> given;
+  for (const NamedTensor& t : state.tensors) {
+    if (!given.emplace(t.name, &t.tensor).second)
+      user_error("{} state lists '{}' twice", name(), t.name);
+  }
+  std::vector<std::pair<const tensor::Tensor*, const tensor::Tensor*>> copies;  // (src, dst)
+  for (size_t g = 0; g < state_.size(); ++g) {
+    for (size_t k = 0; k < state_names_.size(); ++k) {
+      const std::string key = fmt::format("group{}.{}", g, state_names_[k]);
+      auto it = given.find(key);
+      if (it == given.end())
+        user_error(
+            "{} state has no '{}': the checkpoint was written by a different optimizer or "
+            "for a different model/partitioning",
+            name(), key);
+      const tensor::Tensor& src = *it->second;
+      const tensor::Tensor& dst = state_[g][k];
+      if (!src.defined() || !src.device().is_cpu() || src.dtype() != DType::F32 ||
+          !src.is_contiguous() || src.shape() != dst.shape())
+        user_error(
+            "{} state '{}' is {}, expected {}: the checkpoint does not match this "
+            "model/partitioning",
+            name(), key, src.defined() ? src.str() : "undefined", dst.str());
+      copies.emplace_back(&src, &dst);
+      given.erase(it);
+    }
+  }
+  if (!given.empty())
+    user_error("{} state has unexpected entry '{}' ({} groups here)", name(), given.begin()->first,
+               state_.size());
+  for (auto [src, dst] : copies) {
+    if (src->data_ptr() != dst->data_ptr())
+      std::memcpy(dst->data_ptr(), src->data_ptr(), dst->nbytes());
+  }
+  step_ = state.step;
+}
+
+}  // namespace strata::optim

@@ -1,0 +1,102 @@
+#pragma once
+// Optimizer: the common base of AdamW and SGD. Both work on parameter groups of flat buffers
+// (DESIGN.md decision 4): one fp32 parameter buffer and its gradient per unit, with named
+// segments saying where each parameter lives and whether it takes weight decay.
+//
+// Note [Segments and weight decay]
+// A group's segments must lie inside the buffer and must not overlap; they need not cover it.
+// Elements outside every segment (e.g. ZeRO's alignment padding) are updated like decay=false
+// elements: with zero gradient and zero state they stay exactly where they are. Which
+// parameters decay is the caller's decision (typically: matrices decay; biases, norm weights
+// and other 1-D parameters do not). At construction the segments are merged into maximal runs
+// of equal decay flag, so a step is one kernel call per run.
+//
+// Note [Optimizer state]
+// Per-group state buffers (AdamW's exp_avg and exp_avg_sq, SGD's momentum_buffer) are fp32,
+// the size of the group, zero-initialised and allocated under Category::Optimizer (Note [Every
+// byte is accounted]). state_dict() names them "group<i>.<name>" and returns views of the live
+// buffers, not copies: write them out before the next step. load_state_dict() copies into the
+// live buffers after checking that names, dtypes and sizes match exactly; a resumed run then
+// continues bitwise as the uninterrupted one would (DESIGN.md decision 9).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace strata::optim {
+
+struct Segment {
+  std::string name;
+  int64_t offset = 0;  // elements from the start of the group's buffer
+  int64_t numel = 0;
+  bool decay = true;
+};
+
+struct ParamGroup {
+  tensor::Tensor param;  // F32, 1-d, contiguous, CPU
+  tensor::Tensor grad;   // F32, same shape as param
+  std::vector<Segment> segments;
+  // Optional bf16/f16 "model copy" of param (same shape), rewritten by every step.
+  tensor::Tensor low_precision_copy;
+};
+
+struct NamedTensor {
+  std::string name;
+  tensor::Tensor tensor;
+};
+
+struct OptimizerState {
+  int64_t step = 0;  // updates taken so far
+  std::vector<NamedTensor> tensors;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every group with learning rate `lr` (from an LrSchedule, say).
+  virtual void step(double lr) = 0;
+  virtual std::string_view name() const = 0;
+
+  // Sets every gradient buffer to zero.
+  void zero_grad();
+
+  // Note [Optimizer state].
+  OptimizerState state_dict() const;
+  void load_state_dict(const OptimizerState& state);
+
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  int64_t step_count() const { return step_; }
+  // The gradient buffer of every group, e.g. for clip_grad_norm.
+  std::vector<tensor::Tensor> grads() const;
+
+ protected:
+  struct Run {
+    int64_t offset = 0;
+    int64_t numel = 0;
+    bool decay = false;
+  };
+
+  // Validates the groups (strata::user_error on a malformed one) and allocates one zeroed state
+  // buffer per group for each of `state_names`.
+  Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> state_names);
+
+  // state(g, k): group g's buffer for state_names[k].
+  const tensor::Tensor& state(size_t group, size_t k) const { return state_[group][k]; }
+  // Maximal runs of equal decay flag covering group g's buffer (Note [Segments and weight decay]).
+  const std::vector<Run>& runs(size_t group) const { return runs_[group]; }
+
+  std::vector<ParamGroup> groups_;
+  int64_t step_ = 0;
+
+ private:
+  std::vector<std::string> state_names_;
+  std::vector<std::vector<tensor::Tensor>> state_;
+  std::vector<std::vector<Run>> runs_;
+};
+
+}  // namespace strata::optim

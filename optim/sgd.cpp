@@ -1,0 +1,97 @@
+#include "optim/sgd.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace strata::optim {
+
+namespace {
+
+constexpr int64_t kSgdChunk = int64_t{1} << 15;
+
+struct SgdScalars {
+  float weight_decay, momentum, one_minus_dampening, lr;
+  bool first, nesterov;
+};
+
+// Plain loops the compiler vectorises for the baseline ISA; the update is memory-bound.
+void sgd_range(float* __restrict p, const float* __restrict g, float* __restrict buf,
+               const SgdScalars& s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    // Like PyTorch, no decay term at all when it is zero (0 * inf would be NaN).
+    float d = s.weight_decay != 0.f ? g[i] + s.weight_decay * p[i] : g[i];
+    if (buf != nullptr) {
+      const float b = s.first ? d : s.momentum * buf[i] + s.one_minus_dampening * d;
+      buf[i] = b;
+      d = s.nesterov ? d + s.momentum * b : b;
+    }
+    p[i] = p[i] - s.lr * d;
+  }
+}
+
+void sgd_update(float* p, const float* g, float* buf, const SgdScalars& s, int64_t n) {
+  const int64_t chunks = (n + kSgdChunk - 1) / kSgdChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kSgdChunk;
+    sgd_range(p + begin, g + begin, buf == nullptr ? nullptr : buf + begin, s,
+              std::min(kSgdChunk, n - begin));
+  }
+}
+
+std::vector<std::string> state_names(const SgdConfig& c) {
+  if (c.momentum == 0.0) return {};
+  return {"momentum_buffer"};
+}
+
+}  // namespace
+
+Sgd::Sgd(std::vector<ParamGroup> groups, const SgdConfig& config)
+    : Optimizer(std::move(groups), state_names(config)), config_(config) {
+  const SgdConfig& c = config_;
+  if (!(c.lr >= 0)) user_error("SGD: lr must be >= 0, got {}", c.lr);
+  if (!(c.momentum >= 0)) user_error("SGD: momentum must be >= 0, got {}", c.momentum);
+  if (!(c.weight_decay >= 0)) user_error("SGD: weight_decay must be >= 0, got {}", c.weight_decay);
+  if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
+    user_error(
+        "SGD: nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
+        "dampening {})",
+        c.momentum, c.dampening);
+  for (const ParamGroup& g : groups_) {
+    if (g.low_precision_copy.defined())
+      user_error("SGD does not write a low-precision model copy; use AdamW or drop it");
+  }
+}
+
+tensor::Tensor Sgd::momentum_buffer(size_t group) const {
+  if (config_.momentum == 0.0) return {};
+  return state(group, 0);
+}
+
+void Sgd::step(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr)) user_error("SGD: learning rate must be >= 0, got {}", lr);
+  const SgdConfig& c = config_;
+  SgdScalars s{static_cast<float>(c.weight_decay),
+               static_cast<float>(c.momentum),
+               static_cast<float>(1.0 - c.dampening),
+               static_cast<float>(lr),
+               /*first=*/step_ == 0,
+               c.nesterov};
+  SgdScalars no_decay = s;
+  no_decay.weight_decay = 0.f;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const ParamGroup& g = groups_[gi];
+    float* p = g.param.data<float>();
+    const float* grad = g.grad.data<float>();
+    float* buf = c.momentum == 0.0 ? nullptr : state(gi, 0).data<float>();
+    for (const Run& r : runs(gi)) {
+      sgd_update(p + r.offset, grad + r.offset, buf == nullptr ? nullptr : buf + r.offset,
+                 r.decay ? s : no_decay, r.numel);
+    }
+  }
+  ++step_;
+}
+
+}  // namespace strata::optim

@@ -2,6 +2,7 @@
 #include "models/zoo.h"
 
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
 
 namespace strata::models {
 
@@ -13,6 +14,7 @@ struct Family {
 
 constexpr Family kFamilies[] = {
     {"gpt2", &gpt2::register_presets},
+    {"llama", &llama::register_presets},
 };
 }  // namespace
 

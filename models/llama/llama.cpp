@@ -1,0 +1,97 @@
+#include "models/llama/llama.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "autograd/functions.h"
+
+namespace strata::models::llama {
+
+Llama::Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {
+  config_.validate();
+  const int64_t C = config_.hidden_size;
+  rope_ = std::make_unique<RotaryEmbedding>(config_.head_dim(), config_.max_position_embeddings,
+                                            config_.rope_theta);
+  embed_tokens_ = &add_module<nn::Embedding>("embed_tokens", config_.padded_vocab_size, C);
+  embed_tokens_->set_init_std(config_.initializer_range);
+  auto& layers = add_module<nn::Module>("layers");
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i)
+    layers_.push_back(&layers.add_module<DecoderLayer>(std::to_string(i), config_, *rope_));
+  norm_ = &add_module<RMSNorm>("norm", C, config_.rms_norm_eps);
+  if (!config_.tie_word_embeddings) {
+    lm_head_ = &add_module<nn::Linear>("lm_head", C, config_.padded_vocab_size, /*bias=*/false);
+    lm_head_->set_init_std(config_.initializer_range);
+  }
+
+  std::vector<UnitSpec> units;
+  units.push_back({"embeddings", {"embed_tokens"}});
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    std::string name = "layers." + std::to_string(i);
+    units.push_back({name, {name}});
+  }
+  if (lm_head_)
+    units.push_back({"head", {"norm", "lm_head"}});
+  else
+    units.push_back({"head", {"norm"}});
+  flatten(units);
+  reset_parameters(seed);
+}
+
+void Llama::reset_parameters(uint64_t seed) {
+  CausalLM::reset_parameters(seed);  // each layer, keyed by name (Note [LLaMA init])
+  const int64_t pad = config_.padded_vocab_size - config_.vocab_size;
+  if (pad == 0) return;
+  embed_tokens_->weight().data().narrow(0, config_.vocab_size, pad).zero_();
+  if (lm_head_) lm_head_->weight().data().narrow(0, config_.vocab_size, pad).zero_();
+}
+
+void Llama::set_activation_checkpointing(bool on) {
+  config_.activation_checkpointing = on;
+  for (DecoderLayer* l : layers_) l->set_activation_checkpointing(on);
+}
+
+Variable Llama::forward_logits(const Tensor& ids) {
+  Variable x = (*embed_tokens_)(Variable(ids));
+  for (DecoderLayer* l : layers_) x = (*l)(x);
+  x = (*norm_)(x);
+  if (lm_head_) return (*lm_head_)(x);
+  // Tied head: [B, T, C] @ embed_tokens[Vp, C]^T -> [B, T, Vp].
+  return autograd::matmul(x, embed_tokens_->weight(), false, true);
+}
+
+void register_presets(ModelRegistry& registry) {
+  for (const std::string& name : preset_names()) {
+    LlamaConfig c = preset(name);
+    ModelEntry e;
+    e.name = name;
+    e.family = "llama";
+    const char* kind = name == "llama-tiny"         ? "LLaMA-style tiny model for tests"
+                       : name.starts_with("llama2") ? "Llama 2 shape"
+                                                    : "LLaMA 1 shape";
+    e.description = fmt::format(
+        "{} ({:.1f}M parameters: {} layers, width {}, {} heads ({} k/v), SwiGLU {}, context {})",
+        kind, static_cast<double>(num_parameters(c)) / 1e6, c.num_hidden_layers, c.hidden_size,
+        c.num_attention_heads, c.num_key_value_heads, c.intermediate_size,
+        c.max_position_embeddings);
+    e.create = [name](const ModelOptions& o) -> std::unique_ptr<CausalLM> {
+      return std::make_unique<Llama>(with_overrides(preset(name), o.overrides), o.seed);
+    };
+    e.shape = [name](const ModelOptions& o) {
+      LlamaConfig cfg = with_overrides(preset(name), o.overrides);
+      ModelShape s;
+      s.family = "llama";
+      s.num_parameters = num_parameters(cfg);
+      s.n_layer = cfg.num_hidden_layers;
+      s.n_embd = cfg.hidden_size;
+      s.n_head = cfg.num_attention_heads;
+      s.max_seq_len = cfg.max_position_embeddings;
+      s.vocab_size = cfg.vocab_size;
+      s.padded_vocab_size = cfg.padded_vocab_size;
+      return s;
+    };
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace strata::models::llama

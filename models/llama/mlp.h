@@ -1,0 +1,28 @@
+#pragma once
+// LLaMA feed-forward, SwiGLU (Shazeer 2020): down_proj(silu(gate_proj(x)) * up_proj(x)), all
+// three projections bias-free, C -> F -> C with F = intermediate_size. HF: LlamaMLP.
+#include "models/llama/config.h"
+#include "models/nn/linear.h"
+
+namespace strata::models::llama {
+
+using autograd::Variable;
+
+class MLP : public nn::Module {
+ public:
+  explicit MLP(const LlamaConfig& config);
+
+  nn::Linear& gate_proj() { return *gate_proj_; }
+  nn::Linear& up_proj() { return *up_proj_; }
+  nn::Linear& down_proj() { return *down_proj_; }
+
+ protected:
+  Variable forward(const Variable& x) override;
+
+ private:
+  nn::Linear* gate_proj_;
+  nn::Linear* up_proj_;
+  nn::Linear* down_proj_;
+};
+
+}  // namespace strata::models::llama

@@ -1,0 +1,29 @@
+#pragma once
+// RMSNorm over the last dimension (Zhang & Sennrich 2019): y = w * x / sqrt(mean(x^2) + eps),
+// with a weight (init 1) and no bias or mean subtraction. HF: LlamaRMSNorm.
+//
+// It lives here rather than in models/nn/ while LLaMA is its only user (docs/adding_a_model.md:
+// a layer moves to nn/ when a second family needs it).
+#include "models/nn/module.h"
+
+namespace strata::models::llama {
+
+using autograd::Variable;
+
+class RMSNorm : public nn::Module {
+ public:
+  explicit RMSNorm(int64_t dim, float eps = 1e-5f);
+
+  const Variable& weight() const { return weight_; }
+  float eps() const { return eps_; }
+  void reset_parameters(uint64_t seed) override;
+
+ protected:
+  Variable forward(const Variable& x) override;
+
+ private:
+  float eps_;
+  Variable weight_;
+};
+
+}  // namespace strata::models::llama

@@ -1,3 +1,237 @@
-#include "tensor/cpu/cpu_backend.h"
+// CPU layernorm, rmsnorm and softmax over the last dim of a contiguous [N, C] tensor.
+//
+// Note [Deterministic column reductions]
+// dweight and dbias are sums over rows. Rows are split into chunks whose count depends only on N
+// (never on the thread count); each chunk sums its rows in order into its own partial row, and
+// the partials are then added in chunk order. Whichever thread runs a chunk, every bit of the
+// result is the same. Row statistics (mean, variance, dot products) are accumulated in double
+// by one thread per row, so they are deterministic too.
+#include <omp.h>
 
-namespace strata::tensor::cpu {}  // namespace strata::tensor::cpu
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "offload/memory_stats.h"
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/vec4.h"
+
+namespace strata::tensor::cpu {
+
+namespace {
+
+// Parallelise only when the work pays for waking the threads.
+constexpr int64_t kParallelMin = 1 << 14;
+// See Note [Deterministic column reductions].
+constexpr int64_t kMaxChunks = 64;
+
+double row_sum(const float* x, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+double row_dot(const float* a, const float* b, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+double row_centered_squares(const float* x, int64_t n, double mean) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = x[i] - mean;
+    s += d * d;
+  }
+  return s;
+}
+
+// Scratch rows for per-chunk partial sums, charged to the workspace category.
+Tensor workspace(int64_t n) {
+  offload::CategoryScope scope(offload::Category::Workspace);
+  return Tensor::empty({n}, DType::F32);
+}
+
+// Runs body(row_begin, row_end, partial) once per chunk of rows, then writes
+// out_k[c] = sum over chunks of partial_k[c], in chunk order (Note [Deterministic column
+// reductions]). `outs` partial rows of length c are handed to each chunk, zeroed.
+template <typename Body>
+void chunked_column_sums(int64_t n, int64_t c, std::initializer_list<float*> outs, Body body) {
+  const int64_t k = static_cast<int64_t>(outs.size());
+  const int64_t chunks = std::max<int64_t>(1, std::min(n, kMaxChunks));
+  const int64_t rows_per_chunk = (n + chunks - 1) / std::max<int64_t>(chunks, 1);
+  Tensor partial = workspace(chunks * k * c);
+  float* p = partial.data<float>();
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    float* mine = p + ch * k * c;
+    std::fill(mine, mine + k * c, 0.0f);
+    const int64_t r0 = std::min(n, ch * rows_per_chunk), r1 = std::min(n, r0 + rows_per_chunk);
+    body(r0, r1, mine);
+  }
+  int64_t which = 0;
+  for (float* out : outs) {
+#pragma omp parallel for schedule(static) if (chunks * c >= kParallelMin)
+    for (int64_t j = 0; j < c; ++j) {
+      double s = 0;
+      for (int64_t ch = 0; ch < chunks; ++ch) s += p[(ch * k + which) * c + j];
+      out[j] = static_cast<float>(s);
+    }
+    ++which;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                   float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const int64_t n = x.size(0), c = x.size(1);
+  const float* xp = x.data<float>();
+  const float* w = weight.data<float>();
+  const float* b = bias.data<float>();
+  float* yp = y.data<float>();
+  float* mp = mean.data<float>();
+  float* rp = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = xp + r * c;
+    float* yr = yp + r * c;
+    // Two passes (mean, then centred squares): no cancellation when |mean| >> std.
+    const double m = row_sum(xr, c) / static_cast<double>(c);
+    const double var = row_centered_squares(xr, c, m) / static_cast<double>(c);
+    const float s = static_cast<float>(1.0 / std::sqrt(var + eps));
+    const float mf = static_cast<float>(m);
+    for (int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mf) * s * w[j] + b[j];
+    mp[r] = mf;
+    rp[r] = s;
+  }
+}
+
+void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                    Tensor& dweight, Tensor& dbias) {
+  const int64_t n = x.size(0), c = x.size(1);
+  const float* xp = x.data<float>();
+  const float* dyp = dy.data<float>();
+  const float* w = weight.data<float>();
+  const float* mp = mean.data<float>();
+  const float* rp = rstd.data<float>();
+  float* dxp = dx.data<float>();
+  // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w: the gradient through the
+  // normalisation, with the two projections that the mean and the variance remove.
+  auto rows = [&](int64_t r0, int64_t r1, float* partial) {
+    float* dw = partial;
+    float* db = partial + c;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * c;
+      const float* dyr = dyp + r * c;
+      float* dxr = dxp + r * c;
+      const float m = mp[r], s = rp[r];
+      double sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+      for (int64_t j = 0; j < c; ++j) {
+        const float xhat = (xr[j] - m) * s;
+        const float g = dyr[j] * w[j];
+        sum_g += g;
+        sum_gx += static_cast<double>(g) * xhat;
+      }
+      const float mean_g = static_cast<float>(sum_g / static_cast<double>(c));
+      const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
+      for (int64_t j = 0; j < c; ++j) {
+        const float xhat = (xr[j] - m) * s;
+        dxr[j] = s * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
+        dw[j] += dyr[j] * xhat;
+        db[j] += dyr[j];
+      }
+    }
+  };
+  chunked_column_sums(n, c, {dweight.data<float>(), dbias.data<float>()}, rows);
+}
+
+void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                                 Tensor& rstd) {
+  const int64_t n = x.size(0), c = x.size(1);
+  const float* xp = x.data<float>();
+  const float* w = weight.data<float>();
+  float* yp = y.data<float>();
+  float* rp = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = xp + r * c;
+    float* yr = yp + r * c;
+    const double ms = row_dot(xr, xr, c) / static_cast<double>(c);
+    const float s = static_cast<float>(1.0 / std::sqrt(ms + eps));
+    for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * s * w[j];
+    rp[r] = s;
+  }
+}
+
+void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                  const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+  const int64_t n = x.size(0), c = x.size(1);
+  const float* xp = x.data<float>();
+  const float* dyp = dy.data<float>();
+  const float* w = weight.data<float>();
+  const float* rp = rstd.data<float>();
+  float* dxp = dx.data<float>();
+  // dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd.
+  auto rows = [&](int64_t r0, int64_t r1, float* dw) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * c;
+      const float* dyr = dyp + r * c;
+      float* dxr = dxp + r * c;
+      const float s = rp[r];
+      double sum_gx = 0;
+#pragma omp simd reduction(+ : sum_gx)
+      for (int64_t j = 0; j < c; ++j) sum_gx += static_cast<double>(dyr[j] * w[j]) * (xr[j] * s);
+      const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
+      for (int64_t j = 0; j < c; ++j) {
+        const float xhat = xr[j] * s;
+        dxr[j] = s * (dyr[j] * w[j] - xhat * mean_gx);
+        dw[j] += dyr[j] * xhat;
+      }
+    }
+  };
+  chunked_column_sums(n, c, {dweight.data<float>()}, rows);
+}
+
+void CpuBackend::softmax_forward(const Tensor& x, Tensor& y) {
+  const int64_t n = x.size(0), c = x.size(1);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = xp + r * c;
+    float* yr = yp + r * c;
+    const float mx = max_row(xr, c);
+    // A row of -inf (everything masked) has no distribution; give zeros, not NaN.
+    if (mx == -std::numeric_limits<float>::infinity()) {
+      std::fill(yr, yr + c, 0.0f);
+      continue;
+    }
+    exp_affine(xr, yr, c, 1.0f, mx);
+    const float inv = static_cast<float>(1.0 / row_sum(yr, c));
+    for (int64_t j = 0; j < c; ++j) yr[j] *= inv;
+  }
+}
+
+void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  const int64_t n = y.size(0), c = y.size(1);
+  const float* yp = y.data<float>();
+  const float* dyp = dy.data<float>();
+  float* dxp = dx.data<float>();
+  // dx = y * (dy - <y, dy>): the Jacobian diag(y) - y y^T applied to dy.
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* yr = yp + r * c;
+    const float* dyr = dyp + r * c;
+    float* dxr = dxp + r * c;
+    const float dot = static_cast<float>(row_dot(yr, dyr, c));
+    for (int64_t j = 0; j < c; ++j) dxr[j] = yr[j] * (dyr[j] - dot);
+  }
+}
+
+}  // namespace strata::tensor::cpu

@@ -66,8 +66,9 @@ inline ::testing::AssertionResult all_close(const std::vector<float>& got,
 }
 
 // Central differences of a scalar function f(x) (x in double) for every element of x.
-inline std::vector<double> finite_differences(const std::function<double(const std::vector<double>&)>& f,
-                                              std::vector<double> x, double h = 1e-5) {
+inline std::vector<double> finite_differences(
+    const std::function<double(const std::vector<double>&)>& f, std::vector<double> x,
+    double h = 1e-5) {
   std::vector<double> g(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const double saved = x[i];

@@ -1,0 +1,192 @@
+// CPU embedding (gather and deterministic scatter-add) and fused softmax cross-entropy: against
+// double-precision references and central differences, ignore_index, bad ids and targets, and
+// bitwise determinism across thread counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tensor/ops.h"
+#include "tests/support/kernel_check.h"
+
+namespace strata::tensor {
+namespace {
+
+using strata::testing::all_close;
+using strata::testing::dot;
+using strata::testing::finite_differences;
+using strata::testing::make_tensor;
+using strata::testing::random_normal;
+using strata::testing::same_bits;
+using strata::testing::to_double;
+using strata::testing::values;
+using strata::testing::with_threads;
+
+constexpr int64_t kIgnore = -100;
+
+TEST(Embedding, ForwardGathersRowsForBothIdTypes) {
+  const int64_t v = 11, c = 7;
+  auto w = random_normal(v * c, 1);
+  const std::vector<int64_t> ids = {3, 0, 10, 3, 7, 1};
+  for (DType dt : {DType::I32, DType::I64}) {
+    Tensor out = embedding(make_tensor(w, {v, c}), from_ints(ids, {2, 3}, dt));
+    ASSERT_EQ(out.shape(), Shape({2, 3, c}));
+    auto o = values(out);
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (int64_t j = 0; j < c; ++j) EXPECT_EQ(o[i * c + j], w[ids[i] * c + j]);
+  }
+}
+
+TEST(Embedding, BackwardAccumulatesRepeatedIds) {
+  const int64_t v = 9, c = 5;
+  const std::vector<int64_t> ids = {4, 1, 4, 8, 4, 0, 1};
+  const int64_t n = static_cast<int64_t>(ids.size());
+  auto g = random_normal(n * c, 2), init = random_normal(v * c, 3);
+  for (DType dt : {DType::I32, DType::I64}) {
+    Tensor dw = make_tensor(init, {v, c});
+    embedding_backward(from_ints(ids, {n}, dt), make_tensor(g, {n, c}), dw);
+    std::vector<double> want = to_double(init);  // backward accumulates into what is there
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < c; ++j) want[ids[i] * c + j] += g[i * c + j];
+    EXPECT_TRUE(all_close(values(dw), want, 1e-6, 1e-6));
+  }
+}
+
+TEST(Embedding, OutOfRangeIdIsUserErrorNamingIdAndVocab) {
+  const int64_t v = 6, c = 3;
+  Tensor w = make_tensor(random_normal(v * c, 4), {v, c});
+  for (int64_t bad : {int64_t{6}, int64_t{-1}, int64_t{1000}}) {
+    try {
+      embedding(w, from_ints({0, bad, 2}, {3}, DType::I32));
+      ADD_FAILURE() << "id " << bad << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("vocabulary of 6"), std::string::npos) << e.what();
+    }
+    Tensor dw = make_tensor(std::vector<float>(v * c, 0.f), {v, c});
+    EXPECT_THROW(
+        embedding_backward(from_ints({bad}, {1}), make_tensor({1.f, 2.f, 3.f}, {1, c}), dw),
+        UserError);
+  }
+}
+
+TEST(Embedding, BackwardDeterministicAcrossThreadCounts) {
+  // Many positions over few rows, and several column strips.
+  const int64_t v = 37, c = 300, n = 3001;
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = (i * 7919) % v;
+  Tensor idt = from_ints(ids, {n});
+  Tensor g = make_tensor(random_normal(n * c, 5), {n, c});
+  auto run = [&] {
+    Tensor dw = make_tensor(std::vector<float>(v * c, 0.5f), {v, c});
+    embedding_backward(idt, g, dw);
+    return values(dw);
+  };
+  auto one = with_threads(1, run);
+  for (int threads : {2, 3, 4}) EXPECT_TRUE(same_bits(one, with_threads(threads, run))) << threads;
+}
+
+// Per-row losses (lse - logit[target], 0 for ignored rows) and lse, in double.
+std::vector<double> ce_ref(const std::vector<double>& x, const std::vector<int64_t>& t, int64_t v,
+                           std::vector<double>* lse = nullptr) {
+  std::vector<double> loss;
+  for (size_t r = 0; r < t.size(); ++r) {
+    double mx = -INFINITY, s = 0;
+    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, x[r * v + j]);
+    for (int64_t j = 0; j < v; ++j) s += std::exp(x[r * v + j] - mx);
+    const double l = mx + std::log(s);
+    if (lse) lse->push_back(l);
+    loss.push_back(t[r] == kIgnore ? 0.0 : l - x[r * v + t[r]]);
+  }
+  return loss;
+}
+
+struct CeCase {
+  int64_t n, v;
+  float spread;
+};
+// Odd tiny rows; and wide rows that cross the 256-wide blocks of the exp sum, with large logits.
+const CeCase kCases[] = {{5, 7, 2.f}, {3, 1, 1.f}, {4, 1000, 30.f}};
+
+std::vector<int64_t> targets_for(int64_t n, int64_t v) {
+  std::vector<int64_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i == 1 ? kIgnore : (i * 5 + 3) % v;
+  return t;
+}
+
+TEST(CrossEntropy, ForwardMatchesReference) {
+  for (auto [n, v, spread] : kCases)
+    for (DType dt : {DType::I32, DType::I64}) {
+      auto x = random_normal(n * v, 10, 1.f, spread);
+      auto t = targets_for(n, v);
+      CrossEntropyResult r = cross_entropy(make_tensor(x, {n, v}), from_ints(t, {n}, dt), kIgnore);
+      std::vector<double> lse;
+      auto loss = ce_ref(to_double(x), t, v, &lse);
+      EXPECT_TRUE(all_close(values(r.losses), loss, 2e-6, 2e-6)) << n << "x" << v;
+      EXPECT_TRUE(all_close(values(r.lse), lse, 2e-6, 2e-6)) << n << "x" << v;
+      EXPECT_EQ(values(r.losses)[1], 0.f);  // the ignored row
+      EXPECT_EQ(r.count, n - 1);
+    }
+}
+
+TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
+  for (auto [n, v, spread] : kCases) {
+    auto x = random_normal(n * v, 20, 0.f, spread);
+    auto t = targets_for(n, v);
+    auto dloss = random_normal(n, 21);
+    Tensor xt = make_tensor(x, {n, v}), tt = from_ints(t, {n});
+    CrossEntropyResult r = cross_entropy(xt, tt, kIgnore);
+    auto dx = values(cross_entropy_backward(xt, tt, r.lse, make_tensor(dloss, {n}), kIgnore));
+    auto loss = [&](const std::vector<double>& xs) {
+      return dot(ce_ref(xs, t, v), to_double(dloss));
+    };
+    EXPECT_TRUE(all_close(dx, finite_differences(loss, to_double(x)), 1e-6, 1e-5)) << n << "x" << v;
+    for (int64_t j = 0; j < v; ++j) EXPECT_EQ(dx[1 * v + j], 0.f);  // the ignored row
+  }
+}
+
+TEST(CrossEntropy, OutOfRangeTargetIsUserError) {
+  Tensor x = make_tensor(random_normal(2 * 4, 30), {2, 4});
+  for (int64_t bad : {int64_t{4}, int64_t{-1}, int64_t{-99}}) {
+    try {
+      cross_entropy(x, from_ints({0, bad}, {2}), kIgnore);
+      ADD_FAILURE() << "target " << bad << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+    Tensor lse = make_tensor({0.f, 0.f}, {2});
+    Tensor dloss = make_tensor({1.f, 1.f}, {2});
+    EXPECT_THROW(
+        cross_entropy_backward(x, from_ints({bad, 0}, {2}, DType::I32), lse, dloss, kIgnore),
+        UserError);
+  }
+  // A custom ignore_index is honoured, and -100 is then an ordinary (bad) target.
+  CrossEntropyResult r = cross_entropy(x, from_ints({3, 7}, {2}), 7);
+  EXPECT_EQ(values(r.losses)[1], 0.f);
+  EXPECT_EQ(r.count, 1);
+  EXPECT_THROW(cross_entropy(x, from_ints({0, -100}, {2}), 7), UserError);
+}
+
+TEST(CrossEntropy, DeterministicAcrossThreadCounts) {
+  const int64_t n = 67, v = 5003;
+  Tensor x = make_tensor(random_normal(n * v, 40, 0.f, 4.f), {n, v});
+  std::vector<int64_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 9 == 0 ? kIgnore : (i * 131) % v;
+  Tensor tt = from_ints(t, {n});
+  Tensor dloss = make_tensor(random_normal(n, 41), {n});
+  auto run = [&] {
+    CrossEntropyResult r = cross_entropy(x, tt, kIgnore);
+    Tensor dx = cross_entropy_backward(x, tt, r.lse, dloss, kIgnore);
+    return std::vector<std::vector<float>>{values(r.losses), values(r.lse), values(dx)};
+  };
+  auto one = with_threads(1, run);
+  for (int threads : {2, 3, 4}) {
+    auto many = with_threads(threads, run);
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_TRUE(same_bits(one[i], many[i])) << i << ", " << threads;
+  }
+}
+
+}  // namespace
+}  // namespace strata::tensor

@@ -22,11 +22,27 @@ std::shared_ptr<Node> root_node(const Variable& v, int& slot) {
   return v.grad_fn();
 }
 
+// Note [Summing gradients in place]
+// A gradient slot starts as whatever tensor a backward returned, which may also have been handed
+// to another input (add's backward returns g twice) or be a view of a live tensor. So the second
+// contribution is added in place only when the slot's storage is held by the slot alone (use
+// count 1, contiguous, whole storage); otherwise out of place. For GPT-2's tied embedding this
+// saves a vocabulary-sized allocation and a pass over it every step.
 void accumulate(std::vector<Tensor>& buffer, int slot, Tensor g) {
   if (!g.defined()) return;
   Tensor& b = buffer[slot];
-  // Out of place: a backward may hand the same tensor to several inputs.
-  b = b.defined() ? tensor::add(b, g) : std::move(g);
+  if (!b.defined()) {
+    b = std::move(g);
+    return;
+  }
+  const bool exclusive = b.storage().use_count() == 1 && b.is_contiguous() && b.offset() == 0 &&
+                         b.nbytes() == b.storage()->nbytes() && b.dtype() == DType::F32 &&
+                         b.shape() == g.shape() && b.storage() != g.storage();
+  if (exclusive) {
+    tensor::axpy_(1.f, g, b);
+  } else {
+    b = tensor::add(b, g);
+  }
 }
 
 }  // namespace

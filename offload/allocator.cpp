@@ -1,5 +1,8 @@
 #include "offload/allocator.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -7,20 +10,49 @@
 
 namespace strata::offload {
 
-HostAllocator::HostAllocator(size_t alignment, MemoryStats* stats)
-    : alignment_(alignment), stats_(stats) {
+HostAllocator::HostAllocator(size_t alignment, MemoryStats* stats, bool cache_large_blocks)
+    : alignment_(alignment), stats_(stats), cache_large_(cache_large_blocks) {
   STRATA_CHECK(alignment >= sizeof(void*) && (alignment & (alignment - 1)) == 0,
                "alignment {} must be a power of two", alignment);
 }
 
+HostAllocator::~HostAllocator() { release_cache(); }
+
+size_t HostAllocator::rounded_size(size_t bytes) const {
+  if (cache_large_ && bytes >= kCacheMinBytes)
+    return (bytes + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
+  size_t r = (bytes + alignment_ - 1) / alignment_ * alignment_;
+  return r == 0 ? alignment_ : r;
+}
+
 Block HostAllocator::allocate(size_t bytes, Category category) {
-  size_t rounded = (bytes + alignment_ - 1) / alignment_ * alignment_;
-  if (rounded == 0) rounded = alignment_;
-  void* p = std::aligned_alloc(alignment_, rounded);
+  const size_t rounded = rounded_size(bytes);
+  void* p = nullptr;
+  const bool cacheable = cache_large_ && bytes >= kCacheMinBytes;
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(rounded);
+    if (it != free_.end()) {
+      p = it->second;
+      free_.erase(it);
+      cached_ -= rounded;
+    }
+  }
   if (p == nullptr) {
-    user_error("out of host memory allocating {:.1f} MiB for {} (current host use {:.1f} MiB)",
-               bytes / 1048576.0, category_name(category),
-               stats_->tier_usage(Tier::Host).current / 1048576.0);
+    const size_t align = cacheable ? std::max(alignment_, kCacheGranule) : alignment_;
+    p = std::aligned_alloc(align, rounded);
+    if (p == nullptr && cacheable) {
+      release_cache();
+      p = std::aligned_alloc(align, rounded);
+    }
+    if (p == nullptr) {
+      user_error("out of host memory allocating {:.1f} MiB for {} (current host use {:.1f} MiB)",
+                 bytes / 1048576.0, category_name(category),
+                 stats_->tier_usage(Tier::Host).current / 1048576.0);
+    }
+#ifdef MADV_HUGEPAGE
+    if (cacheable) madvise(p, rounded, MADV_HUGEPAGE);  // a hint; failure is harmless
+#endif
   }
   stats_->on_alloc(Tier::Host, category, static_cast<int64_t>(bytes));
   return {p, bytes, category};
@@ -28,13 +60,33 @@ Block HostAllocator::allocate(size_t bytes, Category category) {
 
 void HostAllocator::deallocate(const Block& block) {
   if (block.ptr == nullptr) return;
-  std::free(block.ptr);
   stats_->on_free(Tier::Host, block.category, static_cast<int64_t>(block.bytes));
+  if (cache_large_ && block.bytes >= kCacheMinBytes) {
+    const size_t rounded = rounded_size(block.bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(rounded, block.ptr);
+    cached_ += rounded;
+    return;
+  }
+  std::free(block.ptr);
+}
+
+void HostAllocator::release_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [size, p] : free_) std::free(p);
+  free_.clear();
+  cached_ = 0;
+}
+
+size_t HostAllocator::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_;
 }
 
 HostAllocator& HostAllocator::instance() {
-  static HostAllocator alloc;
-  return alloc;
+  // Never destroyed: tensors in other statics may be freed after it would have been.
+  static HostAllocator* alloc = new HostAllocator();
+  return *alloc;
 }
 
 }  // namespace strata::offload

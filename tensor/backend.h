@@ -6,9 +6,12 @@
 // The op layer (tensor/ops.h) validates shapes and dtypes, allocates outputs, and makes inputs
 // contiguous unless a method says it takes any layout. A backend method therefore receives
 // well-formed arguments on its own device: outputs are allocated, contiguous and of the documented
-// shape. Unless noted, float tensors are F32. Methods must be deterministic: the same inputs give
-// the same bits whatever the thread count (no order-dependent atomics; reductions split the same
-// way every run). Backward methods write (not accumulate) their outputs unless they say so.
+// shape. Unless noted, float tensors are F32. Methods must be deterministic: the same inputs and
+// thread count give the same bits on every run (no order-dependent atomics; reductions split the
+// same way every run), which is what bitwise resume needs. Strata's own CPU kernels go further
+// and give the same bits whatever the thread count; the oneDNN GEMM does not promise that across
+// thread counts (Note [Matmul determinism] in tensor/cpu/matmul.cpp). Backward methods write (not
+// accumulate) their outputs unless they say so.
 #include <vector>
 
 #include "core/rng.h"

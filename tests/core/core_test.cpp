@@ -58,7 +58,9 @@ TEST(Half, Float16RoundTripsAllFiniteValues) {
 
 TEST(CpuFeatures, Consistent) {
   const CpuFeatures& f = cpu_features();
-  if (f.avx512bw) EXPECT_TRUE(f.avx512f);
+  if (f.avx512bw) {
+    EXPECT_TRUE(f.avx512f);
+  }
   EXPECT_FALSE(f.summary().empty());
   EXPECT_GE(num_threads(), 1);
 }

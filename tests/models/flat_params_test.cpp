@@ -111,7 +111,9 @@ TEST(FlatParams, BackwardAccumulatesIntoTheFlatBufferAndZeroGradClearsIt) {
     for (size_t k = 0; k < u.names.size(); ++k)
       std::fill_n(covered.begin() + u.offsets[k], u.numels[k], true);
     for (size_t i = 0; i < flat.size(); ++i)
-      if (!covered[i]) ASSERT_EQ(flat[i], 0.f) << "padding element " << i;
+      if (!covered[i]) {
+        ASSERT_EQ(flat[i], 0.f) << "padding element " << i;
+      }
   }
   // Gradients accumulate: a second backward doubles them.
   std::vector<float> once = tensor::to_float_vector(model.flat_units()[1].grads);

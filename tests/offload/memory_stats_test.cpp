@@ -46,3 +46,40 @@ TEST(MemoryStats, CategoryScopeNests) {
 
 }  // namespace
 }  // namespace strata::offload
+
+namespace strata::offload {
+namespace {
+
+TEST(HostAllocator, LargeBlocksAreCachedAndReused) {
+  MemoryStats stats;
+  HostAllocator alloc(64, &stats);
+  const size_t big = 3 * (size_t{1} << 20) + 5;  // rounds to 4 MiB
+  Block a = alloc.allocate(big, Category::Activation);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.ptr) % 64, 0u);
+  static_cast<char*>(a.ptr)[big - 1] = 7;  // the whole request is usable
+  alloc.deallocate(a);
+  EXPECT_EQ(stats.tier_usage(Tier::Host).current, 0);  // cached bytes are not live bytes
+  EXPECT_EQ(alloc.cached_bytes(), 4 * (size_t{1} << 20));
+  Block b = alloc.allocate(big - 100, Category::Grad);  // same rounded size: the cached block
+  EXPECT_EQ(b.ptr, a.ptr);
+  EXPECT_EQ(alloc.cached_bytes(), 0u);
+  EXPECT_EQ(stats.usage(Tier::Host, Category::Grad).current, static_cast<int64_t>(big - 100));
+  Block c = alloc.allocate(big, Category::Grad);  // none cached now: a fresh block
+  EXPECT_NE(c.ptr, b.ptr);
+  alloc.deallocate(b);
+  alloc.deallocate(c);
+  EXPECT_EQ(alloc.cached_bytes(), 8 * (size_t{1} << 20));
+  alloc.release_cache();
+  EXPECT_EQ(alloc.cached_bytes(), 0u);
+}
+
+TEST(HostAllocator, SmallBlocksAreNotCached) {
+  MemoryStats stats;
+  HostAllocator alloc(64, &stats);
+  Block a = alloc.allocate(1000, Category::Param);
+  alloc.deallocate(a);
+  EXPECT_EQ(alloc.cached_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace strata::offload

@@ -67,3 +67,21 @@ TEST(CpuFeatures, Consistent) {
 
 }  // namespace
 }  // namespace strata
+
+#include "core/timer.h"
+
+namespace strata {
+namespace {
+
+TEST(Timer, MedianAndMonotonic) {
+  EXPECT_EQ(median({5.0, 1.0, 3.0}), 3.0);
+  EXPECT_EQ(median({}), 0.0);
+  Stopwatch w;
+  double a = w.seconds();
+  double b = w.seconds();
+  EXPECT_GE(a, 0.0);
+  EXPECT_GE(b, a);
+}
+
+}  // namespace
+}  // namespace strata

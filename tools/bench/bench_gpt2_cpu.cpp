@@ -9,32 +9,16 @@
 // usage: bench_gpt2_cpu [model=gpt2] [B=1] [T=256] [steps=3]
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "core/timer.h"
 #include "models/registry.h"
 #include "tensor/ops.h"
 
 using namespace strata;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   std::string model_name = argc > 1 ? argv[1] : "gpt2";
   int64_t B = argc > 2 ? std::atoll(argv[2]) : 1;
@@ -59,11 +43,11 @@ int main(int argc, char** argv) {
   std::vector<double> times;
   float loss = 0.f;
   for (int s = 0; s < steps + 1; ++s) {  // first step is warm-up
-    auto t0 = Clock::now();
+    Stopwatch watch;
     model->zero_grad();
     autograd::Variable l = model->loss(x, y);
     l.backward();
-    double dt = seconds_since(t0);
+    double dt = watch.seconds();
     loss = l.item();
     if (s > 0) times.push_back(dt);
   }
@@ -84,9 +68,9 @@ int main(int argc, char** argv) {
   tensor::Tensor out = tensor::Tensor::empty({M, N});
   std::vector<double> gemm_times;
   for (int r = 0; r < 7; ++r) {
-    auto t0 = Clock::now();
+    Stopwatch watch;
     tensor::matmul_out(a, w, out, false, true);
-    if (r > 1) gemm_times.push_back(seconds_since(t0));
+    if (r > 1) gemm_times.push_back(watch.seconds());
   }
   double gemm_gflops = 2.0 * M * K * N / median(gemm_times) / 1e9;
 

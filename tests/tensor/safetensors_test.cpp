@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "model_test_util.h"
 #include "tensor/safetensors.h"
 
 namespace strata::tensor {
@@ -85,7 +84,7 @@ TEST_F(Safetensors, RoundTripsEveryDtypeAndLayout) {
 }
 
 TEST_F(Safetensors, ReadsThePythonWrittenReference) {
-  SafetensorsReader r(testing::reference_path("gpt2_tiny.safetensors"));
+  SafetensorsReader r(std::string(STRATA_SOURCE_DIR) + "/tests/reference/gpt2_tiny.safetensors");
   EXPECT_EQ(r.entry("tokens").dtype, DType::I64);
   EXPECT_EQ(r.entry("h.0.attn.c_attn.weight").shape, (Shape{96, 32}));
   EXPECT_EQ(r.metadata().at("n_layer"), "2");

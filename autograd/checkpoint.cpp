@@ -47,7 +47,8 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
       }
     if (!roots.empty()) autograd::backward(roots, root_grads);
     std::vector<Tensor> input_grads;
-    for (const Variable& d : detached) input_grads.push_back(d.requires_grad() ? d.grad() : Tensor());
+    for (const Variable& d : detached)
+      input_grads.push_back(d.requires_grad() ? d.grad() : Tensor());
     return input_grads;
   };
   // Always a node: parameters used inside fn need gradients even when no input does.

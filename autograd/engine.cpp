@@ -10,7 +10,9 @@ namespace strata::autograd {
 namespace {
 
 struct ByLatestFirst {
-  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+  bool operator()(const Node* a, const Node* b) const {
+    return a->sequence_nr() < b->sequence_nr();
+  }
 };
 
 std::shared_ptr<Node> root_node(const Variable& v, int& slot) {
@@ -92,8 +94,8 @@ void backward(const std::vector<Variable>& roots, const std::vector<Tensor>& gra
     Tensor g = grads.empty() ? Tensor() : grads[i];
     const Tensor& data = roots[i].data();
     if (!g.defined()) {
-      STRATA_CHECK(data.numel() == 1,
-                   "backward of a non-scalar ({}) needs an explicit gradient", data.str());
+      STRATA_CHECK(data.numel() == 1, "backward of a non-scalar ({}) needs an explicit gradient",
+                   data.str());
       g = tensor::ones(data.shape(), data.dtype(), data.device());
     }
     STRATA_CHECK(g.shape() == data.shape(), "root gradient {} for {}", g.str(), data.str());

@@ -7,7 +7,9 @@ namespace strata::autograd {
 namespace tops = ::strata::tensor;
 
 namespace {
-bool needs(const Variable& v) { return v.defined() && v.requires_grad(); }
+bool needs(const Variable& v) {
+  return v.defined() && v.requires_grad();
+}
 
 Variable unary_fn(const char* name, tensor::UnaryOp op, const Variable& x) {
   Tensor xd = x.data();
@@ -30,23 +32,20 @@ Variable add(const Variable& a, const Variable& b) {
 Variable sub(const Variable& a, const Variable& b) {
   Shape sa = a.shape(), sb = b.shape();
   bool na = needs(a), nb = needs(b);
-  return make_output("Sub", tops::sub(a.data(), b.data()), {a, b},
-                     [=](const std::vector<Tensor>& g) {
-                       return std::vector<Tensor>{
-                           na ? tops::sum_to(g[0], sa) : Tensor(),
-                           nb ? tops::scale(tops::sum_to(g[0], sb), -1.f) : Tensor()};
-                     });
+  return make_output(
+      "Sub", tops::sub(a.data(), b.data()), {a, b}, [=](const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{na ? tops::sum_to(g[0], sa) : Tensor(),
+                                   nb ? tops::scale(tops::sum_to(g[0], sb), -1.f) : Tensor()};
+      });
 }
 
 Variable mul(const Variable& a, const Variable& b) {
   Tensor ad = a.data(), bd = b.data();
   bool na = needs(a), nb = needs(b);
-  return make_output("Mul", tops::mul(ad, bd), {a, b},
-                     [=](const std::vector<Tensor>& g) {
-                       return std::vector<Tensor>{
-                           na ? tops::sum_to(tops::mul(g[0], bd), ad.shape()) : Tensor(),
-                           nb ? tops::sum_to(tops::mul(g[0], ad), bd.shape()) : Tensor()};
-                     });
+  return make_output("Mul", tops::mul(ad, bd), {a, b}, [=](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{na ? tops::sum_to(tops::mul(g[0], bd), ad.shape()) : Tensor(),
+                               nb ? tops::sum_to(tops::mul(g[0], ad), bd.shape()) : Tensor()};
+  });
 }
 
 Variable div(const Variable& a, const Variable& b) {
@@ -62,7 +61,9 @@ Variable div(const Variable& a, const Variable& b) {
   });
 }
 
-Variable scale(const Variable& x, float alpha) { return affine(x, alpha, 0.f); }
+Variable scale(const Variable& x, float alpha) {
+  return affine(x, alpha, 0.f);
+}
 
 Variable affine(const Variable& x, float alpha, float beta) {
   return make_output("Affine", tops::affine(x.data(), alpha, beta), {x},
@@ -71,13 +72,27 @@ Variable affine(const Variable& x, float alpha, float beta) {
                      });
 }
 
-Variable gelu(const Variable& x) { return unary_fn("Gelu", tensor::UnaryOp::Gelu, x); }
-Variable silu(const Variable& x) { return unary_fn("Silu", tensor::UnaryOp::Silu, x); }
-Variable relu(const Variable& x) { return unary_fn("Relu", tensor::UnaryOp::Relu, x); }
-Variable exp(const Variable& x) { return unary_fn("Exp", tensor::UnaryOp::Exp, x); }
-Variable log(const Variable& x) { return unary_fn("Log", tensor::UnaryOp::Log, x); }
-Variable tanh(const Variable& x) { return unary_fn("Tanh", tensor::UnaryOp::Tanh, x); }
-Variable square(const Variable& x) { return unary_fn("Square", tensor::UnaryOp::Square, x); }
+Variable gelu(const Variable& x) {
+  return unary_fn("Gelu", tensor::UnaryOp::Gelu, x);
+}
+Variable silu(const Variable& x) {
+  return unary_fn("Silu", tensor::UnaryOp::Silu, x);
+}
+Variable relu(const Variable& x) {
+  return unary_fn("Relu", tensor::UnaryOp::Relu, x);
+}
+Variable exp(const Variable& x) {
+  return unary_fn("Exp", tensor::UnaryOp::Exp, x);
+}
+Variable log(const Variable& x) {
+  return unary_fn("Log", tensor::UnaryOp::Log, x);
+}
+Variable tanh(const Variable& x) {
+  return unary_fn("Tanh", tensor::UnaryOp::Tanh, x);
+}
+Variable square(const Variable& x) {
+  return unary_fn("Square", tensor::UnaryOp::Square, x);
+}
 
 Variable bias_add(const Variable& x, const Variable& bias) {
   Shape sb = bias.shape();

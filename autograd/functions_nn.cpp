@@ -7,7 +7,9 @@ namespace strata::autograd {
 namespace tops = ::strata::tensor;
 
 namespace {
-bool needs(const Variable& v) { return v.defined() && v.requires_grad(); }
+bool needs(const Variable& v) {
+  return v.defined() && v.requires_grad();
+}
 
 // Sums the leading (batch) dims away: [..., R, C] -> [R, C].
 Tensor sum_batch(const Tensor& t, int keep_dims) {
@@ -20,28 +22,28 @@ Tensor sum_batch(const Tensor& t, int keep_dims) {
 Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb) {
   Tensor ad = a.data(), bd = b.data();
   bool na = needs(a), nb = needs(b);
-  return make_output("Matmul", tops::matmul(ad, bd, ta, tb), {a, b},
-                     [=](const std::vector<Tensor>& gs) {
-                       const Tensor& g = gs[0];
-                       Tensor ga, gb;
-                       // C = op(a) op(b): d op(a) = g op(b)^T, d op(b) = op(a)^T g.
-                       if (na) {
-                         ga = tops::matmul(g, bd, false, !tb);  // d op(a), [..., M, K]
-                         if (ta) ga = ga.transpose(-1, -2).contiguous();
-                       }
-                       if (nb) {
-                         if (bd.ndim() == 2 && ad.ndim() > 2 && !ta) {
-                           // Shared b: fold the batch into rows so one GEMM sums over it.
-                           Tensor a2 = ad.reshape({-1, ad.size(-1)});
-                           Tensor g2 = g.reshape({-1, g.size(-1)});
-                           gb = tb ? tops::matmul(g2, a2, true, false) : tops::matmul(a2, g2, true, false);
-                         } else {
-                           gb = tb ? tops::matmul(g, ad, true, ta) : tops::matmul(ad, g, !ta, false);
-                           if (bd.ndim() == 2) gb = sum_batch(gb, 2);
-                         }
-                       }
-                       return std::vector<Tensor>{ga, gb};
-                     });
+  return make_output(
+      "Matmul", tops::matmul(ad, bd, ta, tb), {a, b}, [=](const std::vector<Tensor>& gs) {
+        const Tensor& g = gs[0];
+        Tensor ga, gb;
+        // C = op(a) op(b): d op(a) = g op(b)^T, d op(b) = op(a)^T g.
+        if (na) {
+          ga = tops::matmul(g, bd, false, !tb);  // d op(a), [..., M, K]
+          if (ta) ga = ga.transpose(-1, -2).contiguous();
+        }
+        if (nb) {
+          if (bd.ndim() == 2 && ad.ndim() > 2 && !ta) {
+            // Shared b: fold the batch into rows so one GEMM sums over it.
+            Tensor a2 = ad.reshape({-1, ad.size(-1)});
+            Tensor g2 = g.reshape({-1, g.size(-1)});
+            gb = tb ? tops::matmul(g2, a2, true, false) : tops::matmul(a2, g2, true, false);
+          } else {
+            gb = tb ? tops::matmul(g, ad, true, ta) : tops::matmul(ad, g, !ta, false);
+            if (bd.ndim() == 2) gb = sum_batch(gb, 2);
+          }
+        }
+        return std::vector<Tensor>{ga, gb};
+      });
 }
 
 Variable linear(const Variable& x, const Variable& weight, const Variable& bias) {

@@ -29,10 +29,10 @@ Variable mean(const Variable& x, int dim, bool keepdim) {
   Shape s = x.shape();
   dim = s.normalize(dim);
   float inv = 1.f / static_cast<float>(s[dim]);
-  return make_output("Mean", tops::mean(x.data(), dim, keepdim), {x},
-                     [=](const std::vector<Tensor>& g) {
-                       return std::vector<Tensor>{tops::scale(expand_back(g[0], s, dim, keepdim), inv)};
-                     });
+  return make_output(
+      "Mean", tops::mean(x.data(), dim, keepdim), {x}, [=](const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{tops::scale(expand_back(g[0], s, dim, keepdim), inv)};
+      });
 }
 
 Variable max(const Variable& x, int dim, bool keepdim) {
@@ -88,7 +88,8 @@ Variable transpose(const Variable& x, int d0, int d1) {
 
 Variable permute(const Variable& x, const std::vector<int>& dims) {
   std::vector<int> inverse(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) inverse[x.shape().normalize(dims[i])] = static_cast<int>(i);
+  for (size_t i = 0; i < dims.size(); ++i)
+    inverse[x.shape().normalize(dims[i])] = static_cast<int>(i);
   return make_output("Permute", x.data().permute(dims), {x},
                      [inverse](const std::vector<Tensor>& g) {
                        return std::vector<Tensor>{g[0].permute(inverse)};
@@ -126,17 +127,16 @@ Variable concat(const std::vector<Variable>& xs, int dim) {
     ts.push_back(x.data());
     sizes.push_back(x.size(dim));
   }
-  return make_output("Concat", tops::concat(ts, dim), xs, [sizes, dim](const std::vector<Tensor>& g) {
-    return tops::split(g[0], sizes, dim);
-  });
+  return make_output(
+      "Concat", tops::concat(ts, dim), xs,
+      [sizes, dim](const std::vector<Tensor>& g) { return tops::split(g[0], sizes, dim); });
 }
 
 std::vector<Variable> split(const Variable& x, const std::vector<int64_t>& sizes, int dim) {
   dim = x.shape().normalize(dim);
-  return make_outputs("Split", tops::split(x.data(), sizes, dim), {x},
-                      [dim](const std::vector<Tensor>& g) {
-                        return std::vector<Tensor>{tops::concat(g, dim)};
-                      });
+  return make_outputs(
+      "Split", tops::split(x.data(), sizes, dim), {x},
+      [dim](const std::vector<Tensor>& g) { return std::vector<Tensor>{tops::concat(g, dim)}; });
 }
 
 }  // namespace strata::autograd

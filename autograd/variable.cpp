@@ -52,13 +52,19 @@ std::shared_ptr<Node> Variable::grad_accumulator() const {
   return node;
 }
 
-void Variable::backward(const Tensor& grad) const { autograd::backward({*this}, {grad}); }
+void Variable::backward(const Tensor& grad) const {
+  autograd::backward({*this}, {grad});
+}
 
 namespace {
 thread_local bool tl_grad_enabled = true;
 }
 
-bool GradMode::is_enabled() { return tl_grad_enabled; }
-void GradMode::set_enabled(bool enabled) { tl_grad_enabled = enabled; }
+bool GradMode::is_enabled() {
+  return tl_grad_enabled;
+}
+void GradMode::set_enabled(bool enabled) {
+  tl_grad_enabled = enabled;
+}
 
 }  // namespace strata::autograd

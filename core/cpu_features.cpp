@@ -67,6 +67,8 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace strata

@@ -8,6 +8,8 @@ void throw_check_failure(const char* file, int line, const char* cond, const std
   throw InternalError(text);
 }
 
-void throw_user_error(const std::string& msg) { throw UserError(msg); }
+void throw_user_error(const std::string& msg) {
+  throw UserError(msg);
+}
 
 }  // namespace strata::detail

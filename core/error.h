@@ -43,28 +43,30 @@ template <typename... Args>
 }  // namespace strata
 
 // STRATA_CHECK(cond, "fmt {}", args...) — internal invariant; message is optional.
-#define STRATA_CHECK(cond, ...)                                                      \
-  do {                                                                               \
-    if (!(cond)) [[unlikely]] {                                                      \
-      ::strata::detail::throw_check_failure(__FILE__, __LINE__, #cond,               \
+#define STRATA_CHECK(cond, ...)                                                        \
+  do {                                                                                 \
+    if (!(cond)) [[unlikely]] {                                                        \
+      ::strata::detail::throw_check_failure(__FILE__, __LINE__, #cond,                 \
                                             ::strata::detail::check_msg(__VA_ARGS__)); \
-    }                                                                                \
+    }                                                                                  \
   } while (0)
 
 // STRATA_USER_CHECK(cond, "fmt {}", args...) — user-facing precondition.
-#define STRATA_USER_CHECK(cond, ...)                                       \
-  do {                                                                     \
-    if (!(cond)) [[unlikely]] {                                            \
+#define STRATA_USER_CHECK(cond, ...)                                                \
+  do {                                                                              \
+    if (!(cond)) [[unlikely]] {                                                     \
       ::strata::detail::throw_user_error(::strata::detail::check_msg(__VA_ARGS__)); \
-    }                                                                      \
+    }                                                                               \
   } while (0)
 
-#define STRATA_UNREACHABLE(...) \
+#define STRATA_UNREACHABLE(...)                                            \
   ::strata::detail::throw_check_failure(__FILE__, __LINE__, "unreachable", \
                                         ::strata::detail::check_msg(__VA_ARGS__))
 
 namespace strata::detail {
-inline std::string check_msg() { return {}; }
+inline std::string check_msg() {
+  return {};
+}
 template <typename... Args>
 std::string check_msg(fmt::format_string<Args...> f, Args&&... args) {
   return fmt::format(f, std::forward<Args>(args)...);

@@ -13,6 +13,8 @@ spdlog::logger& logger() {
   return *instance;
 }
 
-void set_level(spdlog::level::level_enum level) { logger().set_level(level); }
+void set_level(spdlog::level::level_enum level) {
+  logger().set_level(level);
+}
 
 }  // namespace strata::log

@@ -27,7 +27,9 @@ std::array<uint32_t, 4> philox4x32(RngKey key, uint64_t counter);
 uint64_t rng_stream(uint64_t a, uint64_t b = 0, uint64_t c = 0, uint64_t d = 0);
 
 // Uniform float in [0, 1) from 24 random bits.
-inline float u32_to_unit_float(uint32_t x) { return static_cast<float>(x >> 8) * (1.0f / 16777216.0f); }
+inline float u32_to_unit_float(uint32_t x) {
+  return static_cast<float>(x >> 8) * (1.0f / 16777216.0f);
+}
 
 // out[i] for i in [0, n): element `first + i` of the stream (first lets a shard draw its slice).
 void rng_uniform(float* out, size_t n, RngKey key, float lo, float hi, uint64_t first = 0);
@@ -42,7 +44,10 @@ class Generator {
   RngKey next_key() { return {seed_, rng_stream(0x5eed, next_++)}; }
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return next_; }
-  void set_state(uint64_t seed, uint64_t offset) { seed_ = seed; next_ = offset; }
+  void set_state(uint64_t seed, uint64_t offset) {
+    seed_ = seed;
+    next_ = offset;
+  }
 
  private:
   uint64_t seed_;

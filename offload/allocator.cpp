@@ -16,7 +16,9 @@ HostAllocator::HostAllocator(size_t alignment, MemoryStats* stats, bool cache_la
                "alignment {} must be a power of two", alignment);
 }
 
-HostAllocator::~HostAllocator() { release_cache(); }
+HostAllocator::~HostAllocator() {
+  release_cache();
+}
 
 size_t HostAllocator::rounded_size(size_t bytes) const {
   if (cache_large_ && bytes >= kCacheMinBytes)

@@ -6,22 +6,32 @@ namespace strata::offload {
 
 std::string_view tier_name(Tier t) {
   switch (t) {
-    case Tier::Gpu: return "gpu";
-    case Tier::Host: return "host";
-    case Tier::Pinned: return "pinned";
-    case Tier::Nvme: return "nvme";
+    case Tier::Gpu:
+      return "gpu";
+    case Tier::Host:
+      return "host";
+    case Tier::Pinned:
+      return "pinned";
+    case Tier::Nvme:
+      return "nvme";
   }
   return "?";
 }
 
 std::string_view category_name(Category c) {
   switch (c) {
-    case Category::Param: return "param";
-    case Category::Grad: return "grad";
-    case Category::Optimizer: return "optimizer";
-    case Category::Activation: return "activation";
-    case Category::Workspace: return "workspace";
-    case Category::Comm: return "comm";
+    case Category::Param:
+      return "param";
+    case Category::Grad:
+      return "grad";
+    case Category::Optimizer:
+      return "optimizer";
+    case Category::Activation:
+      return "activation";
+    case Category::Workspace:
+      return "workspace";
+    case Category::Comm:
+      return "comm";
   }
   return "?";
 }
@@ -64,8 +74,9 @@ std::string MemoryStats::report() const {
   for (int t = 0; t < kNumTiers; ++t) {
     Usage tu = tier_usage(static_cast<Tier>(t));
     if (tu.peak == 0) continue;
-    out += fmt::format("{:<7} total current {:>10.2f} MiB peak {:>10.2f} MiB\n",
-                       tier_name(static_cast<Tier>(t)), tu.current / 1048576.0, tu.peak / 1048576.0);
+    out +=
+        fmt::format("{:<7} total current {:>10.2f} MiB peak {:>10.2f} MiB\n",
+                    tier_name(static_cast<Tier>(t)), tu.current / 1048576.0, tu.peak / 1048576.0);
     for (int c = 0; c < kNumCategories; ++c) {
       Usage u = usage(static_cast<Tier>(t), static_cast<Category>(c));
       if (u.peak == 0) continue;
@@ -86,8 +97,14 @@ namespace {
 thread_local Category tl_category = Category::Activation;
 }
 
-Category current_category() { return tl_category; }
-CategoryScope::CategoryScope(Category c) : saved_(tl_category) { tl_category = c; }
-CategoryScope::~CategoryScope() { tl_category = saved_; }
+Category current_category() {
+  return tl_category;
+}
+CategoryScope::CategoryScope(Category c) : saved_(tl_category) {
+  tl_category = c;
+}
+CategoryScope::~CategoryScope() {
+  tl_category = saved_;
+}
 
 }  // namespace strata::offload

@@ -16,9 +16,10 @@ void register_backend(DeviceType type, Backend* backend) {
 Backend& backend_for(Device device) {
   if (device.is_cpu()) return cpu::CpuBackend::instance();
   if (g_cuda_backend == nullptr)
-    user_error("device {} was asked for, but this build of Strata has no CUDA backend or no GPU "
-               "was found; use device: cpu",
-               device.str());
+    user_error(
+        "device {} was asked for, but this build of Strata has no CUDA backend or no GPU "
+        "was found; use device: cpu",
+        device.str());
   return *g_cuda_backend;
 }
 

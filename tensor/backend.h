@@ -32,7 +32,7 @@ class Backend {
   // dst = src: same shape; any layouts (both); any dtypes (converts); src may be on another
   // device of which this backend can read (CPU<->CUDA goes through the CUDA backend).
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
-  virtual void fill(Tensor& dst, double value) = 0;  // any layout, any dtype
+  virtual void fill(Tensor& dst, double value) = 0;                 // any layout, any dtype
   virtual void arange(Tensor& dst, double start, double step) = 0;  // contiguous, any dtype
   virtual void random_uniform(Tensor& dst, RngKey key, float lo, float hi) = 0;
   virtual void random_normal(Tensor& dst, RngKey key, float mean, float stddev) = 0;
@@ -78,8 +78,8 @@ class Backend {
   virtual void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  float eps, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                                  Tensor& dbias) = 0;
+                                  const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                  Tensor& dweight, Tensor& dbias) = 0;
   // x [N, C]; weight [C]; y [N, C]; rstd [N].
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                Tensor& rstd) = 0;

@@ -26,11 +26,13 @@ void require_f32(const Tensor& t, const char* op) {
 }
 
 void require_int(const Tensor& t, const char* op) {
-  STRATA_CHECK(t.dtype() == DType::I32 || t.dtype() == DType::I64, "{}: expected i32/i64 ids, got {}",
-               op, t.str());
+  STRATA_CHECK(t.dtype() == DType::I32 || t.dtype() == DType::I64,
+               "{}: expected i32/i64 ids, got {}", op, t.str());
 }
 
-Tensor like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+Tensor like(const Tensor& t) {
+  return Tensor::empty(t.shape(), t.dtype(), t.device());
+}
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   same_device(a, b, name);
@@ -57,12 +59,22 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b, "add"); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, a, b, "sub"); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Mul, a, b, "mul"); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Div, a, b, "div"); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Add, a, b, "add");
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Sub, a, b, "sub");
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Mul, a, b, "mul");
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Div, a, b, "div");
+}
 
-Tensor scale(const Tensor& x, float alpha) { return affine(x, alpha, 0.f); }
+Tensor scale(const Tensor& x, float alpha) {
+  return affine(x, alpha, 0.f);
+}
 
 Tensor affine(const Tensor& x, float alpha, float beta) {
   require_f32(x, "affine");
@@ -115,8 +127,8 @@ Tensor dropout(const Tensor& x, float p, RngKey key) {
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
-  STRATA_CHECK(broadcast_shapes(shape, x.shape()) == x.shape(), "sum_to: {} is not broadcastable to {}",
-               shape.str(), x.shape().str());
+  STRATA_CHECK(broadcast_shapes(shape, x.shape()) == x.shape(),
+               "sum_to: {} is not broadcastable to {}", shape.str(), x.shape().str());
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   be(x).sum_to(x, out);
   return out;
@@ -138,7 +150,9 @@ Tensor reduce(ReduceOp op, const Tensor& x, int dim, bool keepdim, Tensor* indic
 }
 }  // namespace
 
-Tensor sum(const Tensor& x, int dim, bool keepdim) { return reduce(ReduceOp::Sum, x, dim, keepdim, nullptr); }
+Tensor sum(const Tensor& x, int dim, bool keepdim) {
+  return reduce(ReduceOp::Sum, x, dim, keepdim, nullptr);
+}
 Tensor mean(const Tensor& x, int dim, bool keepdim) {
   return reduce(ReduceOp::Mean, x, dim, keepdim, nullptr);
 }
@@ -155,8 +169,12 @@ Tensor sum_all(const Tensor& x) {
   return out.view(Shape{});
 }
 
-double sum_squares(const Tensor& x) { return be(x).sum_squares(x); }
-double l2_norm(const Tensor& x) { return std::sqrt(sum_squares(x)); }
+double sum_squares(const Tensor& x) {
+  return be(x).sum_squares(x);
+}
+double l2_norm(const Tensor& x) {
+  return std::sqrt(sum_squares(x));
+}
 double global_l2_norm(const std::vector<Tensor>& xs) {
   double s = 0;
   for (const Tensor& x : xs) s += sum_squares(x);
@@ -189,14 +207,16 @@ void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, boo
   int64_t n = trans_b ? b.size(-2) : b.size(-1);
   STRATA_CHECK(k_a == k_b, "matmul: inner dims differ: {}{} @ {}{}", a.str(), trans_a ? "^T" : "",
                b.str(), trans_b ? "^T" : "");
-  STRATA_CHECK(out.ndim() == a.ndim() && out.size(-2) == m && out.size(-1) == n &&
-                   out.is_contiguous(),
-               "matmul: output {} does not fit {} @ {}", out.str(), a.str(), b.str());
-  for (int i = 0; i + 2 < a.ndim(); ++i) STRATA_CHECK(out.size(i) == a.size(i), "matmul batch dims");
+  STRATA_CHECK(
+      out.ndim() == a.ndim() && out.size(-2) == m && out.size(-1) == n && out.is_contiguous(),
+      "matmul: output {} does not fit {} @ {}", out.str(), a.str(), b.str());
+  for (int i = 0; i + 2 < a.ndim(); ++i)
+    STRATA_CHECK(out.size(i) == a.size(i), "matmul batch dims");
   if (b.ndim() > 2) {
     STRATA_CHECK(b.ndim() == a.ndim(), "matmul: batched b {} must match a {}", b.str(), a.str());
     for (int i = 0; i + 2 < a.ndim(); ++i)
-      STRATA_CHECK(b.size(i) == a.size(i), "matmul: batch dims differ: {} and {}", a.str(), b.str());
+      STRATA_CHECK(b.size(i) == a.size(i), "matmul: batch dims differ: {} and {}", a.str(),
+                   b.str());
   }
   be(a).matmul(a.contiguous(), b.contiguous(), out, trans_a, trans_b, alpha, beta);
 }
@@ -303,8 +323,8 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 }
 
 Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
-  STRATA_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0, "rotary expects x [B, T, H, D] with even D, got {}",
-               x.str());
+  STRATA_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0,
+               "rotary expects x [B, T, H, D] with even D, got {}", x.str());
   STRATA_CHECK(cos.shape() == Shape({x.size(1), x.size(3) / 2}) && sin.shape() == cos.shape(),
                "rotary tables {} must be [T, D/2] for x {}", cos.str(), x.str());
   Tensor xc = x.contiguous();
@@ -348,7 +368,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) 
   be(dweight).embedding_backward(flat, d2, dweight);
 }
 
-CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
+                                 int64_t ignore_index) {
   same_device(logits, targets, "cross_entropy");
   require_int(targets, "cross_entropy");
   require_f32(logits, "cross_entropy");

@@ -14,13 +14,17 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
-Tensor scale(const Tensor& x, float alpha);             // alpha * x
+Tensor scale(const Tensor& x, float alpha);               // alpha * x
 Tensor affine(const Tensor& x, float alpha, float beta);  // alpha * x + beta
 void axpy_(float alpha, const Tensor& x, Tensor& y);      // y += alpha * x (y contiguous)
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy);
-inline Tensor gelu(const Tensor& x) { return unary(UnaryOp::Gelu, x); }
-inline Tensor silu(const Tensor& x) { return unary(UnaryOp::Silu, x); }
+inline Tensor gelu(const Tensor& x) {
+  return unary(UnaryOp::Gelu, x);
+}
+inline Tensor silu(const Tensor& x) {
+  return unary(UnaryOp::Silu, x);
+}
 Tensor bias_add(const Tensor& x, const Tensor& bias);
 Tensor dropout(const Tensor& x, float p, RngKey key);
 
@@ -33,7 +37,7 @@ struct MaxResult {
   Tensor indices;
 };
 MaxResult max(const Tensor& x, int dim, bool keepdim = false);
-Tensor sum_all(const Tensor& x);   // 0-d
+Tensor sum_all(const Tensor& x);  // 0-d
 double sum_squares(const Tensor& x);
 double l2_norm(const Tensor& x);
 // sqrt of the sum of squares over all tensors: global gradient norm.

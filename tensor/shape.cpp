@@ -17,7 +17,9 @@ void Shape::erase(int pos) {
   --ndim_;
 }
 
-std::string Shape::str() const { return fmt::format("[{}]", fmt::join(begin(), end(), ", ")); }
+std::string Shape::str() const {
+  return fmt::format("[{}]", fmt::join(begin(), end(), ", "));
+}
 
 Shape Shape::contiguous_strides() const {
   Shape s;

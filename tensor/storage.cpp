@@ -34,9 +34,10 @@ void register_device_allocator(DeviceType type, offload::Allocator* allocator) {
 offload::Allocator& allocator_for(Device device) {
   if (device.is_cpu()) return offload::HostAllocator::instance();
   if (g_cuda_allocator == nullptr)
-    user_error("device {} was asked for, but this build of Strata has no CUDA backend or no GPU "
-               "was found; use device: cpu",
-               device.str());
+    user_error(
+        "device {} was asked for, but this build of Strata has no CUDA backend or no GPU "
+        "was found; use device: cpu",
+        device.str());
   return *g_cuda_allocator;
 }
 

@@ -187,8 +187,8 @@ Tensor Tensor::slice(int dim, int64_t start, int64_t end, int64_t step) const {
 Tensor Tensor::select(int dim, int64_t index) const {
   dim = shape_.normalize(dim);
   if (index < 0) index += shape_[dim];
-  STRATA_CHECK(index >= 0 && index < shape_[dim], "index {} out of range for dim of size {}",
-               index, shape_[dim]);
+  STRATA_CHECK(index >= 0 && index < shape_[dim], "index {} out of range for dim of size {}", index,
+               shape_[dim]);
   Shape s = shape_, st = strides_;
   s.erase(dim);
   st.erase(dim);

@@ -28,7 +28,8 @@ class Tensor {
   // (see offload::CategoryScope).
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   // Wraps caller-owned memory without copying; the caller keeps it alive.
-  static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device = Device::cpu());
+  static Tensor from_blob(void* data, const Shape& shape, DType dtype,
+                          Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -60,8 +61,8 @@ class Tensor {
   T item() const;
 
   // ---- views (share storage) ----
-  Tensor view(const Shape& shape) const;      // requires a compatible layout; one dim may be -1
-  Tensor reshape(const Shape& shape) const;   // view when possible, else a contiguous copy
+  Tensor view(const Shape& shape) const;     // requires a compatible layout; one dim may be -1
+  Tensor reshape(const Shape& shape) const;  // view when possible, else a contiguous copy
   Tensor transpose(int d0, int d1) const;
   Tensor permute(const std::vector<int>& dims) const;
   Tensor narrow(int dim, int64_t start, int64_t length) const;

@@ -12,7 +12,9 @@ namespace {
 
 namespace tops = ::strata::tensor;
 
-std::vector<float> vals(const Tensor& t) { return tops::to_float_vector(t); }
+std::vector<float> vals(const Tensor& t) {
+  return tops::to_float_vector(t);
+}
 
 TEST(Engine, AccumulatesAcrossBackwardCalls) {
   Variable x(tops::from_vector({1, 2, 3}, {3}), true);

@@ -59,7 +59,9 @@ Variable make_input(const InputSpec& spec, uint64_t salt) {
   return Variable(base, true);
 }
 
-Tensor ids_tensor(std::vector<int64_t> ids, Shape s) { return tops::from_ints(ids, s); }
+Tensor ids_tensor(std::vector<int64_t> ids, Shape s) {
+  return tops::from_ints(ids, s);
+}
 
 std::vector<Case> cases() {
   const Layout T = Layout::Transposed, S = Layout::Strided;
@@ -68,7 +70,8 @@ std::vector<Case> cases() {
   c.push_back({"add_broadcast", {{{3, 5, 7}}, {{5, 1}, S}}, [](V x) { return add(x[0], x[1]); }});
   c.push_back({"sub_broadcast", {{{3, 1, 7}}, {{4, 7}, T}}, [](V x) { return sub(x[0], x[1]); }});
   c.push_back({"mul_broadcast", {{{2, 3, 5}, T}, {{5}}}, [](V x) { return mul(x[0], x[1]); }});
-  c.push_back({"div", {{{4, 7}}, {{4, 7}, S, Values::Positive}}, [](V x) { return div(x[0], x[1]); }});
+  c.push_back(
+      {"div", {{{4, 7}}, {{4, 7}, S, Values::Positive}}, [](V x) { return div(x[0], x[1]); }});
   c.push_back({"scale", {{{3, 5}, T}}, [](V x) { return scale(x[0], -1.7f); }});
   c.push_back({"affine", {{{9}}}, [](V x) { return affine(x[0], 0.3f, 2.f); }});
   c.push_back({"gelu", {{{5, 7}, S}}, [](V x) { return gelu(x[0]); }});
@@ -84,27 +87,35 @@ std::vector<Case> cases() {
     for (bool tb : {false, true}) {
       Shape sa = ta ? Shape{5, 3} : Shape{3, 5};
       Shape sb = tb ? Shape{7, 5} : Shape{5, 7};
-      c.push_back({fmt::format("matmul_{}{}", ta ? "T" : "N", tb ? "T" : "N"), {{sa, S}, {sb, T}},
+      c.push_back({fmt::format("matmul_{}{}", ta ? "T" : "N", tb ? "T" : "N"),
+                   {{sa, S}, {sb, T}},
                    [ta, tb](V x) { return matmul(x[0], x[1], ta, tb); }});
       Shape ba = ta ? Shape{2, 5, 3} : Shape{2, 3, 5};
       c.push_back({fmt::format("matmul_shared_b_{}{}", ta ? "T" : "N", tb ? "T" : "N"),
-                   {{ba}, {sb}}, [ta, tb](V x) { return matmul(x[0], x[1], ta, tb); }});
+                   {{ba}, {sb}},
+                   [ta, tb](V x) { return matmul(x[0], x[1], ta, tb); }});
     }
-  c.push_back({"matmul_batched", {{{2, 3, 4, 5}, T}, {{2, 3, 5, 3}}},
-               [](V x) { return matmul(x[0], x[1]); }});
-  c.push_back({"linear", {{{2, 3, 5}, T}, {{7, 5}}, {{7}}},
-               [](V x) { return linear(x[0], x[1], x[2]); }});
-  c.push_back({"linear_no_bias", {{{4, 5}}, {{3, 5}, T}},
-               [](V x) { return linear(x[0], x[1], Variable()); }});
-  c.push_back({"layernorm", {{{3, 4, 7}, T}, {{7}}, {{7}}},
-               [](V x) { return layernorm(x[0], x[1], x[2], 1e-5f); }});
+  c.push_back({"matmul_batched", {{{2, 3, 4, 5}, T}, {{2, 3, 5, 3}}}, [](V x) {
+                 return matmul(x[0], x[1]);
+               }});
+  c.push_back(
+      {"linear", {{{2, 3, 5}, T}, {{7, 5}}, {{7}}}, [](V x) { return linear(x[0], x[1], x[2]); }});
+  c.push_back({"linear_no_bias", {{{4, 5}}, {{3, 5}, T}}, [](V x) {
+                 return linear(x[0], x[1], Variable());
+               }});
+  c.push_back({"layernorm", {{{3, 4, 7}, T}, {{7}}, {{7}}}, [](V x) {
+                 return layernorm(x[0], x[1], x[2], 1e-5f);
+               }});
   c.push_back({"rmsnorm", {{{5, 9}, S}, {{9}}}, [](V x) { return rmsnorm(x[0], x[1], 1e-6f); }});
   c.push_back({"softmax", {{{3, 2, 7}, T}}, [](V x) { return softmax(x[0]); }});
-  c.push_back({"attention_causal", {{{2, 3, 5, 4}}, {{2, 3, 5, 4}, T}, {{2, 3, 5, 4}, S}},
-               [](V x) { return attention(x[0], x[1], x[2], true); }});
-  c.push_back({"attention_full_tq_ne_tk", {{{1, 2, 3, 4}}, {{1, 2, 6, 4}}, {{1, 2, 6, 4}}},
+  c.push_back({"attention_causal", {{{2, 3, 5, 4}}, {{2, 3, 5, 4}, T}, {{2, 3, 5, 4}, S}}, [](V x) {
+                 return attention(x[0], x[1], x[2], true);
+               }});
+  c.push_back({"attention_full_tq_ne_tk",
+               {{{1, 2, 3, 4}}, {{1, 2, 6, 4}}, {{1, 2, 6, 4}}},
                [](V x) { return attention(x[0], x[1], x[2], false, 0.7f); }});
-  c.push_back({"attention_causal_tq_lt_tk", {{{1, 2, 3, 4}}, {{1, 2, 7, 4}}, {{1, 2, 7, 4}}},
+  c.push_back({"attention_causal_tq_lt_tk",
+               {{{1, 2, 3, 4}}, {{1, 2, 7, 4}}, {{1, 2, 7, 4}}},
                [](V x) { return attention(x[0], x[1], x[2], true); }});
   c.push_back({"rotary", {{{2, 5, 3, 6}, S}}, [](V x) {
                  auto [cs, sn] = tops::rotary_tables(5, 6);
@@ -122,13 +133,17 @@ std::vector<Case> cases() {
   c.push_back({"max_dim", {{{4, 6}, T}}, [](V x) { return max(x[0], 1); }});
   c.push_back({"sum_all", {{{3, 5}, S}}, [](V x) { return sum_all(x[0]); }});
   c.push_back({"mean_all", {{{3, 5}}}, [](V x) { return mean_all(x[0]); }});
-  c.push_back({"reshape", {{{3, 4}, T}}, [](V x) { return mul(reshape(x[0], {2, 6}), reshape(x[0], {2, 6})); }});
+  c.push_back({"reshape", {{{3, 4}, T}}, [](V x) {
+                 return mul(reshape(x[0], {2, 6}), reshape(x[0], {2, 6}));
+               }});
   c.push_back({"transpose", {{{2, 3, 4}}}, [](V x) { return square(transpose(x[0], 0, 2)); }});
   c.push_back({"permute", {{{2, 3, 4}, S}}, [](V x) { return square(permute(x[0], {1, 2, 0})); }});
   c.push_back({"narrow", {{{5, 6}}}, [](V x) { return square(narrow(x[0], 1, 2, 3)); }});
   c.push_back({"slice_step", {{{7, 3}, T}}, [](V x) { return square(slice(x[0], 0, 1, 7, 2)); }});
   c.push_back({"contiguous", {{{4, 5}, T}}, [](V x) { return square(contiguous(x[0])); }});
-  c.push_back({"concat", {{{2, 3}}, {{2, 5}, T}}, [](V x) { return square(concat({x[0], x[1]}, 1)); }});
+  c.push_back({"concat", {{{2, 3}}, {{2, 5}, T}}, [](V x) {
+                 return square(concat({x[0], x[1]}, 1));
+               }});
   c.push_back({"split", {{{3, 7}, S}}, [](V x) {
                  auto parts = split(x[0], {2, 5}, 1);
                  return mul(sum(parts[0], 1), sum(parts[1], 1));
@@ -143,7 +158,9 @@ std::vector<Case> cases() {
   return c;
 }
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class Gradcheck : public ::testing::TestWithParam<Case> {};
 
@@ -156,7 +173,9 @@ TEST_P(Gradcheck, MatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, Gradcheck, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 // The checker itself must be able to fail: a function whose backward is deliberately wrong.
 TEST(GradcheckSelfTest, DetectsAWrongBackward) {

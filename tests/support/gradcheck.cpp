@@ -31,7 +31,8 @@ float* element(const Tensor& t, int64_t flat) {
   return t.data<float>() + off;
 }
 
-double objective(const GradFn& fn, const std::vector<Variable>& inputs, const std::vector<float>& w) {
+double objective(const GradFn& fn, const std::vector<Variable>& inputs,
+                 const std::vector<float>& w) {
   autograd::NoGradGuard no_grad;
   std::vector<float> out = tensor::to_float_vector(fn(inputs).data());
   double s = 0;
@@ -72,8 +73,8 @@ std::string gradcheck(const GradFn& fn, const std::vector<Variable>& inputs,
       double excess = std::fabs(numeric - a) - (opts.atol + opts.rtol * std::fabs(numeric));
       if (!(excess <= 0) && (worst.empty() || excess > worst_excess || std::isnan(excess))) {
         worst_excess = excess;
-        worst = fmt::format("input {} element {}: analytic {:.6g} vs numeric {:.6g}", k, i, a,
-                            numeric);
+        worst =
+            fmt::format("input {} element {}: analytic {:.6g} vs numeric {:.6g}", k, i, a, numeric);
       }
     }
   }

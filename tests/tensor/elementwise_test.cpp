@@ -321,6 +321,36 @@ TEST(Unary, ThreadCountDoesNotChangeBits) {
   });
 }
 
+// An element gets the same bits wherever it sits: inside the 4-lane loop or in its padded tail,
+// at any offset from a vector boundary, on either side of a thread split (Note [Vectorised exp]).
+TEST(Unary, BitsDoNotDependOnPosition) {
+  const int64_t n = 3 * 4096 + 7;  // threads split it (above the grain), not a multiple of 4
+  for (UnaryOp op : kUnaryOps) {
+    Tensor x = positive_only(op) ? rand({n}, 5, 0.01f, 10.f) : rand({n}, 5, -10.f, 10.f);
+    Tensor dy = rand({n}, 6);
+    std::vector<float> f = values(unary(op, x)), b = values(unary_backward(op, x, dy));
+    for (int64_t start : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4097}, n - 6}) {
+      for (int64_t len : {1, 2, 3, 5, 6}) {
+        std::vector<float> fs = values(unary(op, x.narrow(0, start, len)));
+        std::vector<float> bs =
+            values(unary_backward(op, x.narrow(0, start, len), dy.narrow(0, start, len)));
+        for (int64_t i = 0; i < len; ++i) {
+          ASSERT_EQ(testing::bits(fs[i]), testing::bits(f[start + i]))
+              << "op " << static_cast<int>(op) << " forward at " << start + i << " len " << len;
+          ASSERT_EQ(testing::bits(bs[i]), testing::bits(b[start + i]))
+              << "op " << static_cast<int>(op) << " backward at " << start + i << " len " << len;
+        }
+      }
+    }
+    const Tensor fref = unary(op, x), bref = unary_backward(op, x, dy);
+    testing::for_thread_counts({1, 2, 3}, [&](int) {
+      EXPECT_TRUE(testing::same_bits(unary(op, x), fref)) << "op " << static_cast<int>(op);
+      EXPECT_TRUE(testing::same_bits(unary_backward(op, x, dy), bref))
+          << "op " << static_cast<int>(op);
+    });
+  }
+}
+
 TEST(BiasAdd, AddsOverTheLastDim) {
   for (const Shape& s : {Shape{5, 7}, Shape{3, 4, 9}, Shape{1000, 768}, Shape{11}}) {
     Tensor x = rand(s, 1), bias = rand({s.back()}, 2);

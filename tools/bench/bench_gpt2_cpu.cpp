@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
   }
   double gemm_gflops = 2.0 * M * K * N / median(gemm_times) / 1e9;
 
-  fmt::print("| model | B | T | threads | CPU | step s | tokens/s | model GFLOP/s | GEMM GFLOP/s "
-             "(same run) | ratio | loss |\n");
+  fmt::print(
+      "| model | B | T | threads | CPU | step s | tokens/s | model GFLOP/s | GEMM GFLOP/s "
+      "(same run) | ratio | loss |\n");
   fmt::print("|---|---|---|---|---|---|---|---|---|---|---|\n");
   fmt::print("| {} | {} | {} | {} | {} | {:.3f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.4f} |\n",
              model_name, B, T, num_threads(), cpu_features().summary(), step_s, tokens / step_s,

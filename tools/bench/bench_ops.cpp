@@ -20,7 +20,9 @@ using tensor::Tensor;
 
 constexpr int64_t kRows = 1024, kC = 768, kVocab = 50304;
 
-Tensor rand(const tensor::Shape& s, uint64_t salt) { return tensor::randn(s, {7, salt}); }
+Tensor rand(const tensor::Shape& s, uint64_t salt) {
+  return tensor::randn(s, {7, salt});
+}
 
 void BM_MemcpyReference(benchmark::State& state) {
   const size_t n = static_cast<size_t>(kRows * 4 * kC);
@@ -83,7 +85,8 @@ void BM_CrossEntropy(benchmark::State& state) {
   std::vector<int64_t> t(256);
   for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int64_t>(i * 131 % 50257);
   Tensor targets = tensor::from_ints(t, {256});
-  for (auto _ : state) benchmark::DoNotOptimize(tensor::cross_entropy(logits, targets).lse.data_ptr());
+  for (auto _ : state)
+    benchmark::DoNotOptimize(tensor::cross_entropy(logits, targets).lse.data_ptr());
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(logits.nbytes()));
 }
 BENCHMARK(BM_CrossEntropy)->Unit(benchmark::kMicrosecond)->UseRealTime();
@@ -119,9 +122,8 @@ void BM_Attention(benchmark::State& state) {
   Tensor q = rand({B, H, T, D}, 1), k = rand({B, H, T, D}, 2), v = rand({B, H, T, D}, 3);
   for (auto _ : state) benchmark::DoNotOptimize(tensor::attention(q, k, v, true).out.data_ptr());
   const double flops = 2.0 * 2.0 * B * H * T * T * D / 2.0;
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops * static_cast<double>(state.iterations()) / 1e9,
-                         benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Attention)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -134,9 +136,8 @@ void BM_AttentionBackward(benchmark::State& state) {
     benchmark::DoNotOptimize(
         tensor::attention_backward(q, k, v, r.out, r.lse, dout, true).dq.data_ptr());
   const double flops = 2.0 * 5.0 * B * H * T * T * D / 2.0;  // S, dP, dV, dQ, dK
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops * static_cast<double>(state.iterations()) / 1e9,
-                         benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_AttentionBackward)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -313,7 +313,7 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
             continue;
           }
           const float m_new = std::max(m[r], max_row(sr, nv) * scale);
-          const float corr = exp_fast(m[r] - m_new);
+          const float corr = exp1(m[r] - m_new);
           exp_affine(sr, sr, nv, scale, m_new);
           std::fill(sr + nv, sr + nk, 0.0f);
           float sum = 0;

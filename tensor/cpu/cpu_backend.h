@@ -47,8 +47,8 @@ class CpuBackend final : public Backend {
                           Tensor& dbias) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                        Tensor& rstd) override;
-  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                        const Tensor& rstd, Tensor& dx, Tensor& dweight) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                        Tensor& dx, Tensor& dweight) override;
   void softmax_forward(const Tensor& x, Tensor& y) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

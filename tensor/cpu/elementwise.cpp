@@ -1,11 +1,13 @@
 // CPU elementwise kernels: binary (broadcasting), affine, axpy, unary (+ backward), bias_add,
 // dropout. Every output element depends on its own inputs only, so any split across threads
-// gives the same bits; loops over contiguous floats are written for the auto-vectoriser.
+// gives the same bits; simple loops over contiguous floats are left to the auto-vectoriser, and
+// those calling exp or tanh are written on 4-lane vectors (Note [Vectorised exp]).
 #include <cmath>
+#include <cstring>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/strided.h"
-#include "tensor/cpu/vec_math.h"
+#include "tensor/cpu/vec4.h"
 
 namespace strata::tensor::cpu {
 
@@ -137,21 +139,63 @@ void map2(const float* x, const float* dy, float* dx, int64_t n, int64_t grain, 
       grain);
 }
 
+// out[i] = f(x[i]) with f on 4 lanes. The tail runs through a zero-padded vector, so element i
+// gets the same bits wherever the thread split or the end of the array falls (Note [Vectorised
+// exp]).
+template <typename F>
+void map1_4(const float* x, float* out, int64_t n, F f) {
+  parallel_range(
+      n,
+      [&](int64_t lo, int64_t hi) {
+        int64_t i = lo;
+        for (; i + 4 <= hi; i += 4) store4(out + i, f(load4(x + i)));
+        if (i < hi) {
+          const size_t bytes = static_cast<size_t>(hi - i) * sizeof(float);
+          float t[4] = {};
+          std::memcpy(t, x + i, bytes);
+          store4(t, f(load4(t)));
+          std::memcpy(out + i, t, bytes);
+        }
+      },
+      kHeavyGrain);
+}
+
+// dx[i] = f(x[i], dy[i]) with f on 4 lanes, tails as in map1_4.
+template <typename F>
+void map2_4(const float* x, const float* dy, float* dx, int64_t n, F f) {
+  parallel_range(
+      n,
+      [&](int64_t lo, int64_t hi) {
+        int64_t i = lo;
+        for (; i + 4 <= hi; i += 4) store4(dx + i, f(load4(x + i), load4(dy + i)));
+        if (i < hi) {
+          const size_t bytes = static_cast<size_t>(hi - i) * sizeof(float);
+          float tx[4] = {}, tg[4] = {};
+          std::memcpy(tx, x + i, bytes);
+          std::memcpy(tg, dy + i, bytes);
+          store4(tx, f(load4(tx), load4(tg)));
+          std::memcpy(dx + i, tx, bytes);
+        }
+      },
+      kHeavyGrain);
+}
+
 // GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 
-inline float gelu_f(float x) {
-  const float u = kGeluScale * (x + kGeluCube * x * x * x);
-  return 0.5f * x * (1.f + tanh_f(u));
+inline F4 gelu_arg4(F4 x) {
+  return kGeluScale * (x + kGeluCube * x * x * x);
 }
 
-inline float gelu_grad_f(float x) {
-  const float u = kGeluScale * (x + kGeluCube * x * x * x);
-  float t, s2;
-  tanh_sech2_f(u, t, s2);
-  const float du = kGeluScale * (1.f + 3.f * kGeluCube * x * x);
-  return 0.5f * (1.f + t) + 0.5f * x * s2 * du;
+inline F4 gelu4(F4 x) {
+  return 0.5f * x * (1.0f + tanh4(gelu_arg4(x)));
+}
+
+inline F4 gelu_grad4(F4 x) {
+  const TanhSech2 ts = tanh4_sech2(gelu_arg4(x));
+  const F4 du = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
+  return 0.5f * (1.0f + ts.t) + 0.5f * x * ts.s2 * du;
 }
 
 }  // namespace
@@ -207,13 +251,13 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out) {
   const int64_t n = x.numel();
   switch (op) {
     case UnaryOp::Gelu:
-      return map1(xp, o, n, kHeavyGrain, [](float v) { return gelu_f(v); });
+      return map1_4(xp, o, n, [](F4 v) { return gelu4(v); });
     case UnaryOp::Silu:
-      return map1(xp, o, n, kHeavyGrain, [](float v) { return v * sigmoid_f(v); });
+      return map1_4(xp, o, n, [](F4 v) { return v * sigmoid4(v); });
     case UnaryOp::Relu:
       return map1(xp, o, n, kParallelGrain, [](float v) { return v < 0.f ? 0.f : v; });
     case UnaryOp::Exp:
-      return map1(xp, o, n, kHeavyGrain, [](float v) { return exp_f(v); });
+      return map1_4(xp, o, n, [](F4 v) { return exp4(v); });
     case UnaryOp::Log:
       return map1(xp, o, n, kHeavyGrain, [](float v) { return std::log(v); });
     case UnaryOp::Neg:
@@ -223,7 +267,7 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out) {
     case UnaryOp::Square:
       return map1(xp, o, n, kParallelGrain, [](float v) { return v * v; });
     case UnaryOp::Tanh:
-      return map1(xp, o, n, kHeavyGrain, [](float v) { return tanh_f(v); });
+      return map1_4(xp, o, n, [](F4 v) { return tanh4(v); });
   }
   STRATA_UNREACHABLE("unary op {}", static_cast<int>(op));
 }
@@ -237,17 +281,16 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, T
   const int64_t n = x.numel();
   switch (op) {
     case UnaryOp::Gelu:
-      return map2(xp, g, o, n, kHeavyGrain, [](float v, float d) { return d * gelu_grad_f(v); });
+      return map2_4(xp, g, o, n, [](F4 v, F4 d) { return d * gelu_grad4(v); });
     case UnaryOp::Silu:
-      return map2(xp, g, o, n, kHeavyGrain, [](float v, float d) {
-        const float s = sigmoid_f(v);
-        return d * (s * (1.f + v * (1.f - s)));
+      return map2_4(xp, g, o, n, [](F4 v, F4 d) {
+        const F4 s = sigmoid4(v);
+        return d * (s * (1.0f + v * (1.0f - s)));
       });
     case UnaryOp::Relu:
-      return map2(xp, g, o, n, kParallelGrain,
-                  [](float v, float d) { return select_f(v > 0.f, d, 0.f); });
+      return map2(xp, g, o, n, kParallelGrain, [](float v, float d) { return v > 0.f ? d : 0.f; });
     case UnaryOp::Exp:
-      return map2(xp, g, o, n, kHeavyGrain, [](float v, float d) { return d * exp_f(v); });
+      return map2_4(xp, g, o, n, [](F4 v, F4 d) { return d * exp4(v); });
     case UnaryOp::Log:
       return map2(xp, g, o, n, kParallelGrain, [](float v, float d) { return d / v; });
     case UnaryOp::Neg:
@@ -258,11 +301,7 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, T
     case UnaryOp::Square:
       return map2(xp, g, o, n, kParallelGrain, [](float v, float d) { return d * (2.f * v); });
     case UnaryOp::Tanh:
-      return map2(xp, g, o, n, kHeavyGrain, [](float v, float d) {
-        float t, s2;
-        tanh_sech2_f(v, t, s2);
-        return d * s2;
-      });
+      return map2_4(xp, g, o, n, [](F4 v, F4 d) { return d * tanh4_sech2(v).s2; });
   }
   STRATA_UNREACHABLE("unary op {}", static_cast<int>(op));
 }

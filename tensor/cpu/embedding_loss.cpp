@@ -9,7 +9,7 @@
 // Note [Cross-entropy without probabilities]
 // Forward keeps only lse = log sum_j exp(logit_j) per row (loss = lse - logit_target); backward
 // recomputes softmax = exp(logit - lse) on the fly, so no [N, V] probability matrix (50k wide for
-// GPT-2) is ever stored. Both directions use exp_fast (Note [Vectorised exp]).
+// GPT-2) is ever stored. Both directions use exp4 (Note [Vectorised exp]).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -9,6 +9,8 @@ PACKAGES=(
   libdnnl-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev liburing-dev libaio-dev
+  fortunes-min fortunes fio
 )
 
 missing=()

@@ -22,6 +22,23 @@ find_package(Eigen3 3.4 CONFIG QUIET)
 strata_require(Eigen3_FOUND Eigen3 libeigen3-dev)
 find_package(nlohmann_json 3.10 CONFIG QUIET)
 strata_require(nlohmann_json_FOUND nlohmann_json nlohmann-json3-dev)
+find_package(CLI11 2.1 CONFIG QUIET)
+strata_require(CLI11_FOUND CLI11 libcli11-dev)
+
+# Asynchronous file I/O for the NVMe tier (offload/): io_uring through liburing, libaio as the
+# fallback where io_uring is not allowed (seccomp'd containers).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(URING QUIET IMPORTED_TARGET liburing)
+strata_require(URING_FOUND liburing liburing-dev)
+find_library(AIO_LIBRARY aio)
+find_path(AIO_INCLUDE_DIR libaio.h)
+if(AIO_LIBRARY AND AIO_INCLUDE_DIR)
+  set(AIO_FOUND ON)
+  add_library(strata_libaio INTERFACE IMPORTED)
+  target_link_libraries(strata_libaio INTERFACE ${AIO_LIBRARY})
+  target_include_directories(strata_libaio INTERFACE ${AIO_INCLUDE_DIR})
+endif()
+strata_require(AIO_FOUND libaio libaio-dev)
 
 set(STRATA_HAVE_ONEDNN OFF)
 if(STRATA_WITH_ONEDNN)

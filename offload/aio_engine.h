@@ -1,0 +1,120 @@
+#pragma once
+// Asynchronous file I/O for the NVMe tier: io_uring (liburing), with libaio where io_uring is not
+// allowed (seccomp'd containers, old kernels).
+//
+// Note [AIO engine]
+// A request (one or more IoOps) is cut into chunks of at most `block_size` bytes. Each of
+// `intra_op_parallelism` worker threads owns one submission queue of `queue_depth` entries and
+// takes chunks from a shared FIFO, so one large request is spread over all queues and many small
+// ones interleave. `single_submit` submits each chunk with its own syscall instead of one per
+// batch; `overlap_events` refills the queue as each completion arrives instead of draining the
+// whole batch first (DeepSpeed's `aio` section, same names and meaning). A request completes
+// when its last chunk does; the caller waits on or polls its IoHandle. A short transfer is
+// resubmitted for the remainder; a transfer of zero bytes (reading past the end of a truncated
+// file, writing to a full disk) or a negative result is an error naming the path and offset.
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace strata::offload {
+
+enum class IoEngineKind { Auto, IoUring, Libaio };
+std::string_view io_engine_name(IoEngineKind k);
+
+struct AioConfig {
+  size_t block_size = size_t{1} << 20;  // bytes per I/O submitted to the kernel
+  int queue_depth = 8;                  // I/Os in flight per worker thread
+  int intra_op_parallelism = 1;         // worker threads, each with its own queue
+  bool single_submit = false;
+  bool overlap_events = true;
+  IoEngineKind engine = IoEngineKind::Auto;
+
+  // Raises a UserError naming the bad key.
+  void validate() const;
+};
+
+// One contiguous transfer between memory and a file. Under O_DIRECT, buf, len and offset must be
+// multiples of 4096 (NvmeStore takes care of that for its callers).
+struct IoOp {
+  int fd = -1;
+  bool write = false;
+  void* buf = nullptr;
+  size_t len = 0;
+  uint64_t offset = 0;
+  std::string path;  // for error messages
+};
+
+namespace detail {
+struct IoState;
+}
+
+// Completion of one submitted request. Copyable; all copies see the same request.
+class IoHandle {
+ public:
+  IoHandle() = default;
+  bool valid() const { return st_ != nullptr; }
+  // True once the request has completed (and its finalizer ran); raises its error, if any.
+  bool poll();
+  // Blocks until the request completes; raises a UserError naming the path if it failed.
+  void wait();
+  size_t bytes() const;
+
+ private:
+  friend class AioEngine;
+  std::shared_ptr<detail::IoState> st_;
+};
+
+class AioEngine {
+ public:
+  // Called on a worker thread with each chunk's result (bytes or -errno) before it is acted on;
+  // returns the result to use. Tests inject I/O errors and short transfers with it.
+  using FaultInjector = std::function<long(const IoOp& chunk, long result)>;
+  // Run once per request: `on_complete` on the worker thread as soon as it completes (keep it
+  // cheap), `finalize` on the thread that first waits on or polls it (checksums, copies).
+  using Hook = std::function<void(bool ok)>;
+
+  explicit AioEngine(const AioConfig& config);
+  ~AioEngine();  // completes everything in flight
+  AioEngine(const AioEngine&) = delete;
+  AioEngine& operator=(const AioEngine&) = delete;
+
+  IoHandle submit(std::span<const IoOp> ops, Hook finalize = {}, Hook on_complete = {});
+  // Blocks until nothing is queued or in flight.
+  void drain();
+
+  IoEngineKind kind() const { return kind_; }
+  const AioConfig& config() const { return config_; }
+  void set_fault_injector(FaultInjector f);
+
+  // Whether io_uring can be set up in this process; if not, why.
+  static bool io_uring_available(std::string* why = nullptr);
+
+  struct Chunk;
+  class Queue;  // one submission queue (io_uring ring or libaio context)
+
+ private:
+  void worker(Queue& q);
+  void complete(Chunk* c, long res);
+
+  AioConfig config_;
+  IoEngineKind kind_;
+  std::vector<std::unique_ptr<Queue>> queues_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable idle_cv_;
+  std::deque<Chunk*> pending_;
+  int64_t outstanding_ = 0;  // chunks queued or in flight
+  bool stop_ = false;
+  std::shared_ptr<const FaultInjector> injector_;
+};
+
+}  // namespace strata::offload

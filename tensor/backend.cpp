@@ -1,6 +1,7 @@
 #include "tensor/backend.h"
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cuda.h"
 
 namespace strata::tensor {
 
@@ -15,11 +16,9 @@ void register_backend(DeviceType type, Backend* backend) {
 
 Backend& backend_for(Device device) {
   if (device.is_cpu()) return cpu::CpuBackend::instance();
-  if (g_cuda_backend == nullptr)
-    user_error(
-        "device {} was asked for, but this build of Strata has no CUDA backend or no GPU "
-        "was found; use device: cpu",
-        device.str());
+  // Note [CUDA backend registration]: the first use turns the backend on (or says why not).
+  if (g_cuda_backend == nullptr) init_cuda(device.index);
+  STRATA_CHECK(g_cuda_backend != nullptr, "init_cuda did not register a backend");
   return *g_cuda_backend;
 }
 

@@ -1,6 +1,7 @@
 #include "tensor/storage.h"
 
 #include "core/error.h"
+#include "tensor/cuda.h"
 
 namespace strata::tensor {
 
@@ -33,11 +34,8 @@ void register_device_allocator(DeviceType type, offload::Allocator* allocator) {
 
 offload::Allocator& allocator_for(Device device) {
   if (device.is_cpu()) return offload::HostAllocator::instance();
-  if (g_cuda_allocator == nullptr)
-    user_error(
-        "device {} was asked for, but this build of Strata has no CUDA backend or no GPU "
-        "was found; use device: cpu",
-        device.str());
+  if (g_cuda_allocator == nullptr) init_cuda(device.index);  // Note [CUDA backend registration]
+  STRATA_CHECK(g_cuda_allocator != nullptr, "init_cuda did not register an allocator");
   return *g_cuda_allocator;
 }
 

@@ -66,6 +66,38 @@ if(STRATA_WITH_CUDA)
     set(STRATA_HAVE_CUDA ON)
   endif()
 endif()
+# Note [CUDA build]: Ampere (sm_80) and Hopper (sm_90) by default; a GPU-machine build may narrow
+# it (-DSTRATA_CUDA_ARCHS=90) to halve compile time. cuDNN (fused attention) is optional and is
+# taken only from the CUDA toolkit or /usr/local — never from a pip wheel's nvidia/cudnn folder,
+# whose version need not match the headers we compile against.
+set(STRATA_HAVE_CUDNN OFF)
+if(STRATA_HAVE_CUDA)
+  set(STRATA_CUDA_ARCHS "80;90" CACHE STRING "CUDA architectures to build for")
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES ${STRATA_CUDA_ARCHS})
+  endif()
+  enable_language(CUDA)
+  # CMake 3.25 cannot ask nvcc for C++20, so the .cu files are C++17 and include no Strata
+  # headers: they export plain launchers (tensor/cuda/kernels.h) that C++20 code calls.
+  # Imported targets (fmt, spdlog...) carry -isystem /usr/include, which breaks nvcc's
+  # #include_next <math.h> in libstdc++; marking it implicit makes CMake drop it.
+  list(APPEND CMAKE_CUDA_IMPLICIT_INCLUDE_DIRECTORIES /usr/include)
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  find_package(CUDAToolkit REQUIRED)
+  find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/include
+            NO_DEFAULT_PATH)
+  find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/lib
+               /usr/lib/x86_64-linux-gnu NO_DEFAULT_PATH)
+  if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
+    set(STRATA_HAVE_CUDNN ON)
+    add_library(strata_cudnn INTERFACE IMPORTED)
+    target_link_libraries(strata_cudnn INTERFACE ${CUDNN_LIBRARY})
+    target_include_directories(strata_cudnn INTERFACE ${CUDNN_INCLUDE_DIR})
+  else()
+    message(STATUS "cuDNN not found next to the CUDA toolkit; attention uses Strata's own kernel")
+  endif()
+endif()
 
 if(STRATA_BUILD_TESTS)
   find_package(GTest CONFIG QUIET)

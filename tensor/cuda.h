@@ -1,0 +1,22 @@
+#pragma once
+// Whether Strata can use a GPU here, and the call that turns the CUDA backend on.
+//
+// Note [CUDA backend registration]
+// The CUDA backend and the GPU caching allocator are registered by init_cuda(), never by a
+// static initialiser (a static library's self-registering object is dropped by the linker when
+// nothing references it; Note [Model registry] in models/registry.h). backend_for() and
+// allocator_for() call init_cuda() the first time a CUDA device is asked for, so `train` with
+// `device: cuda` needs no extra step; calling it early just moves the error (no GPU) to the start.
+// These functions exist in every build: without the CUDA toolkit they report no device and
+// init_cuda() raises a UserError saying how to get a CUDA build.
+namespace strata::tensor {
+
+bool cuda_built();        // this binary contains the CUDA backend
+int cuda_device_count();  // visible devices; 0 when none, no driver, or not built (never throws)
+bool cuda_available();    // cuda_device_count() > 0
+// Makes `device` this process's GPU (one process per device) and registers the backend and the
+// allocator. Idempotent for the same device. Raises strata::user_error when no CUDA device is
+// visible, the index is out of range, or another device was initialised before.
+void init_cuda(int device = 0);
+
+}  // namespace strata::tensor

@@ -1,0 +1,189 @@
+// Strata's own CUDA attention (the fallback when cuDNN's fused attention is not available).
+//
+// Note [CUDA fallback attention]
+// One warp owns one query row (forward, dq) or one key row (dk, dv), and walks the other side's
+// rows in index order with the online softmax of Note [CPU flash attention]; each lane holds
+// ceil(D / 32) elements of the row, dot products are warp shuffles. Only lse [B, H, Tq] is kept
+// for backward; P is recomputed as exp(s - lse). Every sum has one owner and a fixed order, so
+// the results are deterministic. It is simple rather than fast (no shared-memory tiling, no
+// tensor cores): the fast path is cuDNN's flash attention.
+#include <cmath>
+
+#include "tensor/cuda/common.cuh"
+
+namespace strata::tensor::cuda {
+
+namespace {
+
+constexpr int kPer = kAttentionMaxHeadDim / 32;  // elements per lane
+constexpr int kWarpsPerBlock = 4;
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ inline void load_row(const float* p, int64_t d, int lane, float (&r)[kPer]) {
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int64_t k = lane + 32 * e;
+    r[e] = k < d ? p[k] : 0.f;
+  }
+}
+
+__device__ inline float dot_row(const float (&a)[kPer], const float* p, int64_t d, int lane) {
+  float s = 0;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int64_t k = lane + 32 * e;
+    if (k < d) s += a[e] * p[k];
+  }
+  return warp_sum(s);
+}
+
+// Last key query i may see (-1: none).
+__device__ inline int64_t last_key(bool causal, int64_t i, int64_t tq, int64_t tk) {
+  if (!causal) return tk - 1;
+  const int64_t j = i + (tk - tq);
+  return j < tk - 1 ? j : tk - 1;
+}
+
+__global__ void attn_fwd(const float* q, const float* k, const float* v, bool causal, float scale,
+                         float* out, float* lse, int64_t bh, int64_t tq, int64_t tk, int64_t d) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  if (row >= bh * tq) return;
+  const int64_t head = row / tq, i = row % tq;
+  const float* kh = k + head * tk * d;
+  const float* vh = v + head * tk * d;
+  float qr[kPer], acc[kPer];
+  load_row(q + row * d, d, lane, qr);
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  const int64_t jmax = last_key(causal, i, tq, tk);
+  for (int64_t j = 0; j <= jmax; ++j) {
+    const float s = scale * dot_row(qr, kh + j * d, d, lane);
+    const float mn = fmaxf(m, s);
+    const float corr = expf(m - mn), p = expf(s - mn);
+    l = l * corr + p;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int64_t kk = lane + 32 * e;
+      acc[e] = acc[e] * corr + (kk < d ? p * vh[j * d + kk] : 0.f);
+    }
+    m = mn;
+  }
+  float* o = out + row * d;
+  const float inv = jmax >= 0 ? 1.f / l : 0.f;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int64_t kk = lane + 32 * e;
+    if (kk < d) o[kk] = acc[e] * inv;
+  }
+  if (lane == 0) lse[row] = jmax >= 0 ? m + logf(l) : -INFINITY;
+}
+
+// D_i and dq_i for one query row per warp.
+__global__ void attn_bwd_dq(const float* q, const float* k, const float* v, const float* out,
+                            const float* lse, const float* dout, bool causal, float scale,
+                            float* dq, float* dsum, int64_t bh, int64_t tq, int64_t tk, int64_t d) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  if (row >= bh * tq) return;
+  const int64_t head = row / tq, i = row % tq;
+  const float* kh = k + head * tk * d;
+  const float* vh = v + head * tk * d;
+  float qr[kPer], gr[kPer], acc[kPer];
+  load_row(q + row * d, d, lane, qr);
+  load_row(dout + row * d, d, lane, gr);
+  const float di = dot_row(gr, out + row * d, d, lane);
+  if (lane == 0) dsum[row] = di;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) acc[e] = 0.f;
+  const int64_t jmax = last_key(causal, i, tq, tk);
+  const float li = lse[row];
+  for (int64_t j = 0; j <= jmax; ++j) {
+    const float p = expf(scale * dot_row(qr, kh + j * d, d, lane) - li);
+    const float ds = p * (dot_row(gr, vh + j * d, d, lane) - di);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int64_t kk = lane + 32 * e;
+      if (kk < d) acc[e] += ds * kh[j * d + kk];
+    }
+  }
+  float* o = dq + row * d;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int64_t kk = lane + 32 * e;
+    if (kk < d) o[kk] = scale * acc[e];
+  }
+}
+
+// dk_j and dv_j for one key row per warp (needs D_i from attn_bwd_dq).
+__global__ void attn_bwd_dkv(const float* q, const float* k, const float* v, const float* lse,
+                             const float* dout, const float* dsum, bool causal, float scale,
+                             float* dk, float* dv, int64_t bh, int64_t tq, int64_t tk, int64_t d) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  if (row >= bh * tk) return;
+  const int64_t head = row / tk, j = row % tk;
+  const float* qh = q + head * tq * d;
+  const float* gh = dout + head * tq * d;
+  float kr[kPer], vr[kPer], ak[kPer], av[kPer];
+  load_row(k + row * d, d, lane, kr);
+  load_row(v + row * d, d, lane, vr);
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) ak[e] = av[e] = 0.f;
+  // Query i sees key j when j <= i + (tk - tq), i.e. i >= j - (tk - tq).
+  int64_t i0 = causal ? j - (tk - tq) : 0;
+  if (i0 < 0) i0 = 0;
+  for (int64_t i = i0; i < tq; ++i) {
+    const float p = expf(scale * dot_row(kr, qh + i * d, d, lane) - lse[head * tq + i]);
+    const float ds = p * (dot_row(vr, gh + i * d, d, lane) - dsum[head * tq + i]);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int64_t kk = lane + 32 * e;
+      if (kk < d) {
+        av[e] += p * gh[i * d + kk];
+        ak[e] += ds * qh[i * d + kk];
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int64_t kk = lane + 32 * e;
+    if (kk < d) {
+      dk[row * d + kk] = scale * ak[e];
+      dv[row * d + kk] = av[e];
+    }
+  }
+}
+
+unsigned warps_grid(int64_t rows) {
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+void launch_attention_forward(const float* q, const float* k, const float* v, bool causal,
+                              float scale, float* out, float* lse, int64_t bh, int64_t tq,
+                              int64_t tk, int64_t d, Stream stream) {
+  if (bh * tq == 0) return;
+  attn_fwd<<<warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream>>>(q, k, v, causal, scale, out,
+                                                                    lse, bh, tq, tk, d);
+}
+
+void launch_attention_backward(const float* q, const float* k, const float* v, const float* out,
+                               const float* lse, const float* dout, bool causal, float scale,
+                               float* dq, float* dk, float* dv, float* scratch, int64_t bh,
+                               int64_t tq, int64_t tk, int64_t d, Stream stream) {
+  if (bh * tq > 0)
+    attn_bwd_dq<<<warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream>>>(
+        q, k, v, out, lse, dout, causal, scale, dq, scratch, bh, tq, tk, d);
+  if (bh * tk > 0)
+    attn_bwd_dkv<<<warps_grid(bh * tk), 32 * kWarpsPerBlock, 0, stream>>>(
+        q, k, v, lse, dout, scratch, causal, scale, dk, dv, bh, tq, tk, d);
+}
+
+}  // namespace strata::tensor::cuda

@@ -1,0 +1,187 @@
+#pragma once
+// Device helpers shared by the .cu files: dtype loads/stores, strided indexing, Philox (the same
+// function as core/rng.cpp, so a GPU draw gives the CPU's bits), block reductions.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tensor/cuda/kernels.h"
+
+namespace strata::tensor::cuda {
+
+enum DT : int { kF32 = 0, kBF16, kF16, kI32, kI64, kU16, kU8 };
+
+inline int blocks_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 65535 * 32 ? (b < 1 ? 1 : b) : 65535 * 32);
+}
+
+// Loads element i of a typed array as double (exact for every Strata dtype but i64 > 2^53).
+__device__ inline double load_as_double(const void* p, int dtype, int64_t i) {
+  switch (dtype) {
+    case kF32:
+      return static_cast<const float*>(p)[i];
+    case kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case kI32:
+      return static_cast<const int32_t*>(p)[i];
+    case kI64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case kU16:
+      return static_cast<const uint16_t*>(p)[i];
+    default:
+      return static_cast<const uint8_t*>(p)[i];
+  }
+}
+
+__device__ inline float load_float(const void* p, int dtype, int64_t i) {
+  switch (dtype) {
+    case kF32:
+      return static_cast<const float*>(p)[i];
+    case kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<float>(load_as_double(p, dtype, i));
+  }
+}
+
+__device__ inline void store_float(void* p, int dtype, int64_t i, float v) {
+  switch (dtype) {
+    case kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    case kF16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    // Float to integer truncates through int64, then wraps (Note [Dtype conversion]).
+    case kI32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(static_cast<int64_t>(v));
+      break;
+    case kI64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case kU16:
+      static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(static_cast<int64_t>(v));
+      break;
+    default:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(static_cast<int64_t>(v));
+      break;
+  }
+}
+
+__device__ inline bool is_float_dtype(int dtype) {
+  return dtype <= kF16;
+}
+
+__device__ inline int64_t load_int(const void* p, int dtype, int64_t i) {
+  switch (dtype) {
+    case kI32:
+      return static_cast<const int32_t*>(p)[i];
+    case kI64:
+      return static_cast<const int64_t*>(p)[i];
+    case kU16:
+      return static_cast<const uint16_t*>(p)[i];
+    case kU8:
+      return static_cast<const uint8_t*>(p)[i];
+    default:
+      return static_cast<int64_t>(load_float(p, dtype, i));
+  }
+}
+
+__device__ inline void store_int(void* p, int dtype, int64_t i, int64_t v) {
+  switch (dtype) {
+    case kI32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case kI64:
+      static_cast<int64_t*>(p)[i] = v;
+      break;
+    case kU16:
+      static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v);
+      break;
+    case kU8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    default:
+      store_float(p, dtype, i, static_cast<float>(v));
+      break;
+  }
+}
+
+// Element offset of logical (row-major) index i in a strided view.
+__device__ inline int64_t strided_offset(const Strided& v, int64_t i) {
+  int64_t off = 0;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    const int64_t s = v.shape[d];
+    off += (i % s) * v.strides[d];
+    i /= s;
+  }
+  return off;
+}
+
+// Philox4x32-10, exactly core/rng.cpp's philox4x32.
+struct U4 {
+  uint32_t x, y, z, w;
+};
+__device__ inline U4 philox(uint64_t seed, uint64_t stream_id, uint64_t counter) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
+  uint32_t c2 = static_cast<uint32_t>(stream_id), c3 = static_cast<uint32_t>(stream_id >> 32);
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {c0, c1, c2, c3};
+}
+__device__ inline uint32_t lane_of(const U4& r, int l) {
+  return l == 0 ? r.x : l == 1 ? r.y : l == 2 ? r.z : r.w;
+}
+__device__ inline float unit_float(uint32_t x) {
+  return static_cast<float>(x >> 8) * (1.0f / 16777216.0f);
+}
+
+// Deterministic block-wide sum (fixed tree: warp shuffles, then warp 0 over the warp sums).
+// blockDim.x must be a multiple of 32, at most 1024. Every thread gets the result.
+template <typename T>
+__device__ inline T block_sum(T v, T* shared /* 32 elements */) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // shared may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  T t = lane < nwarps ? shared[lane] : T(0);
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;
+}
+
+__device__ inline float block_max(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  float t = lane < nwarps ? shared[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, o));
+  return t;
+}
+
+}  // namespace strata::tensor::cuda

@@ -1,0 +1,542 @@
+#include "tensor/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "tensor/cuda/kernels.h"
+#include "tensor/storage.h"
+
+namespace strata::tensor {
+void register_backend(DeviceType type, Backend* backend);
+}
+
+namespace strata::tensor::cuda {
+
+void check_cuda(int status, const char* what) {
+  if (status != cudaSuccess)
+    detail::throw_check_failure(__FILE__, __LINE__, what,
+                                fmt::format("CUDA error {}: {}", status,
+                                            cudaGetErrorString(static_cast<cudaError_t>(status))));
+}
+
+namespace {
+
+void check_launch(const char* what) {
+  check_cuda(cudaGetLastError(), what);
+}
+
+// Raw device memory and events for the caching allocator (Note [GPU caching allocator]).
+class CudaMemoryApi final : public offload::DeviceMemoryApi {
+ public:
+  void* raw_malloc(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free out-of-memory error
+      return nullptr;
+    }
+    return p;
+  }
+  void raw_free(void* ptr) override { check_cuda(cudaFree(ptr), "cudaFree"); }
+  offload::EventHandle record_event(offload::StreamHandle stream) override {
+    cudaEvent_t e;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(e, static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+    return e;
+  }
+  bool event_completed(offload::EventHandle event) override {
+    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (r == cudaErrorNotReady) return false;
+    check_cuda(r, "cudaEventQuery");
+    return true;
+  }
+  void destroy_event(offload::EventHandle event) override {
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  void synchronize_device() override {
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+};
+
+Strided view_of(const Tensor& t) {
+  STRATA_CHECK(t.ndim() <= kMaxDims, "CUDA kernels take at most {} dims, got {}", kMaxDims,
+               t.str());
+  Strided v;
+  v.ndim = t.ndim();
+  for (int d = 0; d < t.ndim(); ++d) {
+    v.shape[d] = t.size(d);
+    v.strides[d] = t.stride(d);
+  }
+  return v;
+}
+
+// t viewed in `shape` (right-aligned broadcasting: missing and size-1 dims get stride 0).
+Strided broadcast_view(const Tensor& t, const Shape& shape) {
+  Strided v;
+  v.ndim = shape.ndim();
+  STRATA_CHECK(v.ndim <= kMaxDims, "CUDA kernels take at most {} dims", kMaxDims);
+  const int lead = shape.ndim() - t.ndim();
+  for (int d = 0; d < shape.ndim(); ++d) {
+    v.shape[d] = shape[d];
+    const int td = d - lead;
+    v.strides[d] = td < 0 || t.size(td) == 1 ? 0 : t.stride(td);
+  }
+  return v;
+}
+
+int dt(DType t) {
+  return static_cast<int>(t);
+}
+
+bool shares_bytes(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage();
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t s;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_ = s;
+  cublasLtHandle_t h;
+  STRATA_CHECK(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed");
+  lt_ = h;
+  allocator_ = new offload::GpuCachingAllocator(std::make_unique<CudaMemoryApi>());
+  allocator_->set_default_stream(stream_);
+}
+
+CudaBackend::~CudaBackend() {
+  // The backend lives for the process (registered in a static); nothing to tear down early.
+}
+
+void CudaBackend::synchronize() {
+  check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+Tensor CudaBackend::scratch(int64_t bytes) {
+  offload::CategoryScope ws(offload::Category::Workspace);
+  return Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::U8, device());
+}
+
+void CudaBackend::check_flag(const Tensor& flag, const char* what) {
+  int bad = 0;
+  check_cuda(cudaMemcpyAsync(&bad, flag.data_ptr(), sizeof(int), cudaMemcpyDeviceToHost, stream_),
+             "cudaMemcpyAsync");
+  synchronize();
+  if (bad) user_error("{}", what);
+}
+
+// ---- memory ----
+
+void CudaBackend::copy_on_device(const Tensor& src, Tensor& dst) {
+  if (dst.numel() == 0) return;
+  if (shares_bytes(src, dst)) {
+    if (src.is_same(dst)) return;
+    // Possibly overlapping views of one storage: read everything first (as the CPU does).
+    Tensor tmp = Tensor::empty(src.shape(), src.dtype(), device());
+    copy_on_device(src, tmp);
+    copy_on_device(tmp, dst);
+    return;
+  }
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+    check_cuda(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(),
+                               cudaMemcpyDeviceToDevice, stream_),
+               "cudaMemcpyAsync D2D");
+    return;
+  }
+  launch_copy(src.data_ptr(), dt(src.dtype()), view_of(src), dst.data_ptr(), dt(dst.dtype()),
+              view_of(dst), dst.numel(), stream_);
+  check_launch("copy");
+}
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  STRATA_CHECK(src.shape() == dst.shape(), "copy from {} into {}", src.str(), dst.str());
+  if (dst.numel() == 0) return;
+  if (src.device().is_cuda() && dst.device().is_cuda()) return copy_on_device(src, dst);
+  if (src.device().is_cpu()) {
+    // Host -> device: contiguous bytes across, conversion and layout on the device.
+    Tensor host = src.contiguous();
+    Tensor staged = dst.dtype() == src.dtype() && dst.is_contiguous()
+                        ? dst
+                        : Tensor::empty(src.shape(), src.dtype(), device());
+    check_cuda(cudaMemcpyAsync(staged.data_ptr(), host.data_ptr(), host.nbytes(),
+                               cudaMemcpyHostToDevice, stream_),
+               "cudaMemcpyAsync H2D");
+    if (!staged.is_same(dst)) copy_on_device(staged, dst);
+    synchronize();  // Note [CUDA streams]: the caller may free `host` now
+    return;
+  }
+  // Device -> host: contiguous on the device, bytes across, conversion and layout on the host.
+  Tensor dev = src.is_contiguous() ? src : Tensor::empty(src.shape(), src.dtype(), device());
+  if (!dev.is_same(src)) copy_on_device(src, dev);
+  Tensor host = dst.dtype() == src.dtype() && dst.is_contiguous()
+                    ? dst
+                    : Tensor::empty(src.shape(), src.dtype(), Device::cpu());
+  check_cuda(cudaMemcpyAsync(host.data_ptr(), dev.data_ptr(), dev.nbytes(), cudaMemcpyDeviceToHost,
+                             stream_),
+             "cudaMemcpyAsync D2H");
+  synchronize();
+  if (!host.is_same(dst)) backend_for(Device::cpu()).copy(host, dst);
+}
+
+void CudaBackend::fill(Tensor& dst, double value) {
+  if (dst.numel() == 0) return;
+  if (value == 0.0 && dst.is_contiguous()) {
+    check_cuda(cudaMemsetAsync(dst.data_ptr(), 0, dst.nbytes(), stream_), "cudaMemsetAsync");
+    return;
+  }
+  launch_fill(dst.data_ptr(), dt(dst.dtype()), view_of(dst), dst.numel(), value, stream_);
+  check_launch("fill");
+}
+
+void CudaBackend::arange(Tensor& dst, double start, double step) {
+  STRATA_CHECK(dst.is_contiguous(), "arange into non-contiguous {}", dst.str());
+  if (dst.numel() == 0) return;
+  launch_arange(dst.data_ptr(), dt(dst.dtype()), dst.numel(), start, step, stream_);
+  check_launch("arange");
+}
+
+void CudaBackend::random_uniform(Tensor& dst, RngKey key, float lo, float hi) {
+  if (dst.numel() == 0) return;
+  Tensor f = dst.dtype() == DType::F32 && dst.is_contiguous()
+                 ? dst
+                 : Tensor::empty(dst.shape(), DType::F32, device());
+  launch_random_uniform(f.data<float>(), f.numel(), key.seed, key.stream, lo, hi, stream_);
+  check_launch("random_uniform");
+  if (!f.is_same(dst)) copy_on_device(f, dst);
+}
+
+void CudaBackend::random_normal(Tensor& dst, RngKey key, float mean, float stddev) {
+  if (dst.numel() == 0) return;
+  Tensor f = dst.dtype() == DType::F32 && dst.is_contiguous()
+                 ? dst
+                 : Tensor::empty(dst.shape(), DType::F32, device());
+  launch_random_normal(f.data<float>(), f.numel(), key.seed, key.stream, mean, stddev, stream_);
+  check_launch("random_normal");
+  if (!f.is_same(dst)) copy_on_device(f, dst);
+}
+
+void CudaBackend::concat(const std::vector<Tensor>& xs, int dim, Tensor& out) {
+  dim = out.shape().normalize(dim);
+  int64_t start = 0;
+  for (const Tensor& x : xs) {
+    const int64_t len = x.size(dim);
+    if (len > 0 && x.numel() > 0) {
+      Tensor part = out.narrow(dim, start, len);
+      copy_on_device(x, part);
+    }
+    start += len;
+  }
+  STRATA_CHECK(start == out.size(dim), "concat: pieces add up to {} along dim {}, out has {}",
+               start, dim, out.size(dim));
+}
+
+// ---- elementwise ----
+
+void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  if (out.numel() == 0) return;
+  launch_binary(static_cast<int>(op), a.data<float>(), broadcast_view(a, out.shape()),
+                b.data<float>(), broadcast_view(b, out.shape()), out.data<float>(), out.numel(),
+                stream_);
+  check_launch("binary");
+}
+
+void CudaBackend::affine(const Tensor& x, float alpha, float beta, Tensor& out) {
+  if (out.numel() == 0) return;
+  launch_affine(x.data<float>(), view_of(x), alpha, beta, out.data<float>(), out.numel(), stream_);
+  check_launch("affine");
+}
+
+void CudaBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  if (y.numel() == 0) return;
+  launch_axpy(alpha, x.data<float>(), y.data<float>(), y.numel(), stream_);
+  check_launch("axpy");
+}
+
+void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  if (out.numel() == 0) return;
+  launch_unary(static_cast<int>(op), x.data<float>(), out.data<float>(), out.numel(), stream_);
+  check_launch("unary");
+}
+
+void CudaBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  if (dx.numel() == 0) return;
+  launch_unary_backward(static_cast<int>(op), x.data<float>(), dy.data<float>(), dx.data<float>(),
+                        dx.numel(), stream_);
+  check_launch("unary_backward");
+}
+
+void CudaBackend::bias_add(const Tensor& x, const Tensor& bias, Tensor& out) {
+  if (out.numel() == 0) return;
+  const int64_t c = bias.size(0);
+  launch_bias_add(x.data<float>(), bias.data<float>(), out.data<float>(), out.numel() / c, c,
+                  stream_);
+  check_launch("bias_add");
+}
+
+void CudaBackend::dropout(const Tensor& x, float p, RngKey key, Tensor& out) {
+  if (p == 0.f) return copy_on_device(x, out);
+  if (out.numel() == 0) return;
+  launch_dropout(x.data<float>(), out.data<float>(), out.numel(), p, key.seed, key.stream, stream_);
+  check_launch("dropout");
+}
+
+void CudaBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
+                         Tensor& out) {
+  if (out.numel() == 0) return;
+  launch_rotary(x.data<float>(), cos.data<float>(), sin.data<float>(), inverse, out.data<float>(),
+                x.size(0), x.size(1), x.size(2), x.size(3), stream_);
+  check_launch("rotary");
+}
+
+// ---- reductions ----
+
+void CudaBackend::sum_to(const Tensor& x, Tensor& out) {
+  STRATA_CHECK(is_floating(x.dtype()) && is_floating(out.dtype()) && out.is_contiguous(),
+               "sum_to {} -> {}", x.str(), out.str());
+  // Outer: x's dims kept by out (stride 0 elsewhere); reduced: the others.
+  Strided outer, red;
+  outer.ndim = x.ndim();
+  const int lead = x.ndim() - out.ndim();
+  for (int d = 0; d < x.ndim(); ++d) {
+    const int od = d - lead;
+    const bool kept = od >= 0 && out.size(od) == x.size(d);
+    outer.shape[d] = kept ? x.size(d) : 1;
+    outer.strides[d] = kept ? x.stride(d) : 0;
+    if (!kept) {
+      red.shape[red.ndim] = x.size(d);
+      red.strides[red.ndim] = x.stride(d);
+      ++red.ndim;
+    }
+  }
+  launch_reduce(0, x.data_ptr(), dt(x.dtype()), outer, red, out.data_ptr(), dt(out.dtype()),
+                out.numel(), nullptr, stream_);
+  check_launch("sum_to");
+}
+
+void CudaBackend::reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) {
+  STRATA_CHECK(out.is_contiguous(), "reduce into non-contiguous {}", out.str());
+  if (out.numel() == 0) return;
+  STRATA_CHECK(x.size(dim) > 0 || op != ReduceOp::Max, "max over an empty dim of {}", x.str());
+  Strided outer = view_of(x), red;
+  outer.shape[dim] = 1;
+  red.ndim = 1;
+  red.shape[0] = x.size(dim);
+  red.strides[0] = x.stride(dim);
+  int64_t* ip = nullptr;
+  if (indices && op == ReduceOp::Max) {
+    STRATA_CHECK(indices->dtype() == DType::I64 && indices->is_contiguous(), "max indices {}",
+                 indices->str());
+    ip = indices->data<int64_t>();
+  }
+  launch_reduce(static_cast<int>(op), x.data_ptr(), dt(x.dtype()), outer, red, out.data_ptr(),
+                dt(out.dtype()), out.numel(), ip, stream_);
+  check_launch("reduce");
+}
+
+double CudaBackend::sum_squares(const Tensor& x) {
+  STRATA_CHECK(is_floating(x.dtype()), "sum_squares of {}", x.str());
+  if (x.numel() == 0) return 0.0;
+  Tensor xc = x.is_contiguous() ? x : Tensor::empty(x.shape(), x.dtype(), device());
+  if (!xc.is_same(x)) copy_on_device(x, xc);
+  Tensor s = scratch((kSumSquaresBlocks + 1) * static_cast<int64_t>(sizeof(double)));
+  double* p = static_cast<double*>(s.data_ptr());
+  launch_sum_squares(xc.data_ptr(), dt(xc.dtype()), xc.numel(), p, p + kSumSquaresBlocks, stream_);
+  check_launch("sum_squares");
+  double r = 0;
+  check_cuda(
+      cudaMemcpyAsync(&r, p + kSumSquaresBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream_),
+      "cudaMemcpyAsync");
+  synchronize();
+  return r;
+}
+
+// ---- normalisation ----
+
+void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  launch_layernorm_forward(x.data<float>(), weight.data<float>(), bias.data<float>(), eps,
+                           y.data<float>(), mean.data<float>(), rstd.data<float>(), x.size(0),
+                           x.size(1), stream_);
+  check_launch("layernorm_forward");
+}
+
+void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                     Tensor& dweight, Tensor& dbias) {
+  const int64_t n = x.size(0), c = x.size(1);
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  Tensor s = scratch(2 * chunks * c * 4);
+  launch_layernorm_backward(dy.data<float>(), x.data<float>(), weight.data<float>(),
+                            mean.data<float>(), rstd.data<float>(), dx.data<float>(),
+                            dweight.data<float>(), dbias.data<float>(),
+                            static_cast<float*>(s.data_ptr()), n, c, stream_);
+  check_launch("layernorm_backward");
+}
+
+void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                                  Tensor& rstd) {
+  launch_rmsnorm_forward(x.data<float>(), weight.data<float>(), eps, y.data<float>(),
+                         rstd.data<float>(), x.size(0), x.size(1), stream_);
+  check_launch("rmsnorm_forward");
+}
+
+void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                   const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+  const int64_t n = x.size(0), c = x.size(1);
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  Tensor s = scratch(chunks * c * 4);
+  launch_rmsnorm_backward(dy.data<float>(), x.data<float>(), weight.data<float>(),
+                          rstd.data<float>(), dx.data<float>(), dweight.data<float>(),
+                          static_cast<float*>(s.data_ptr()), n, c, stream_);
+  check_launch("rmsnorm_backward");
+}
+
+void CudaBackend::softmax_forward(const Tensor& x, Tensor& y) {
+  launch_softmax_forward(x.data<float>(), y.data<float>(), x.size(0), x.size(1), stream_);
+  check_launch("softmax_forward");
+}
+
+void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  launch_softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.size(0), y.size(1),
+                          stream_);
+  check_launch("softmax_backward");
+}
+
+// ---- attention ----
+
+void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    float scale, Tensor& out, Tensor& lse) {
+  const int64_t d = q.size(3);
+  if (d > kAttentionMaxHeadDim)
+    user_error(
+        "attention head_dim {} is larger than the CUDA kernel's limit {}; use a smaller "
+        "head size (n_embd / n_head)",
+        d, kAttentionMaxHeadDim);
+  launch_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), causal, scale,
+                           out.data<float>(), lse.data<float>(), q.size(0) * q.size(1), q.size(2),
+                           k.size(2), d, stream_);
+  check_launch("attention_forward");
+}
+
+void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                     bool causal, float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const int64_t bh = q.size(0) * q.size(1), tq = q.size(2), d = q.size(3);
+  Tensor s = scratch(bh * tq * 4);
+  launch_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                            lse.data<float>(), dout.data<float>(), causal, scale, dq.data<float>(),
+                            dk.data<float>(), dv.data<float>(), static_cast<float*>(s.data_ptr()),
+                            bh, tq, k.size(2), d, stream_);
+  check_launch("attention_backward");
+}
+
+// ---- embedding and loss ----
+
+void CudaBackend::embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) {
+  const int64_t n = ids.numel();
+  if (n == 0) return;
+  Tensor flag = scratch(sizeof(int));
+  check_cuda(cudaMemsetAsync(flag.data_ptr(), 0, sizeof(int), stream_), "cudaMemsetAsync");
+  launch_embedding_forward(weight.data_ptr(), ids.data_ptr(), ids.dtype() == DType::I64,
+                           out.data_ptr(), n, weight.size(0),
+                           weight.size(1) * static_cast<int64_t>(weight.element_size()),
+                           static_cast<int*>(flag.data_ptr()), stream_);
+  check_launch("embedding_forward");
+  check_flag(flag, fmt::format("embedding: a token id is outside [0, {}); the data does not fit "
+                               "this model's vocab_size (check the tokenizer and the dataset)",
+                               weight.size(0))
+                       .c_str());
+}
+
+void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
+  const int64_t n = ids.numel(), vocab = dweight.size(0);
+  if (n == 0) return;
+  // The ids were checked by the forward on the same data, but a bad one here would write out of
+  // bounds, so check again on the host (ids are small next to dout).
+  for (int64_t id : to_int_vector(ids))
+    if (id < 0 || id >= vocab)
+      user_error(
+          "embedding_backward: token id {} is outside [0, {}); the data does not fit this "
+          "model's vocab_size",
+          id, vocab);
+  launch_embedding_backward(ids.data_ptr(), ids.dtype() == DType::I64, dout.data<float>(),
+                            dweight.data<float>(), n, dweight.size(1), stream_);
+  check_launch("embedding_backward");
+}
+
+void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                        int64_t ignore_index, Tensor& losses, Tensor& lse) {
+  const int64_t n = logits.size(0), v = logits.size(1);
+  if (n == 0) return;
+  Tensor flag = scratch(sizeof(int));
+  check_cuda(cudaMemsetAsync(flag.data_ptr(), 0, sizeof(int), stream_), "cudaMemsetAsync");
+  launch_cross_entropy_forward(
+      logits.data<float>(), targets.data_ptr(), targets.dtype() == DType::I64, ignore_index,
+      losses.data<float>(), lse.data<float>(), n, v, static_cast<int*>(flag.data_ptr()), stream_);
+  check_launch("cross_entropy_forward");
+  check_flag(flag, fmt::format("cross_entropy: a target is outside [0, {}) and is not the "
+                               "ignore_index {}; check the dataset against vocab_size",
+                               v, ignore_index)
+                       .c_str());
+}
+
+void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                         const Tensor& lse, const Tensor& dloss,
+                                         int64_t ignore_index, Tensor& dlogits) {
+  // Targets were validated by the forward; an out-of-range one here only misses its one-hot.
+  launch_cross_entropy_backward(logits.data<float>(), targets.data_ptr(),
+                                targets.dtype() == DType::I64, lse.data<float>(),
+                                dloss.data<float>(), ignore_index, dlogits.data<float>(),
+                                logits.size(0), logits.size(1), stream_);
+  check_launch("cross_entropy_backward");
+}
+
+// ---- device setup and registration ----
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver / no device: report none
+    return 0;
+  }
+  return n;
+}
+
+void init(int device) {
+  static std::mutex mu;
+  static CudaBackend* backend = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (backend != nullptr) {
+    if (backend->device().index != device)
+      user_error(
+          "device cuda:{} requested, but this process already uses cuda:{}; Strata runs "
+          "one process per GPU (launch with mpirun/srun and device: cuda)",
+          device, backend->device().index);
+    return;
+  }
+  const int n = device_count();
+  if (n == 0)
+    user_error(
+        "device: cuda requested but no CUDA device is visible (check nvidia-smi, the "
+        "driver, and CUDA_VISIBLE_DEVICES), or use device: cpu");
+  if (device < 0 || device >= n)
+    user_error(
+        "device cuda:{} requested but only {} CUDA device(s) are visible (0..{}); check "
+        "CUDA_VISIBLE_DEVICES and the device index",
+        device, n, n - 1);
+  backend = new CudaBackend(device);  // lives for the process, like the host allocator
+  register_device_allocator(DeviceType::CUDA, &backend->allocator());
+  register_backend(DeviceType::CUDA, backend);
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    log::info("CUDA device {}: {} (sm_{}{}, {:.1f} GiB)", device, prop.name, prop.major, prop.minor,
+              static_cast<double>(prop.totalGlobalMem) / (1 << 30));
+}
+
+}  // namespace strata::tensor::cuda

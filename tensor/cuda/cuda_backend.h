@@ -1,0 +1,98 @@
+#pragma once
+// The CUDA backend. Host code (C++20) that validates, allocates scratch and calls the kernel
+// launchers of kernels.h; methods are implemented across files by topic:
+//   cuda_backend.cpp      device setup, registration, copies (incl. host <-> device), glue for
+//                         every elementwise / reduction / norm / attention / embedding op
+//   matmul.cpp            matmul through cuBLASLt (fp32 accumulate)
+//   copy_elementwise.cu, reduce_norm.cu, attention.cu: the kernels.
+//
+// Note [CUDA streams]
+// All ops of a backend run in order on one compute stream (created non-blocking, so the legacy
+// default stream does not serialise it against other streams). Copies to the host wait for that
+// stream, because the host reads the result at once; copies from pageable host memory wait too,
+// because the caller may free the source as soon as copy() returns. Communication and
+// prefetch streams (parallel/, offload/) order themselves against the compute stream with
+// events, and tell the allocator (GpuCachingAllocator::record_stream) when they use a block.
+#include "offload/gpu_allocator.h"
+#include "tensor/backend.h"
+
+struct CUstream_st;
+struct cublasLtContext;
+
+namespace strata::tensor::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  Device device() const override { return Device::cuda(device_); }
+  CUstream_st* stream() const { return stream_; }
+  offload::GpuCachingAllocator& allocator() { return *allocator_; }
+  // Waits until every op queued so far has finished (benchmarks, tests).
+  void synchronize();
+
+  void copy(const Tensor& src, Tensor& dst) override;
+  void fill(Tensor& dst, double value) override;
+  void arange(Tensor& dst, double start, double step) override;
+  void random_uniform(Tensor& dst, RngKey key, float lo, float hi) override;
+  void random_normal(Tensor& dst, RngKey key, float mean, float stddev) override;
+  void concat(const std::vector<Tensor>& xs, int dim, Tensor& out) override;
+
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+  void affine(const Tensor& x, float alpha, float beta, Tensor& out) override;
+  void axpy(float alpha, const Tensor& x, Tensor& y) override;
+  void unary(UnaryOp op, const Tensor& x, Tensor& out) override;
+  void unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, Tensor& dx) override;
+  void bias_add(const Tensor& x, const Tensor& bias, Tensor& out) override;
+  void dropout(const Tensor& x, float p, RngKey key, Tensor& out) override;
+
+  void sum_to(const Tensor& x, Tensor& out) override;
+  void reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) override;
+  double sum_squares(const Tensor& x) override;
+
+  void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
+              float alpha, float beta) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                         Tensor& y, Tensor& mean, Tensor& rstd) override;
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                          Tensor& dbias) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                       Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                        Tensor& dx, Tensor& dweight) override;
+  void softmax_forward(const Tensor& x, Tensor& y) override;
+  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                         float scale, Tensor& out, Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, const Tensor& dout, bool causal, float scale,
+                          Tensor& dq, Tensor& dk, Tensor& dv) override;
+  void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
+              Tensor& out) override;
+
+  void embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) override;
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             Tensor& losses, Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              const Tensor& dloss, int64_t ignore_index, Tensor& dlogits) override;
+
+ private:
+  void copy_on_device(const Tensor& src, Tensor& dst);
+  Tensor scratch(int64_t bytes);  // workspace bytes on this device
+  void check_flag(const Tensor& flag, const char* what);
+
+  int device_;
+  CUstream_st* stream_ = nullptr;
+  cublasLtContext* lt_ = nullptr;
+  offload::GpuCachingAllocator* allocator_ = nullptr;  // owned by the registry (never freed)
+  Tensor matmul_workspace_;
+};
+
+// Aborts with an InternalError naming the call when a CUDA runtime call failed.
+void check_cuda(int status, const char* what);
+
+}  // namespace strata::tensor::cuda

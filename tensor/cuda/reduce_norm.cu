@@ -1,0 +1,383 @@
+// CUDA reductions, normalisations, softmax, embedding and the fused softmax + cross-entropy.
+//
+// Note [CUDA reduction determinism]
+// No reduction uses atomics. A sum is split the same way on every run: each thread accumulates a
+// fixed strided subset, then a fixed shuffle tree combines them (block_sum in common.cuh). Column
+// sums over many rows (layernorm's dweight/dbias) write one partial per chunk of kNormRowChunk
+// rows and a second kernel adds the partials in chunk order. The embedding backward gives each
+// thread one column and walks the rows in order, so repeated ids accumulate in index order.
+// The fused cross-entropy never writes the softmax: forward keeps only lse per row, backward
+// recomputes exp(x - lse) while writing dlogits.
+#include <cmath>
+
+#include "tensor/cuda/common.cuh"
+
+namespace strata::tensor::cuda {
+
+namespace {
+
+struct ArgMax {
+  float v;
+  int64_t i;
+};
+
+__device__ inline ArgMax better(ArgMax a, ArgMax b) {
+  // First NaN wins, else the larger value, ties to the smaller index: order-independent.
+  const bool an = isnan(a.v), bn = isnan(b.v);
+  if (an || bn) {
+    if (an && bn) return a.i < b.i ? a : b;
+    return an ? a : b;
+  }
+  if (a.v != b.v) return a.v > b.v ? a : b;
+  return a.i < b.i ? a : b;
+}
+
+__global__ void reduce_kernel(int op, const void* x, int xdt, Strided outer, Strided red,
+                              int64_t red_n, void* out, int odt, int64_t* indices) {
+  __shared__ double sh[32];
+  __shared__ float shv[32];
+  __shared__ int64_t shi[32];
+  const int64_t o = blockIdx.x;
+  const int64_t base = strided_offset(outer, o);
+  if (op == 2) {
+    ArgMax best{-INFINITY, red_n};
+    for (int64_t r = threadIdx.x; r < red_n; r += blockDim.x)
+      best = better(best, {load_float(x, xdt, base + strided_offset(red, r)), r});
+    for (int off = 16; off > 0; off >>= 1) {
+      ArgMax other{__shfl_xor_sync(0xffffffffu, best.v, off),
+                   __shfl_xor_sync(0xffffffffu, best.i, off)};
+      best = better(best, other);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+      shv[warp] = best.v;
+      shi[warp] = best.i;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      ArgMax b = {shv[0], shi[0]};
+      for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) b = better(b, {shv[w], shi[w]});
+      if (b.i >= red_n) b.i = 0;  // every value was -inf: the first one is the max
+      store_float(out, odt, o, b.v);
+      if (indices) indices[o] = b.i;
+    }
+    return;
+  }
+  double acc = 0;
+  for (int64_t r = threadIdx.x; r < red_n; r += blockDim.x)
+    acc += load_float(x, xdt, base + strided_offset(red, r));
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) {
+    if (op == 1) acc /= static_cast<double>(red_n);
+    store_float(out, odt, o, static_cast<float>(acc));
+  }
+}
+
+__global__ void sum_squares_partial(const void* x, int dt, int64_t n, double* partial) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const double v = load_float(x, dt, i);
+    acc += v * v;
+  }
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void sum_partials(const double* partial, int n, double* result) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) *result = acc;
+}
+
+__global__ void layernorm_fwd(const float* x, const float* w, const float* b, float eps, float* y,
+                              float* mean_out, float* rstd_out, int64_t c) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * c;
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += xr[j];
+  const float mean = block_sum(s, sh) / static_cast<float>(c);
+  float v = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float d = xr[j] - mean;
+    v += d * d;
+  }
+  const float rstd = rsqrtf(block_sum(v, sh) / static_cast<float>(c) + eps);
+  float* yr = y + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+  if (threadIdx.x == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+
+// dx of layernorm (w != null) or rmsnorm (mean == null).
+__global__ void norm_bwd_dx(const float* dy, const float* x, const float* w, const float* mean,
+                            const float* rstd, float* dx, int64_t c) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * c;
+  const float* gr = dy + row * c;
+  const float mu = mean ? mean[row] : 0.f, rs = rstd[row];
+  float sg = 0, sgx = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float g = gr[j] * w[j];
+    sg += g;
+    sgx += g * (xr[j] - mu) * rs;
+  }
+  const float mg = mean ? block_sum(sg, sh) / static_cast<float>(c) : 0.f;
+  const float mgx = block_sum(sgx, sh) / static_cast<float>(c);
+  float* dr = dx + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float xhat = (xr[j] - mu) * rs;
+    dr[j] = rs * (gr[j] * w[j] - mg - xhat * mgx);
+  }
+}
+
+// partial_w[chunk, j] = sum over the chunk's rows of dy * xhat; partial_b likewise of dy.
+__global__ void norm_bwd_partials(const float* dy, const float* x, const float* mean,
+                                  const float* rstd, float* partial_w, float* partial_b, int64_t n,
+                                  int64_t c) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (j >= c) return;
+  const int64_t r0 = chunk * kNormRowChunk, r1 = min(n, r0 + kNormRowChunk);
+  float sw = 0, sb = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float g = dy[r * c + j];
+    const float mu = mean ? mean[r] : 0.f;
+    sw += g * (x[r * c + j] - mu) * rstd[r];
+    sb += g;
+  }
+  partial_w[chunk * c + j] = sw;
+  if (partial_b) partial_b[chunk * c + j] = sb;
+}
+
+__global__ void sum_chunks(const float* partial, int64_t chunks, int64_t c, float* out) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= c) return;
+  float s = 0;
+  for (int64_t k = 0; k < chunks; ++k) s += partial[k * c + j];
+  out[j] = s;
+}
+
+__global__ void rmsnorm_fwd(const float* x, const float* w, float eps, float* y, float* rstd_out,
+                            int64_t c) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * c;
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += xr[j] * xr[j];
+  const float rstd = rsqrtf(block_sum(s, sh) / static_cast<float>(c) + eps);
+  float* yr = y + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = xr[j] * rstd * w[j];
+  if (threadIdx.x == 0) rstd_out[row] = rstd;
+}
+
+__global__ void softmax_fwd(const float* x, float* y, int64_t c) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * c;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, xr[j]);
+  m = block_max(m, sh);
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += expf(xr[j] - m);
+  const float inv = 1.f / block_sum(s, sh);
+  float* yr = y + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = expf(xr[j] - m) * inv;
+}
+
+__global__ void softmax_bwd(const float* y, const float* dy, float* dx, int64_t c) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* yr = y + row * c;
+  const float* gr = dy + row * c;
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += yr[j] * gr[j];
+  s = block_sum(s, sh);
+  float* dr = dx + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dr[j] = yr[j] * (gr[j] - s);
+}
+
+__device__ inline int64_t load_id(const void* ids, bool i64, int64_t i) {
+  return i64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
+}
+
+__global__ void embedding_fwd(const char* w, const void* ids, bool i64, char* out, int64_t v,
+                              int64_t row_bytes, int* bad) {
+  const int64_t row = blockIdx.x;
+  const int64_t id = load_id(ids, i64, row);
+  if (id < 0 || id >= v) {
+    if (threadIdx.x == 0) *bad = 1;
+    return;
+  }
+  const char* src = w + id * row_bytes;
+  char* dst = out + row * row_bytes;
+  if (row_bytes % 16 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 &&
+      (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    for (int64_t k = threadIdx.x; k < row_bytes / 16; k += blockDim.x)
+      reinterpret_cast<float4*>(dst)[k] = reinterpret_cast<const float4*>(src)[k];
+  } else {
+    for (int64_t k = threadIdx.x; k < row_bytes; k += blockDim.x) dst[k] = src[k];
+  }
+}
+
+__global__ void embedding_bwd(const void* ids, bool i64, const float* dout, float* dw, int64_t n,
+                              int64_t c) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= c) return;
+  for (int64_t r = 0; r < n; ++r) dw[load_id(ids, i64, r) * c + j] += dout[r * c + j];
+}
+
+__global__ void ce_fwd(const float* x, const void* targets, bool i64, int64_t ignore, float* losses,
+                       float* lse_out, int64_t v, int* bad) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * v;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, xr[j]);
+  m = block_max(m, sh);
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(xr[j] - m);
+  s = block_sum(s, sh);
+  if (threadIdx.x != 0) return;
+  const float l = m + logf(s);
+  lse_out[row] = l;
+  const int64_t t = load_id(targets, i64, row);
+  if (t == ignore) {
+    losses[row] = 0.f;
+  } else if (t < 0 || t >= v) {
+    *bad = 1;
+    losses[row] = NAN;
+  } else {
+    losses[row] = l - xr[t];
+  }
+}
+
+__global__ void ce_bwd(const float* x, const void* targets, bool i64, const float* lse,
+                       const float* dloss, int64_t ignore, float* dx, int64_t v) {
+  const int64_t row = blockIdx.x;
+  const int64_t t = load_id(targets, i64, row);
+  const float* xr = x + row * v;
+  float* dr = dx + row * v;
+  const float l = lse[row], g = dloss[row];
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+    if (t == ignore) {
+      dr[j] = 0.f;
+    } else {
+      const float p = expf(xr[j] - l);
+      dr[j] = (j == t ? p - 1.0f : p) * g;
+    }
+  }
+}
+
+int row_threads(int64_t c) {
+  return c >= 1024 ? 1024 : c >= 512 ? 512 : c >= 256 ? 256 : c >= 128 ? 128 : 64;
+}
+
+}  // namespace
+
+void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, const Strided& x_red,
+                   void* out, int out_dtype, int64_t n_out, int64_t* indices, Stream stream) {
+  int64_t red_n = 1;
+  for (int d = 0; d < x_red.ndim; ++d) red_n *= x_red.shape[d];
+  if (n_out == 0) return;
+  const int threads = red_n >= 256 ? 256 : red_n > 32 ? 64 : 32;
+  reduce_kernel<<<static_cast<unsigned>(n_out), threads, 0, stream>>>(
+      op, x, x_dtype, x_outer, x_red, red_n, out, out_dtype, indices);
+}
+
+void launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
+                        Stream stream) {
+  sum_squares_partial<<<kSumSquaresBlocks, 256, 0, stream>>>(x, dtype, n, scratch);
+  sum_partials<<<1, 256, 0, stream>>>(scratch, kSumSquaresBlocks, result);
+}
+
+void launch_layernorm_forward(const float* x, const float* w, const float* b, float eps, float* y,
+                              float* mean, float* rstd, int64_t n, int64_t c, Stream stream) {
+  if (n == 0) return;
+  layernorm_fwd<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(x, w, b, eps, y, mean,
+                                                                         rstd, c);
+}
+
+void launch_layernorm_backward(const float* dy, const float* x, const float* w, const float* mean,
+                               const float* rstd, float* dx, float* dw, float* db, float* scratch,
+                               int64_t n, int64_t c, Stream stream) {
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  if (n > 0)
+    norm_bwd_dx<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(dy, x, w, mean, rstd, dx,
+                                                                         c);
+  const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
+  if (chunks > 0)
+    norm_bwd_partials<<<grid, 256, 0, stream>>>(dy, x, mean, rstd, scratch, scratch + chunks * c, n,
+                                                c);
+  const unsigned cg = static_cast<unsigned>((c + 255) / 256);
+  sum_chunks<<<cg, 256, 0, stream>>>(scratch, chunks, c, dw);
+  sum_chunks<<<cg, 256, 0, stream>>>(scratch + chunks * c, chunks, c, db);
+}
+
+void launch_rmsnorm_forward(const float* x, const float* w, float eps, float* y, float* rstd,
+                            int64_t n, int64_t c, Stream stream) {
+  if (n == 0) return;
+  rmsnorm_fwd<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(x, w, eps, y, rstd, c);
+}
+
+void launch_rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                             float* dx, float* dw, float* scratch, int64_t n, int64_t c,
+                             Stream stream) {
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  if (n > 0)
+    norm_bwd_dx<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(dy, x, w, nullptr, rstd,
+                                                                         dx, c);
+  const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
+  if (chunks > 0)
+    norm_bwd_partials<<<grid, 256, 0, stream>>>(dy, x, nullptr, rstd, scratch, nullptr, n, c);
+  sum_chunks<<<static_cast<unsigned>((c + 255) / 256), 256, 0, stream>>>(scratch, chunks, c, dw);
+}
+
+void launch_softmax_forward(const float* x, float* y, int64_t n, int64_t c, Stream stream) {
+  if (n == 0) return;
+  softmax_fwd<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(x, y, c);
+}
+
+void launch_softmax_backward(const float* y, const float* dy, float* dx, int64_t n, int64_t c,
+                             Stream stream) {
+  if (n == 0) return;
+  softmax_bwd<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(y, dy, dx, c);
+}
+
+void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64, void* out,
+                              int64_t n, int64_t v, int64_t row_bytes, int* bad, Stream stream) {
+  if (n == 0) return;
+  embedding_fwd<<<static_cast<unsigned>(n), 128, 0, stream>>>(
+      static_cast<const char*>(weight), ids, ids_i64, static_cast<char*>(out), v, row_bytes, bad);
+}
+
+void launch_embedding_backward(const void* ids, bool ids_i64, const float* dout, float* dweight,
+                               int64_t n, int64_t c, Stream stream) {
+  embedding_bwd<<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(ids, ids_i64, dout,
+                                                                            dweight, n, c);
+}
+
+void launch_cross_entropy_forward(const float* logits, const void* targets, bool targets_i64,
+                                  int64_t ignore_index, float* losses, float* lse, int64_t n,
+                                  int64_t v, int* bad, Stream stream) {
+  if (n == 0) return;
+  ce_fwd<<<static_cast<unsigned>(n), row_threads(v), 0, stream>>>(
+      logits, targets, targets_i64, ignore_index, losses, lse, v, bad);
+}
+
+void launch_cross_entropy_backward(const float* logits, const void* targets, bool targets_i64,
+                                   const float* lse, const float* dloss, int64_t ignore_index,
+                                   float* dlogits, int64_t n, int64_t v, Stream stream) {
+  if (n == 0) return;
+  ce_bwd<<<static_cast<unsigned>(n), 512, 0, stream>>>(logits, targets, targets_i64, lse, dloss,
+                                                       ignore_index, dlogits, v);
+}
+
+}  // namespace strata::tensor::cuda

@@ -1,0 +1,46 @@
+#include "tensor/cuda.h"
+
+#include "core/error.h"
+
+#ifdef STRATA_HAVE_CUDA
+namespace strata::tensor::cuda {
+int device_count();
+void init(int device);
+}  // namespace strata::tensor::cuda
+#endif
+
+namespace strata::tensor {
+
+bool cuda_built() {
+#ifdef STRATA_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef STRATA_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+bool cuda_available() {
+  return cuda_device_count() > 0;
+}
+
+void init_cuda(int device) {
+#ifdef STRATA_HAVE_CUDA
+  cuda::init(device);
+#else
+  user_error(
+      "device: cuda requested but this build of Strata has no CUDA backend (it was configured "
+      "without a CUDA toolkit or with -DSTRATA_WITH_CUDA=OFF); rebuild with nvcc on PATH, or use "
+      "device: cpu (device {} was asked for)",
+      device);
+#endif
+}
+
+}  // namespace strata::tensor

@@ -1,0 +1,299 @@
+// Hugging Face GPT-2 interop (models/gpt2/hf_interop.h) against a file written by
+// transformers' save_pretrained (tests/reference/gen_gpt2_hf.py): logits, name/dtype variants,
+// errors that leave the model untouched, and export -> load round trips.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/variable.h"
+#include "model_test_util.h"
+#include "models/gpt2/hf_interop.h"
+#include "models/registry.h"
+#include "tensor/ops.h"
+
+namespace strata::models {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::all_close;
+using testing::reference_path;
+
+// As tests/models/gpt2_reference_test.cpp: the reference logits are float64 rounded to fp32.
+constexpr double kRtol = 1e-4, kAtol = 1e-5;
+
+const std::string kHfFile = "gpt2_hf_tiny/model.safetensors";
+
+std::map<std::string, std::string> tiny_overrides() {
+  return {{"vocab_size", "96"},
+          {"n_positions", "32"},
+          {"n_embd", "32"},
+          {"n_layer", "2"},
+          {"n_head", "4"}};
+}
+
+std::unique_ptr<CausalLM> make_model(
+    std::map<std::string, std::string> overrides = tiny_overrides(), uint64_t seed = 7,
+    const std::string& name = "gpt2-tiny") {
+  ModelOptions o;
+  o.seed = seed;
+  o.overrides = std::move(overrides);
+  return ModelRegistry::global().create(name, o);
+}
+
+// Every flat buffer's bytes, padding included.
+std::vector<std::vector<char>> snapshot(const CausalLM& m) {
+  std::vector<std::vector<char>> out;
+  for (const FlatUnit& u : m.flat_units()) {
+    const char* p = static_cast<const char*>(u.params.data_ptr());
+    out.emplace_back(p, p + u.params.nbytes());
+  }
+  return out;
+}
+
+class HfInterop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           fmt::format("strata_hf_{}_{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The HF file rewritten by `edit` (names -> tensors, in file order).
+  std::string rewritten(
+      const std::string& name,
+      const std::function<void(std::vector<std::pair<std::string, tensor::Tensor>>&)>& edit) {
+    tensor::SafetensorsReader r(reference_path(kHfFile));
+    std::vector<std::pair<std::string, tensor::Tensor>> ts;
+    for (const auto& e : r.entries()) ts.emplace_back(e.name, r.read(e.name));
+    edit(ts);
+    std::string path = (dir_ / name).string();
+    tensor::save_safetensors(path, ts, {{"format", "pt"}});
+    return path;
+  }
+
+  // Expects load_hf_gpt2 to raise a UserError mentioning the file and each of `needles`, and the
+  // model to be exactly as before.
+  void expect_load_error(CausalLM& m, const std::string& path,
+                         const std::vector<std::string>& needles) {
+    auto before = snapshot(m);
+    try {
+      load_hf_gpt2(m, path);
+      ADD_FAILURE() << "expected a UserError loading " << path;
+    } catch (const UserError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << msg;
+    }
+    EXPECT_TRUE(snapshot(m) == before) << "a failed load must not touch the model";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(HfInterop, LoadedModelMatchesTransformersLogits) {
+  auto m = make_model();
+  ASSERT_EQ(m->padded_vocab_size(), 128);  // 96 padded: the padding must stay out of the way
+  // Fill everything with garbage first: the load must overwrite every parameter and zero the pad.
+  for (FlatUnit& u : m->flat_units()) u.params.fill_(3.0);
+  load_hf_gpt2(*m, reference_path(kHfFile));
+
+  tensor::SafetensorsReader ref(reference_path("gpt2_hf_tiny/logits.safetensors"));
+  tensor::Tensor logits;
+  {
+    autograd::NoGradGuard no_grad;
+    m->eval();
+    logits = m->forward(ref.read("ids")).data();
+  }
+  ASSERT_EQ(logits.shape(), (tensor::Shape{2, 20, 128}));
+  double diff = 0;
+  EXPECT_TRUE(all_close(logits.narrow(2, 0, 96), ref.read("logits"), kRtol, kAtol, &diff));
+  std::cout << "[ hf ] max |logit diff| vs transformers " << diff << "\n";
+  // Padding rows of wte are zero, so their logits are exactly zero.
+  tensor::Tensor pad = m->parameter("wte.weight").data().narrow(0, 96, 32);
+  EXPECT_EQ(tensor::max_abs_diff(pad, tensor::zeros(pad.shape())), 0.0);
+  EXPECT_EQ(tensor::max_abs_diff(logits.narrow(2, 96, 32), tensor::zeros({2, 20, 32})), 0.0);
+}
+
+TEST_F(HfInterop, LoadWritesIntoTheFlatBuffersAndTransposesConv1D) {
+  auto m = make_model();
+  load_hf_gpt2(*m, reference_path(kHfFile));
+  for (const FlatUnit& u : m->flat_units())
+    for (size_t k = 0; k < u.names.size(); ++k) {
+      SCOPED_TRACE(u.names[k]);
+      EXPECT_EQ(u.variables[k].data().data_ptr(), u.params.data<float>() + u.offsets[k]);
+    }
+  tensor::SafetensorsReader r(reference_path(kHfFile));
+  tensor::Tensor hf = r.read("transformer.h.1.mlp.c_fc.weight");  // [in 32, out 128]
+  tensor::Tensor ours = m->parameter("h.1.mlp.c_fc.weight").data();
+  ASSERT_EQ(ours.shape(), (tensor::Shape{128, 32}));
+  EXPECT_EQ(tensor::max_abs_diff(ours, hf.transpose(0, 1)), 0.0);
+}
+
+TEST_F(HfInterop, AcceptsNamesWithoutPrefixATiedLmHeadAndHalfPrecision) {
+  auto reference = make_model();
+  load_hf_gpt2(*reference, reference_path(kHfFile));
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    std::string path =
+        rewritten(fmt::format("plain_{}.safetensors", dtype_name(dt)), [&](auto& ts) {
+          tensor::Tensor wte;
+          for (auto& [name, t] : ts) {
+            name = name.substr(std::string("transformer.").size());
+            t = t.to(dt);
+            if (name == "wte.weight") wte = t;
+          }
+          ts.emplace_back("lm_head.weight", wte.clone());
+          ts.emplace_back("h.0.attn.bias", tensor::ones({1, 1, 32, 32}));  // old HF mask buffer
+        });
+    auto m = make_model(tiny_overrides(), 99);
+    load_hf_gpt2(*m, path);
+    for (auto& [name, p] : reference->named_parameters()) {
+      SCOPED_TRACE(name);
+      // The expected value is the fp32 reference rounded through `dt`, exactly.
+      tensor::Tensor want = p.data().to(dt).to(DType::F32);
+      EXPECT_EQ(tensor::max_abs_diff(m->parameter(name).data(), want), 0.0);
+    }
+  }
+}
+
+TEST_F(HfInterop, MissingUnexpectedAndUntiedTensorsAreNamed) {
+  auto m = make_model();
+  expect_load_error(*m,
+                    rewritten("missing.safetensors",
+                              [](auto& ts) {
+                                std::erase_if(ts, [](auto& p) {
+                                  return p.first == "transformer.h.1.mlp.c_fc.bias";
+                                });
+                              }),
+                    {"missing tensor", "h.1.mlp.c_fc.bias"});
+  expect_load_error(*m,
+                    rewritten("extra.safetensors",
+                              [](auto& ts) {
+                                ts.emplace_back("transformer.h.0.attn.rotary", tensor::zeros({4}));
+                              }),
+                    {"unexpected tensor", "transformer.h.0.attn.rotary"});
+  expect_load_error(*m,
+                    rewritten("untied.safetensors",
+                              [](auto& ts) {
+                                ts.emplace_back("lm_head.weight", tensor::ones({96, 32}));
+                              }),
+                    {"lm_head.weight", "untied"});
+  expect_load_error(*m,
+                    rewritten("llama.safetensors",
+                              [](auto& ts) {
+                                ts = {{"model.embed_tokens.weight", tensor::zeros({96, 32})}};
+                              }),
+                    {"not a Hugging Face GPT-2 checkpoint", "model.embed_tokens.weight"});
+  expect_load_error(*m,
+                    rewritten("ints.safetensors",
+                              [](auto& ts) {
+                                for (auto& [name, t] : ts)
+                                  if (name == "transformer.ln_f.bias")
+                                    t = tensor::zeros({32}, DType::I32);
+                              }),
+                    {"transformer.ln_f.bias", "F32, F16 or BF16"});
+}
+
+TEST_F(HfInterop, ShapeMismatchNamesBothShapesAndTheConfigKey) {
+  const std::string path = reference_path(kHfFile);
+  struct Case {
+    const char* key;
+    const char* value;
+    std::vector<std::string> needles;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"n_embd", "48", {"transformer.wte.weight", "[96, 32]", "[96, 48]", "n_embd"}},
+           {"vocab_size", "100", {"transformer.wte.weight", "[96, 32]", "[100, 32]", "vocab_size"}},
+           {"n_positions", "16", {"transformer.wpe.weight", "[32, 32]", "[16, 32]", "n_positions"}},
+           {"n_layer", "3", {"missing tensor", "h.2.", "n_layer"}},
+           {"n_layer", "1", {"unexpected tensor", "transformer.h.1.", "n_layer"}}}) {
+    SCOPED_TRACE(c.key);
+    auto overrides = tiny_overrides();
+    overrides[c.key] = c.value;
+    if (std::string(c.key) == "n_embd") overrides["n_head"] = "4";
+    auto m = make_model(overrides);
+    expect_load_error(*m, path, c.needles);
+  }
+  // A Conv1D weight stored [out, in] (as torch.nn.Linear would) is reported in HF's layout.
+  auto m = make_model();
+  expect_load_error(*m,
+                    rewritten("linear_layout.safetensors",
+                              [](auto& ts) {
+                                for (auto& [name, t] : ts)
+                                  if (name == "transformer.h.0.attn.c_attn.weight")
+                                    t = t.transpose(0, 1).contiguous();
+                              }),
+                    {"transformer.h.0.attn.c_attn.weight", "[96, 32]", "[32, 96]", "Conv1D"});
+}
+
+TEST_F(HfInterop, CorruptFilesAndOtherFamiliesAreUserErrors) {
+  auto m = make_model();
+  // Truncated: the header promises more data than the file has.
+  std::string truncated = (dir_ / "truncated.safetensors").string();
+  fs::copy_file(reference_path(kHfFile), truncated);
+  fs::resize_file(truncated, fs::file_size(truncated) - 100);
+  expect_load_error(*m, truncated, {"not a valid safetensors file"});
+  // Garbage header.
+  std::string garbage = (dir_ / "garbage.safetensors").string();
+  std::ofstream(garbage) << "this is not a safetensors file at all";
+  expect_load_error(*m, garbage, {"not a valid safetensors file"});
+  expect_load_error(*m, (dir_ / "absent.safetensors").string(), {"cannot open"});
+
+  auto llama = make_model({}, 0, "llama-tiny");
+  expect_load_error(*llama, reference_path(kHfFile), {"gpt2-family", "llama"});
+}
+
+TEST_F(HfInterop, ExportThenLoadIsBitwiseAndWritesAnHfConfig) {
+  auto a = make_model();
+  load_hf_gpt2(*a, reference_path(kHfFile));
+  export_hf_gpt2(*a, (dir_ / "export").string());
+  for (const auto& entry : fs::directory_iterator(dir_ / "export"))
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+
+  // The exported tensors are exactly the HF file's (names without prefix, [in, out], wte cut).
+  tensor::SafetensorsReader hf(reference_path(kHfFile));
+  tensor::SafetensorsReader out((dir_ / "export" / "model.safetensors").string());
+  EXPECT_EQ(out.entries().size(), hf.entries().size());
+  for (const auto& e : hf.entries()) {
+    SCOPED_TRACE(e.name);
+    std::string plain = e.name.substr(std::string("transformer.").size());
+    ASSERT_TRUE(out.contains(plain));
+    EXPECT_EQ(out.entry(plain).dtype, DType::F32);
+    EXPECT_EQ(tensor::max_abs_diff(out.read(plain), hf.read(e.name)), 0.0);
+  }
+  EXPECT_EQ(out.metadata().at("format"), "pt");
+
+  // Round trip into a differently initialised model: every byte of the flat buffers matches.
+  auto b = make_model(tiny_overrides(), 12345);
+  ASSERT_FALSE(snapshot(*a) == snapshot(*b));
+  load_hf_gpt2(*b, (dir_ / "export").string());  // a directory means its model.safetensors
+  EXPECT_TRUE(snapshot(*a) == snapshot(*b));
+
+  std::ifstream in(dir_ / "export" / "config.json");
+  nlohmann::json c = nlohmann::json::parse(in);
+  EXPECT_EQ(c.at("model_type"), "gpt2");
+  EXPECT_EQ(c.at("architectures").at(0), "GPT2LMHeadModel");
+  EXPECT_EQ(c.at("vocab_size"), 96);
+  EXPECT_EQ(c.at("n_positions"), 32);
+  EXPECT_EQ(c.at("n_ctx"), 32);
+  EXPECT_EQ(c.at("n_embd"), 32);
+  EXPECT_EQ(c.at("n_layer"), 2);
+  EXPECT_EQ(c.at("n_head"), 4);
+  EXPECT_EQ(c.at("activation_function"), "gelu_new");
+  EXPECT_EQ(c.at("tie_word_embeddings"), true);
+  EXPECT_DOUBLE_EQ(c.at("layer_norm_epsilon").get<double>(), 1e-5);
+
+  auto llama = make_model({}, 0, "llama-tiny");
+  EXPECT_THROW(export_hf_gpt2(*llama, (dir_ / "llama").string()), UserError);
+  EXPECT_FALSE(fs::exists(dir_ / "llama" / "model.safetensors"));
+}
+
+}  // namespace
+}  // namespace strata::models

@@ -1,0 +1,182 @@
+// The `convert` and `generate` binaries on a checkpoint written by save_checkpoint: convert's
+// HF export loaded by transformers (tests/reference/check_hf_export.py) gives Strata's logits;
+// generate prints exactly prompt + sample(); bad input is `<tool>: error: ...` and exit 1.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "autograd/variable.h"
+#include "models/registry.h"
+#include "tensor/safetensors.h"
+#include "tools/common/checkpoint.h"
+#include "tools/common/sampler.h"
+#include "tools/common/train_config.h"
+
+namespace strata::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `command` through the shell, capturing stdout and stderr.
+Result run(const std::string& command, const fs::path& scratch) {
+  const fs::path out = scratch / "stdout.txt", err = scratch / "stderr.txt";
+  const int status = std::system((command + " >" + out.string() + " 2>" + err.string()).c_str());
+  Result r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+std::string tool(const std::string& name) {
+  return std::string(STRATA_BINARY_DIR) + "/" + name;
+}
+
+class ToolsOnCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           fmt::format("strata_convert_{}_{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A gpt2-tiny variant with weights scaled up from GPT-2's init (so every term shows in the
+  // logits), checkpointed under dir_/run with a config.yaml that load_train_config accepts.
+  std::unique_ptr<models::CausalLM> make_checkpoint(const std::string& vocab) {
+    TrainConfig cfg;
+    cfg.model.name = "gpt2-tiny";
+    cfg.model.config = {{"vocab_size", vocab},
+                        {"n_positions", "32"},
+                        {"n_embd", "32"},
+                        {"n_layer", "2"},
+                        {"n_head", "4"}};
+    cfg.data.train = "unused/*.bin";
+    cfg.batch.seq_len = 16;
+    cfg.run.dir = (dir_ / "run").string();
+    cfg.run.seed = 5;
+    models::ModelOptions o;
+    o.seed = cfg.run.seed;
+    o.overrides = cfg.model.config;
+    auto model = models::ModelRegistry::global().create(cfg.model.name, o);
+    uint64_t k = 0;
+    for (auto& [name, p] : model->named_parameters()) {
+      tensor::Tensor d = p.data();
+      const bool ln = name.find("ln_") != std::string::npos;
+      const bool bias = name.ends_with(".bias");
+      d.copy_(tensor::randn(d.shape(), RngKey{77, ++k}, ln && !bias ? 1.f : 0.f,
+                            ln || bias ? 0.1f : 0.15f));
+    }
+    // Note [Padded vocabulary]: the padding rows stay zero.
+    tensor::Tensor wte = model->parameter("wte.weight").data();
+    wte.narrow(0, model->vocab_size(), wte.size(0) - model->vocab_size()).zero_();
+    TrainerState st;
+    st.step = 3;
+    st.model_name = cfg.model.name;
+    save_checkpoint(cfg.run.dir, *model, nullptr, st, to_yaml(cfg), 0);
+    return model;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ToolsOnCheckpoint, ConvertedModelLoadsInTransformersWithTheSameLogits) {
+  if (std::system("python3 -c 'import transformers, safetensors' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 with transformers and safetensors is not available";
+  auto model = make_checkpoint("300");  // padded to 320: export must cut the padding
+  const fs::path out = dir_ / "hf";
+  Result r =
+      run(tool("convert") + " --checkpoint " + (dir_ / "run").string() + " --to-hf " + out.string(),
+          dir_);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(out / "config.json"));
+
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 2 * 16; ++i) ids.push_back((i * 37 + 11) % 300);
+  tensor::Tensor ids_t = tensor::from_ints(ids, {2, 16});
+  tensor::Tensor logits;
+  {
+    autograd::NoGradGuard no_grad;
+    model->eval();
+    logits = model->forward(ids_t).data().narrow(2, 0, 300);
+  }
+  const fs::path expected = dir_ / "expected.safetensors";
+  tensor::save_safetensors(expected.string(), {{"ids", ids_t}, {"logits", logits}});
+  Result check =
+      run("python3 " + std::string(STRATA_SOURCE_DIR) + "/tests/reference/check_hf_export.py " +
+              out.string() + " " + expected.string(),
+          dir_);
+  std::cout << check.out;
+  EXPECT_EQ(check.rc, 0) << check.out << check.err;
+}
+
+TEST_F(ToolsOnCheckpoint, ConvertAndGenerateReportBadInputAndExit1) {
+  const std::string missing = (dir_ / "nothing").string();
+  Result c = run(
+      tool("convert") + " --checkpoint " + missing + " --to-hf " + (dir_ / "hf").string(), dir_);
+  EXPECT_EQ(c.rc, 1);
+  EXPECT_TRUE(c.err.starts_with("convert: error: ")) << c.err;
+  EXPECT_NE(c.err.find(missing), std::string::npos) << c.err;
+  EXPECT_FALSE(fs::exists(dir_ / "hf"));
+
+  Result g = run(tool("generate") + " --checkpoint " + missing, dir_);
+  EXPECT_EQ(g.rc, 1);
+  EXPECT_TRUE(g.err.starts_with("generate: error: ")) << g.err;
+
+  // A run directory whose latest is dangling.
+  make_checkpoint("256");
+  const fs::path latest = dir_ / "run" / "checkpoints" / "latest";
+  std::ofstream(latest) << "step_00000042\n";
+  g = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --prompt hi", dir_);
+  EXPECT_EQ(g.rc, 1);
+  EXPECT_NE(g.err.find(latest.string()), std::string::npos) << g.err;
+}
+
+TEST_F(ToolsOnCheckpoint, GeneratePrintsThePromptAndTheSampledContinuation) {
+  auto model = make_checkpoint("256");  // the byte tokenizer: ids are bytes
+  const std::string prompt = "Hello, Strata";
+  SampleOptions o;
+  o.max_new_tokens = 12;
+  o.temperature = 0.9;
+  o.top_k = 20;
+  o.seed = 4;
+  std::vector<int32_t> ids(prompt.begin(), prompt.end());
+  std::vector<int32_t> want = sample(*model, ids, o);
+  ASSERT_EQ(want.size(), 12u);
+  std::string expected = prompt;
+  for (int32_t t : want) expected.push_back(static_cast<char>(t));
+
+  // Both forms of --checkpoint: the run directory and the step directory.
+  for (const std::string& path :
+       {(dir_ / "run").string(), (dir_ / "run" / "checkpoints" / "step_00000003").string()}) {
+    Result r = run(tool("generate") + " --checkpoint " + path +
+                       " --prompt 'Hello, Strata' --max-new-tokens 12 --temperature 0.9"
+                       " --top-k 20 --seed 4",
+                   dir_);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(r.out, expected + "\n");
+  }
+}
+
+}  // namespace
+}  // namespace strata::tools

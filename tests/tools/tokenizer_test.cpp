@@ -1,0 +1,168 @@
+#include "tools/common/tokenizer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "tests/tools/temp_dir.h"
+#include "tools/common/bpe_tokenizer.h"
+
+namespace strata::tools {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::TempDir;
+using testing::write_bytes;
+
+const std::string kBpeDir = std::string(STRATA_SOURCE_DIR) + "/tests/reference/bpe_small/";
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ByteTokenizer, RoundTripsEveryByte) {
+  auto tok = make_byte_tokenizer();
+  EXPECT_EQ(tok->name(), "byte");
+  EXPECT_EQ(tok->vocab_size(), 256);
+  EXPECT_EQ(tok->eot_token(), -1);
+  std::string all;
+  for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
+  all += "héllo\n\xff\xfe";
+  std::vector<int32_t> ids = tok->encode(all);
+  ASSERT_EQ(ids.size(), all.size());
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(ids[b], b);
+  EXPECT_EQ(tok->decode(ids), all);
+}
+
+TEST(ByteTokenizer, InvalidIdsDecodeToReplacementCharacter) {
+  auto tok = make_byte_tokenizer();
+  const std::vector<int32_t> ids = {'a', 256, 'b', -1};
+  EXPECT_EQ(tok->decode(ids),
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD");
+}
+
+TEST(MakeTokenizer, ByNameAndErrors) {
+  EXPECT_EQ(make_tokenizer("byte", "", "")->name(), "byte");
+  EXPECT_EQ(make_tokenizer("gpt2", kBpeDir + "vocab.json", kBpeDir + "merges.txt")->name(), "gpt2");
+  EXPECT_THAT(error_of([] { make_tokenizer("sentencepiece", "", ""); }),
+              AllOf(HasSubstr("sentencepiece"), HasSubstr("byte or gpt2")));
+  EXPECT_THAT(error_of([] { make_tokenizer("gpt2", "", ""); }), HasSubstr("merges.txt"));
+  EXPECT_THAT(error_of([] { make_tokenizer("byte", "v.json", ""); }), HasSubstr("v.json"));
+}
+
+class Gpt2Reference : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ifstream in(kBpeDir + "reference.json");
+    ASSERT_TRUE(in) << kBpeDir << "reference.json (run tests/reference/gen_bpe_reference.py)";
+    ref_ = nlohmann::json::parse(in);
+    tok_ = make_gpt2_tokenizer(kBpeDir + "vocab.json", kBpeDir + "merges.txt");
+  }
+  nlohmann::json ref_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(Gpt2Reference, PreTokenizerMatchesTheRegex) {
+  ASSERT_GE(ref_["cases"].size(), 20u);
+  for (const auto& c : ref_["cases"]) {
+    const std::string text = c["text"];
+    std::vector<std::string> pieces;
+    for (std::string_view p : gpt2_pretokenize(text)) pieces.emplace_back(p);
+    EXPECT_EQ(pieces, c["pieces"].get<std::vector<std::string>>()) << text;
+  }
+}
+
+TEST_F(Gpt2Reference, EncodingMatchesHuggingFaceAndOpenAI) {
+  EXPECT_EQ(tok_->vocab_size(), ref_["vocab_size"].get<int32_t>());
+  EXPECT_EQ(tok_->eot_token(), ref_["eot"].get<int32_t>());
+  EXPECT_EQ(tok_->name(), "gpt2");
+  for (int pass = 0; pass < 2; ++pass) {  // the second pass is served from the piece cache
+    for (const auto& c : ref_["cases"]) {
+      const std::string text = c["text"];
+      const std::vector<int32_t> ids = tok_->encode(text);
+      EXPECT_EQ(ids, c["ids"].get<std::vector<int32_t>>()) << text;
+      EXPECT_EQ(tok_->decode(ids), text);
+    }
+  }
+}
+
+TEST_F(Gpt2Reference, RoundTripsBytesThatAreNotUtf8) {
+  const std::string s = "ok \xff\xfe bad \xc3 trunc \xe2\x82 over \xc0\xaf \xed\xa0\x80 end";
+  const std::vector<int32_t> ids = tok_->encode(s);
+  for (int32_t id : ids) EXPECT_TRUE(id >= 0 && id < tok_->vocab_size());
+  EXPECT_EQ(tok_->decode(ids), s);
+}
+
+TEST_F(Gpt2Reference, InvalidIdsDecodeToReplacementCharacter) {
+  const std::vector<int32_t> ids = {tok_->encode("a")[0], 1000, -5};
+  EXPECT_EQ(tok_->decode(ids), "a\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(tok_->decode(std::vector<int32_t>{tok_->eot_token()}), "<|endoftext|>");
+}
+
+TEST(Gpt2ByteTable, MatchesOpenAIBytesToUnicode) {
+  EXPECT_EQ(gpt2_byte_to_unicode('!'), static_cast<uint32_t>('!'));
+  EXPECT_EQ(gpt2_byte_to_unicode(0), 0x100u);
+  EXPECT_EQ(gpt2_byte_to_unicode(' '), 0x120u);   // 'Ġ'
+  EXPECT_EQ(gpt2_byte_to_unicode('\n'), 0x10Au);  // 'Ċ'
+  EXPECT_EQ(gpt2_byte_to_unicode(0xAD), 0x143u);  // soft hyphen, the last shifted byte
+  EXPECT_EQ(gpt2_byte_to_unicode(0xFF), 0xFFu);
+}
+
+class Gpt2Files : public ::testing::Test {
+ protected:
+  std::string vocab_text() const { return testing::read_bytes(kBpeDir + "vocab.json"); }
+  std::string merges_text() const { return testing::read_bytes(kBpeDir + "merges.txt"); }
+  std::string load_error(const std::string& vocab, const std::string& merges) {
+    write_bytes(dir_.file("vocab.json"), vocab);
+    write_bytes(dir_.file("merges.txt"), merges);
+    return error_of([&] { make_gpt2_tokenizer(dir_.file("vocab.json"), dir_.file("merges.txt")); });
+  }
+  TempDir dir_;
+};
+
+TEST_F(Gpt2Files, CopiesLoad) {
+  EXPECT_EQ(load_error(vocab_text(), merges_text()), "(no error)");
+}
+
+TEST_F(Gpt2Files, MissingFilesAreNamed) {
+  EXPECT_THAT(
+      error_of([&] { make_gpt2_tokenizer(dir_.file("none.json"), kBpeDir + "merges.txt"); }),
+      AllOf(HasSubstr(dir_.file("none.json")), HasSubstr("cannot open")));
+  EXPECT_THAT(error_of([&] { make_gpt2_tokenizer(kBpeDir + "vocab.json", dir_.file("none.txt")); }),
+              AllOf(HasSubstr(dir_.file("none.txt")), HasSubstr("cannot open")));
+}
+
+TEST_F(Gpt2Files, MalformedVocabIsNamed) {
+  EXPECT_THAT(load_error("{\"a\": 0,", merges_text()),
+              AllOf(HasSubstr(dir_.file("vocab.json")), HasSubstr("not valid JSON")));
+  EXPECT_THAT(load_error("[1, 2]", merges_text()), HasSubstr(dir_.file("vocab.json")));
+  EXPECT_THAT(load_error("{\"a\": \"x\"}", merges_text()),
+              AllOf(HasSubstr(dir_.file("vocab.json")), HasSubstr("token 'a'")));
+  // Only ASCII letters: most bytes have no token.
+  EXPECT_THAT(load_error("{\"a\": 0, \"b\": 1}", merges_text()),
+              AllOf(HasSubstr(dir_.file("vocab.json")), HasSubstr("byte 0x00 has no token")));
+}
+
+TEST_F(Gpt2Files, MalformedMergesNameFileAndLine) {
+  EXPECT_THAT(load_error(vocab_text(), "#version: 0.2\nĠ t\nthree parts here\n"),
+              AllOf(HasSubstr(dir_.file("merges.txt") + ":3"), HasSubstr("three parts here")));
+  EXPECT_THAT(load_error(vocab_text(), "#version: 0.2\nnospace\n"),
+              HasSubstr(dir_.file("merges.txt") + ":2"));
+  // A merge whose result is not in the vocabulary: the files do not belong together.
+  EXPECT_THAT(load_error(vocab_text(), "#version: 0.2\nĠ t\nq z\n"),
+              AllOf(HasSubstr(dir_.file("merges.txt") + ":3"), HasSubstr("same model")));
+}
+
+}  // namespace
+}  // namespace strata::tools

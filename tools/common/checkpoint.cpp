@@ -1,0 +1,382 @@
+#include "tools/common/checkpoint.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "tensor/safetensors.h"
+
+namespace strata::tools {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using tensor::SafetensorsEntry;
+using tensor::SafetensorsReader;
+using tensor::Tensor;
+
+constexpr std::string_view kModelFile = "model.safetensors";
+constexpr std::string_view kOptimizerFile = "optimizer.safetensors";
+constexpr std::string_view kStateFile = "trainer_state.json";
+constexpr std::string_view kConfigFile = "config.yaml";
+constexpr std::string_view kLatest = "latest";
+constexpr std::string_view kStepPrefix = "step_";
+
+std::string join(const std::string& dir, std::string_view name) {
+  return (fs::path(dir) / name).string();
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) user_error("{}: cannot open to fsync ({})", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) user_error("{}: fsync failed ({})", path, std::strerror(err));
+}
+
+// Writes `text` to `path` through a temporary file, fsync and rename.
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) user_error("{}: cannot create ({})", tmp, std::strerror(errno));
+  const char* p = text.data();
+  size_t n = text.size();
+  int err = 0;
+  while (n > 0 && err == 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      err = w < 0 ? errno : EIO;
+    } else {
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    user_error("{}: cannot write ({})", path, std::strerror(err));
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) user_error("{}: cannot open for reading ({})", path, std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) user_error("{}: read failed", path);
+  return ss.str();
+}
+
+std::string step_dir_name(int64_t step) {
+  return fmt::format("{}{:08d}", kStepPrefix, step);
+}
+
+// The step of a "step_<digits>" name, if it is one.
+std::optional<int64_t> parse_step_dir(std::string_view name) {
+  if (!name.starts_with(kStepPrefix) || name.size() == kStepPrefix.size()) return std::nullopt;
+  int64_t step = 0;
+  const char* begin = name.data() + kStepPrefix.size();
+  const char* end = name.data() + name.size();
+  auto [ptr, ec] = std::from_chars(begin, end, step);
+  if (ec != std::errc() || ptr != end || step < 0) return std::nullopt;
+  return step;
+}
+
+// Moves `tmp` to `final_dir`, atomically replacing an existing one (Note [Atomic checkpoints]).
+void publish_directory(const std::string& tmp, const std::string& final_dir) {
+  if (!fs::exists(final_dir)) {
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
+      user_error("{}: cannot rename {} into place ({})", final_dir, tmp, std::strerror(errno));
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(tmp);  // now holds the replaced checkpoint
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+    user_error("{}: cannot swap in {} ({})", final_dir, tmp, std::strerror(errno));
+  // Filesystems without RENAME_EXCHANGE: a short window in which the step directory is absent,
+  // but `latest` is rewritten only afterwards and never names a partial directory.
+  const std::string old = fmt::format("{}.tmp.{}.old", final_dir, ::getpid());
+  fs::remove_all(old);
+  if (::rename(final_dir.c_str(), old.c_str()) != 0)
+    user_error("{}: cannot move the old checkpoint aside ({})", final_dir, std::strerror(errno));
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    const int err = errno;
+    ::rename(old.c_str(), final_dir.c_str());
+    user_error("{}: cannot rename {} into place ({})", final_dir, tmp, std::strerror(err));
+  }
+  fs::remove_all(old);
+}
+
+void write_step_directory(const std::string& dir, const models::CausalLM& model,
+                          const optim::Optimizer* optimizer, const TrainerState& state,
+                          const std::string& config_yaml) {
+  // Note [Checkpoint layout]: the parameter views, i.e. the flat buffers' bytes.
+  std::vector<std::pair<std::string, Tensor>> params;
+  for (const models::FlatUnit& u : model.flat_units())
+    for (size_t k = 0; k < u.names.size(); ++k)
+      params.emplace_back(u.names[k], u.variables[k].data());
+  STRATA_CHECK(!params.empty(), "model has no flat units");
+  tensor::save_safetensors(
+      join(dir, kModelFile), params,
+      {{"format", "strata"},
+       {"family", model.family()},
+       {"model_name", state.model_name},
+       {"layout", "strata: Linear weights [out, in], padded vocabulary; not an HF file"}});
+  if (optimizer != nullptr) {
+    optim::OptimizerState s = optimizer->state_dict();
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const optim::NamedTensor& t : s.tensors) tensors.emplace_back(t.name, t.tensor);
+    tensor::save_safetensors(join(dir, kOptimizerFile), tensors,
+                             {{"format", "strata"},
+                              {"optimizer", std::string(optimizer->name())},
+                              {"step", std::to_string(s.step)}});
+  }
+  nlohmann::ordered_json j;
+  j["format"] = "strata-trainer-state";
+  j["version"] = 1;
+  j["step"] = state.step;
+  j["samples_consumed"] = state.samples_consumed;
+  j["rng_seed"] = state.rng_seed;
+  j["rng_offset"] = state.rng_offset;
+  j["loss_scale"] = state.loss_scale;
+  j["model_name"] = state.model_name;
+  write_text_atomic(join(dir, kStateFile), j.dump(2) + "\n");
+  write_text_atomic(join(dir, kConfigFile), config_yaml);
+  fsync_path(dir, true);
+}
+
+// Removes the oldest step directories beyond `keep`, never `current`.
+void prune(const std::string& root, int64_t keep, const std::string& current) {
+  if (keep == 0) return;
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (auto step = parse_step_dir(name); step && e.is_directory() && name != current)
+      steps.emplace_back(*step, name);
+  }
+  std::sort(steps.begin(), steps.end());
+  const int64_t remove = static_cast<int64_t>(steps.size()) - (keep - 1);
+  for (int64_t i = 0; i < remove; ++i) {
+    // Rename first so a crash mid-delete never leaves a partial directory under a step name.
+    const std::string victim = join(root, steps[static_cast<size_t>(i)].second);
+    const std::string trash = fmt::format("{}.tmp.{}.old", victim, ::getpid());
+    if (::rename(victim.c_str(), trash.c_str()) != 0)
+      user_error("{}: cannot remove old checkpoint ({})", victim, std::strerror(errno));
+    fs::remove_all(trash);
+  }
+}
+
+int64_t json_int(const json& j, const char* key, const std::string& path) {
+  if (!j.contains(key) || !j[key].is_number_integer())
+    user_error("{}: '{}' is missing or not an integer", path, key);
+  return j[key].get<int64_t>();
+}
+
+uint64_t json_uint(const json& j, const char* key, const std::string& path) {
+  if (!j.contains(key) || !j[key].is_number_unsigned())
+    user_error("{}: '{}' is missing or not a non-negative integer", path, key);
+  return j[key].get<uint64_t>();
+}
+
+TrainerState read_trainer_state(const std::string& path) {
+  json j = json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    user_error("{}: not valid JSON; the checkpoint is corrupt", path);
+  TrainerState s;
+  s.step = json_int(j, "step", path);
+  s.samples_consumed = json_int(j, "samples_consumed", path);
+  s.rng_seed = json_uint(j, "rng_seed", path);
+  s.rng_offset = json_uint(j, "rng_offset", path);
+  if (!j.contains("loss_scale") || !j["loss_scale"].is_number())
+    user_error("{}: 'loss_scale' is missing or not a number", path);
+  s.loss_scale = j["loss_scale"].get<double>();
+  if (!j.contains("model_name") || !j["model_name"].is_string())
+    user_error("{}: 'model_name' is missing or not a string", path);
+  s.model_name = j["model_name"].get<std::string>();
+  if (s.step < 0 || s.samples_consumed < 0)
+    user_error("{}: step and samples_consumed must not be negative", path);
+  return s;
+}
+
+std::string require_file(const std::string& dir, std::string_view name) {
+  std::string path = join(dir, name);
+  if (!fs::is_regular_file(path))
+    user_error("{}: missing from checkpoint {}; the checkpoint is incomplete or not a checkpoint",
+               path, dir);
+  return path;
+}
+
+// Checks that `reader` holds exactly `expected` (name -> shape), all F32.
+void check_tensors(const SafetensorsReader& reader,
+                   const std::vector<std::pair<std::string, tensor::Shape>>& expected,
+                   std::string_view what) {
+  std::map<std::string, const SafetensorsEntry*> present;
+  for (const SafetensorsEntry& e : reader.entries()) present.emplace(e.name, &e);
+  for (const auto& [name, shape] : expected) {
+    auto it = present.find(name);
+    if (it == present.end())
+      user_error("{}: no {} '{}'; the checkpoint was written for a different model or optimizer",
+                 reader.path(), what, name);
+    const SafetensorsEntry& e = *it->second;
+    if (e.dtype != DType::F32 || !(e.shape == shape))
+      user_error(
+          "{}: {} '{}' is {}{} but this run expects f32{}; the checkpoint was written for a "
+          "different model size (check the model config against the checkpoint's config.yaml)",
+          reader.path(), what, name, dtype_name(e.dtype), e.shape.str(), shape.str());
+    present.erase(it);
+  }
+  if (!present.empty())
+    user_error(
+        "{}: unexpected {} '{}' ({} extra); the checkpoint was written for a different model or "
+        "optimizer",
+        reader.path(), what, present.begin()->first, present.size());
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, const models::CausalLM& model,
+                            const optim::Optimizer* optimizer, const TrainerState& state,
+                            const std::string& config_yaml, int64_t keep) {
+  STRATA_USER_CHECK(keep >= 0, "checkpoint keep count must be >= 0 (0 keeps all), got {}", keep);
+  STRATA_USER_CHECK(state.step >= 0, "checkpoint step must be >= 0, got {}", state.step);
+  const std::string root = join(run_dir, "checkpoints");
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec || !fs::is_directory(root))
+    user_error("{}: cannot create the checkpoint directory ({})", root,
+               ec ? ec.message() : "exists and is not a directory");
+
+  const std::string name = step_dir_name(state.step);
+  const std::string final_dir = join(root, name);
+  const std::string tmp = fmt::format("{}.tmp.{}", final_dir, ::getpid());
+  fs::remove_all(tmp);
+  try {
+    fs::create_directory(tmp);
+    write_step_directory(tmp, model, optimizer, state, config_yaml);
+    publish_directory(tmp, final_dir);
+    fsync_path(root, true);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    user_error("{}: cannot write checkpoint ({})", final_dir, e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  write_text_atomic(join(root, kLatest), name + "\n");
+  fsync_path(root, true);
+  prune(root, keep, name);
+  return final_dir;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
+  const std::string root = join(run_dir, "checkpoints");
+  const std::string latest = join(root, kLatest);
+  if (!fs::exists(latest)) return std::nullopt;
+  std::string text = read_text(latest);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.pop_back();
+  if (!parse_step_dir(text))
+    user_error(
+        "{}: expected one line naming a step_<N> directory, found '{}'; delete it to start "
+        "afresh or write the name of the checkpoint to resume from",
+        latest, text.substr(0, 80));
+  const std::string dir = join(root, text);
+  if (!fs::is_directory(dir))
+    user_error(
+        "{}: names '{}', which does not exist; delete {} or point it at an existing step_* "
+        "directory",
+        latest, text, latest);
+  return dir;
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  if (fs::is_regular_file(join(path, kStateFile))) return path;
+  if (!fs::is_directory(path)) user_error("{}: no such checkpoint or run directory", path);
+  if (auto latest = find_latest_checkpoint(path)) return *latest;
+  user_error(
+      "{}: neither a checkpoint directory (no {}) nor a run directory with checkpoints/latest",
+      path, kStateFile);
+}
+
+TrainerState load_checkpoint(const std::string& dir, models::CausalLM& model,
+                             optim::Optimizer* optimizer, std::string_view expected_model_name) {
+  if (!fs::is_directory(dir)) user_error("{}: checkpoint directory does not exist", dir);
+  const std::string state_path = require_file(dir, kStateFile);
+  const std::string model_path = require_file(dir, kModelFile);
+  const std::string opt_path = optimizer ? require_file(dir, kOptimizerFile) : std::string();
+
+  // ---- validate everything (Note [Atomic checkpoints]) ----
+  TrainerState state = read_trainer_state(state_path);
+  if (!expected_model_name.empty() && state.model_name != expected_model_name)
+    user_error("{}: checkpoint is of model '{}', this run is configured for '{}'", state_path,
+               state.model_name, expected_model_name);
+
+  SafetensorsReader model_reader(model_path);
+  auto family = model_reader.metadata().find("family");
+  if (family != model_reader.metadata().end() && family->second != model.family())
+    user_error("{}: checkpoint is of a '{}'-family model, this model is '{}'", model_path,
+               family->second, model.family());
+  std::vector<std::pair<std::string, tensor::Shape>> expected;
+  for (const models::FlatUnit& u : model.flat_units())
+    for (size_t k = 0; k < u.names.size(); ++k) expected.emplace_back(u.names[k], u.shapes[k]);
+  check_tensors(model_reader, expected, "parameter");
+
+  std::optional<SafetensorsReader> opt_reader;
+  int64_t opt_step = 0;
+  if (optimizer != nullptr) {
+    opt_reader.emplace(opt_path);
+    const auto& meta = opt_reader->metadata();
+    auto name = meta.find("optimizer");
+    if (name == meta.end() || name->second != optimizer->name())
+      user_error("{}: holds the state of optimizer '{}', this run uses '{}'", opt_path,
+                 name == meta.end() ? "?" : name->second, optimizer->name());
+    auto step = meta.find("step");
+    const char* end = step == meta.end() ? nullptr : step->second.data() + step->second.size();
+    if (step == meta.end() || std::from_chars(step->second.data(), end, opt_step).ptr != end ||
+        opt_step < 0)
+      user_error("{}: metadata 'step' is missing or not a non-negative integer", opt_path);
+    std::vector<std::pair<std::string, tensor::Shape>> opt_expected;
+    for (const optim::NamedTensor& t : optimizer->state_dict().tensors)
+      opt_expected.emplace_back(t.name, t.tensor.shape());
+    check_tensors(*opt_reader, opt_expected, "optimizer state");
+  }
+
+  // ---- load: same dtype and shape, so each copy is the exact bytes ----
+  for (const models::FlatUnit& u : model.flat_units())
+    for (size_t k = 0; k < u.names.size(); ++k) {
+      Tensor dst = u.variables[k].data();  // a view into the flat buffer: copy in place
+      dst.copy_(model_reader.read(u.names[k]));
+    }
+  if (optimizer != nullptr) {
+    optim::OptimizerState s;
+    s.step = opt_step;
+    for (const SafetensorsEntry& e : opt_reader->entries())
+      s.tensors.push_back({e.name, opt_reader->read(e.name)});
+    optimizer->load_state_dict(s);
+  }
+  return state;
+}
+
+std::string checkpoint_config_path(const std::string& checkpoint_dir) {
+  return require_file(checkpoint_dir, kConfigFile);
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,74 @@
+#pragma once
+// Training checkpoints: model weights, optimizer state, trainer state and the resolved config.
+//
+// Note [Checkpoint layout]
+//   run_dir/checkpoints/step_00000200/model.safetensors      every parameter by name
+//                                    /optimizer.safetensors  Optimizer::state_dict() tensors
+//                                    /trainer_state.json     TrainerState
+//                                    /config.yaml            the resolved config text
+//   run_dir/checkpoints/latest                               one line: "step_00000200"
+// model.safetensors holds each parameter under its full name (HF GPT-2 names for gpt2) in
+// Strata's layout (Linear weights [out, in], Note [Linear layout]; wte with its padding rows),
+// fp32, exactly the bytes of the flat buffers; its metadata names the family and the layout.
+// It is NOT an HF file: `convert --to-hf` writes one (models/gpt2/hf_interop.h).
+// optimizer.safetensors has the optimizer's name and step count in its metadata.
+//
+// Note [Atomic checkpoints]
+// Nothing is ever half-written (DESIGN.md decision 12). A step directory is written under a
+// temporary name "step_N.tmp.<pid>", every file and the directory are fsynced, then it is renamed
+// into place (re-saving an existing step swaps the two directories atomically with
+// renameat2(RENAME_EXCHANGE) and deletes the old one). `latest` is replaced the same way, and
+// only after the step directory is in place, so it never names a checkpoint that is not
+// complete. A failure removes the temporary directory and leaves earlier checkpoints as they
+// were. Loading validates every file before it touches the model or the optimizer.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "models/causal_lm.h"
+#include "optim/optimizer.h"
+
+namespace strata::tools {
+
+struct TrainerState {
+  int64_t step = 0;  // optimizer steps completed
+  int64_t samples_consumed =
+      0;                  // data position (global samples, see the data loader's Note [Data order])
+  uint64_t rng_seed = 0;  // autograd::current_generator() state (dropout), autograd/rng_context.h
+  uint64_t rng_offset = 0;
+  double loss_scale = 0.0;  // fp16 dynamic loss scale (0 when unused)
+  std::string model_name;   // registry name, checked on load
+};
+
+// Writes run_dir/checkpoints/step_<state.step, 8 digits>/ and points `latest` at it (Note
+// [Checkpoint layout], Note [Atomic checkpoints]). `optimizer` may be null (no
+// optimizer.safetensors then). Keeps the newest `keep` step directories by step number (0 = all;
+// the one just written is always kept). Returns the checkpoint directory.
+std::string save_checkpoint(const std::string& run_dir, const models::CausalLM& model,
+                            const optim::Optimizer* optimizer, const TrainerState& state,
+                            const std::string& config_yaml, int64_t keep);
+
+// The checkpoint `latest` points at, if any: nullopt when run_dir/checkpoints/latest does not
+// exist; a user_error naming it when it is unreadable, malformed or dangling.
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
+
+// A checkpoint directory given either itself or a run directory (then its latest); a user_error
+// when `path` is neither.
+std::string resolve_checkpoint(const std::string& path);
+
+// Validates everything before touching the model: files present, safetensors well-formed, every
+// parameter present with the right shape and dtype (and nothing else), the family matching,
+// optimizer state names/sizes matching, and, when `expected_model_name` is not empty, the model
+// name. Errors name the file and what differs. Then loads the weights in place (exact bytes:
+// resume is bitwise) and, when `optimizer` is not null, its state. The caller restores the
+// generator from the returned rng_seed/rng_offset.
+TrainerState load_checkpoint(const std::string& checkpoint_dir, models::CausalLM& model,
+                             optim::Optimizer* optimizer /* nullable: weights only */,
+                             std::string_view expected_model_name = {});
+
+// The path of the resolved config.yaml stored in a checkpoint directory (for generate/convert);
+// a user_error when it is missing.
+std::string checkpoint_config_path(const std::string& checkpoint_dir);
+
+}  // namespace strata::tools

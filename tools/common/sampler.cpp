@@ -1,0 +1,103 @@
+#include "tools/common/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "autograd/variable.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace strata::tools {
+
+namespace {
+
+// Restores the model's train/eval mode on scope exit (also when forward throws).
+class EvalScope {
+ public:
+  explicit EvalScope(models::CausalLM& m) : model_(m), was_training_(m.is_training()) {
+    model_.eval();
+  }
+  ~EvalScope() { model_.train(was_training_); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  models::CausalLM& model_;
+  bool was_training_;
+};
+
+// A uniform double in [0, 1) with 53 random bits, for the token at `position` (Note [Sampling
+// draws]).
+double uniform_draw(uint64_t seed, int64_t position) {
+  const RngKey key{seed, rng_stream(0x5a3b1e, static_cast<uint64_t>(position))};
+  const std::array<uint32_t, 4> r = philox4x32(key, 0);
+  const uint64_t bits = (static_cast<uint64_t>(r[0]) << 21) ^ (r[1] >> 11);
+  return static_cast<double>(bits & ((uint64_t{1} << 53) - 1)) * 0x1.0p-53;
+}
+
+int32_t choose(const float* logits, int64_t V, const SampleOptions& o, int64_t position) {
+  if (o.temperature == 0.0) {
+    // First maximum: ties go to the smaller id.
+    return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
+  }
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  auto before = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  order.resize(static_cast<size_t>(k));
+
+  // Softmax of logits / temperature over the candidates, in double, from the largest.
+  std::vector<double> p(order.size());
+  const double top = logits[order[0]];
+  double total = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    p[i] = std::exp((static_cast<double>(logits[order[i]]) - top) / o.temperature);
+    total += p[i];
+  }
+  const double u = uniform_draw(o.seed, position) * total;
+  double acc = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    acc += p[i];
+    if (u < acc) return order[i];
+  }
+  return order.back();  // u within rounding of total
+}
+
+}  // namespace
+
+std::vector<int32_t> sample(models::CausalLM& model, const std::vector<int32_t>& prompt,
+                            const SampleOptions& o) {
+  const int64_t V = model.vocab_size();
+  STRATA_USER_CHECK(!prompt.empty(), "sampling needs a prompt of at least one token");
+  for (int32_t t : prompt)
+    STRATA_USER_CHECK(t >= 0 && t < V, "prompt token {} is outside the vocabulary [0, {})", t, V);
+  STRATA_USER_CHECK(o.max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}", o.max_new_tokens);
+  STRATA_USER_CHECK(o.temperature >= 0.0 && std::isfinite(o.temperature),
+                    "temperature must be >= 0 (0 = greedy), got {}", o.temperature);
+  STRATA_USER_CHECK(o.top_k >= 0, "top_k must be >= 0 (0 = no cut), got {}", o.top_k);
+
+  autograd::NoGradGuard no_grad;
+  EvalScope eval(model);
+  std::vector<int64_t> seq(prompt.begin(), prompt.end());
+  std::vector<int32_t> out;
+  const int64_t window = model.max_seq_len();
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), window);
+    std::vector<int64_t> ctx(seq.end() - T, seq.end());
+    tensor::Tensor ids = tensor::from_ints(ctx, {1, T}, DType::I32);
+    // [1, T, padded_vocab] -> the last position's row, as contiguous fp32 on the host.
+    tensor::Tensor last = model.forward(ids).data().select(1, T - 1).select(0, 0);
+    tensor::Tensor row = last.narrow(0, 0, V).to(Device::cpu()).to(DType::F32).contiguous();
+    const int32_t next = choose(row.data<float>(), V, o, static_cast<int64_t>(seq.size()));
+    seq.push_back(next);
+    out.push_back(next);
+    if (o.stop_token >= 0 && next == o.stop_token) break;
+  }
+  return out;
+}
+
+}  // namespace strata::tools

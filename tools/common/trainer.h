@@ -1,0 +1,107 @@
+#pragma once
+// Trainer: the loop behind `train`. Builds the model by name from the registry, the optimizer,
+// the LR schedule and the data loaders from a TrainConfig, resumes from the latest checkpoint
+// when asked, and runs steps of gradient accumulation, logging, evaluation, sampling and
+// checkpointing.
+//
+// Note [Training step]
+// Step s (0-based) reads global samples [s*G, (s+1)*G) of the data order (Note [Data order]):
+// rank r takes [s*G + r*M*A, ... + M*A) in A micro-batches of M. Each micro-batch's mean loss is
+// scaled by 1/A before backward, so the flat gradient buffers hold the gradient of the mean loss
+// over the global batch; then the global gradient norm is taken (and clipped), the LR for step s
+// comes from the schedule, and the optimizer steps once. Dropout draws come from the training
+// Generator (autograd/rng_context.h), whose two-integer state is checkpointed with the step and
+// the data position, so a resumed run replays exactly what an uninterrupted one computes
+// (DESIGN.md decision 9). Nothing in a step depends on wall-clock time or thread timing.
+//
+// Note [Interrupts]
+// SIGINT/SIGTERM only set a flag (request_stop). The loop finishes the step in progress, writes
+// a checkpoint and returns Outcome::Interrupted; `train` then exits with status 130. A second
+// Ctrl-C kills the process at once: checkpoints are written to a temporary name and renamed, so
+// even that never leaves a half-written checkpoint behind.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "models/causal_lm.h"
+#include "models/registry.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "tools/common/data_loader.h"
+#include "tools/common/metrics.h"
+#include "tools/common/tokenizer.h"
+#include "tools/common/train_config.h"
+
+namespace strata::tools {
+
+class Trainer {
+ public:
+  enum class Outcome { Finished, Interrupted };
+
+  // Validates and builds everything (user errors name the config file or the data/checkpoint
+  // file at fault) before touching the run directory; then creates it, writes config.yaml and
+  // resumes per training.resume.
+  explicit Trainer(TrainConfig config);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains up to training.steps, or until step `stop_at` when >= 0 (then it stops as if
+  // interrupted: checkpoint written, Outcome::Interrupted), or until request_stop().
+  Outcome run(int64_t stop_at = -1);
+
+  // Mean loss over training.eval_batches validation batches (the same batches every time).
+  float evaluate();
+  // A sample of training.sample_tokens tokens from training.sample_prompt, decoded.
+  std::string sample_text();
+
+  int64_t step() const { return step_; }
+  // Records of the steps run by this object (not those before a resume).
+  const std::vector<StepRecord>& history() const { return history_; }
+  const std::string& last_checkpoint() const { return last_checkpoint_; }
+  models::CausalLM& model() { return *model_; }
+  const TrainConfig& config() const { return config_; }
+
+  // Async-signal-safe: asks the running loop to stop after the current step (Note [Interrupts]).
+  static void request_stop();
+  static void clear_stop();
+  static bool stop_requested();
+
+ private:
+  void train_step(StepRecord& record);
+  void save(const char* why);
+  std::vector<std::pair<std::string, int64_t>> peak_bytes() const;
+
+  TrainConfig config_;
+  std::string config_yaml_;
+  std::unique_ptr<models::CausalLM> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::LrSchedule> schedule_;
+  std::unique_ptr<DataLoader> train_data_;
+  std::unique_ptr<DataLoader> val_data_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<MetricsFile> metrics_;
+  std::unique_ptr<ConsoleReporter> console_;
+  Generator generator_;
+  int rank_ = 0;
+  int world_ = 1;
+  int64_t step_ = 0;
+  int64_t samples_consumed_ = 0;
+  double flops_per_token_ = 0.0;
+  double peak_flops_ = 0.0;
+  std::vector<StepRecord> history_;
+  std::string last_checkpoint_;
+  int64_t last_saved_step_ = -1;
+};
+
+// Note [MFU]: model flops per token of a training step (6 per matmul parameter, plus causal
+// attention's 12*L*T*C counted in full, as PaLM's appendix and llm.c do), and the device's
+// estimated peak: on the CPU, threads x clock (from /proc/cpuinfo) x f32 flops per cycle of the
+// widest FMA unit (32 with AVX2+FMA, 64 with AVX-512). An estimate for comparing runs on one
+// machine, not a hardware counter.
+double training_flops_per_token(const models::ModelShape& shape, int64_t seq_len);
+double estimated_peak_flops(const std::string& device);
+
+}  // namespace strata::tools

@@ -1,0 +1,87 @@
+// generate: sample a continuation of a prompt from a checkpoint.
+//
+//   generate --checkpoint runs/tiny [--prompt "Once upon"] [--max-new-tokens 128]
+//            [--temperature 0.8] [--top-k 40] [--seed 0]
+//
+// --checkpoint is a checkpoint directory (runs/x/checkpoints/step_00000200) or a run directory
+// (then the checkpoint its `latest` names). The model, its overrides and the tokenizer come from
+// the checkpoint's config.yaml; tokenizer paths in it are relative to the working directory
+// (Note [Train config paths]). Prints the prompt followed by the continuation; sampling stops
+// early at the tokenizer's end-of-text token. No KV cache yet (tools/common/sampler.h).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "core/error.h"
+#include "models/registry.h"
+#include "tools/common/checkpoint.h"
+#include "tools/common/sampler.h"
+#include "tools/common/tokenizer.h"
+#include "tools/common/train_config.h"
+
+namespace strata::tools {
+namespace {
+
+struct Args {
+  std::string checkpoint;
+  std::string prompt;
+  SampleOptions sample;
+};
+
+int run(const Args& args) {
+  const std::string dir = resolve_checkpoint(args.checkpoint);
+  const TrainConfig cfg = load_train_config(checkpoint_config_path(dir));
+  models::ModelOptions options;
+  options.seed = cfg.run.seed;
+  options.overrides = cfg.model.config;
+  std::unique_ptr<models::CausalLM> model =
+      models::ModelRegistry::global().create(cfg.model.name, options);
+  load_checkpoint(dir, *model, nullptr, cfg.model.name);
+
+  std::unique_ptr<Tokenizer> tok =
+      make_tokenizer(cfg.data.tokenizer, cfg.data.vocab, cfg.data.merges);
+  if (tok->vocab_size() > model->vocab_size())
+    user_error(
+        "{}: tokenizer '{}' has {} tokens but the model only {}; data.tokenizer and "
+        "model.config.vocab_size disagree",
+        checkpoint_config_path(dir), tok->name(), tok->vocab_size(), model->vocab_size());
+  std::vector<int32_t> ids = tok->encode(args.prompt);
+  if (ids.empty()) {
+    if (tok->eot_token() < 0)
+      user_error(
+          "the '{}' tokenizer has no end-of-text token to start from: give a non-empty --prompt",
+          tok->name());
+    ids.push_back(tok->eot_token());  // GPT-2's convention for unconditional samples
+  }
+  SampleOptions o = args.sample;
+  o.stop_token = tok->eot_token();
+  std::vector<int32_t> out = sample(*model, ids, o);
+  std::cout << args.prompt << tok->decode(out) << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::tools
+
+int main(int argc, char** argv) {
+  strata::tools::Args args;
+  CLI::App app{"Sample a continuation of a prompt from a Strata checkpoint."};
+  app.add_option("--checkpoint", args.checkpoint,
+                 "checkpoint directory, or run directory (then its latest checkpoint)")
+      ->required();
+  app.add_option("--prompt", args.prompt, "text to continue (default: start from end-of-text)");
+  app.add_option("--max-new-tokens", args.sample.max_new_tokens, "tokens to generate")
+      ->capture_default_str();
+  app.add_option("--temperature", args.sample.temperature, "softmax temperature; 0 = greedy")
+      ->capture_default_str();
+  app.add_option("--top-k", args.sample.top_k, "sample among the k most likely tokens; 0 = all")
+      ->capture_default_str();
+  app.add_option("--seed", args.sample.seed, "sampling seed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return strata::tools::run(args);
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "generate: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,69 @@
+// train: trains a model from a YAML config (docs/config.md).
+//
+//   train --config configs/default.yaml [--set optimizer.lr=1e-3 ...] [--print-config]
+//
+// Exit status: 0 finished, 1 bad input (config, data, checkpoint, run directory — the message
+// names the file and what to fix), 2 internal error, 130 interrupted (a checkpoint was written;
+// the same command resumes).
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tools/common/train_config.h"
+#include "tools/common/trainer.h"
+
+namespace {
+
+extern "C" void on_signal(int sig) {
+  strata::tools::Trainer::request_stop();
+  // A second signal ends the process at once (Note [Interrupts] in tools/common/trainer.h).
+  std::signal(sig, SIG_DFL);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Strata: train a GPT-style model from a YAML config (see docs/config.md)", "train"};
+  std::string config_path;
+  std::vector<std::string> sets;
+  bool print_config = false;
+  app.add_option("-c,--config", config_path, "the YAML config file")->required();
+  app.add_option("--set", sets, "override a config key, e.g. --set optimizer.lr=3e-4 (repeatable)")
+      ->take_all();
+  app.add_flag("--print-config", print_config, "print the fully resolved config and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    strata::tools::TrainConfig config = strata::tools::load_train_config(config_path, sets);
+    if (print_config) {
+      fmt::print("{}", strata::tools::to_yaml(config));
+      return 0;
+    }
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    strata::tools::Trainer trainer(std::move(config));
+    auto outcome = trainer.run();
+    if (outcome == strata::tools::Trainer::Outcome::Interrupted) {
+      fmt::print(stderr,
+                 "train: interrupted at step {}; checkpoint {} written; run the same "
+                 "command again to resume\n",
+                 trainer.step(), trainer.last_checkpoint());
+      return 130;
+    }
+    return 0;
+  } catch (const strata::UserError& e) {
+    fmt::print(stderr, "train: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "train: internal error: {}\n", e.what());
+    return 2;
+  }
+}

@@ -1,5 +1,7 @@
 #include "tensor/safetensors.h"
 
+#include "core/atomic_file.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -163,20 +165,7 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
   return out;
 }
 
-namespace {
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) user_error("{}: write failed ({})", path, std::strerror(errno));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -202,33 +191,12 @@ void save_safetensors(const std::string& path,
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t len = text.size();
 
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) user_error("{}: cannot create ({})", tmp, std::strerror(errno));
-  try {
-    write_all(fd, &len, 8, tmp);
-    write_all(fd, text.data(), text.size(), tmp);
-    for (const Tensor& h : host)
-      if (h.nbytes() > 0) write_all(fd, h.data_ptr(), h.nbytes(), tmp);
-    if (::fsync(fd) != 0) user_error("{}: fsync failed ({})", tmp, std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    user_error("{}: cannot rename {} into place ({})", path, tmp, std::strerror(err));
-  }
-  // Make the rename itself durable.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  AtomicFile file(path);  // Note [Atomic files]
+  file.write(&len, 8);
+  file.write(text.data(), text.size());
+  for (const Tensor& h : host)
+    if (h.nbytes() > 0) file.write(h.data_ptr(), h.nbytes());
+  file.commit();
 }
 
 }  // namespace strata::tensor

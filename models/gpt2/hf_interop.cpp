@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "models/gpt2/gpt2.h"
 #include "tensor/ops.h"
@@ -76,35 +77,7 @@ void require_gpt2(const CausalLM& model, const std::string& path, std::string_vi
 
 // Writes `text` to `path` via a temporary file, fsync and rename (DESIGN.md decision 12).
 void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) user_error("{}: cannot create ({})", tmp, std::strerror(errno));
-  const char* p = text.data();
-  size_t n = text.size();
-  bool ok = true;
-  while (ok && n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) ok = false;
-    if (ok) {
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-  if (ok) ok = ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = ok ? errno : err;
-    ::unlink(tmp.c_str());
-    user_error("{}: cannot write ({})", path, std::strerror(e));
-  }
-  const std::string dir = fs::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  write_file_atomically(path, text);  // Note [Atomic files]
 }
 
 }  // namespace

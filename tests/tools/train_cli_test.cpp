@@ -266,6 +266,10 @@ std::vector<BadCase> bad_cases() {
   cases.push_back({"LowPrecisionOnCpu",
                    replace("  seed: 3", "  seed: 3\n  dtype: bf16"),
                    {"{config}", "bf16"}});
+  // Without a visible GPU (CI, this machine) the message says so; with one, that GPU training
+  // is not wired into `train` yet. Either way: the config file, "cuda", exit 1.
+  cases.push_back(
+      {"CudaRequested", replace("  seed: 3", "  seed: 3\n  device: cuda"), {"{config}", "cuda"}});
   cases.push_back({"TruncatedCheckpoint",
                    [](const Env& e) {
                      previous_run(e);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "tensor/safetensors.h"
 
@@ -49,29 +50,7 @@ void fsync_path(const std::string& path, bool directory) {
 
 // Writes `text` to `path` through a temporary file, fsync and rename.
 void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) user_error("{}: cannot create ({})", tmp, std::strerror(errno));
-  const char* p = text.data();
-  size_t n = text.size();
-  int err = 0;
-  while (n > 0 && err == 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      err = w < 0 ? errno : EIO;
-    } else {
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  ::close(fd);
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    user_error("{}: cannot write ({})", path, std::strerror(err));
-  }
+  write_file_atomically(path, text);  // Note [Atomic files]
 }
 
 std::string read_text(const std::string& path) {

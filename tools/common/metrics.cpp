@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace strata::tools {
@@ -42,18 +43,9 @@ MetricsFile::MetricsFile(const std::string& path, int64_t keep_through) : path_(
       if (j["step"].get<int64_t>() <= keep_through) kept.push_back(line);
     }
   }
-  std::string tmp = path + ".tmp";
-  {
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    if (!f) user_error("cannot write the metrics file {}: {}", tmp, std::strerror(errno));
-    for (const auto& l : kept) std::fprintf(f, "%s\n", l.c_str());
-    std::fflush(f);
-    ::fsync(fileno(f));
-    std::fclose(f);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    user_error("cannot replace the metrics file {}: {}", path, std::strerror(errno));
-  }
+  std::string text;
+  for (const auto& l : kept) text += l + "\n";
+  write_file_atomically(path, text);  // Note [Atomic files]
   file_ = std::fopen(path.c_str(), "a");
   if (!file_) user_error("cannot append to the metrics file {}: {}", path, std::strerror(errno));
 }

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace strata::tools {
@@ -108,22 +109,7 @@ void TokenShard::unmap() {
   tokens_ = nullptr;
 }
 
-namespace {
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      user_error("{}: write failed ({})", path, std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void write_token_shard(const std::string& path, std::span<const uint16_t> tokens,
                        int32_t vocab_size) {
@@ -139,32 +125,10 @@ void write_token_shard(const std::string& path, std::span<const uint16_t> tokens
   header[2] = static_cast<int32_t>(tokens.size());
   header[3] = vocab_size;
 
-  // Same directory as the target so the rename stays on one filesystem.
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) user_error("{}: cannot create ({})", tmp, std::strerror(errno));
-  try {
-    write_all(fd, header.data(), sizeof(header), tmp);
-    write_all(fd, tokens.data(), tokens.size_bytes(), tmp);
-    if (::fsync(fd) != 0) user_error("{}: fsync failed ({})", tmp, std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    user_error("{}: cannot rename {} into place ({})", path, tmp, std::strerror(err));
-  }
-  // Make the rename itself durable.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  AtomicFile file(path);  // Note [Atomic files]
+  file.write(header.data(), sizeof(header));
+  file.write(tokens.data(), tokens.size_bytes());
+  file.commit();
 }
 
 }  // namespace strata::tools

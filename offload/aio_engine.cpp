@@ -21,6 +21,7 @@ struct IoState {
   size_t bytes = 0;
   AioEngine::Hook finalize;
   AioEngine::Hook on_complete;
+  AioEngine::ChunkHook on_chunk;  // read-only while chunks run; dropped with the last one
 
   void fail(std::string msg) {
     std::lock_guard<std::mutex> lock(mu);
@@ -32,6 +33,9 @@ struct IoState {
     if (--pending > 0) return false;
     const bool ok = error.empty();
     AioEngine::Hook hook = std::move(on_complete);
+    // Every chunk ran its hook before counting itself done, so none is running it now; dropping
+    // it frees what it holds (bounce buffers) as soon as the request completes.
+    AioEngine::ChunkHook chunk_hook = std::move(on_chunk);
     lock.unlock();
     if (hook) hook(ok);
     lock.lock();
@@ -153,12 +157,14 @@ void AioEngine::set_fault_injector(FaultInjector f) {
   injector_ = f ? std::make_shared<const FaultInjector>(std::move(f)) : nullptr;
 }
 
-IoHandle AioEngine::submit(std::span<const IoOp> ops, Hook finalize, Hook on_complete) {
+IoHandle AioEngine::submit(std::span<const IoOp> ops, Hook finalize, Hook on_complete,
+                           ChunkHook on_chunk) {
   IoHandle h;
   h.st_ = std::make_shared<detail::IoState>();
   auto& st = *h.st_;
   st.finalize = std::move(finalize);
   st.on_complete = std::move(on_complete);
+  st.on_chunk = std::move(on_chunk);
   std::vector<Chunk*> chunks;
   for (const IoOp& op : ops) {
     st.bytes += op.len;
@@ -167,12 +173,14 @@ IoHandle AioEngine::submit(std::span<const IoOp> ops, Hook finalize, Hook on_com
       part.buf = static_cast<char*>(op.buf) + at;
       part.len = std::min(config_.block_size, op.len - at);
       part.offset = op.offset + at;
+      part.pos = op.pos + at;
       chunks.push_back(new Chunk{h.st_, std::move(part)});
     }
   }
   st.pending = static_cast<int64_t>(chunks.size());
   if (chunks.empty()) {
     st.done = true;
+    st.on_chunk = nullptr;
     if (st.on_complete) std::exchange(st.on_complete, nullptr)(true);
     return h;
   }
@@ -194,12 +202,12 @@ void AioEngine::worker(Queue& q) {
   const size_t depth = static_cast<size_t>(config_.queue_depth);
   size_t inflight = 0;
   std::vector<Chunk*> batch;
-  std::vector<std::pair<Chunk*, long>> done;
+  std::vector<std::pair<Chunk*, long>> done;  // reaped, not yet acted on
   for (;;) {
     batch.clear();
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (inflight == 0) {
+      if (inflight == 0 && done.empty()) {
         work_cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
         if (pending_.empty()) return;  // stopping, nothing left
       }
@@ -217,13 +225,13 @@ void AioEngine::worker(Queue& q) {
     }
     if (!config_.single_submit && !batch.empty()) q.submit();
     inflight += batch.size();
-    if (inflight == 0) continue;
+    // The slots those completions freed are refilled above before their hooks (checksums) run
+    // here: the device keeps the full queue depth while this thread works. See Note [AIO engine].
+    for (auto& [c, res] : done) complete(c, res);
     done.clear();
+    if (inflight == 0) continue;
     q.reap(config_.overlap_events ? 1 : static_cast<int>(inflight), done);
-    for (auto& [c, res] : done) {
-      --inflight;
-      complete(c, res);
-    }
+    inflight -= done.size();
   }
 }
 
@@ -257,6 +265,7 @@ void AioEngine::complete(Chunk* c, long res) {
                                  op.path, op.offset, op.len));
     } else {
       // Resubmit the remainder; it stays one chunk of its request.
+      c->done += static_cast<size_t>(res);
       c->op.buf = static_cast<char*>(c->op.buf) + res;
       c->op.len -= static_cast<size_t>(res);
       c->op.offset += static_cast<uint64_t>(res);
@@ -266,6 +275,18 @@ void AioEngine::complete(Chunk* c, long res) {
       }
       work_cv_.notify_one();
       return;
+    }
+  }
+  const bool whole = res >= 0 && static_cast<size_t>(res) == op.len;
+  if (whole && c->st->on_chunk) {
+    // The hook sees the chunk as it was cut, not the remainder of its last resubmission.
+    c->op.buf = static_cast<char*>(c->op.buf) - c->done;
+    c->op.len += c->done;
+    c->op.offset -= c->done;
+    try {
+      c->st->on_chunk(c->op);
+    } catch (const std::exception& e) {
+      c->st->fail(e.what());
     }
   }
   c->st->chunk_done();

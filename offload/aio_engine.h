@@ -9,7 +9,11 @@
 // ones interleave. `single_submit` submits each chunk with its own syscall instead of one per
 // batch; `overlap_events` refills the queue as each completion arrives instead of draining the
 // whole batch first (DeepSpeed's `aio` section, same names and meaning). A request completes
-// when its last chunk does; the caller waits on or polls its IoHandle. A short transfer is
+// when its last chunk does; the caller waits on or polls its IoHandle. A request may carry a
+// per-chunk hook, run on the worker thread as each chunk's data has fully landed (NvmeStore
+// verifies or computes block checksums there, overlapped with the chunks still in flight). A
+// worker refills its queue with new chunks before it runs the hooks of the ones it reaped, so
+// hook work never leaves the device with less than the queue depth. A short transfer is
 // resubmitted for the remainder; a transfer of zero bytes (reading past the end of a truncated
 // file, writing to a full disk) or a negative result is an error naming the path and offset.
 #include <condition_variable>
@@ -50,6 +54,10 @@ struct IoOp {
   size_t len = 0;
   uint64_t offset = 0;
   std::string path;  // for error messages
+  // The caller's own position of buf in its request (NvmeStore: the offset in its buffer). The
+  // engine keeps it for every chunk (pos + the chunk's offset in the op), so a chunk hook can
+  // tell which part of the request landed wherever the bytes were staged.
+  size_t pos = 0;
 };
 
 namespace detail {
@@ -80,13 +88,19 @@ class AioEngine {
   // Run once per request: `on_complete` on the worker thread as soon as it completes (keep it
   // cheap), `finalize` on the thread that first waits on or polls it (checksums, copies).
   using Hook = std::function<void(bool ok)>;
+  // Run on a worker thread once per chunk whose whole transfer succeeded, with the chunk as it
+  // was cut (before any short-transfer resubmission), before its request can complete. Chunks of
+  // one request may run it concurrently when intra_op_parallelism > 1. Throwing fails the
+  // request with the exception's message (raised by wait()/poll()).
+  using ChunkHook = std::function<void(const IoOp& chunk)>;
 
   explicit AioEngine(const AioConfig& config);
   ~AioEngine();  // completes everything in flight
   AioEngine(const AioEngine&) = delete;
   AioEngine& operator=(const AioEngine&) = delete;
 
-  IoHandle submit(std::span<const IoOp> ops, Hook finalize = {}, Hook on_complete = {});
+  IoHandle submit(std::span<const IoOp> ops, Hook finalize = {}, Hook on_complete = {},
+                  ChunkHook on_chunk = {});
   // Blocks until nothing is queued or in flight.
   void drain();
 

@@ -11,7 +11,8 @@ namespace strata::offload {
 
 struct AioEngine::Chunk {
   std::shared_ptr<detail::IoState> st;
-  IoOp op;
+  IoOp op;           // what is left to transfer
+  size_t done = 0;   // bytes already transferred by short transfers before this resubmission
 };
 
 class AioEngine::Queue {

@@ -38,6 +38,37 @@ std::atomic<int> g_store_counter{0};
 
 }  // namespace
 
+// Note [Checksums overlap the I/O]
+// Summing a 1 MiB block takes ~0.1-0.2 ms on one core, close to the time the device needs to move
+// it, so summing or verifying a whole buffer before submitting or after completing would cost up
+// to half the bandwidth. Instead the engine runs a per-chunk hook on its worker thread
+// (Note [AIO engine]) and BlockProgress counts each block's bytes down as chunks land; the chunk
+// that completes a block sums (write) or verifies (read) it there, while the queue, refilled
+// first, keeps the device busy. A write's sums are published to its extent when the write
+// completes; a read's mismatch fails its handle, so wait()/poll() raise it as before.
+struct NvmeStore::BlockProgress {
+  BlockProgress(size_t bytes, size_t bb)
+      : bb_(bb), n_((bytes + bb - 1) / bb), left_(new std::atomic<size_t>[n_]), sums(n_) {
+    for (size_t i = 0; i < n_; ++i) left_[i].store(std::min(bytes, (i + 1) * bb) - i * bb);
+  }
+  // Bytes [lo, hi) of the request have landed; runs done(i) for each block they complete.
+  template <class F>
+  void landed(size_t lo, size_t hi, F&& done) {
+    for (size_t i = lo / bb_; i < n_ && i * bb_ < hi; ++i) {
+      const size_t n = std::min(hi, (i + 1) * bb_) - std::max(lo, i * bb_);
+      // acq_rel: the thread that completes a block sees the bytes other chunks copied into it.
+      if (left_[i].fetch_sub(n, std::memory_order_acq_rel) == n) done(i);
+    }
+  }
+
+ private:
+  size_t bb_, n_;
+  std::unique_ptr<std::atomic<size_t>[]> left_;
+
+ public:
+  std::vector<uint64_t> sums;  // write: filled per block as it completes
+};
+
 NvmeStore::NvmeStore(NvmeConfig config, MemoryStats* stats)
     : config_(std::move(config)), stats_(stats) {
   if (config_.paths.empty())
@@ -233,7 +264,7 @@ static void plan_range(const std::vector<uint64_t>& blocks, size_t bb,
         static_cast<char*>(last->buf) + last->len == buf + (at - start)) {
       last->len += n;
     } else {
-      ops.push_back(IoOp{fds[f], write, buf + (at - start), n, off, paths[f]});
+      ops.push_back(IoOp{fds[f], write, buf + (at - start), n, off, paths[f], at});
     }
     at += n;
   }
@@ -258,11 +289,6 @@ IoHandle NvmeStore::write(const Block& dst, const void* src, size_t bytes) {
   STRATA_CHECK(bytes <= e->bytes, "writing {} bytes into a {} byte NVMe buffer", bytes, e->bytes);
   check_files();
   const size_t bb = config_.block_bytes;
-  std::vector<uint64_t> sums;
-  if (config_.checksum) {
-    for (size_t at = 0; at < bytes; at += bb)
-      sums.push_back(checksum64(static_cast<const char*>(src) + at, std::min(bb, bytes - at)));
-  }
   char* data = const_cast<char*>(static_cast<const char*>(src));  // only read by the kernel
   std::vector<IoOp> ops;
   std::shared_ptr<char> bounce;
@@ -283,19 +309,38 @@ IoHandle NvmeStore::write(const Block& dst, const void* src, size_t bytes) {
   } else {
     ops = plan(*e, data, bytes, true);
   }
+  uint64_t gen = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    e->sums = std::move(sums);
+    gen = ++e->generation;
+    e->sums.clear();  // until this write completes, its blocks have no checksum to verify
     e->written = bytes;
     e->lost.clear();
   }
-  auto on_complete = [this, e](bool ok) {
-    if (ok) return;
+  // See Note [Checksums overlap the I/O]: each block is summed (from src, which the caller keeps
+  // unchanged until completion) as soon as the chunks covering it are on disk.
+  std::shared_ptr<BlockProgress> progress;
+  AioEngine::ChunkHook on_chunk;
+  if (config_.checksum) {
+    progress = std::make_shared<BlockProgress>(bytes, bb);
+    on_chunk = [progress, src = static_cast<const char*>(src), bytes, bb](const IoOp& c) {
+      progress->landed(c.pos, std::min(c.pos + c.len, bytes), [&](size_t i) {
+        const size_t lo = i * bb, hi = std::min(bytes, lo + bb);
+        progress->sums[i] = checksum64(src + lo, hi - lo);
+      });
+    };
+  }
+  auto on_complete = [this, e, gen, progress](bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
-    e->lost = "its last swap-out failed (see the error that write reported)";
+    if (e->generation != gen) return;  // a later write to the same buffer owns its state now
+    if (!ok) {
+      e->lost = "its last swap-out failed (see the error that write reported)";
+      return;
+    }
+    if (progress) e->sums = std::move(progress->sums);
   };
   return engine_->submit(
-      ops, [bounce](bool) {}, on_complete);
+      ops, [bounce](bool) {}, on_complete, std::move(on_chunk));
 }
 
 IoHandle NvmeStore::read(const Block& src, void* dst, size_t bytes) {
@@ -338,22 +383,31 @@ IoHandle NvmeStore::read(const Block& src, void* dst, size_t bytes) {
     const uint64_t g = e->blocks[i];
     where.emplace_back(file_paths_[g % files_.size()], (g / files_.size()) * bb);
   }
-  auto finalize = [out, bytes, bounce, copy_from, sums = std::move(sums), written, bb,
-                   where = std::move(where)](bool ok) {
-    if (!ok) return;
-    if (bounce) std::memcpy(out + copy_from, bounce.get(), bytes - copy_from);
-    for (size_t i = 0; i < sums.size(); ++i) {
-      const size_t lo = i * bb, hi = std::min(written, lo + bb);
-      if (hi > bytes) break;  // the read did not cover this whole block
-      if (checksum64(out + lo, hi - lo) != sums[i])
+  if (!bounce && sums.empty()) return engine_->submit(ops);
+  // See Note [Checksums overlap the I/O]: staged bytes are copied out and each block verified on
+  // the engine's thread as soon as its chunks have landed, while the rest are still in flight.
+  std::shared_ptr<BlockProgress> progress;
+  if (!sums.empty()) progress = std::make_shared<BlockProgress>(bytes, bb);
+  auto on_chunk = [out, bytes, bounce, copy_from, progress, sums = std::move(sums), written, bb,
+                   where = std::move(where)](const IoOp& c) {
+    const size_t lo = c.pos, hi = std::min(c.pos + c.len, bytes);
+    if (lo >= hi) return;  // only the padding of the last page
+    if (bounce && lo >= copy_from)  // staged: [0, copy_from) was read in place
+      std::memcpy(out + lo, bounce.get() + (lo - copy_from), hi - lo);
+    if (!progress) return;
+    progress->landed(lo, hi, [&](size_t i) {
+      if (i >= sums.size()) return;
+      const size_t b_lo = i * bb, b_hi = std::min(written, b_lo + bb);
+      if (b_hi > bytes) return;  // the read did not cover this whole block
+      if (checksum64(out + b_lo, b_hi - b_lo) != sums[i])
         user_error(
             "checksum mismatch reading {} at offset {} ({} bytes): the data on disk is "
             "not what was written. The file was changed under Strata or the drive "
             "corrupted it",
-            where[i].first, where[i].second, hi - lo);
-    }
+            where[i].first, where[i].second, b_hi - b_lo);
+    });
   };
-  return engine_->submit(ops, finalize);
+  return engine_->submit(ops, {}, {}, std::move(on_chunk));
 }
 
 }  // namespace strata::offload

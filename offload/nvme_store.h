@@ -17,7 +17,8 @@
 //
 // Note [Checksums and alignment]
 // With `checksum` on, write() records a 64-bit checksum (offload/checksum.h) of every block's
-// bytes before submitting, and read() verifies each block once its I/O completes, so a block
+// bytes and read() verifies each block once its I/O completes (Note [Checksums overlap the I/O]
+// in nvme_store.cpp says when and where), so a block
 // that was overwritten, truncated or torn on disk is an error naming the file and offset, never
 // silently wrong data. The table lives in memory: the files are scratch, not a format. Under
 // O_DIRECT, 4 KiB-aligned caller buffers are transferred in place except for a size's last
@@ -79,11 +80,13 @@ class NvmeStore final : public Allocator {
   struct Extent {
     std::vector<uint64_t> blocks;
     std::vector<uint64_t> sums;  // per block, valid once written
-    size_t written = 0;          // bytes the last completed write covered
+    size_t written = 0;          // bytes the last write covered
+    uint64_t generation = 0;     // writes submitted so far; a write's completion checks it
     std::string lost;            // why the contents are gone (a failed write), if they are
     Category category;
     size_t bytes;
   };
+  struct BlockProgress;  // see Note [Checksums overlap the I/O]
   struct File {
     int fd = -1;
     std::string path;

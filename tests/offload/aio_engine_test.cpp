@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "core/error.h"
 #include "offload_test_util.h"
@@ -145,6 +147,60 @@ TEST_P(AioEngineTest, ShortTransfersAreResumedAndZeroIsAnError) {
     EXPECT_NE(std::string(e.what()).find("short read"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(path_), std::string::npos) << e.what();
   }
+}
+
+// The chunk hook sees every chunk of a request once, as it was cut (positions carried from the
+// op, short transfers folded back), with its data landed, before the request completes; a hook
+// that throws fails the request with its message.
+TEST_P(AioEngineTest, ChunkHookSeesEveryChunkOnceBeforeCompletion) {
+  AioConfig c = config();
+  c.intra_op_parallelism = 2;
+  AioEngine engine(c);
+  AlignedBuf a(256 * 1024), b(256 * 1024);
+  auto bytes = testing::random_bytes(a.n, 11);
+  std::memcpy(a.p, bytes.data(), a.n);
+  IoOp w{fd_, true, a.p, a.n, 0, path_};
+  engine.submit({&w, 1}).wait();
+  std::atomic<int> calls{0};
+  engine.set_fault_injector([&](const IoOp& op, long res) {
+    if (calls++ % 3 == 0 && res > 8192) return static_cast<long>(op.len / 2 / 4096 * 4096);
+    return res;
+  });
+  std::mutex mu;
+  std::vector<std::pair<size_t, size_t>> seen;  // pos, len
+  bool data_ok = true;
+  // Two ops of one request: the hook's pos is the caller's, not the offset in the file.
+  IoOp r[2] = {{fd_, false, b.p, 96 * 1024, 0, path_, 1000},
+               {fd_, false, b.p + 96 * 1024, 160 * 1024, 96 * 1024, path_, 1000 + 96 * 1024}};
+  IoHandle h = engine.submit({r, 2}, {}, {}, [&](const IoOp& chunk) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(chunk.pos, chunk.len);
+    const size_t at = static_cast<char*>(chunk.buf) - b.p;
+    EXPECT_EQ(chunk.pos, 1000 + at);
+    EXPECT_EQ(chunk.offset, at);
+    data_ok = data_ok && std::memcmp(a.p + at, b.p + at, chunk.len) == 0;
+  });
+  h.wait();
+  std::sort(seen.begin(), seen.end());
+  size_t next = 1000;
+  for (auto [pos, len] : seen) {
+    EXPECT_EQ(pos, next);
+    EXPECT_LE(len, c.block_size);
+    next = pos + len;
+  }
+  EXPECT_EQ(next, 1000 + b.n);
+  EXPECT_TRUE(data_ok);
+  engine.set_fault_injector(nullptr);
+  IoHandle bad = engine.submit({r, 1}, {}, {}, [](const IoOp& chunk) {
+    if (chunk.pos > 1000) user_error("chunk at {} rejected", chunk.pos);
+  });
+  try {
+    bad.wait();
+    FAIL() << "expected the hook's error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("rejected"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(bad.poll(), UserError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, AioEngineTest, ::testing::ValuesIn(testing::engine_kinds()),

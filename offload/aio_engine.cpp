@@ -141,6 +141,7 @@ AioEngine::AioEngine(const AioConfig& config) : config_(config), kind_(config.en
     kind_ = IoEngineKind::Libaio;
   }
   for (auto& q : queues_) threads_.emplace_back([this, qp = q.get()] { worker(*qp); });
+  hook_thread_ = std::thread([this] { hook_loop(); });
 }
 
 AioEngine::~AioEngine() {
@@ -150,6 +151,13 @@ AioEngine::~AioEngine() {
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
+  // Workers are gone, so no hook is queued after this; the hook thread runs what is left.
+  {
+    std::lock_guard<std::mutex> lock(hook_mu_);
+    hook_stop_ = true;
+  }
+  hook_cv_.notify_all();
+  hook_thread_.join();
 }
 
 void AioEngine::set_fault_injector(FaultInjector f) {
@@ -199,6 +207,7 @@ void AioEngine::drain() {
 }
 
 void AioEngine::worker(Queue& q) {
+  q.start();
   const size_t depth = static_cast<size_t>(config_.queue_depth);
   size_t inflight = 0;
   std::vector<Chunk*> batch;
@@ -225,8 +234,7 @@ void AioEngine::worker(Queue& q) {
     }
     if (!config_.single_submit && !batch.empty()) q.submit();
     inflight += batch.size();
-    // The slots those completions freed are refilled above before their hooks (checksums) run
-    // here: the device keeps the full queue depth while this thread works. See Note [AIO engine].
+    // The slots those completions freed are refilled above before they are acted on.
     for (auto& [c, res] : done) complete(c, res);
     done.clear();
     if (inflight == 0) continue;
@@ -283,12 +291,36 @@ void AioEngine::complete(Chunk* c, long res) {
     c->op.buf = static_cast<char*>(c->op.buf) - c->done;
     c->op.len += c->done;
     c->op.offset -= c->done;
+    {
+      std::lock_guard<std::mutex> lock(hook_mu_);
+      hooks_.push_back(c);
+    }
+    hook_cv_.notify_one();
+    return;
+  }
+  finish(c);
+}
+
+void AioEngine::hook_loop() {
+  for (;;) {
+    Chunk* c = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(hook_mu_);
+      hook_cv_.wait(lock, [&] { return hook_stop_ || !hooks_.empty(); });
+      if (hooks_.empty()) return;  // stopping, nothing left
+      c = hooks_.front();
+      hooks_.pop_front();
+    }
     try {
       c->st->on_chunk(c->op);
     } catch (const std::exception& e) {
       c->st->fail(e.what());
     }
+    finish(c);
   }
+}
+
+void AioEngine::finish(Chunk* c) {
   c->st->chunk_done();
   delete c;
   bool idle = false;

@@ -10,10 +10,11 @@
 // batch; `overlap_events` refills the queue as each completion arrives instead of draining the
 // whole batch first (DeepSpeed's `aio` section, same names and meaning). A request completes
 // when its last chunk does; the caller waits on or polls its IoHandle. A request may carry a
-// per-chunk hook, run on the worker thread as each chunk's data has fully landed (NvmeStore
-// verifies or computes block checksums there, overlapped with the chunks still in flight). A
-// worker refills its queue with new chunks before it runs the hooks of the ones it reaped, so
-// hook work never leaves the device with less than the queue depth. A short transfer is
+// per-chunk hook, run as each chunk's data has fully landed (NvmeStore verifies or computes
+// block checksums there, overlapped with the chunks still in flight). Hooks run on the engine's
+// own hook thread, not on the workers: a worker that hashed 1 MiB between reaps would hold its
+// CPU, where the kernel also completes that worker's I/O, while another core sits idle. A short
+// transfer is
 // resubmitted for the remainder; a transfer of zero bytes (reading past the end of a truncated
 // file, writing to a full disk) or a negative result is an error naming the path and offset.
 #include <condition_variable>
@@ -85,13 +86,14 @@ class AioEngine {
   // Called on a worker thread with each chunk's result (bytes or -errno) before it is acted on;
   // returns the result to use. Tests inject I/O errors and short transfers with it.
   using FaultInjector = std::function<long(const IoOp& chunk, long result)>;
-  // Run once per request: `on_complete` on the worker thread as soon as it completes (keep it
-  // cheap), `finalize` on the thread that first waits on or polls it (checksums, copies).
+  // Run once per request: `on_complete` on the engine thread (a worker or the hook thread) that
+  // completes it, as soon as it does (keep it cheap); `finalize` on the thread that first waits
+  // on or polls it (copies).
   using Hook = std::function<void(bool ok)>;
-  // Run on a worker thread once per chunk whose whole transfer succeeded, with the chunk as it
-  // was cut (before any short-transfer resubmission), before its request can complete. Chunks of
-  // one request may run it concurrently when intra_op_parallelism > 1. Throwing fails the
-  // request with the exception's message (raised by wait()/poll()).
+  // Run on the hook thread once per chunk whose whole transfer succeeded, with the chunk as it
+  // was cut (before any short-transfer resubmission), before its request can complete. Hooks run
+  // one at a time, in completion order. Throwing fails the request with the exception's message
+  // (raised by wait()/poll()).
   using ChunkHook = std::function<void(const IoOp& chunk)>;
 
   explicit AioEngine(const AioConfig& config);
@@ -117,6 +119,8 @@ class AioEngine {
  private:
   void worker(Queue& q);
   void complete(Chunk* c, long res);
+  void finish(Chunk* c);  // counts a chunk done once its hook, if any, ran
+  void hook_loop();
 
   AioConfig config_;
   IoEngineKind kind_;
@@ -129,6 +133,11 @@ class AioEngine {
   int64_t outstanding_ = 0;  // chunks queued or in flight
   bool stop_ = false;
   std::shared_ptr<const FaultInjector> injector_;
+  std::mutex hook_mu_;
+  std::condition_variable hook_cv_;
+  std::deque<Chunk*> hooks_;  // landed chunks whose hook has not run yet; guarded by hook_mu_
+  bool hook_stop_ = false;
+  std::thread hook_thread_;
 };
 
 }  // namespace strata::offload

@@ -11,13 +11,15 @@ namespace strata::offload {
 
 struct AioEngine::Chunk {
   std::shared_ptr<detail::IoState> st;
-  IoOp op;           // what is left to transfer
-  size_t done = 0;   // bytes already transferred by short transfers before this resubmission
+  IoOp op;          // what is left to transfer
+  size_t done = 0;  // bytes already transferred by short transfers before this resubmission
 };
 
 class AioEngine::Queue {
  public:
   virtual ~Queue() = default;
+  // Called once on the worker thread that will own the queue, before its first prep.
+  virtual void start() {}
   // Adds the chunk to the submission queue without telling the kernel.
   virtual void prep(Chunk* c) = 0;
   // Hands everything prepared to the kernel.

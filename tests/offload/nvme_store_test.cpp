@@ -308,8 +308,7 @@ TEST_F(NvmeFaults, CorruptBlockNamedWhenChunksSpanBlocks) {
   ::close(fd);
   for (unsigned char* dst : {back.data(), misaligned}) {
     IoHandle h = store.read(early[0].first, dst, 600000);
-    expect_user_error([&] { h.wait(); },
-                      {"checksum mismatch", store.files()[0], "offset 393216"});
+    expect_user_error([&] { h.wait(); }, {"checksum mismatch", store.files()[0], "offset 393216"});
     expect_user_error([&] { h.poll(); }, {"checksum mismatch"});
   }
 }

@@ -29,7 +29,9 @@ std::shared_ptr<Node> root_node(const Variable& v, int& slot) {
 // to another input (add's backward returns g twice) or be a view of a live tensor. So the second
 // contribution is added in place only when the slot's storage is held by the slot alone (use
 // count 1, contiguous, whole storage); otherwise out of place. For GPT-2's tied embedding this
-// saves a vocabulary-sized allocation and a pass over it every step.
+// saves a vocabulary-sized allocation and a pass over it every step. Any float dtype takes the
+// in-place path: axpy_ rounds f32(b) + f32(g) once, the same bits add() gives
+// (Note [Low-precision ops]).
 void accumulate(std::vector<Tensor>& buffer, int slot, Tensor g) {
   if (!g.defined()) return;
   Tensor& b = buffer[slot];
@@ -37,14 +39,28 @@ void accumulate(std::vector<Tensor>& buffer, int slot, Tensor g) {
     b = std::move(g);
     return;
   }
+  STRATA_CHECK(b.dtype() == g.dtype(), "gradients of one tensor in two dtypes: {} and {}", b.str(),
+               g.str());
   const bool exclusive = b.storage().use_count() == 1 && b.is_contiguous() && b.offset() == 0 &&
-                         b.nbytes() == b.storage()->nbytes() && b.dtype() == DType::F32 &&
+                         b.nbytes() == b.storage()->nbytes() && is_floating(b.dtype()) &&
                          b.shape() == g.shape() && b.storage() != g.storage();
   if (exclusive) {
     tensor::axpy_(1.f, g, b);
   } else {
     b = tensor::add(b, g);
   }
+}
+
+// Note [Gradient dtypes]
+// A backward returns each input's gradient in that input's dtype (a bf16 activation gets a bf16
+// gradient), so a gradient slot never mixes dtypes and a leaf's gradient has the parameter's
+// dtype. Only AccumulateGrad crosses dtypes: it adds into a bound `grad` of any float dtype
+// (e.g. f32 master gradients) through axpy_. Checked here for every edge.
+void check_grad_dtype(const Node& from, const Edge& e, const Tensor& g) {
+  if (!g.defined()) return;
+  const DType want = e.node->output_meta[static_cast<size_t>(e.input_nr)].dtype;
+  STRATA_CHECK(g.dtype() == want, "'{}' backward returned a {} gradient for a {} input ({})",
+               from.name(), dtype_name(g.dtype()), dtype_name(want), g.str());
 }
 
 }  // namespace
@@ -99,6 +115,9 @@ void backward(const std::vector<Variable>& roots, const std::vector<Tensor>& gra
       g = tensor::ones(data.shape(), data.dtype(), data.device());
     }
     STRATA_CHECK(g.shape() == data.shape(), "root gradient {} for {}", g.str(), data.str());
+    // A caller's gradient (e.g. received from the next pipeline stage) takes the root's dtype
+    // (Note [Gradient dtypes]).
+    if (g.dtype() != data.dtype()) g = g.to(data.dtype());
     accumulate(buffer_of(node.get()), slot, g);
   }
 
@@ -131,7 +150,10 @@ void backward(const std::vector<Variable>& roots, const std::vector<Tensor>& gra
     for (size_t i = 0; i < n->next_edges.size(); ++i) {
       const Edge& e = n->next_edges[i];
       if (!e.node) continue;
-      if (i < out.size()) accumulate(buffer_of(e.node.get()), e.input_nr, std::move(out[i]));
+      if (i < out.size()) {
+        check_grad_dtype(*n, e, out[i]);
+        accumulate(buffer_of(e.node.get()), e.input_nr, std::move(out[i]));
+      }
       if (--deps[e.node.get()] == 0) {
         deps[e.node.get()] = -1;
         ready.push(e.node.get());

@@ -64,6 +64,8 @@ Variable permute(const Variable& x, const std::vector<int>& dims);
 Variable narrow(const Variable& x, int dim, int64_t start, int64_t length);
 Variable slice(const Variable& x, int dim, int64_t start, int64_t end, int64_t step = 1);
 Variable contiguous(const Variable& x);
+// Casts between float dtypes; the gradient is cast back (Note [Low-precision ops]).
+Variable to(const Variable& x, DType dtype);
 Variable concat(const std::vector<Variable>& xs, int dim);
 std::vector<Variable> split(const Variable& x, const std::vector<int64_t>& sizes, int dim);
 

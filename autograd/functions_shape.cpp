@@ -42,6 +42,7 @@ Variable max(const Variable& x, int dim, bool keepdim) {
   Tensor idx = r.indices;
   Tensor values = keepdim ? r.values : r.values.squeeze(dim);
   Device dev = x.device();
+  DType dt = x.dtype();
   return make_output("Max", values, {x}, [=](const std::vector<Tensor>& g) {
     // Scatter to the argmax on the host: max is not on any hot path.
     Tensor gk = (keepdim ? g[0] : g[0].unsqueeze(dim)).contiguous();
@@ -55,7 +56,7 @@ Variable max(const Variable& x, int dim, bool keepdim) {
       int64_t outer = static_cast<int64_t>(i) / inner, in = static_cast<int64_t>(i) % inner;
       dx[(outer * n + iv[i]) * inner + in] += gv[i];
     }
-    return std::vector<Tensor>{tops::from_vector(dx, s).to(dev)};
+    return std::vector<Tensor>{tops::from_vector(dx, s, dt).to(dev)};
   });
 }
 
@@ -112,6 +113,18 @@ Variable slice(const Variable& x, int dim, int64_t start, int64_t end, int64_t s
                        view.copy_(g[0]);
                        return std::vector<Tensor>{dx};
                      });
+}
+
+Variable to(const Variable& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  STRATA_CHECK(is_floating(dtype) && is_floating(x.dtype()),
+               "autograd::to converts between float dtypes, not {} -> {}", x.data().str(),
+               dtype_name(dtype));
+  DType from = x.dtype();
+  // The gradient goes back in the input's dtype (Note [Gradient dtypes]).
+  return make_output("To", x.data().to(dtype), {x}, [from](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{g[0].to(from)};
+  });
 }
 
 Variable contiguous(const Variable& x) {

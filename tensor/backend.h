@@ -6,12 +6,13 @@
 // The op layer (tensor/ops.h) validates shapes and dtypes, allocates outputs, and makes inputs
 // contiguous unless a method says it takes any layout. A backend method therefore receives
 // well-formed arguments on its own device: outputs are allocated, contiguous and of the documented
-// shape. Unless noted, float tensors are F32. Methods must be deterministic: the same inputs and
-// thread count give the same bits on every run (no order-dependent atomics; reductions split the
-// same way every run), which is what bitwise resume needs. Strata's own CPU kernels go further
-// and give the same bits whatever the thread count; the oneDNN GEMM does not promise that across
-// thread counts (Note [Matmul determinism] in tensor/cpu/matmul.cpp). Backward methods write (not
-// accumulate) their outputs unless they say so.
+// shape. Float tensors are F32, BF16 or F16 as Note [Low-precision ops] (tensor/ops.h) says: one
+// compute dtype per call, with the F32-only tensors it lists. Methods must be deterministic: the
+// same inputs and thread count give the same bits on every run (no order-dependent atomics;
+// reductions split the same way every run), which is what bitwise resume needs. Strata's own CPU
+// kernels go further and give the same bits whatever the thread count; the oneDNN GEMM does not
+// promise that across thread counts (Note [Matmul determinism] in tensor/cpu/matmul.cpp). Backward
+// methods write (not accumulate) their outputs unless they say so.
 #include <vector>
 
 #include "core/rng.h"
@@ -44,7 +45,8 @@ class Backend {
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // out = alpha * x + beta (x any layout).
   virtual void affine(const Tensor& x, float alpha, float beta, Tensor& out) = 0;
-  // y += alpha * x (contiguous, same shape). The accumulation primitive of autograd.
+  // y += alpha * x (contiguous, same shape; x and y any float dtypes, mixed). The accumulation
+  // primitive of autograd.
   virtual void axpy(float alpha, const Tensor& x, Tensor& y) = 0;
   virtual void unary(UnaryOp op, const Tensor& x, Tensor& out) = 0;
   // dx = dy * d op(x)/dx.
@@ -69,7 +71,7 @@ class Backend {
   // out = alpha * op(a) @ op(b) + beta * out, op = transpose of the last two dims when asked.
   // a: [..., M, K] (or [..., K, M] if trans_a), b: [..., K, N] (or [..., N, K]) or 2-D (shared
   // across the batch), out: [..., M, N]. Batch dims of a and out are equal; b's are equal or
-  // absent. F32 everywhere, or BF16 a/b with F32 or BF16 out where supported.
+  // absent. a and b share a dtype (F32, BF16, F16); out has it or is F32.
   virtual void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
                       float alpha, float beta) = 0;
 

@@ -1,6 +1,8 @@
 #include "tensor/ops.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <string>
 
 namespace strata::tensor {
 
@@ -21,8 +23,28 @@ void require_float(const Tensor& t, const char* op) {
   STRATA_CHECK(is_floating(t.dtype()), "{}: expected a float tensor, got {}", op, t.str());
 }
 
-void require_f32(const Tensor& t, const char* op) {
-  STRATA_CHECK(t.dtype() == DType::F32, "{}: expected f32, got {}", op, t.str());
+// Note [Low-precision ops]: the float operands of an op share one dtype, its compute dtype,
+// which is returned. A mismatch names the op and every operand.
+DType compute_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor& first = **ts.begin();
+  bool ok = true;
+  for (const Tensor* t : ts) ok = ok && is_floating(t->dtype()) && t->dtype() == first.dtype();
+  if (!ok) {
+    std::string all;
+    for (const Tensor* t : ts) all += (all.empty() ? "" : ", ") + t->str();
+    user_error(
+        "{}: operands must be float tensors of one dtype (f32, bf16 or f16), got {}; cast with "
+        "Tensor::to (autograd::to for variables) so they agree (Note [Low-precision ops])",
+        op, all);
+  }
+  return first.dtype();
+}
+
+// Tensors the contract keeps in f32 whatever the compute dtype (statistics, lse, per-row losses).
+void require_f32(const Tensor& t, const char* op, const char* what) {
+  if (t.dtype() != DType::F32)
+    user_error("{}: {} must be f32 whatever the compute dtype, got {} (Note [Low-precision ops])",
+               op, what, t.str());
 }
 
 void require_int(const Tensor& t, const char* op) {
@@ -36,9 +58,8 @@ Tensor like(const Tensor& t) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   same_device(a, b, name);
-  require_f32(a, name);
-  require_f32(b, name);
-  Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape()), DType::F32, a.device());
+  const DType dt = compute_dtype(name, {&a, &b});
+  Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape()), dt, a.device());
   be(a).binary(op, a, b, out);
   return out;
 }
@@ -54,7 +75,6 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   STRATA_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
                    k.shape() == v.shape(),
                "attention shapes disagree: q {} k {} v {}", q.str(), k.str(), v.str());
-  require_f32(q, "attention");
 }
 
 }  // namespace
@@ -77,8 +97,8 @@ Tensor scale(const Tensor& x, float alpha) {
 }
 
 Tensor affine(const Tensor& x, float alpha, float beta) {
-  require_f32(x, "affine");
-  Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
+  const DType dt = compute_dtype("affine", {&x});
+  Tensor out = Tensor::empty(x.shape(), dt, x.device());
   be(x).affine(x, alpha, beta, out);
   return out;
 }
@@ -87,12 +107,14 @@ void axpy_(float alpha, const Tensor& x, Tensor& y) {
   same_device(x, y, "axpy");
   STRATA_CHECK(x.shape() == y.shape(), "axpy: {} vs {}", x.str(), y.str());
   STRATA_CHECK(y.is_contiguous(), "axpy: destination must be contiguous");
-  require_f32(y, "axpy");
-  be(y).axpy(alpha, x.contiguous().to(DType::F32), y);
+  // x and y may differ in dtype (Note [Low-precision ops]): gradient accumulation.
+  require_float(x, "axpy");
+  require_float(y, "axpy");
+  be(y).axpy(alpha, x.contiguous(), y);
 }
 
 Tensor unary(UnaryOp op, const Tensor& x) {
-  require_f32(x, "unary");
+  compute_dtype("unary", {&x});
   Tensor xc = x.contiguous();
   Tensor out = like(xc);
   be(x).unary(op, xc, out);
@@ -101,6 +123,8 @@ Tensor unary(UnaryOp op, const Tensor& x) {
 
 Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy) {
   STRATA_CHECK(x.shape() == dy.shape(), "unary_backward: {} vs {}", x.str(), dy.str());
+  same_device(x, dy, "unary_backward");
+  compute_dtype("unary_backward", {&x, &dy});
   Tensor xc = x.contiguous(), dyc = dy.contiguous();
   Tensor dx = like(xc);
   be(x).unary_backward(op, xc, dyc, dx);
@@ -111,6 +135,7 @@ Tensor bias_add(const Tensor& x, const Tensor& bias) {
   same_device(x, bias, "bias_add");
   STRATA_CHECK(bias.ndim() == 1 && x.ndim() >= 1 && bias.size(0) == x.size(-1),
                "bias_add: bias {} does not match the last dim of {}", bias.str(), x.str());
+  compute_dtype("bias_add", {&x, &bias});
   Tensor xc = x.contiguous(), bc = bias.contiguous();
   Tensor out = like(xc);
   be(x).bias_add(xc, bc, out);
@@ -119,6 +144,7 @@ Tensor bias_add(const Tensor& x, const Tensor& bias) {
 
 Tensor dropout(const Tensor& x, float p, RngKey key) {
   STRATA_CHECK(p >= 0.f && p < 1.f, "dropout probability {} must be in [0, 1)", p);
+  compute_dtype("dropout", {&x});
   Tensor xc = x.contiguous();
   Tensor out = like(xc);
   be(x).dropout(xc, p, key, out);
@@ -189,8 +215,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   int64_t n = trans_b ? b.size(-2) : b.size(-1);
   s[s.ndim() - 2] = m;
   s[s.ndim() - 1] = n;
-  DType out_dtype = a.dtype() == DType::BF16 && b.dtype() == DType::BF16 ? DType::F32 : a.dtype();
-  Tensor out = Tensor::empty(s, out_dtype, a.device());
+  // Note [Low-precision ops]: bf16 @ bf16 -> bf16 (f32 accumulation inside).
+  Tensor out = Tensor::empty(s, compute_dtype("matmul", {&a, &b}), a.device());
   matmul_out(a, b, out, trans_a, trans_b, 1.f, 0.f);
   return out;
 }
@@ -198,9 +224,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
                 float alpha, float beta) {
   same_device(a, b, "matmul");
-  require_float(a, "matmul");
-  require_float(b, "matmul");
-  STRATA_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ ({} and {})", a.str(), b.str());
+  same_device(a, out, "matmul");
+  const DType dt = compute_dtype("matmul", {&a, &b});
+  // Note [Low-precision ops]: out has the inputs' dtype, or is F32 (mixed output).
+  if (out.dtype() != dt && out.dtype() != DType::F32)
+    user_error("matmul: output {} must be {} or f32 for {} @ {} (Note [Low-precision ops])",
+               out.str(), dtype_name(dt), a.str(), b.str());
   int64_t k_a = trans_a ? a.size(-2) : a.size(-1);
   int64_t k_b = trans_b ? b.size(-1) : b.size(-2);
   int64_t m = trans_a ? a.size(-1) : a.size(-2);
@@ -225,10 +254,12 @@ NormResult layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   int64_t c = x.size(-1);
   STRATA_CHECK(weight.shape() == Shape{c} && bias.shape() == Shape{c},
                "layernorm: weight {} / bias {} must be [{}]", weight.str(), bias.str(), c);
-  require_f32(x, "layernorm");
+  same_device(x, weight, "layernorm");
+  same_device(x, bias, "layernorm");
+  const DType dt = compute_dtype("layernorm", {&x, &weight, &bias});
   Tensor x2 = x.contiguous().view({-1, c});
   NormResult r;
-  r.y = Tensor::empty(x.shape(), DType::F32, x.device());
+  r.y = Tensor::empty(x.shape(), dt, x.device());
   r.mean = Tensor::empty({x2.size(0)}, DType::F32, x.device());
   r.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
   Tensor y2 = r.y.view({-1, c});
@@ -239,12 +270,15 @@ NormResult layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd) {
   int64_t c = x.size(-1);
+  const DType dt = compute_dtype("layernorm_backward", {&dy, &x, &weight});
+  require_f32(mean, "layernorm_backward", "mean");
+  require_f32(rstd, "layernorm_backward", "rstd");
   Tensor x2 = x.contiguous().view({-1, c});
   Tensor dy2 = dy.contiguous().view({-1, c});
   LayerNormGrads g;
-  g.dx = Tensor::empty(x.shape(), DType::F32, x.device());
-  g.dweight = Tensor::empty({c}, DType::F32, x.device());
-  g.dbias = Tensor::empty({c}, DType::F32, x.device());
+  g.dx = Tensor::empty(x.shape(), dt, x.device());
+  g.dweight = Tensor::empty({c}, dt, x.device());
+  g.dbias = Tensor::empty({c}, dt, x.device());
   Tensor dx2 = g.dx.view({-1, c});
   be(x).layernorm_backward(dy2, x2, weight.contiguous(), mean, rstd, dx2, g.dweight, g.dbias);
   return g;
@@ -253,10 +287,11 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
 NormResult rmsnorm(const Tensor& x, const Tensor& weight, float eps) {
   int64_t c = x.size(-1);
   STRATA_CHECK(weight.shape() == Shape{c}, "rmsnorm: weight {} must be [{}]", weight.str(), c);
-  require_f32(x, "rmsnorm");
+  same_device(x, weight, "rmsnorm");
+  const DType dt = compute_dtype("rmsnorm", {&x, &weight});
   Tensor x2 = x.contiguous().view({-1, c});
   NormResult r;
-  r.y = Tensor::empty(x.shape(), DType::F32, x.device());
+  r.y = Tensor::empty(x.shape(), dt, x.device());
   r.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
   Tensor y2 = r.y.view({-1, c});
   be(x).rmsnorm_forward(x2, weight.contiguous(), eps, y2, r.rstd);
@@ -266,21 +301,23 @@ NormResult rmsnorm(const Tensor& x, const Tensor& weight, float eps) {
 RmsNormGrads rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                               const Tensor& rstd) {
   int64_t c = x.size(-1);
+  const DType dt = compute_dtype("rmsnorm_backward", {&dy, &x, &weight});
+  require_f32(rstd, "rmsnorm_backward", "rstd");
   Tensor x2 = x.contiguous().view({-1, c});
   Tensor dy2 = dy.contiguous().view({-1, c});
   RmsNormGrads g;
-  g.dx = Tensor::empty(x.shape(), DType::F32, x.device());
-  g.dweight = Tensor::empty({c}, DType::F32, x.device());
+  g.dx = Tensor::empty(x.shape(), dt, x.device());
+  g.dweight = Tensor::empty({c}, dt, x.device());
   Tensor dx2 = g.dx.view({-1, c});
   be(x).rmsnorm_backward(dy2, x2, weight.contiguous(), rstd, dx2, g.dweight);
   return g;
 }
 
 Tensor softmax(const Tensor& x) {
-  require_f32(x, "softmax");
+  const DType dt = compute_dtype("softmax", {&x});
   int64_t c = x.size(-1);
   Tensor x2 = x.contiguous().view({-1, c});
-  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor y = Tensor::empty(x.shape(), dt, x.device());
   Tensor y2 = y.view({-1, c});
   be(x).softmax_forward(x2, y2);
   return y;
@@ -288,9 +325,10 @@ Tensor softmax(const Tensor& x) {
 
 Tensor softmax_backward(const Tensor& y, const Tensor& dy) {
   int64_t c = y.size(-1);
+  const DType dt = compute_dtype("softmax_backward", {&y, &dy});
   Tensor y2 = y.contiguous().view({-1, c});
   Tensor dy2 = dy.contiguous().view({-1, c});
-  Tensor dx = Tensor::empty(y.shape(), DType::F32, y.device());
+  Tensor dx = Tensor::empty(y.shape(), dt, y.device());
   Tensor dx2 = dx.view({-1, c});
   be(y).softmax_backward(y2, dy2, dx2);
   return dx;
@@ -299,8 +337,9 @@ Tensor softmax_backward(const Tensor& y, const Tensor& dy) {
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                           float scale) {
   check_attention(q, k, v);
+  const DType dt = compute_dtype("attention", {&q, &k, &v});
   AttentionResult r;
-  r.out = Tensor::empty(q.shape(), DType::F32, q.device());
+  r.out = Tensor::empty(q.shape(), dt, q.device());
   r.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::F32, q.device());
   be(q).attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), causal,
                           default_scale(q, scale), r.out, r.lse);
@@ -312,10 +351,12 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
                                   bool causal, float scale) {
   check_attention(q, k, v);
   STRATA_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(), "attention_backward shapes");
+  const DType dt = compute_dtype("attention_backward", {&q, &k, &v, &out, &dout});
+  require_f32(lse, "attention_backward", "lse");
   AttentionGrads g;
-  g.dq = Tensor::empty(q.shape(), DType::F32, q.device());
-  g.dk = Tensor::empty(k.shape(), DType::F32, q.device());
-  g.dv = Tensor::empty(v.shape(), DType::F32, q.device());
+  g.dq = Tensor::empty(q.shape(), dt, q.device());
+  g.dk = Tensor::empty(k.shape(), dt, q.device());
+  g.dv = Tensor::empty(v.shape(), dt, q.device());
   be(q).attention_backward(q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
                            lse.contiguous(), dout.contiguous(), causal, default_scale(q, scale),
                            g.dq, g.dk, g.dv);
@@ -327,6 +368,11 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool invers
                "rotary expects x [B, T, H, D] with even D, got {}", x.str());
   STRATA_CHECK(cos.shape() == Shape({x.size(1), x.size(3) / 2}) && sin.shape() == cos.shape(),
                "rotary tables {} must be [T, D/2] for x {}", cos.str(), x.str());
+  // Note [Low-precision ops]: the tables are F32 (as rotary_tables makes them) or x's dtype.
+  const DType dt = compute_dtype("rotary", {&x});
+  if ((cos.dtype() != DType::F32 && cos.dtype() != dt) || sin.dtype() != cos.dtype())
+    user_error("rotary: tables cos {} / sin {} must both be f32 or x's dtype {}", cos.str(),
+               sin.str(), dtype_name(dt));
   Tensor xc = x.contiguous();
   Tensor out = like(xc);
   be(x).rotary(xc, cos.contiguous(), sin.contiguous(), inverse, out);
@@ -363,6 +409,8 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
   STRATA_CHECK(dweight.is_contiguous() && dweight.ndim() == 2, "embedding_backward: dweight {}",
                dweight.str());
+  require_int(ids, "embedding_backward");
+  compute_dtype("embedding_backward", {&dout, &dweight});
   Tensor flat = ids.contiguous().reshape({ids.numel()});
   Tensor d2 = dout.contiguous().reshape({ids.numel(), dweight.size(1)});
   be(dweight).embedding_backward(flat, d2, dweight);
@@ -372,7 +420,7 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
                                  int64_t ignore_index) {
   same_device(logits, targets, "cross_entropy");
   require_int(targets, "cross_entropy");
-  require_f32(logits, "cross_entropy");
+  compute_dtype("cross_entropy", {&logits});  // losses and lse are F32 whatever it is
   int64_t v = logits.size(-1);
   Tensor l2 = logits.contiguous().reshape({-1, v});
   Tensor t = targets.contiguous().reshape({targets.numel()});
@@ -389,9 +437,12 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               const Tensor& dloss, int64_t ignore_index) {
   int64_t v = logits.size(-1);
+  const DType dt = compute_dtype("cross_entropy_backward", {&logits});
+  require_f32(lse, "cross_entropy_backward", "lse");
+  require_f32(dloss, "cross_entropy_backward", "dloss");
   Tensor l2 = logits.contiguous().reshape({-1, v});
   Tensor t = targets.contiguous().reshape({targets.numel()});
-  Tensor dlogits = Tensor::empty(logits.shape(), DType::F32, logits.device());
+  Tensor dlogits = Tensor::empty(logits.shape(), dt, logits.device());
   Tensor d2 = dlogits.view({-1, v});
   be(logits).cross_entropy_backward(l2, t, lse.contiguous(), dloss.contiguous(), ignore_index, d2);
   return dlogits;

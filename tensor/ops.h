@@ -2,6 +2,35 @@
 // The op API: plain (non-differentiable) tensor functions. Each validates its arguments,
 // allocates its outputs on the inputs' device and dispatches to that device's Backend.
 // autograd/ builds differentiable functions from pairs of these (forward + backward).
+//
+// Note [Low-precision ops]
+// Every op takes F32, BF16 or F16 float tensors; the CPU and CUDA backends keep one contract:
+// - The float operands of an op share one dtype, its *compute dtype*, and its outputs take it,
+//   except as listed below. A mismatch is a UserError naming the op and the operands.
+// - Arithmetic is f32 inside: each element is widened on load, computed as the f32 kernel
+//   computes it, and rounded ONCE on store (round-to-nearest-even, core/half.h); accumulations
+//   are f32/f64 as in the f32 kernel. (The CPU widens whole tensors: Note [Widening adapter].)
+// - Always F32 whatever the compute dtype: layernorm mean/rstd, rmsnorm rstd, attention lse,
+//   cross-entropy's per-row losses and lse, and cross-entropy_backward's `dloss`. sum_squares
+//   returns a double. Reductions (sum, mean, max, sum_to, sum_all) output the input's dtype.
+// - matmul: a and b share a dtype and the result has it (bf16 @ bf16 -> bf16), accumulated in
+//   f32. matmul_out may write an F32 `out` from bf16/f16 inputs (mixed output), or one of theirs.
+// - axpy_(alpha, x, y) accumulates gradients: x and y may be any float dtypes, mixed;
+//   y = round_y(f32(y) + alpha * f32(x)).
+// - embedding: out has the weight's dtype (rows are copied exactly). embedding_backward: dout
+//   and dweight share a dtype; each element's sum is accumulated in f32 in the deterministic
+//   order, added to the old dweight and rounded once.
+// - layernorm/rmsnorm: weight (and bias) share x's dtype; dx, dweight, dbias have it; the
+//   dweight/dbias column sums are f32 partials rounded once at the end.
+// - dropout: the same mask as f32 for the same key (Note [Dropout mask]); out in x's dtype.
+// - attention: q, k, v, out, dout, dq, dk, dv share one dtype; lse is F32.
+// - rotary: x and out in the compute dtype; the cos/sin tables are F32 (as rotary_tables makes
+//   them) or the compute dtype.
+// - random_uniform/random_normal into BF16/F16 draw f32 exactly as for F32 and round each value;
+//   copy, fill and casts convert between any dtypes (Note [Dtype conversion]).
+// Tests hold a low-precision output to round(f32 op on the widened inputs) within 2 ulp of the
+// output dtype at the output's magnitude (bf16: rel 2^-7, f16: rel 2^-10) plus a small atol near
+// 0, and exactly where the op is exact (copy, fill, embedding forward, dropout, max).
 #include <vector>
 
 #include "tensor/backend.h"
@@ -16,7 +45,8 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, float alpha);               // alpha * x
 Tensor affine(const Tensor& x, float alpha, float beta);  // alpha * x + beta
-void axpy_(float alpha, const Tensor& x, Tensor& y);      // y += alpha * x (y contiguous)
+// y += alpha * x (y contiguous; x, y any float dtypes: Note [Low-precision ops]).
+void axpy_(float alpha, const Tensor& x, Tensor& y);
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy);
 inline Tensor gelu(const Tensor& x) {
@@ -44,8 +74,9 @@ double l2_norm(const Tensor& x);
 double global_l2_norm(const std::vector<Tensor>& xs);
 
 // ---- matmul ----
+// The result has a's and b's dtype (Note [Low-precision ops]).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
-// out = alpha * op(a) @ op(b) + beta * out, in place.
+// out = alpha * op(a) @ op(b) + beta * out, in place; out F32 or the inputs' dtype.
 void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
                 float alpha = 1.f, float beta = 0.f);
 

@@ -33,6 +33,7 @@
 #include "tensor/cpu/attention_tiles.h"
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/vec4.h"
+#include "tensor/cpu/widen.h"
 
 namespace strata::tensor::cpu {
 
@@ -259,6 +260,12 @@ class Carve {
 
 void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                    float scale, Tensor& out, Tensor& lse) {
+  if (!all_f32(q, k, v, out, lse)) {  // Note [Widening adapter]
+    F32Out o(out), ol(lse);
+    attention_forward(widened(q), widened(k), widened(v), causal, scale, o.get(), ol.get());
+    o.commit();
+    return ol.commit();
+  }
   const int64_t bh = q.size(0) * q.size(1), tq = q.size(2), tk = k.size(2), dim = q.size(3);
   const int64_t dp = round_up(dim, kW);  // padded row width of the value/output tiles
   const int64_t q_blocks = (tq + kBq - 1) / kBq;
@@ -344,6 +351,14 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, const Tensor& lse, const Tensor& dout,
                                     bool causal, float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+  if (!all_f32(q, k, v, out, lse, dout, dq, dk, dv)) {  // Note [Widening adapter]
+    F32Out odq(dq), odk(dk), odv(dv);
+    attention_backward(widened(q), widened(k), widened(v), widened(out), widened(lse),
+                       widened(dout), causal, scale, odq.get(), odk.get(), odv.get());
+    odq.commit();
+    odk.commit();
+    return odv.commit();
+  }
   const int64_t bh = q.size(0) * q.size(1), tq = q.size(2), tk = k.size(2), dim = q.size(3);
   const int64_t dp = round_up(dim, kW);
   const float* qp = q.data<float>();
@@ -437,6 +452,11 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
 
 void CpuBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
                         Tensor& out) {
+  if (!all_f32(x, cos, sin, out)) {  // Note [Widening adapter]; tables may be F32 or x's dtype
+    F32Out o(out);
+    rotary(widened(x), widened(cos), widened(sin), inverse, o.get());
+    return o.commit();
+  }
   const int64_t b = x.size(0), t = x.size(1), h = x.size(2), dim = x.size(3), half = dim / 2;
   const float* xp = x.data<float>();
   const float* cp = cos.data<float>();

@@ -8,6 +8,7 @@
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/strided.h"
 #include "tensor/cpu/vec4.h"
+#include "tensor/cpu/widen.h"
 
 namespace strata::tensor::cpu {
 
@@ -201,6 +202,11 @@ inline F4 gelu_grad4(F4 x) {
 }  // namespace
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  if (!all_f32(a, b, out)) {  // Note [Widening adapter]
+    F32Out o(out);
+    binary(op, widened(a), widened(b), o.get());
+    return o.commit();
+  }
   switch (op) {
     case BinaryOp::Add:
       return binary_kernel<BinaryOp::Add>(a, b, out);
@@ -215,6 +221,11 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
 }
 
 void CpuBackend::affine(const Tensor& x, float alpha, float beta, Tensor& out) {
+  if (!all_f32(x, out)) {  // Note [Widening adapter]
+    F32Out o(out);
+    affine(widened(x), alpha, beta, o.get());
+    return o.commit();
+  }
   const float* xp = x.data<float>();
   float* op = out.data<float>();
   if (x.is_contiguous()) {
@@ -235,6 +246,11 @@ void CpuBackend::affine(const Tensor& x, float alpha, float beta, Tensor& out) {
 }
 
 void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  if (!all_f32(x, y)) {  // Note [Widening adapter]; y accumulates, and x, y may differ in dtype
+    F32Out o(y, /*load=*/true);
+    axpy(alpha, widened(x), o.get());
+    return o.commit();
+  }
   STRATA_CHECK(x.is_contiguous() && y.is_contiguous() && x.numel() == y.numel(), "axpy {} into {}",
                x.str(), y.str());
   const float* xp = x.data<float>();
@@ -245,6 +261,11 @@ void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  if (!all_f32(x, out)) {  // Note [Widening adapter]
+    F32Out o(out);
+    unary(op, widened(x), o.get());
+    return o.commit();
+  }
   STRATA_CHECK(x.is_contiguous() && out.is_contiguous(), "unary on non-contiguous {}", x.str());
   const float* xp = x.data<float>();
   float* o = out.data<float>();
@@ -273,6 +294,11 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out) {
 }
 
 void CpuBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  if (!all_f32(x, dy, dx)) {  // Note [Widening adapter]
+    F32Out o(dx);
+    unary_backward(op, widened(x), widened(dy), o.get());
+    return o.commit();
+  }
   STRATA_CHECK(x.is_contiguous() && dy.is_contiguous() && dx.is_contiguous(),
                "unary_backward on non-contiguous tensors");
   const float* xp = x.data<float>();
@@ -307,6 +333,11 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, T
 }
 
 void CpuBackend::bias_add(const Tensor& x, const Tensor& bias, Tensor& out) {
+  if (!all_f32(x, bias, out)) {  // Note [Widening adapter]
+    F32Out o(out);
+    bias_add(widened(x), widened(bias), o.get());
+    return o.commit();
+  }
   const int64_t c = bias.numel();
   if (x.numel() == 0) return;
   STRATA_CHECK(x.is_contiguous() && out.is_contiguous() && bias.is_contiguous() && c > 0 &&
@@ -333,6 +364,11 @@ void CpuBackend::bias_add(const Tensor& x, const Tensor& bias, Tensor& out) {
 // that order (so a dropped inf/NaN gives NaN, as x * 0 does). Backward calls this with dy and the
 // same key; other backends must match it bit for bit.
 void CpuBackend::dropout(const Tensor& x, float p, RngKey key, Tensor& out) {
+  if (!all_f32(x, out)) {  // Note [Widening adapter]: the same mask, one rounding per element
+    F32Out o(out);
+    dropout(widened(x), p, key, o.get());
+    return o.commit();
+  }
   STRATA_CHECK(x.is_contiguous() && out.is_contiguous(), "dropout on non-contiguous {}", x.str());
   const int64_t n = x.numel();
   if (p == 0.f) {

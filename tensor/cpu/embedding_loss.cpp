@@ -16,6 +16,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/vec4.h"
+#include "tensor/cpu/widen.h"
 
 namespace strata::tensor::cpu {
 
@@ -75,6 +76,12 @@ void CpuBackend::embedding_forward(const Tensor& weight, const Tensor& ids, Tens
 }
 
 void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
+  // Note [Widening adapter]: f32 sums in the same order, added to the old dweight, rounded once.
+  if (!all_f32(dout, dweight)) {
+    F32Out o(dweight, /*load=*/true);
+    embedding_backward(ids, widened(dout), o.get());
+    return o.commit();
+  }
   const int64_t n = ids.numel(), vocab = dweight.size(0), c = dweight.size(1);
   const float* g = dout.data<float>();
   float* dw = dweight.data<float>();
@@ -95,6 +102,12 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tenso
 
 void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                        int64_t ignore_index, Tensor& losses, Tensor& lse) {
+  if (!all_f32(logits, losses, lse)) {  // Note [Widening adapter]
+    F32Out ol(losses), oe(lse);
+    cross_entropy_forward(widened(logits), targets, ignore_index, ol.get(), oe.get());
+    ol.commit();
+    return oe.commit();
+  }
   const int64_t n = logits.size(0), v = logits.size(1);
   const float* x = logits.data<float>();
   float* lossp = losses.data<float>();
@@ -116,6 +129,12 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& lse, const Tensor& dloss,
                                         int64_t ignore_index, Tensor& dlogits) {
+  if (!all_f32(logits, lse, dloss, dlogits)) {  // Note [Widening adapter]
+    F32Out o(dlogits);
+    cross_entropy_backward(widened(logits), targets, widened(lse), widened(dloss), ignore_index,
+                           o.get());
+    return o.commit();
+  }
   const int64_t n = logits.size(0), v = logits.size(1);
   const float* x = logits.data<float>();
   const float* lsep = lse.data<float>();

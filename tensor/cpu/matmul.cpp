@@ -17,8 +17,8 @@
 //     first share of it in a nested region. A call made inside a parallel region therefore
 //     takes the Eigen engine.
 // BF16 inputs use oneDNN's bf16 kernels where the CPU has a real (non-reference) one; otherwise
-// they are widened to f32 (exactly) and take the f32 path, with the f32 result rounded to BF16
-// when the output is BF16.
+// they, and F16 inputs always, are widened to f32 (exactly) and take the f32 path, with the f32
+// result rounded once when the output is BF16/F16 (Note [Widening adapter]).
 #include "tensor/cpu/matmul.h"
 
 #include <omp.h>
@@ -31,6 +31,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/strided.h"
+#include "tensor/cpu/widen.h"
 
 #if defined(STRATA_HAVE_ONEDNN)
 #include <dnnl.hpp>
@@ -274,12 +275,6 @@ void matmul_f32(const Problem& p, const float* a, const float* b, float* c) {
   eigen_matmul(p, a, b, c);
 }
 
-Tensor widen(const Tensor& t) {
-  Tensor f = Tensor::empty(t.shape(), DType::F32);
-  CpuBackend::instance().copy(t, f);
-  return f;
-}
-
 }  // namespace
 
 bool have_onednn() {
@@ -309,10 +304,14 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool tran
   STRATA_CHECK(a.ndim() >= 2 && b.ndim() >= 2 && out.ndim() == a.ndim(), "matmul {} @ {} -> {}",
                a.str(), b.str(), out.str());
   const bool f32 = a.dtype() == DType::F32 && b.dtype() == DType::F32 && out.dtype() == DType::F32;
-  const bool bf16 = a.dtype() == DType::BF16 && b.dtype() == DType::BF16 &&
-                    (out.dtype() == DType::F32 || out.dtype() == DType::BF16);
-  STRATA_CHECK(f32 || bf16, "matmul dtypes {} @ {} -> {}: f32 or bf16 inputs only", a.str(),
-               b.str(), out.str());
+  // Note [Low-precision ops]: bf16/f16 inputs of one dtype, out F32 or that dtype.
+  const bool lowp = (a.dtype() == DType::BF16 || a.dtype() == DType::F16) &&
+                    b.dtype() == a.dtype() &&
+                    (out.dtype() == DType::F32 || out.dtype() == a.dtype());
+  STRATA_CHECK(f32 || lowp,
+               "matmul dtypes {} @ {} -> {}: f32, or bf16/f16 inputs of one dtype with an f32 "
+               "output or one of theirs",
+               a.str(), b.str(), out.str());
   Problem p;
   p.m = out.size(-2);
   p.n = out.size(-1);
@@ -335,7 +334,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool tran
       fill(out, 0.0);
     } else if (beta != 1.f) {
       Tensor scaled = Tensor::empty(out.shape(), DType::F32);
-      affine(out.dtype() == DType::F32 ? out : widen(out), beta, 0.f, scaled);
+      affine(out, beta, 0.f, scaled);
       copy(scaled, out);
     }
     return;
@@ -345,19 +344,16 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool tran
     return;
   }
 #if defined(STRATA_MATMUL_ONEDNN)
-  if (matmul_engine() == MatmulEngine::OneDnn && !omp_in_parallel() &&
+  if (a.dtype() == DType::BF16 && matmul_engine() == MatmulEngine::OneDnn && !omp_in_parallel() &&
       onednn_matmul(p, DType::BF16, out.dtype(), a.data_ptr(), b.data_ptr(), out.data_ptr()))
     return;
 #endif
-  // BF16 without a native kernel: widen (exact), multiply in f32, round the result if needed.
-  const Tensor af = widen(a), bf = widen(b);
-  if (out.dtype() == DType::F32) {
-    matmul_f32(p, af.data<float>(), bf.data<float>(), out.data<float>());
-    return;
-  }
-  Tensor of = beta == 0.f ? Tensor::empty(out.shape(), DType::F32) : widen(out);
-  matmul_f32(p, af.data<float>(), bf.data<float>(), of.data<float>());
-  copy(of, out);
+  // No native kernel (always so for F16): widen (exact), multiply in f32, round the result once
+  // if the output is low-precision (Note [Widening adapter]).
+  const Tensor af = widened(a), bf = widened(b);
+  F32Out o(out, /*load=*/beta != 0.f);
+  matmul_f32(p, af.data<float>(), bf.data<float>(), o.get().data<float>());
+  o.commit();
 }
 
 }  // namespace strata::tensor::cpu

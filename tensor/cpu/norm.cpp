@@ -15,6 +15,7 @@
 #include "offload/memory_stats.h"
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/vec4.h"
+#include "tensor/cpu/widen.h"
 
 namespace strata::tensor::cpu {
 
@@ -88,6 +89,14 @@ void chunked_column_sums(int64_t n, int64_t c, std::initializer_list<float*> out
 
 void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  if (!all_f32(x, weight, bias, y, mean, rstd)) {  // Note [Widening adapter]
+    F32Out oy(y), om(mean), orstd(rstd);
+    layernorm_forward(widened(x), widened(weight), widened(bias), eps, oy.get(), om.get(),
+                      orstd.get());
+    oy.commit();
+    om.commit();
+    return orstd.commit();
+  }
   const int64_t n = x.size(0), c = x.size(1);
   const float* xp = x.data<float>();
   const float* w = weight.data<float>();
@@ -113,6 +122,14 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const 
 void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                     Tensor& dweight, Tensor& dbias) {
+  if (!all_f32(dy, x, weight, mean, rstd, dx, dweight, dbias)) {  // Note [Widening adapter]
+    F32Out odx(dx), odw(dweight), odb(dbias);
+    layernorm_backward(widened(dy), widened(x), widened(weight), widened(mean), widened(rstd),
+                       odx.get(), odw.get(), odb.get());
+    odx.commit();
+    odw.commit();
+    return odb.commit();
+  }
   const int64_t n = x.size(0), c = x.size(1);
   const float* xp = x.data<float>();
   const float* dyp = dy.data<float>();
@@ -153,6 +170,12 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
 
 void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                  Tensor& rstd) {
+  if (!all_f32(x, weight, y, rstd)) {  // Note [Widening adapter]
+    F32Out oy(y), orstd(rstd);
+    rmsnorm_forward(widened(x), widened(weight), eps, oy.get(), orstd.get());
+    oy.commit();
+    return orstd.commit();
+  }
   const int64_t n = x.size(0), c = x.size(1);
   const float* xp = x.data<float>();
   const float* w = weight.data<float>();
@@ -171,6 +194,12 @@ void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float ep
 
 void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                   const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+  if (!all_f32(dy, x, weight, rstd, dx, dweight)) {  // Note [Widening adapter]
+    F32Out odx(dx), odw(dweight);
+    rmsnorm_backward(widened(dy), widened(x), widened(weight), widened(rstd), odx.get(), odw.get());
+    odx.commit();
+    return odw.commit();
+  }
   const int64_t n = x.size(0), c = x.size(1);
   const float* xp = x.data<float>();
   const float* dyp = dy.data<float>();
@@ -199,6 +228,11 @@ void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tenso
 }
 
 void CpuBackend::softmax_forward(const Tensor& x, Tensor& y) {
+  if (!all_f32(x, y)) {  // Note [Widening adapter]
+    F32Out o(y);
+    softmax_forward(widened(x), o.get());
+    return o.commit();
+  }
   const int64_t n = x.size(0), c = x.size(1);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
@@ -219,6 +253,11 @@ void CpuBackend::softmax_forward(const Tensor& x, Tensor& y) {
 }
 
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (!all_f32(y, dy, dx)) {  // Note [Widening adapter]
+    F32Out o(dx);
+    softmax_backward(widened(y), widened(dy), o.get());
+    return o.commit();
+  }
   const int64_t n = y.size(0), c = y.size(1);
   const float* yp = y.data<float>();
   const float* dyp = dy.data<float>();

@@ -17,6 +17,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/strided.h"
+#include "tensor/cpu/widen.h"
 
 namespace strata::tensor::cpu {
 
@@ -277,23 +278,14 @@ void max_kernel(const float* xp, Dims kept, Dim red, float* out, int64_t* idx) {
 }
 
 // Runs `body(x_f32, out_f32)` on f32 tensors, converting x and out around it when they are
-// another float dtype (the arithmetic is f32/f64 either way).
+// another float dtype (the arithmetic is f32/f64 either way; Note [Widening adapter]).
 template <typename Body>
 void with_f32(const Tensor& x, Tensor& out, Body&& body) {
   STRATA_CHECK(is_floating(x.dtype()) && is_floating(out.dtype()),
                "reductions need float tensors, got {} -> {}", x.str(), out.str());
-  Tensor xf = x;
-  if (x.dtype() != DType::F32) {
-    xf = Tensor::empty(x.shape(), DType::F32);
-    CpuBackend::instance().copy(x, xf);
-  }
-  if (out.dtype() == DType::F32) {
-    body(xf, out);
-    return;
-  }
-  Tensor of = Tensor::empty(out.shape(), DType::F32);
-  body(xf, of);
-  CpuBackend::instance().copy(of, out);
+  F32Out o(out);
+  body(widened(x), o.get());
+  o.commit();
 }
 
 }  // namespace

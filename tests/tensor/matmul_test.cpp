@@ -241,8 +241,10 @@ TEST(Matmul, Bf16InputsF32AndBf16Outputs) {
         Tensor b = rand(tb ? Shape{27, 45} : Shape{45, 27}, 3 + tb).to(DType::BF16);
         // The f32 reference on the (exactly widened) bf16 values.
         const Tensor af = a.to(DType::F32), bf = b.to(DType::F32);
-        Tensor out = matmul(a, b, ta, tb);
-        ASSERT_EQ(out.dtype(), DType::F32);
+        // Note [Low-precision ops]: matmul returns bf16; matmul_out may write f32 (mixed).
+        ASSERT_EQ(matmul(a, b, ta, tb).dtype(), DType::BF16);
+        Tensor out = Tensor::empty({2, 30, 27}, DType::F32);
+        matmul_out(a, b, out, ta, tb);
         std::vector<float> out0(out.numel(), 0.f);
         Ref r = naive(af, bf, ta, tb, 1.f, 0.f, out0);
         std::vector<float> got = values(out);

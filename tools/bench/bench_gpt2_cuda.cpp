@@ -41,16 +41,25 @@ Tensor param(const Shape& s, uint64_t id) {
   return tensor::randn(s, {1, id}, 0.f, 0.02f, kGpu);
 }
 
+// op(a) @ op(b) with a, b cast to g_mm and an f32 output (matmul itself would return g_mm:
+// Note [Low-precision ops]).
+Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  Tensor out = Tensor::empty({ta ? a.size(1) : a.size(0), tb ? b.size(0) : b.size(1)}, DType::F32,
+                             a.device());
+  tensor::matmul_out(a.to(g_mm), b.to(g_mm), out, ta, tb);
+  return out;
+}
+
 // y = x @ w^T (+ b); x [N, K], w [M, K]; GEMM in g_mm with f32 output.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  Tensor y = tensor::matmul(x.to(g_mm), w.to(g_mm), false, true);
+  Tensor y = mm(x, w, false, true);
   return b.defined() ? tensor::bias_add(y, b) : y;
 }
 // dx = dy @ w; dw = dy^T @ x; db = sum dy.
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool bias) {
-  Tensor dw = tensor::matmul(dy.to(g_mm), x.to(g_mm), true, false);
+  Tensor dw = mm(dy, x, true, false);
   if (bias) tensor::sum_to(dy, {w.size(0)});
-  return tensor::matmul(dy.to(g_mm), w.to(g_mm));
+  return mm(dy, w, false, false);
 }
 
 struct Block {

@@ -18,5 +18,10 @@ bool cuda_available();    // cuda_device_count() > 0
 // allocator. Idempotent for the same device. Raises strata::user_error when no CUDA device is
 // visible, the index is out of range, or another device was initialised before.
 void init_cuda(int device = 0);
+// The CUDA backend's compute stream (a cudaStream_t; Note [CUDA streams]), for launchers outside
+// tensor/ that must run in order with the ops (optim's fused AdamW). Initialises device 0 first
+// if no device was initialised, with init_cuda's errors (a UserError without a GPU or a build
+// without CUDA).
+void* cuda_current_stream();
 
 }  // namespace strata::tensor

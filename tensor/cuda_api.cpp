@@ -6,6 +6,7 @@
 namespace strata::tensor::cuda {
 int device_count();
 void init(int device);
+void* current_stream();
 }  // namespace strata::tensor::cuda
 #endif
 
@@ -40,6 +41,15 @@ void init_cuda(int device) {
       "without a CUDA toolkit or with -DSTRATA_WITH_CUDA=OFF); rebuild with nvcc on PATH, or use "
       "device: cpu (device {} was asked for)",
       device);
+#endif
+}
+
+void* cuda_current_stream() {
+#ifdef STRATA_HAVE_CUDA
+  return cuda::current_stream();
+#else
+  init_cuda(0);  // raises: this build has no CUDA backend
+  return nullptr;
 #endif
 }
 

@@ -6,7 +6,10 @@
 // ceil(D / 32) elements of the row, dot products are warp shuffles. Only lse [B, H, Tq] is kept
 // for backward; P is recomputed as exp(s - lse). Every sum has one owner and a fixed order, so
 // the results are deterministic. It is simple rather than fast (no shared-memory tiling, no
-// tensor cores): the fast path is cuDNN's flash attention.
+// tensor cores): the fast path is cuDNN's flash attention. The kernels are templates on the
+// element type of q, k, v, out, dout, dq, dk, dv (Note [CUDA low-precision kernels] in
+// common.cuh): rows are widened to f32 as they are read, every sum is f32, lse and the D_i
+// scratch are f32, and each output element is rounded once when written.
 #include <cmath>
 
 #include "tensor/cuda/common.cuh"
@@ -23,20 +26,22 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
-__device__ inline void load_row(const float* p, int64_t d, int lane, float (&r)[kPer]) {
+template <typename T>
+__device__ inline void load_row(const T* p, int64_t d, int lane, float (&r)[kPer]) {
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
     const int64_t k = lane + 32 * e;
-    r[e] = k < d ? p[k] : 0.f;
+    r[e] = k < d ? to_f32(p[k]) : 0.f;
   }
 }
 
-__device__ inline float dot_row(const float (&a)[kPer], const float* p, int64_t d, int lane) {
+template <typename T>
+__device__ inline float dot_row(const float (&a)[kPer], const T* p, int64_t d, int lane) {
   float s = 0;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
     const int64_t k = lane + 32 * e;
-    if (k < d) s += a[e] * p[k];
+    if (k < d) s += a[e] * to_f32(p[k]);
   }
   return warp_sum(s);
 }
@@ -48,14 +53,15 @@ __device__ inline int64_t last_key(bool causal, int64_t i, int64_t tq, int64_t t
   return j < tk - 1 ? j : tk - 1;
 }
 
-__global__ void attn_fwd(const float* q, const float* k, const float* v, bool causal, float scale,
-                         float* out, float* lse, int64_t bh, int64_t tq, int64_t tk, int64_t d) {
+template <typename T>
+__global__ void attn_fwd(const T* q, const T* k, const T* v, bool causal, float scale, T* out,
+                         float* lse, int64_t bh, int64_t tq, int64_t tk, int64_t d) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   if (row >= bh * tq) return;
   const int64_t head = row / tq, i = row % tq;
-  const float* kh = k + head * tk * d;
-  const float* vh = v + head * tk * d;
+  const T* kh = k + head * tk * d;
+  const T* vh = v + head * tk * d;
   float qr[kPer], acc[kPer];
   load_row(q + row * d, d, lane, qr);
 #pragma unroll
@@ -70,30 +76,31 @@ __global__ void attn_fwd(const float* q, const float* k, const float* v, bool ca
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
       const int64_t kk = lane + 32 * e;
-      acc[e] = acc[e] * corr + (kk < d ? p * vh[j * d + kk] : 0.f);
+      acc[e] = acc[e] * corr + (kk < d ? p * to_f32(vh[j * d + kk]) : 0.f);
     }
     m = mn;
   }
-  float* o = out + row * d;
+  T* o = out + row * d;
   const float inv = jmax >= 0 ? 1.f / l : 0.f;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
     const int64_t kk = lane + 32 * e;
-    if (kk < d) o[kk] = acc[e] * inv;
+    if (kk < d) o[kk] = from_f32<T>(acc[e] * inv);
   }
   if (lane == 0) lse[row] = jmax >= 0 ? m + logf(l) : -INFINITY;
 }
 
 // D_i and dq_i for one query row per warp.
-__global__ void attn_bwd_dq(const float* q, const float* k, const float* v, const float* out,
-                            const float* lse, const float* dout, bool causal, float scale,
-                            float* dq, float* dsum, int64_t bh, int64_t tq, int64_t tk, int64_t d) {
+template <typename T>
+__global__ void attn_bwd_dq(const T* q, const T* k, const T* v, const T* out, const float* lse,
+                            const T* dout, bool causal, float scale, T* dq, float* dsum, int64_t bh,
+                            int64_t tq, int64_t tk, int64_t d) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   if (row >= bh * tq) return;
   const int64_t head = row / tq, i = row % tq;
-  const float* kh = k + head * tk * d;
-  const float* vh = v + head * tk * d;
+  const T* kh = k + head * tk * d;
+  const T* vh = v + head * tk * d;
   float qr[kPer], gr[kPer], acc[kPer];
   load_row(q + row * d, d, lane, qr);
   load_row(dout + row * d, d, lane, gr);
@@ -109,27 +116,28 @@ __global__ void attn_bwd_dq(const float* q, const float* k, const float* v, cons
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
       const int64_t kk = lane + 32 * e;
-      if (kk < d) acc[e] += ds * kh[j * d + kk];
+      if (kk < d) acc[e] += ds * to_f32(kh[j * d + kk]);
     }
   }
-  float* o = dq + row * d;
+  T* o = dq + row * d;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
     const int64_t kk = lane + 32 * e;
-    if (kk < d) o[kk] = scale * acc[e];
+    if (kk < d) o[kk] = from_f32<T>(scale * acc[e]);
   }
 }
 
 // dk_j and dv_j for one key row per warp (needs D_i from attn_bwd_dq).
-__global__ void attn_bwd_dkv(const float* q, const float* k, const float* v, const float* lse,
-                             const float* dout, const float* dsum, bool causal, float scale,
-                             float* dk, float* dv, int64_t bh, int64_t tq, int64_t tk, int64_t d) {
+template <typename T>
+__global__ void attn_bwd_dkv(const T* q, const T* k, const T* v, const float* lse, const T* dout,
+                             const float* dsum, bool causal, float scale, T* dk, T* dv, int64_t bh,
+                             int64_t tq, int64_t tk, int64_t d) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   if (row >= bh * tk) return;
   const int64_t head = row / tk, j = row % tk;
-  const float* qh = q + head * tq * d;
-  const float* gh = dout + head * tq * d;
+  const T* qh = q + head * tq * d;
+  const T* gh = dout + head * tq * d;
   float kr[kPer], vr[kPer], ak[kPer], av[kPer];
   load_row(k + row * d, d, lane, kr);
   load_row(v + row * d, d, lane, vr);
@@ -145,8 +153,8 @@ __global__ void attn_bwd_dkv(const float* q, const float* k, const float* v, con
     for (int e = 0; e < kPer; ++e) {
       const int64_t kk = lane + 32 * e;
       if (kk < d) {
-        av[e] += p * gh[i * d + kk];
-        ak[e] += ds * qh[i * d + kk];
+        av[e] += p * to_f32(gh[i * d + kk]);
+        ak[e] += ds * to_f32(qh[i * d + kk]);
       }
     }
   }
@@ -154,8 +162,8 @@ __global__ void attn_bwd_dkv(const float* q, const float* k, const float* v, con
   for (int e = 0; e < kPer; ++e) {
     const int64_t kk = lane + 32 * e;
     if (kk < d) {
-      dk[row * d + kk] = scale * ak[e];
-      dv[row * d + kk] = av[e];
+      dk[row * d + kk] = from_f32<T>(scale * ak[e]);
+      dv[row * d + kk] = from_f32<T>(av[e]);
     }
   }
 }
@@ -166,24 +174,37 @@ unsigned warps_grid(int64_t rows) {
 
 }  // namespace
 
-void launch_attention_forward(const float* q, const float* k, const float* v, bool causal,
-                              float scale, float* out, float* lse, int64_t bh, int64_t tq,
+bool launch_attention_forward(int dt, const void* q, const void* k, const void* v, bool causal,
+                              float scale, void* out, float* lse, int64_t bh, int64_t tq,
                               int64_t tk, int64_t d, Stream stream) {
-  if (bh * tq == 0) return;
-  attn_fwd<<<warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream>>>(q, k, v, causal, scale, out,
-                                                                    lse, bh, tq, tk, d);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (bh * tq == 0) return;
+    attn_fwd<T><<<warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), causal, scale,
+        static_cast<T*>(out), lse, bh, tq, tk, d);
+  });
 }
 
-void launch_attention_backward(const float* q, const float* k, const float* v, const float* out,
-                               const float* lse, const float* dout, bool causal, float scale,
-                               float* dq, float* dk, float* dv, float* scratch, int64_t bh,
-                               int64_t tq, int64_t tk, int64_t d, Stream stream) {
-  if (bh * tq > 0)
-    attn_bwd_dq<<<warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream>>>(
-        q, k, v, out, lse, dout, causal, scale, dq, scratch, bh, tq, tk, d);
-  if (bh * tk > 0)
-    attn_bwd_dkv<<<warps_grid(bh * tk), 32 * kWarpsPerBlock, 0, stream>>>(
-        q, k, v, lse, dout, scratch, causal, scale, dk, dv, bh, tq, tk, d);
+bool launch_attention_backward(int dt, const void* q, const void* k, const void* v, const void* out,
+                               const float* lse, const void* dout, bool causal, float scale,
+                               void* dq, void* dk, void* dv, float* scratch, int64_t bh, int64_t tq,
+                               int64_t tk, int64_t d, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pq = static_cast<const T*>(q);
+    const T* pk = static_cast<const T*>(k);
+    const T* pv = static_cast<const T*>(v);
+    const T* pg = static_cast<const T*>(dout);
+    if (bh * tq > 0)
+      attn_bwd_dq<T><<<warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream>>>(
+          pq, pk, pv, static_cast<const T*>(out), lse, pg, causal, scale, static_cast<T*>(dq),
+          scratch, bh, tq, tk, d);
+    if (bh * tk > 0)
+      attn_bwd_dkv<T><<<warps_grid(bh * tk), 32 * kWarpsPerBlock, 0, stream>>>(
+          pq, pk, pv, lse, pg, scratch, causal, scale, static_cast<T*>(dk), static_cast<T*>(dv), bh,
+          tq, tk, d);
+  });
 }
 
 }  // namespace strata::tensor::cuda

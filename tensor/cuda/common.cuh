@@ -117,6 +117,74 @@ __device__ inline void store_int(void* p, int dtype, int64_t i, int64_t v) {
   }
 }
 
+// ---- Note [CUDA low-precision kernels] ----
+// Float kernels are templates on their element type T (float, __nv_bfloat16, __half): each
+// element is widened to f32 on load (to_f32), the arithmetic is the f32 kernel's, and the result
+// is rounded once, to nearest even, on store (from_f32). Accumulators stay f32 (or f64) whatever
+// T is, and the outputs the contract keeps in F32 (norm mean/rstd, attention lse, cross-entropy
+// losses/lse/dloss, matmul's optional F32 out) are plain float*. The host picks T from a
+// strata::DType number with dispatch_float; a dtype outside F32/BF16/F16 enqueues nothing and the
+// launcher returns false, which the backend turns into an internal error (it validated first).
+// See Note [Low-precision ops] in tensor/ops.h for the contract shared with the CPU backend.
+__device__ __forceinline__ float to_f32(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float to_f32(__half v) {
+  return __half2float(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// 128 bits of T: 4 floats or 8 bf16/f16, for vectorised loads and stores of contiguous data.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T v[kN];
+};
+
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T the element type of float dtype `dtype`; false (nothing called)
+// for any other dtype.
+template <typename F>
+bool dispatch_float(int dtype, F&& f) {
+  switch (dtype) {
+    case kF32:
+      f(TypeTag<float>{});
+      return true;
+    case kBF16:
+      f(TypeTag<__nv_bfloat16>{});
+      return true;
+    case kF16:
+      f(TypeTag<__half>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Element offset of logical (row-major) index i in a strided view.
 __device__ inline int64_t strided_offset(const Strided& v, int64_t i) {
   int64_t off = 0;

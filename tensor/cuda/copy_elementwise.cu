@@ -1,7 +1,11 @@
 // CUDA copy (strided, casting), fill, arange, random draws and the elementwise ops.
-// Every output element depends only on its own inputs, so results are deterministic; contiguous
-// f32 paths move 128 bits per load and store (float4) where the pointers allow.
+// Every output element depends only on its own inputs, so results are deterministic. The float
+// kernels are templates on the element type (Note [CUDA low-precision kernels] in common.cuh);
+// contiguous paths move 128 bits per load and store (Pack: 4 floats or 8 bf16/f16) when every
+// pointer is 16-byte aligned, with a scalar tail, and fall back to one element per thread
+// otherwise. The f32 instantiations compute exactly what the f32-only kernels computed before.
 #include <cmath>
+#include <type_traits>
 
 #include "tensor/cuda/common.cuh"
 
@@ -14,6 +18,23 @@ constexpr int kThreads = 256;
 #define STRATA_GRID_LOOP(i, n)                                              \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
+
+// Row-major contiguous (size-1 dims may have any stride).
+bool contiguous(const Strided& v) {
+  int64_t expect = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    if (v.shape[d] != 1 && v.strides[d] != expect) return false;
+    expect *= v.shape[d];
+  }
+  return true;
+}
+
+// Threads for a contiguous kernel over n elements, `vec` packs of N plus a scalar tail.
+template <typename T>
+int grid_for(int64_t n, bool vec) {
+  constexpr int N = Pack<T>::kN;
+  return blocks_for(vec ? n / N + n % N : n, kThreads);
+}
 
 __global__ void copy_kernel(const void* src, int sdt, Strided sv, void* dst, int ddt, Strided dv,
                             int64_t n) {
@@ -29,6 +50,13 @@ __global__ void copy_kernel(const void* src, int sdt, Strided sv, void* dst, int
       store_int(dst, ddt, d_o, load_int(src, sdt, so));
     }
   }
+}
+
+// Contiguous float -> float cast (the master-weights -> model-copy path): same rounding as
+// copy_kernel's store_float, without the per-element index arithmetic.
+template <typename TS, typename TD>
+__global__ void cast_contig_kernel(const TS* src, TD* dst, int64_t n) {
+  STRATA_GRID_LOOP(i, n) dst[i] = from_f32<TD>(to_f32(src[i]));
 }
 
 __device__ inline void store_double(void* p, int dt, int64_t i, double v) {
@@ -47,16 +75,17 @@ __global__ void arange_kernel(void* dst, int dt, int64_t n, double start, double
   STRATA_GRID_LOOP(i, n) store_double(dst, dt, i, start + static_cast<double>(i) * step);
 }
 
-__global__ void uniform_kernel(float* dst, int64_t n, uint64_t seed, uint64_t sid, float lo,
-                               float hi) {
+template <typename T>
+__global__ void uniform_kernel(T* dst, int64_t n, uint64_t seed, uint64_t sid, float lo, float hi) {
   const float span = hi - lo;
   STRATA_GRID_LOOP(i, n) {
     const U4 r = philox(seed, sid, static_cast<uint64_t>(i) >> 2);
-    dst[i] = lo + span * unit_float(lane_of(r, static_cast<int>(i & 3)));
+    dst[i] = from_f32<T>(lo + span * unit_float(lane_of(r, static_cast<int>(i & 3))));
   }
 }
 
-__global__ void normal_kernel(float* dst, int64_t n, uint64_t seed, uint64_t sid, float mean,
+template <typename T>
+__global__ void normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t sid, float mean,
                               float stddev) {
   STRATA_GRID_LOOP(i, n) {
     const U4 r = philox(seed, sid, static_cast<uint64_t>(i) >> 2);
@@ -67,7 +96,7 @@ __global__ void normal_kernel(float* dst, int64_t n, uint64_t seed, uint64_t sid
     const float rad = sqrtf(-2.0f * logf(u1));
     const float theta = 6.283185307179586f * u2;
     const float z = (i & 1) ? rad * sinf(theta) : rad * cosf(theta);
-    dst[i] = mean + stddev * z;
+    dst[i] = from_f32<T>(mean + stddev * z);
   }
 }
 
@@ -82,48 +111,6 @@ __device__ inline float binop(int op, float a, float b) {
     default:
       return a / b;
   }
-}
-
-template <int OP>
-__global__ void binary_kernel(const float* a, Strided av, const float* b, Strided bv, float* out,
-                              int64_t n) {
-  STRATA_GRID_LOOP(i, n) {
-    out[i] = binop(OP, a[strided_offset(av, i)], b[strided_offset(bv, i)]);
-  }
-}
-
-template <int OP>
-__global__ void binary_contig_kernel(const float4* a, const float4* b, float4* out, int64_t n4) {
-  STRATA_GRID_LOOP(i, n4) {
-    const float4 x = a[i], y = b[i];
-    out[i] = make_float4(binop(OP, x.x, y.x), binop(OP, x.y, y.y), binop(OP, x.z, y.z),
-                         binop(OP, x.w, y.w));
-  }
-}
-
-__global__ void affine_kernel(const float* x, Strided xv, float alpha, float beta, float* out,
-                              int64_t n) {
-  STRATA_GRID_LOOP(i, n) out[i] = alpha * x[strided_offset(xv, i)] + beta;
-}
-
-__global__ void axpy_kernel(float alpha, const float* x, float* y, int64_t n) {
-  const int64_t n4 = n / 4;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  float4* y4 = reinterpret_cast<float4*>(y);
-  STRATA_GRID_LOOP(i, n4) {
-    const float4 a = x4[i];
-    float4 b = y4[i];
-    b.x += alpha * a.x;
-    b.y += alpha * a.y;
-    b.z += alpha * a.z;
-    b.w += alpha * a.w;
-    y4[i] = b;
-  }
-  STRATA_GRID_LOOP(j, n - n4 * 4) y[n4 * 4 + j] += alpha * x[n4 * 4 + j];
-}
-
-__global__ void axpy_scalar_kernel(float alpha, const float* x, float* y, int64_t n) {
-  STRATA_GRID_LOOP(i, n) y[i] += alpha * x[i];
 }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi); tanh GELU as on the CPU
@@ -182,52 +169,155 @@ __device__ inline float unary_grad(int op, float v, float d) {
   }
 }
 
-__global__ void unary_kernel(int op, const float* x, float* out, int64_t n) {
-  STRATA_GRID_LOOP(i, n) out[i] = unary_f(op, x[i]);
+// The element functions of the contiguous map kernels.
+template <int OP>
+struct BinaryFn {
+  __device__ float operator()(float a, float b) const { return binop(OP, a, b); }
+};
+struct UnaryFn {
+  int op;
+  __device__ float operator()(float v) const { return unary_f(op, v); }
+};
+struct UnaryGradFn {
+  int op;
+  __device__ float operator()(float v, float d) const { return unary_grad(op, v, d); }
+};
+
+// out[i] = f(x[i]), contiguous; `vec`: every pointer is 16-byte aligned (packs + scalar tail).
+template <typename T, typename F>
+__global__ void map1_kernel(F f, const T* x, T* out, int64_t n, bool vec) {
+  constexpr int N = Pack<T>::kN;
+  const int64_t np = vec ? n / N : 0;
+  STRATA_GRID_LOOP(p, np) {
+    const Pack<T> a = reinterpret_cast<const Pack<T>*>(x)[p];
+    Pack<T> r;
+#pragma unroll
+    for (int e = 0; e < N; ++e) r.v[e] = from_f32<T>(f(to_f32(a.v[e])));
+    reinterpret_cast<Pack<T>*>(out)[p] = r;
+  }
+  STRATA_GRID_LOOP(j, n - np * N) {
+    const int64_t i = np * N + j;
+    out[i] = from_f32<T>(f(to_f32(x[i])));
+  }
 }
 
-__global__ void unary_backward_kernel(int op, const float* x, const float* dy, float* dx,
-                                      int64_t n) {
-  STRATA_GRID_LOOP(i, n) dx[i] = unary_grad(op, x[i], dy[i]);
+// out[i] = f(x[i], y[i]), contiguous; as map1_kernel.
+template <typename T, typename F>
+__global__ void map2_kernel(F f, const T* x, const T* y, T* out, int64_t n, bool vec) {
+  constexpr int N = Pack<T>::kN;
+  const int64_t np = vec ? n / N : 0;
+  STRATA_GRID_LOOP(p, np) {
+    const Pack<T> a = reinterpret_cast<const Pack<T>*>(x)[p];
+    const Pack<T> b = reinterpret_cast<const Pack<T>*>(y)[p];
+    Pack<T> r;
+#pragma unroll
+    for (int e = 0; e < N; ++e) r.v[e] = from_f32<T>(f(to_f32(a.v[e]), to_f32(b.v[e])));
+    reinterpret_cast<Pack<T>*>(out)[p] = r;
+  }
+  STRATA_GRID_LOOP(j, n - np * N) {
+    const int64_t i = np * N + j;
+    out[i] = from_f32<T>(f(to_f32(x[i]), to_f32(y[i])));
+  }
 }
 
-__global__ void bias_add_kernel(const float* x, const float* bias, float* out, int64_t n,
-                                int64_t cols) {
-  STRATA_GRID_LOOP(i, n) out[i] = x[i] + bias[i % cols];
+template <typename T, int OP>
+__global__ void binary_kernel(const T* a, Strided av, const T* b, Strided bv, T* out, int64_t n) {
+  STRATA_GRID_LOOP(i, n) {
+    out[i] =
+        from_f32<T>(binop(OP, to_f32(a[strided_offset(av, i)]), to_f32(b[strided_offset(bv, i)])));
+  }
 }
 
-__global__ void dropout_kernel(const float* x, float* out, int64_t n, float keep, uint64_t seed,
+template <typename T>
+__global__ void affine_kernel(const T* x, Strided xv, float alpha, float beta, T* out, int64_t n) {
+  STRATA_GRID_LOOP(i, n) out[i] = from_f32<T>(alpha * to_f32(x[strided_offset(xv, i)]) + beta);
+}
+
+// y = round_y(f32(y) + alpha * f32(x)). Packs only when x and y share a type (`vec`).
+template <typename TX, typename TY>
+__global__ void axpy_kernel(float alpha, const TX* x, TY* y, int64_t n, bool vec) {
+  int64_t done = 0;
+  if constexpr (std::is_same<TX, TY>::value) {
+    constexpr int N = Pack<TY>::kN;
+    const int64_t np = vec ? n / N : 0;
+    STRATA_GRID_LOOP(p, np) {
+      const Pack<TX> a = reinterpret_cast<const Pack<TX>*>(x)[p];
+      Pack<TY> b = reinterpret_cast<Pack<TY>*>(y)[p];
+#pragma unroll
+      for (int e = 0; e < N; ++e) b.v[e] = from_f32<TY>(to_f32(b.v[e]) + alpha * to_f32(a.v[e]));
+      reinterpret_cast<Pack<TY>*>(y)[p] = b;
+    }
+    done = np * N;
+  }
+  STRATA_GRID_LOOP(j, n - done) {
+    const int64_t i = done + j;
+    y[i] = from_f32<TY>(to_f32(y[i]) + alpha * to_f32(x[i]));
+  }
+}
+
+// out = x + bias[i % cols]; `vec`: pointers aligned and cols a multiple of the pack width, so a
+// pack never straddles a row and its bias slice is an aligned pack too.
+template <typename T>
+__global__ void bias_add_kernel(const T* x, const T* bias, T* out, int64_t n, int64_t cols,
+                                bool vec) {
+  constexpr int N = Pack<T>::kN;
+  const int64_t np = vec ? n / N : 0;
+  STRATA_GRID_LOOP(p, np) {
+    const Pack<T> a = reinterpret_cast<const Pack<T>*>(x)[p];
+    const Pack<T> b = reinterpret_cast<const Pack<T>*>(bias)[(p * N % cols) / N];
+    Pack<T> r;
+#pragma unroll
+    for (int e = 0; e < N; ++e) r.v[e] = from_f32<T>(to_f32(a.v[e]) + to_f32(b.v[e]));
+    reinterpret_cast<Pack<T>*>(out)[p] = r;
+  }
+  STRATA_GRID_LOOP(j, n - np * N) {
+    const int64_t i = np * N + j;
+    out[i] = from_f32<T>(to_f32(x[i]) + to_f32(bias[i % cols]));
+  }
+}
+
+template <typename T>
+__global__ void dropout_kernel(const T* x, T* out, int64_t n, float keep, uint64_t seed,
                                uint64_t sid) {
   // One Philox block feeds four consecutive elements, as on the CPU.
   STRATA_GRID_LOOP(blk, (n + 3) / 4) {
     const U4 r = philox(seed, sid, static_cast<uint64_t>(blk));
     for (int l = 0; l < 4 && blk * 4 + l < n; ++l) {
       const float m = unit_float(lane_of(r, l)) < keep ? 1.f : 0.f;
-      out[blk * 4 + l] = x[blk * 4 + l] * m / keep;
+      out[blk * 4 + l] = from_f32<T>(to_f32(x[blk * 4 + l]) * m / keep);
     }
   }
 }
 
-__global__ void rotary_kernel(const float* x, const float* cs, const float* sn, float sign,
-                              float* out, int64_t pairs, int64_t t, int64_t h, int64_t half) {
+template <typename T>
+__global__ void rotary_kernel(const T* x, const void* cs, const void* sn, int cs_dt, float sign,
+                              T* out, int64_t pairs, int64_t t, int64_t h, int64_t half) {
   STRATA_GRID_LOOP(i, pairs) {
     const int64_t row = i / half, k = i % half;
     const int64_t pos = (row / h) % t;
-    const float c = cs[pos * half + k], s = sign * sn[pos * half + k];
-    const float a = x[2 * i], b = x[2 * i + 1];
-    out[2 * i] = a * c - b * s;
-    out[2 * i + 1] = a * s + b * c;
+    const float c = load_float(cs, cs_dt, pos * half + k);
+    const float s = sign * load_float(sn, cs_dt, pos * half + k);
+    const float a = to_f32(x[2 * i]), b = to_f32(x[2 * i + 1]);
+    out[2 * i] = from_f32<T>(a * c - b * s);
+    out[2 * i + 1] = from_f32<T>(a * s + b * c);
   }
-}
-
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
 }  // namespace
 
 void launch_copy(const void* src, int src_dtype, const Strided& src_view, void* dst, int dst_dtype,
                  const Strided& dst_view, int64_t n, Stream stream) {
+  if (src_dtype <= kF16 && dst_dtype <= kF16 && contiguous(src_view) && contiguous(dst_view)) {
+    dispatch_float(src_dtype, [&](auto s) {
+      using TS = typename decltype(s)::type;
+      dispatch_float(dst_dtype, [&](auto d) {
+        using TD = typename decltype(d)::type;
+        cast_contig_kernel<TS, TD><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+            static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+      });
+    });
+    return;
+  }
   copy_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(src, src_dtype, src_view, dst,
                                                                 dst_dtype, dst_view, n);
 }
@@ -241,87 +331,132 @@ void launch_arange(void* dst, int dtype, int64_t n, double start, double step, S
   arange_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dst, dtype, n, start, step);
 }
 
-void launch_random_uniform(float* dst, int64_t n, uint64_t seed, uint64_t stream_id, float lo,
-                           float hi, Stream stream) {
-  uniform_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dst, n, seed, stream_id, lo, hi);
+bool launch_random_uniform(void* dst, int dt, int64_t n, uint64_t seed, uint64_t stream_id,
+                           float lo, float hi, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    uniform_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(dst), n,
+                                                                        seed, stream_id, lo, hi);
+  });
 }
 
-void launch_random_normal(float* dst, int64_t n, uint64_t seed, uint64_t stream_id, float mean,
-                          float stddev, Stream stream) {
-  normal_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dst, n, seed, stream_id, mean,
-                                                                  stddev);
+bool launch_random_normal(void* dst, int dt, int64_t n, uint64_t seed, uint64_t stream_id,
+                          float mean, float stddev, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    normal_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(dst), n, seed, stream_id, mean, stddev);
+  });
 }
 
-void launch_binary(int op, const float* a, const Strided& a_view, const float* b,
-                   const Strided& b_view, float* out, int64_t n, Stream stream) {
-  auto contiguous = [&](const Strided& v) {
-    int64_t expect = 1;
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      if (v.shape[d] != 1 && v.strides[d] != expect) return false;
-      expect *= v.shape[d];
+bool launch_binary(int op, int dt, const void* a, const Strided& a_view, const void* b,
+                   const Strided& b_view, void* out, int64_t n, Stream stream) {
+  const bool contig = contiguous(a_view) && contiguous(b_view);
+  const bool vec = contig && aligned16(a) && aligned16(b) && aligned16(out);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    T* po = static_cast<T*>(out);
+    auto run = [&](auto fn, auto strided) {
+      if (contig)
+        map2_kernel<<<grid_for<T>(n, vec), kThreads, 0, stream>>>(fn, pa, pb, po, n, vec);
+      else
+        strided<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pa, a_view, pb, b_view, po, n);
+    };
+    switch (op) {
+      case 0:
+        run(BinaryFn<0>{}, binary_kernel<T, 0>);
+        break;
+      case 1:
+        run(BinaryFn<1>{}, binary_kernel<T, 1>);
+        break;
+      case 2:
+        run(BinaryFn<2>{}, binary_kernel<T, 2>);
+        break;
+      default:
+        run(BinaryFn<3>{}, binary_kernel<T, 3>);
+        break;
     }
-    return true;
-  };
-  const bool vec = n % 4 == 0 && contiguous(a_view) && contiguous(b_view) && aligned16(a) &&
-                   aligned16(b) && aligned16(out);
-  const int grid = blocks_for(vec ? n / 4 : n, kThreads);
-#define STRATA_BINARY_CASE(OP)                                                        \
-  case OP:                                                                            \
-    if (vec)                                                                          \
-      binary_contig_kernel<OP><<<grid, kThreads, 0, stream>>>(                        \
-          reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b),     \
-          reinterpret_cast<float4*>(out), n / 4);                                     \
-    else                                                                              \
-      binary_kernel<OP><<<grid, kThreads, 0, stream>>>(a, a_view, b, b_view, out, n); \
-    break;
-  switch (op) {
-    STRATA_BINARY_CASE(0)
-    STRATA_BINARY_CASE(1)
-    STRATA_BINARY_CASE(2)
-    STRATA_BINARY_CASE(3)
-  }
-#undef STRATA_BINARY_CASE
+  });
 }
 
-void launch_affine(const float* x, const Strided& x_view, float alpha, float beta, float* out,
+bool launch_affine(int dt, const void* x, const Strided& x_view, float alpha, float beta, void* out,
                    int64_t n, Stream stream) {
-  affine_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, x_view, alpha, beta, out, n);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    affine_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), x_view, alpha, beta, static_cast<T*>(out), n);
+  });
 }
 
-void launch_axpy(float alpha, const float* x, float* y, int64_t n, Stream stream) {
-  if (!aligned16(x) || !aligned16(y)) {  // a float4 access would fault on these views
-    axpy_scalar_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(alpha, x, y, n);
-    return;
-  }
-  axpy_kernel<<<blocks_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(alpha, x, y, n);
+bool launch_axpy(float alpha, const void* x, int x_dtype, void* y, int y_dtype, int64_t n,
+                 Stream stream) {
+  // A pack access would fault on unaligned views: those take the scalar path.
+  const bool vec = x_dtype == y_dtype && aligned16(x) && aligned16(y);
+  bool ok = false;
+  dispatch_float(x_dtype, [&](auto xt) {
+    using TX = typename decltype(xt)::type;
+    ok = dispatch_float(y_dtype, [&](auto yt) {
+      using TY = typename decltype(yt)::type;
+      axpy_kernel<TX, TY><<<grid_for<TY>(n, vec), kThreads, 0, stream>>>(
+          alpha, static_cast<const TX*>(x), static_cast<TY*>(y), n, vec);
+    });
+  });
+  return ok;
 }
 
-void launch_unary(int op, const float* x, float* out, int64_t n, Stream stream) {
-  unary_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(op, x, out, n);
+bool launch_unary(int op, int dt, const void* x, void* out, int64_t n, Stream stream) {
+  const bool vec = aligned16(x) && aligned16(out);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map1_kernel<<<grid_for<T>(n, vec), kThreads, 0, stream>>>(UnaryFn{op}, static_cast<const T*>(x),
+                                                              static_cast<T*>(out), n, vec);
+  });
 }
 
-void launch_unary_backward(int op, const float* x, const float* dy, float* dx, int64_t n,
+bool launch_unary_backward(int op, int dt, const void* x, const void* dy, void* dx, int64_t n,
                            Stream stream) {
-  unary_backward_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(op, x, dy, dx, n);
+  const bool vec = aligned16(x) && aligned16(dy) && aligned16(dx);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map2_kernel<<<grid_for<T>(n, vec), kThreads, 0, stream>>>(
+        UnaryGradFn{op}, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx),
+        n, vec);
+  });
 }
 
-void launch_bias_add(const float* x, const float* bias, float* out, int64_t rows, int64_t cols,
+bool launch_bias_add(int dt, const void* x, const void* bias, void* out, int64_t rows, int64_t cols,
                      Stream stream) {
   const int64_t n = rows * cols;
-  bias_add_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, bias, out, n, cols);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool vec = cols % Pack<T>::kN == 0 && aligned16(x) && aligned16(bias) && aligned16(out);
+    bias_add_kernel<T><<<grid_for<T>(n, vec), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(out), n, cols, vec);
+  });
 }
 
-void launch_dropout(const float* x, float* out, int64_t n, float p, uint64_t seed,
+bool launch_dropout(int dt, const void* x, void* out, int64_t n, float p, uint64_t seed,
                     uint64_t stream_id, Stream stream) {
-  dropout_kernel<<<blocks_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(x, out, n, 1.f - p,
-                                                                             seed, stream_id);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dropout_kernel<T><<<blocks_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(out), n, 1.f - p, seed, stream_id);
+  });
 }
 
-void launch_rotary(const float* x, const float* cos, const float* sin, bool inverse, float* out,
-                   int64_t b, int64_t t, int64_t h, int64_t d, Stream stream) {
+bool launch_rotary(int dt, const void* x, const void* cos, const void* sin, int cs_dtype,
+                   bool inverse, void* out, int64_t b, int64_t t, int64_t h, int64_t d,
+                   Stream stream) {
+  if (cs_dtype > kF16) return false;
   const int64_t pairs = b * t * h * (d / 2);
-  rotary_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(
-      x, cos, sin, inverse ? -1.f : 1.f, out, pairs, t, h, d / 2);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    rotary_kernel<T><<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), cos, sin, cs_dtype, inverse ? -1.f : 1.f, static_cast<T*>(out),
+        pairs, t, h, d / 2);
+  });
 }
 
 }  // namespace strata::tensor::cuda

@@ -5,9 +5,12 @@
 
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "tensor/cuda/cudnn_sdpa.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/storage.h"
 
@@ -94,6 +97,32 @@ int dt(DType t) {
 
 bool shares_bytes(const Tensor& a, const Tensor& b) {
   return a.storage() == b.storage();
+}
+
+bool is_float(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F16;
+}
+
+// The compute dtype of a float op (Note [Low-precision ops] in tensor/ops.h): `first`'s dtype,
+// which every tensor in `rest` must share. The op layer validated this; a mismatch here is an
+// internal error, reported before a kernel reads memory as the wrong type.
+template <typename... Ts>
+int compute_dt(const char* op, const Tensor& first, const Ts&... rest) {
+  const DType t = first.dtype();
+  STRATA_CHECK(is_float(t), "CUDA {}: {} is not a float tensor", op, first.str());
+  [[maybe_unused]] auto same = [&](const Tensor& x) {
+    STRATA_CHECK(x.dtype() == t, "CUDA {}: {} and {} differ in dtype (Note [Low-precision ops])",
+                 op, first.str(), x.str());
+  };
+  (same(rest), ...);
+  return dt(t);
+}
+
+// A launcher of kernels.h returned `enqueued` (false: no kernel for these dtypes), then the
+// launch itself must have succeeded.
+void launched(bool enqueued, const char* what) {
+  STRATA_CHECK(enqueued, "CUDA {}: no kernel for these dtypes", what);
+  check_launch(what);
 }
 
 }  // namespace
@@ -203,21 +232,25 @@ void CudaBackend::arange(Tensor& dst, double start, double step) {
 
 void CudaBackend::random_uniform(Tensor& dst, RngKey key, float lo, float hi) {
   if (dst.numel() == 0) return;
-  Tensor f = dst.dtype() == DType::F32 && dst.is_contiguous()
+  // Float dtypes draw in place (rounded once per value); other layouts/dtypes via an F32 draw.
+  Tensor f = is_float(dst.dtype()) && dst.is_contiguous()
                  ? dst
                  : Tensor::empty(dst.shape(), DType::F32, device());
-  launch_random_uniform(f.data<float>(), f.numel(), key.seed, key.stream, lo, hi, stream_);
-  check_launch("random_uniform");
+  launched(launch_random_uniform(f.data_ptr(), dt(f.dtype()), f.numel(), key.seed, key.stream, lo,
+                                 hi, stream_),
+           "random_uniform");
   if (!f.is_same(dst)) copy_on_device(f, dst);
 }
 
 void CudaBackend::random_normal(Tensor& dst, RngKey key, float mean, float stddev) {
   if (dst.numel() == 0) return;
-  Tensor f = dst.dtype() == DType::F32 && dst.is_contiguous()
+  // Float dtypes draw in place (rounded once per value); other layouts/dtypes via an F32 draw.
+  Tensor f = is_float(dst.dtype()) && dst.is_contiguous()
                  ? dst
                  : Tensor::empty(dst.shape(), DType::F32, device());
-  launch_random_normal(f.data<float>(), f.numel(), key.seed, key.stream, mean, stddev, stream_);
-  check_launch("random_normal");
+  launched(launch_random_normal(f.data_ptr(), dt(f.dtype()), f.numel(), key.seed, key.stream, mean,
+                                stddev, stream_),
+           "random_normal");
   if (!f.is_same(dst)) copy_on_device(f, dst);
 }
 
@@ -240,58 +273,69 @@ void CudaBackend::concat(const std::vector<Tensor>& xs, int dim, Tensor& out) {
 
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   if (out.numel() == 0) return;
-  launch_binary(static_cast<int>(op), a.data<float>(), broadcast_view(a, out.shape()),
-                b.data<float>(), broadcast_view(b, out.shape()), out.data<float>(), out.numel(),
-                stream_);
-  check_launch("binary");
+  launched(launch_binary(static_cast<int>(op), compute_dt("binary", out, a, b), a.data_ptr(),
+                         broadcast_view(a, out.shape()), b.data_ptr(),
+                         broadcast_view(b, out.shape()), out.data_ptr(), out.numel(), stream_),
+           "binary");
 }
 
 void CudaBackend::affine(const Tensor& x, float alpha, float beta, Tensor& out) {
   if (out.numel() == 0) return;
-  launch_affine(x.data<float>(), view_of(x), alpha, beta, out.data<float>(), out.numel(), stream_);
-  check_launch("affine");
+  launched(launch_affine(compute_dt("affine", out, x), x.data_ptr(), view_of(x), alpha, beta,
+                         out.data_ptr(), out.numel(), stream_),
+           "affine");
 }
 
 void CudaBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
   if (y.numel() == 0) return;
-  launch_axpy(alpha, x.data<float>(), y.data<float>(), y.numel(), stream_);
-  check_launch("axpy");
+  // x and y may differ in dtype (gradient accumulation into an f32 buffer, or the reverse).
+  STRATA_CHECK(x.is_contiguous() && y.is_contiguous() && x.numel() == y.numel(), "axpy {} into {}",
+               x.str(), y.str());
+  launched(launch_axpy(alpha, x.data_ptr(), compute_dt("axpy", x), y.data_ptr(),
+                       compute_dt("axpy", y), y.numel(), stream_),
+           "axpy");
 }
 
 void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out) {
   if (out.numel() == 0) return;
-  launch_unary(static_cast<int>(op), x.data<float>(), out.data<float>(), out.numel(), stream_);
-  check_launch("unary");
+  launched(launch_unary(static_cast<int>(op), compute_dt("unary", out, x), x.data_ptr(),
+                        out.data_ptr(), out.numel(), stream_),
+           "unary");
 }
 
 void CudaBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, Tensor& dx) {
   if (dx.numel() == 0) return;
-  launch_unary_backward(static_cast<int>(op), x.data<float>(), dy.data<float>(), dx.data<float>(),
-                        dx.numel(), stream_);
-  check_launch("unary_backward");
+  launched(launch_unary_backward(static_cast<int>(op), compute_dt("unary_backward", dx, x, dy),
+                                 x.data_ptr(), dy.data_ptr(), dx.data_ptr(), dx.numel(), stream_),
+           "unary_backward");
 }
 
 void CudaBackend::bias_add(const Tensor& x, const Tensor& bias, Tensor& out) {
   if (out.numel() == 0) return;
   const int64_t c = bias.size(0);
-  launch_bias_add(x.data<float>(), bias.data<float>(), out.data<float>(), out.numel() / c, c,
-                  stream_);
-  check_launch("bias_add");
+  launched(launch_bias_add(compute_dt("bias_add", out, x, bias), x.data_ptr(), bias.data_ptr(),
+                           out.data_ptr(), out.numel() / c, c, stream_),
+           "bias_add");
 }
 
 void CudaBackend::dropout(const Tensor& x, float p, RngKey key, Tensor& out) {
   if (p == 0.f) return copy_on_device(x, out);
   if (out.numel() == 0) return;
-  launch_dropout(x.data<float>(), out.data<float>(), out.numel(), p, key.seed, key.stream, stream_);
-  check_launch("dropout");
+  launched(launch_dropout(compute_dt("dropout", out, x), x.data_ptr(), out.data_ptr(), out.numel(),
+                          p, key.seed, key.stream, stream_),
+           "dropout");
 }
 
 void CudaBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
                          Tensor& out) {
   if (out.numel() == 0) return;
-  launch_rotary(x.data<float>(), cos.data<float>(), sin.data<float>(), inverse, out.data<float>(),
-                x.size(0), x.size(1), x.size(2), x.size(3), stream_);
-  check_launch("rotary");
+  // The tables are F32 (rotary_tables) or the compute dtype (Note [Low-precision ops]).
+  const int t = compute_dt("rotary", out, x);
+  STRATA_CHECK(cos.dtype() == sin.dtype() && (cos.dtype() == DType::F32 || dt(cos.dtype()) == t),
+               "CUDA rotary: tables {} / {} for {}", cos.str(), sin.str(), x.str());
+  launched(launch_rotary(t, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), dt(cos.dtype()), inverse,
+                         out.data_ptr(), x.size(0), x.size(1), x.size(2), x.size(3), stream_),
+           "rotary");
 }
 
 // ---- reductions ----
@@ -360,10 +404,11 @@ double CudaBackend::sum_squares(const Tensor& x) {
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                     float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
-  launch_layernorm_forward(x.data<float>(), weight.data<float>(), bias.data<float>(), eps,
-                           y.data<float>(), mean.data<float>(), rstd.data<float>(), x.size(0),
-                           x.size(1), stream_);
-  check_launch("layernorm_forward");
+  launched(launch_layernorm_forward(compute_dt("layernorm", x, weight, bias, y), x.data_ptr(),
+                                    weight.data_ptr(), bias.data_ptr(), eps, y.data_ptr(),
+                                    mean.data<float>(), rstd.data<float>(), x.size(0), x.size(1),
+                                    stream_),
+           "layernorm_forward");
 }
 
 void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -372,18 +417,20 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(2 * chunks * c * 4);
-  launch_layernorm_backward(dy.data<float>(), x.data<float>(), weight.data<float>(),
-                            mean.data<float>(), rstd.data<float>(), dx.data<float>(),
-                            dweight.data<float>(), dbias.data<float>(),
-                            static_cast<float*>(s.data_ptr()), n, c, stream_);
-  check_launch("layernorm_backward");
+  launched(
+      launch_layernorm_backward(compute_dt("layernorm_backward", x, dy, weight, dx, dweight, dbias),
+                                dy.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data<float>(),
+                                rstd.data<float>(), dx.data_ptr(), dweight.data_ptr(),
+                                dbias.data_ptr(), static_cast<float*>(s.data_ptr()), n, c, stream_),
+      "layernorm_backward");
 }
 
 void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                   Tensor& rstd) {
-  launch_rmsnorm_forward(x.data<float>(), weight.data<float>(), eps, y.data<float>(),
-                         rstd.data<float>(), x.size(0), x.size(1), stream_);
-  check_launch("rmsnorm_forward");
+  launched(
+      launch_rmsnorm_forward(compute_dt("rmsnorm", x, weight, y), x.data_ptr(), weight.data_ptr(),
+                             eps, y.data_ptr(), rstd.data<float>(), x.size(0), x.size(1), stream_),
+      "rmsnorm_forward");
 }
 
 void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -391,49 +438,57 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(chunks * c * 4);
-  launch_rmsnorm_backward(dy.data<float>(), x.data<float>(), weight.data<float>(),
-                          rstd.data<float>(), dx.data<float>(), dweight.data<float>(),
-                          static_cast<float*>(s.data_ptr()), n, c, stream_);
-  check_launch("rmsnorm_backward");
+  launched(launch_rmsnorm_backward(compute_dt("rmsnorm_backward", x, dy, weight, dx, dweight),
+                                   dy.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                                   rstd.data<float>(), dx.data_ptr(), dweight.data_ptr(),
+                                   static_cast<float*>(s.data_ptr()), n, c, stream_),
+           "rmsnorm_backward");
 }
 
 void CudaBackend::softmax_forward(const Tensor& x, Tensor& y) {
-  launch_softmax_forward(x.data<float>(), y.data<float>(), x.size(0), x.size(1), stream_);
-  check_launch("softmax_forward");
+  launched(launch_softmax_forward(compute_dt("softmax", x, y), x.data_ptr(), y.data_ptr(),
+                                  x.size(0), x.size(1), stream_),
+           "softmax_forward");
 }
 
 void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  launch_softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.size(0), y.size(1),
-                          stream_);
-  check_launch("softmax_backward");
+  launched(launch_softmax_backward(compute_dt("softmax_backward", y, dy, dx), y.data_ptr(),
+                                   dy.data_ptr(), dx.data_ptr(), y.size(0), y.size(1), stream_),
+           "softmax_backward");
 }
 
 // ---- attention ----
 
 void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     float scale, Tensor& out, Tensor& lse) {
+  // cuDNN flash attention first (bf16/f16), else the own kernel (Note [cuDNN SDPA]).
+  if (try_cudnn_attention_forward(stream_, q, k, v, causal, scale, out, lse)) return;
   const int64_t d = q.size(3);
   if (d > kAttentionMaxHeadDim)
     user_error(
         "attention head_dim {} is larger than the CUDA kernel's limit {}; use a smaller "
         "head size (n_embd / n_head)",
         d, kAttentionMaxHeadDim);
-  launch_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), causal, scale,
-                           out.data<float>(), lse.data<float>(), q.size(0) * q.size(1), q.size(2),
-                           k.size(2), d, stream_);
-  check_launch("attention_forward");
+  launched(
+      launch_attention_forward(compute_dt("attention", q, k, v, out), q.data_ptr(), k.data_ptr(),
+                               v.data_ptr(), causal, scale, out.data_ptr(), lse.data<float>(),
+                               q.size(0) * q.size(1), q.size(2), k.size(2), d, stream_),
+      "attention_forward");
 }
 
 void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const Tensor& lse, const Tensor& dout,
                                      bool causal, float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+  if (try_cudnn_attention_backward(stream_, q, k, v, out, lse, dout, causal, scale, dq, dk, dv))
+    return;
   const int64_t bh = q.size(0) * q.size(1), tq = q.size(2), d = q.size(3);
   Tensor s = scratch(bh * tq * 4);
-  launch_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                            lse.data<float>(), dout.data<float>(), causal, scale, dq.data<float>(),
-                            dk.data<float>(), dv.data<float>(), static_cast<float*>(s.data_ptr()),
-                            bh, tq, k.size(2), d, stream_);
-  check_launch("attention_backward");
+  launched(launch_attention_backward(
+               compute_dt("attention_backward", q, k, v, out, dout, dq, dk, dv), q.data_ptr(),
+               k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data<float>(), dout.data_ptr(),
+               causal, scale, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+               static_cast<float*>(s.data_ptr()), bh, tq, k.size(2), d, stream_),
+           "attention_backward");
 }
 
 // ---- embedding and loss ----
@@ -459,15 +514,44 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tens
   if (n == 0) return;
   // The ids were checked by the forward on the same data, but a bad one here would write out of
   // bounds, so check again on the host (ids are small next to dout).
-  for (int64_t id : to_int_vector(ids))
+  const std::vector<int64_t> host_ids = to_int_vector(ids);
+  for (int64_t id : host_ids)
     if (id < 0 || id >= vocab)
       user_error(
           "embedding_backward: token id {} is outside [0, {}); the data does not fit this "
           "model's vocab_size",
           id, vocab);
-  launch_embedding_backward(ids.data_ptr(), ids.dtype() == DType::I64, dout.data<float>(),
-                            dweight.data<float>(), n, dweight.size(1), stream_);
-  check_launch("embedding_backward");
+  const int64_t c = dweight.size(1);
+  if (dweight.dtype() == DType::F32) {
+    launched(launch_embedding_backward(ids.data_ptr(), ids.dtype() == DType::I64, dout.data_ptr(),
+                                       compute_dt("embedding_backward", dout),
+                                       dweight.data<float>(), n, c, stream_),
+             "embedding_backward");
+    return;
+  }
+  // Note [CUDA embedding backward] (reduce_norm.cu): distinct ids in first-appearance order and
+  // each row's slot among them, made here from the ids the check above already copied.
+  const int t = compute_dt("embedding_backward", dweight, dout);
+  std::vector<int64_t> lists;  // [uniq..., slot...]
+  std::vector<int64_t> slot(static_cast<size_t>(n));
+  std::unordered_map<int64_t, int64_t> where;
+  for (int64_t r = 0; r < n; ++r) {
+    auto [it, fresh] = where.emplace(host_ids[r], static_cast<int64_t>(lists.size()));
+    if (fresh) lists.push_back(host_ids[r]);
+    slot[r] = it->second;
+  }
+  const int64_t u = static_cast<int64_t>(lists.size());
+  lists.insert(lists.end(), slot.begin(), slot.end());
+  Tensor dev_lists = scratch((u + n) * static_cast<int64_t>(sizeof(int64_t)));
+  check_cuda(cudaMemcpyAsync(dev_lists.data_ptr(), lists.data(), lists.size() * sizeof(int64_t),
+                             cudaMemcpyHostToDevice, stream_),
+             "cudaMemcpyAsync H2D");
+  Tensor acc = scratch(u * c * static_cast<int64_t>(sizeof(float)));
+  const int64_t* uniq = static_cast<const int64_t*>(dev_lists.data_ptr());
+  launched(launch_embedding_backward_lowp(uniq, uniq + u, u, dout.data_ptr(), t, dweight.data_ptr(),
+                                          t, static_cast<float*>(acc.data_ptr()), n, c, stream_),
+           "embedding_backward");
+  synchronize();  // `lists` is pageable memory freed at return (Note [CUDA streams])
 }
 
 void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
@@ -476,10 +560,11 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
   if (n == 0) return;
   Tensor flag = scratch(sizeof(int));
   check_cuda(cudaMemsetAsync(flag.data_ptr(), 0, sizeof(int), stream_), "cudaMemsetAsync");
-  launch_cross_entropy_forward(
-      logits.data<float>(), targets.data_ptr(), targets.dtype() == DType::I64, ignore_index,
-      losses.data<float>(), lse.data<float>(), n, v, static_cast<int*>(flag.data_ptr()), stream_);
-  check_launch("cross_entropy_forward");
+  launched(launch_cross_entropy_forward(compute_dt("cross_entropy", logits), logits.data_ptr(),
+                                        targets.data_ptr(), targets.dtype() == DType::I64,
+                                        ignore_index, losses.data<float>(), lse.data<float>(), n, v,
+                                        static_cast<int*>(flag.data_ptr()), stream_),
+           "cross_entropy_forward");
   check_flag(flag, fmt::format("cross_entropy: a target is outside [0, {}) and is not the "
                                "ignore_index {}; check the dataset against vocab_size",
                                v, ignore_index)
@@ -490,11 +575,12 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
                                          const Tensor& lse, const Tensor& dloss,
                                          int64_t ignore_index, Tensor& dlogits) {
   // Targets were validated by the forward; an out-of-range one here only misses its one-hot.
-  launch_cross_entropy_backward(logits.data<float>(), targets.data_ptr(),
-                                targets.dtype() == DType::I64, lse.data<float>(),
-                                dloss.data<float>(), ignore_index, dlogits.data<float>(),
-                                logits.size(0), logits.size(1), stream_);
-  check_launch("cross_entropy_backward");
+  launched(launch_cross_entropy_backward(compute_dt("cross_entropy_backward", logits, dlogits),
+                                         logits.data_ptr(), targets.data_ptr(),
+                                         targets.dtype() == DType::I64, lse.data<float>(),
+                                         dloss.data<float>(), ignore_index, dlogits.data_ptr(),
+                                         logits.size(0), logits.size(1), stream_),
+           "cross_entropy_backward");
 }
 
 // ---- device setup and registration ----
@@ -508,10 +594,25 @@ int device_count() {
   return n;
 }
 
+void init(int device);
+
+namespace {
+std::mutex init_mu;
+CudaBackend* backend = nullptr;  // this process's backend once init() ran; lives for the process
+}  // namespace
+
+void* current_stream() {
+  {
+    std::lock_guard<std::mutex> lock(init_mu);
+    if (backend != nullptr) return backend->stream();
+  }
+  init(0);  // as backend_for(Device::cuda()) does on first use
+  std::lock_guard<std::mutex> lock(init_mu);
+  return backend->stream();
+}
+
 void init(int device) {
-  static std::mutex mu;
-  static CudaBackend* backend = nullptr;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(init_mu);
   if (backend != nullptr) {
     if (backend->device().index != device)
       user_error(

@@ -5,7 +5,9 @@
 // column-major [c, r] one, so out = op(a) @ op(b) is computed as out^T = op(b)^T @ op(a)^T with
 // b passed as cuBLAS's A and a as its B, transposes unchanged. Batches are strided; a 2-D b is
 // shared by giving it batch stride 0. f32 inputs use CUBLAS_COMPUTE_32F (no TF32), bf16/f16
-// inputs accumulate in f32 (CUBLAS_COMPUTE_32F) and write f32 or their own dtype. The algorithm
+// inputs accumulate in f32 (CUBLAS_COMPUTE_32F, f32 alpha/beta) and write C/D in their own dtype
+// (the op layer's default, Note [Low-precision ops]) or in f32 (matmul_out into an F32 out); with
+// beta != 0, C is read in that same dtype. The algorithm
 // is chosen once per problem (cached) and never one whose split-K reduction is done in place
 // with atomics, so the same problem gives the same bits every run (Note [Backend contract]).
 #include <cublasLt.h>

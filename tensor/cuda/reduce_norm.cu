@@ -8,6 +8,18 @@
 // thread one column and walks the rows in order, so repeated ids accumulate in index order.
 // The fused cross-entropy never writes the softmax: forward keeps only lse per row, backward
 // recomputes exp(x - lse) while writing dlogits.
+//
+// Note [CUDA embedding backward]
+// dweight += scatter(dout) must round once per element for a BF16/F16 dweight (Note [Low-precision
+// ops]), so the running sums cannot live in dweight itself. The host lists the distinct ids in
+// first-appearance order and each row's slot in that list; one kernel, a thread per column,
+// widens the touched dweight rows into an f32 scratch [u, c], adds the dout rows in row order
+// (the f32 kernel's order, starting from the old dweight value as it does), then rounds each
+// touched element once. Untouched rows are never written.
+//
+// The norm, softmax, cross-entropy and embedding kernels are templates on the element type
+// (Note [CUDA low-precision kernels] in common.cuh); mean/rstd/lse/losses/dloss and every partial
+// sum stay f32.
 #include <cmath>
 
 #include "tensor/cuda/common.cuh"
@@ -93,22 +105,24 @@ __global__ void sum_partials(const double* partial, int n, double* result) {
   if (threadIdx.x == 0) *result = acc;
 }
 
-__global__ void layernorm_fwd(const float* x, const float* w, const float* b, float eps, float* y,
-                              float* mean_out, float* rstd_out, int64_t c) {
+template <typename T>
+__global__ void layernorm_fwd(const T* x, const T* w, const T* b, float eps, T* y, float* mean_out,
+                              float* rstd_out, int64_t c) {
   __shared__ float sh[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * c;
+  const T* xr = x + row * c;
   float s = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += xr[j];
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += to_f32(xr[j]);
   const float mean = block_sum(s, sh) / static_cast<float>(c);
   float v = 0;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float d = xr[j] - mean;
+    const float d = to_f32(xr[j]) - mean;
     v += d * d;
   }
   const float rstd = rsqrtf(block_sum(v, sh) / static_cast<float>(c) + eps);
-  float* yr = y + row * c;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+  T* yr = y + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+    yr[j] = from_f32<T>((to_f32(xr[j]) - mean) * rstd * to_f32(w[j]) + to_f32(b[j]));
   if (threadIdx.x == 0) {
     mean_out[row] = mean;
     rstd_out[row] = rstd;
@@ -116,92 +130,103 @@ __global__ void layernorm_fwd(const float* x, const float* w, const float* b, fl
 }
 
 // dx of layernorm (w != null) or rmsnorm (mean == null).
-__global__ void norm_bwd_dx(const float* dy, const float* x, const float* w, const float* mean,
-                            const float* rstd, float* dx, int64_t c) {
+template <typename T>
+__global__ void norm_bwd_dx(const T* dy, const T* x, const T* w, const float* mean,
+                            const float* rstd, T* dx, int64_t c) {
   __shared__ float sh[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * c;
-  const float* gr = dy + row * c;
+  const T* xr = x + row * c;
+  const T* gr = dy + row * c;
   const float mu = mean ? mean[row] : 0.f, rs = rstd[row];
   float sg = 0, sgx = 0;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float g = gr[j] * w[j];
+    const float g = to_f32(gr[j]) * to_f32(w[j]);
     sg += g;
-    sgx += g * (xr[j] - mu) * rs;
+    sgx += g * (to_f32(xr[j]) - mu) * rs;
   }
   const float mg = mean ? block_sum(sg, sh) / static_cast<float>(c) : 0.f;
   const float mgx = block_sum(sgx, sh) / static_cast<float>(c);
-  float* dr = dx + row * c;
+  T* dr = dx + row * c;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float xhat = (xr[j] - mu) * rs;
-    dr[j] = rs * (gr[j] * w[j] - mg - xhat * mgx);
+    const float xhat = (to_f32(xr[j]) - mu) * rs;
+    dr[j] = from_f32<T>(rs * (to_f32(gr[j]) * to_f32(w[j]) - mg - xhat * mgx));
   }
 }
 
-// partial_w[chunk, j] = sum over the chunk's rows of dy * xhat; partial_b likewise of dy.
-__global__ void norm_bwd_partials(const float* dy, const float* x, const float* mean,
-                                  const float* rstd, float* partial_w, float* partial_b, int64_t n,
-                                  int64_t c) {
+// partial_w[chunk, j] = sum over the chunk's rows of dy * xhat; partial_b likewise of dy (f32).
+template <typename T>
+__global__ void norm_bwd_partials(const T* dy, const T* x, const float* mean, const float* rstd,
+                                  float* partial_w, float* partial_b, int64_t n, int64_t c) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t chunk = blockIdx.y;
   if (j >= c) return;
   const int64_t r0 = chunk * kNormRowChunk, r1 = min(n, r0 + kNormRowChunk);
   float sw = 0, sb = 0;
   for (int64_t r = r0; r < r1; ++r) {
-    const float g = dy[r * c + j];
+    const float g = to_f32(dy[r * c + j]);
     const float mu = mean ? mean[r] : 0.f;
-    sw += g * (x[r * c + j] - mu) * rstd[r];
+    sw += g * (to_f32(x[r * c + j]) - mu) * rstd[r];
     sb += g;
   }
   partial_w[chunk * c + j] = sw;
   if (partial_b) partial_b[chunk * c + j] = sb;
 }
 
-__global__ void sum_chunks(const float* partial, int64_t chunks, int64_t c, float* out) {
+// out[j] = sum of the f32 partials in chunk order, rounded once.
+template <typename T>
+__global__ void sum_chunks(const float* partial, int64_t chunks, int64_t c, T* out) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= c) return;
   float s = 0;
   for (int64_t k = 0; k < chunks; ++k) s += partial[k * c + j];
-  out[j] = s;
+  out[j] = from_f32<T>(s);
 }
 
-__global__ void rmsnorm_fwd(const float* x, const float* w, float eps, float* y, float* rstd_out,
-                            int64_t c) {
+template <typename T>
+__global__ void rmsnorm_fwd(const T* x, const T* w, float eps, T* y, float* rstd_out, int64_t c) {
   __shared__ float sh[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * c;
+  const T* xr = x + row * c;
   float s = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += xr[j] * xr[j];
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float xv = to_f32(xr[j]);
+    s += xv * xv;
+  }
   const float rstd = rsqrtf(block_sum(s, sh) / static_cast<float>(c) + eps);
-  float* yr = y + row * c;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = xr[j] * rstd * w[j];
+  T* yr = y + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+    yr[j] = from_f32<T>(to_f32(xr[j]) * rstd * to_f32(w[j]));
   if (threadIdx.x == 0) rstd_out[row] = rstd;
 }
 
-__global__ void softmax_fwd(const float* x, float* y, int64_t c) {
+template <typename T>
+__global__ void softmax_fwd(const T* x, T* y, int64_t c) {
   __shared__ float sh[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * c;
+  const T* xr = x + row * c;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, xr[j]);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, to_f32(xr[j]));
   m = block_max(m, sh);
   float s = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += expf(xr[j] - m);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += expf(to_f32(xr[j]) - m);
   const float inv = 1.f / block_sum(s, sh);
-  float* yr = y + row * c;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = expf(xr[j] - m) * inv;
+  T* yr = y + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+    yr[j] = from_f32<T>(expf(to_f32(xr[j]) - m) * inv);
 }
 
-__global__ void softmax_bwd(const float* y, const float* dy, float* dx, int64_t c) {
+template <typename T>
+__global__ void softmax_bwd(const T* y, const T* dy, T* dx, int64_t c) {
   __shared__ float sh[32];
   const int64_t row = blockIdx.x;
-  const float* yr = y + row * c;
-  const float* gr = dy + row * c;
+  const T* yr = y + row * c;
+  const T* gr = dy + row * c;
   float s = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += yr[j] * gr[j];
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += to_f32(yr[j]) * to_f32(gr[j]);
   s = block_sum(s, sh);
-  float* dr = dx + row * c;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dr[j] = yr[j] * (gr[j] - s);
+  T* dr = dx + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+    dr[j] = from_f32<T>(to_f32(yr[j]) * (to_f32(gr[j]) - s));
 }
 
 __device__ inline int64_t load_id(const void* ids, bool i64, int64_t i) {
@@ -227,23 +252,36 @@ __global__ void embedding_fwd(const char* w, const void* ids, bool i64, char* ou
   }
 }
 
-__global__ void embedding_bwd(const void* ids, bool i64, const float* dout, float* dw, int64_t n,
+template <typename TD>
+__global__ void embedding_bwd(const void* ids, bool i64, const TD* dout, float* dw, int64_t n,
                               int64_t c) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= c) return;
-  for (int64_t r = 0; r < n; ++r) dw[load_id(ids, i64, r) * c + j] += dout[r * c + j];
+  for (int64_t r = 0; r < n; ++r) dw[load_id(ids, i64, r) * c + j] += to_f32(dout[r * c + j]);
 }
 
-__global__ void ce_fwd(const float* x, const void* targets, bool i64, int64_t ignore, float* losses,
+// Note [CUDA embedding backward].
+template <typename TD, typename TW>
+__global__ void embedding_bwd_lowp(const int64_t* uniq, const int64_t* slot, int64_t u,
+                                   const TD* dout, TW* dw, float* acc, int64_t n, int64_t c) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= c) return;
+  for (int64_t s = 0; s < u; ++s) acc[s * c + j] = to_f32(dw[uniq[s] * c + j]);
+  for (int64_t r = 0; r < n; ++r) acc[slot[r] * c + j] += to_f32(dout[r * c + j]);
+  for (int64_t s = 0; s < u; ++s) dw[uniq[s] * c + j] = from_f32<TW>(acc[s * c + j]);
+}
+
+template <typename T>
+__global__ void ce_fwd(const T* x, const void* targets, bool i64, int64_t ignore, float* losses,
                        float* lse_out, int64_t v, int* bad) {
   __shared__ float sh[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * v;
+  const T* xr = x + row * v;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, xr[j]);
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, to_f32(xr[j]));
   m = block_max(m, sh);
   float s = 0;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(xr[j] - m);
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(to_f32(xr[j]) - m);
   s = block_sum(s, sh);
   if (threadIdx.x != 0) return;
   const float l = m + logf(s);
@@ -255,23 +293,24 @@ __global__ void ce_fwd(const float* x, const void* targets, bool i64, int64_t ig
     *bad = 1;
     losses[row] = NAN;
   } else {
-    losses[row] = l - xr[t];
+    losses[row] = l - to_f32(xr[t]);
   }
 }
 
-__global__ void ce_bwd(const float* x, const void* targets, bool i64, const float* lse,
-                       const float* dloss, int64_t ignore, float* dx, int64_t v) {
+template <typename T>
+__global__ void ce_bwd(const T* x, const void* targets, bool i64, const float* lse,
+                       const float* dloss, int64_t ignore, T* dx, int64_t v) {
   const int64_t row = blockIdx.x;
   const int64_t t = load_id(targets, i64, row);
-  const float* xr = x + row * v;
-  float* dr = dx + row * v;
+  const T* xr = x + row * v;
+  T* dr = dx + row * v;
   const float l = lse[row], g = dloss[row];
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
     if (t == ignore) {
-      dr[j] = 0.f;
+      dr[j] = from_f32<T>(0.f);
     } else {
-      const float p = expf(xr[j] - l);
-      dr[j] = (j == t ? p - 1.0f : p) * g;
+      const float p = expf(to_f32(xr[j]) - l);
+      dr[j] = from_f32<T>((j == t ? p - 1.0f : p) * g);
     }
   }
 }
@@ -298,57 +337,88 @@ void launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, do
   sum_partials<<<1, 256, 0, stream>>>(scratch, kSumSquaresBlocks, result);
 }
 
-void launch_layernorm_forward(const float* x, const float* w, const float* b, float eps, float* y,
-                              float* mean, float* rstd, int64_t n, int64_t c, Stream stream) {
-  if (n == 0) return;
-  layernorm_fwd<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(x, w, b, eps, y, mean,
-                                                                         rstd, c);
+#define STRATA_FLOAT_TYPE(tag) typename decltype(tag)::type
+
+bool launch_layernorm_forward(int dt, const void* x, const void* w, const void* b, float eps,
+                              void* y, float* mean, float* rstd, int64_t n, int64_t c,
+                              Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0) return;
+    layernorm_fwd<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), eps,
+        static_cast<T*>(y), mean, rstd, c);
+  });
 }
 
-void launch_layernorm_backward(const float* dy, const float* x, const float* w, const float* mean,
-                               const float* rstd, float* dx, float* dw, float* db, float* scratch,
-                               int64_t n, int64_t c, Stream stream) {
-  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-  if (n > 0)
-    norm_bwd_dx<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(dy, x, w, mean, rstd, dx,
-                                                                         c);
-  const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
-  if (chunks > 0)
-    norm_bwd_partials<<<grid, 256, 0, stream>>>(dy, x, mean, rstd, scratch, scratch + chunks * c, n,
-                                                c);
-  const unsigned cg = static_cast<unsigned>((c + 255) / 256);
-  sum_chunks<<<cg, 256, 0, stream>>>(scratch, chunks, c, dw);
-  sum_chunks<<<cg, 256, 0, stream>>>(scratch + chunks * c, chunks, c, db);
+bool launch_layernorm_backward(int dt, const void* dy, const void* x, const void* w,
+                               const float* mean, const float* rstd, void* dx, void* dw, void* db,
+                               float* scratch, int64_t n, int64_t c, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    const T* pdy = static_cast<const T*>(dy);
+    const T* px = static_cast<const T*>(x);
+    const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+    if (n > 0)
+      norm_bwd_dx<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
+          pdy, px, static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), c);
+    const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
+    if (chunks > 0)
+      norm_bwd_partials<T>
+          <<<grid, 256, 0, stream>>>(pdy, px, mean, rstd, scratch, scratch + chunks * c, n, c);
+    const unsigned cg = static_cast<unsigned>((c + 255) / 256);
+    sum_chunks<T><<<cg, 256, 0, stream>>>(scratch, chunks, c, static_cast<T*>(dw));
+    sum_chunks<T><<<cg, 256, 0, stream>>>(scratch + chunks * c, chunks, c, static_cast<T*>(db));
+  });
 }
 
-void launch_rmsnorm_forward(const float* x, const float* w, float eps, float* y, float* rstd,
+bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, void* y, float* rstd,
                             int64_t n, int64_t c, Stream stream) {
-  if (n == 0) return;
-  rmsnorm_fwd<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(x, w, eps, y, rstd, c);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0) return;
+    rmsnorm_fwd<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), eps, static_cast<T*>(y), rstd, c);
+  });
 }
 
-void launch_rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
-                             float* dx, float* dw, float* scratch, int64_t n, int64_t c,
+bool launch_rmsnorm_backward(int dt, const void* dy, const void* x, const void* w,
+                             const float* rstd, void* dx, void* dw, float* scratch, int64_t n,
+                             int64_t c, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    const T* pdy = static_cast<const T*>(dy);
+    const T* px = static_cast<const T*>(x);
+    const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+    if (n > 0)
+      norm_bwd_dx<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
+          pdy, px, static_cast<const T*>(w), nullptr, rstd, static_cast<T*>(dx), c);
+    const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
+    if (chunks > 0)
+      norm_bwd_partials<T>
+          <<<grid, 256, 0, stream>>>(pdy, px, nullptr, rstd, scratch, nullptr, n, c);
+    sum_chunks<T><<<static_cast<unsigned>((c + 255) / 256), 256, 0, stream>>>(scratch, chunks, c,
+                                                                              static_cast<T*>(dw));
+  });
+}
+
+bool launch_softmax_forward(int dt, const void* x, void* y, int64_t n, int64_t c, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0) return;
+    softmax_fwd<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), c);
+  });
+}
+
+bool launch_softmax_backward(int dt, const void* y, const void* dy, void* dx, int64_t n, int64_t c,
                              Stream stream) {
-  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-  if (n > 0)
-    norm_bwd_dx<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(dy, x, w, nullptr, rstd,
-                                                                         dx, c);
-  const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
-  if (chunks > 0)
-    norm_bwd_partials<<<grid, 256, 0, stream>>>(dy, x, nullptr, rstd, scratch, nullptr, n, c);
-  sum_chunks<<<static_cast<unsigned>((c + 255) / 256), 256, 0, stream>>>(scratch, chunks, c, dw);
-}
-
-void launch_softmax_forward(const float* x, float* y, int64_t n, int64_t c, Stream stream) {
-  if (n == 0) return;
-  softmax_fwd<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(x, y, c);
-}
-
-void launch_softmax_backward(const float* y, const float* dy, float* dx, int64_t n, int64_t c,
-                             Stream stream) {
-  if (n == 0) return;
-  softmax_bwd<<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(y, dy, dx, c);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0) return;
+    softmax_bwd<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
+        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), c);
+  });
 }
 
 void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64, void* out,
@@ -358,26 +428,54 @@ void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64,
       static_cast<const char*>(weight), ids, ids_i64, static_cast<char*>(out), v, row_bytes, bad);
 }
 
-void launch_embedding_backward(const void* ids, bool ids_i64, const float* dout, float* dweight,
-                               int64_t n, int64_t c, Stream stream) {
-  embedding_bwd<<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(ids, ids_i64, dout,
-                                                                            dweight, n, c);
+bool launch_embedding_backward(const void* ids, bool ids_i64, const void* dout, int dout_dtype,
+                               float* dweight, int64_t n, int64_t c, Stream stream) {
+  return dispatch_float(dout_dtype, [&](auto tag) {
+    using TD = STRATA_FLOAT_TYPE(tag);
+    embedding_bwd<TD><<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
+        ids, ids_i64, static_cast<const TD*>(dout), dweight, n, c);
+  });
 }
 
-void launch_cross_entropy_forward(const float* logits, const void* targets, bool targets_i64,
+bool launch_embedding_backward_lowp(const int64_t* uniq, const int64_t* slot, int64_t u,
+                                    const void* dout, int dout_dtype, void* dweight, int dw_dtype,
+                                    float* scratch, int64_t n, int64_t c, Stream stream) {
+  bool ok = false;
+  dispatch_float(dout_dtype, [&](auto dtag) {
+    using TD = STRATA_FLOAT_TYPE(dtag);
+    ok = dispatch_float(dw_dtype, [&](auto wtag) {
+      using TW = STRATA_FLOAT_TYPE(wtag);
+      embedding_bwd_lowp<TD, TW><<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
+          uniq, slot, u, static_cast<const TD*>(dout), static_cast<TW*>(dweight), scratch, n, c);
+    });
+  });
+  return ok;
+}
+
+bool launch_cross_entropy_forward(int dt, const void* logits, const void* targets, bool targets_i64,
                                   int64_t ignore_index, float* losses, float* lse, int64_t n,
                                   int64_t v, int* bad, Stream stream) {
-  if (n == 0) return;
-  ce_fwd<<<static_cast<unsigned>(n), row_threads(v), 0, stream>>>(
-      logits, targets, targets_i64, ignore_index, losses, lse, v, bad);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0) return;
+    ce_fwd<T><<<static_cast<unsigned>(n), row_threads(v), 0, stream>>>(
+        static_cast<const T*>(logits), targets, targets_i64, ignore_index, losses, lse, v, bad);
+  });
 }
 
-void launch_cross_entropy_backward(const float* logits, const void* targets, bool targets_i64,
-                                   const float* lse, const float* dloss, int64_t ignore_index,
-                                   float* dlogits, int64_t n, int64_t v, Stream stream) {
-  if (n == 0) return;
-  ce_bwd<<<static_cast<unsigned>(n), 512, 0, stream>>>(logits, targets, targets_i64, lse, dloss,
-                                                       ignore_index, dlogits, v);
+bool launch_cross_entropy_backward(int dt, const void* logits, const void* targets,
+                                   bool targets_i64, const float* lse, const float* dloss,
+                                   int64_t ignore_index, void* dlogits, int64_t n, int64_t v,
+                                   Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0) return;
+    ce_bwd<T><<<static_cast<unsigned>(n), 512, 0, stream>>>(static_cast<const T*>(logits), targets,
+                                                            targets_i64, lse, dloss, ignore_index,
+                                                            static_cast<T*>(dlogits), v);
+  });
 }
+
+#undef STRATA_FLOAT_TYPE
 
 }  // namespace strata::tensor::cuda

@@ -1,0 +1,308 @@
+// cuDNN fused attention: mode selection, argument checks, the plan cache and execution. The
+// backend-API plumbing and the two operation graphs are in sdpa_plan.cpp.
+//
+// Note [cuDNN SDPA]
+// What runs. cuDNN 9 has no single "attention" call on its C API for our case: its flash
+// attention engines are chosen by the graph API (cudnn_graph.h) for an operation graph of matmul,
+// pointwise and reduction nodes in the shape cudnn_frontend lowers its SDPA node to (the
+// "composite" SDPA of cudnn-frontend's node/scaled_dot_product_flash_attention.h). cuDNN 9.13+
+// also has single SDPA_FWD/SDPA_BWD operation nodes, but in 9.19 they take a causal mask only as
+// a score-modifier subgraph, which needs 9.21; so Strata builds the composite graphs itself
+// (sdpa_plan.cpp; the cudnn_frontend C++ headers are not used). Forward:
+//   S = Q K^T * scale [causal: S = select(row + Tk - Tq >= col, S, -inf)]
+//   M = rowmax S,  E = exp(S - M),  L = rowsum E,  Stats = M + log L,  O = (E / L) V
+// Backward (Stats from the forward, D = rowsum(dO * O)):
+//   P = exp(Q K^T * scale - Stats) [masked the same way],  dV = P^T dO,
+//   dS = P * (dO V^T - D) * scale,  dK = dS^T Q,  dQ = dS K.
+// bf16 and f16 only (cuDNN flash attention has no f32 path): f32 inputs use the own kernel.
+//
+// The lse contract. backend.h wants lse = the natural log-sum-exp of each scaled (and masked)
+// score row. cuDNN's Stats is exactly that: Stats = max + log(sum exp(s - max)) with natural
+// log (cudnn-frontend include/cudnn_frontend/node/softmax.h, CompositeSoftmaxNode, which is the
+// graph the engines match; NVIDIA's SDPA docs, e.g.
+// https://docs.nvidia.com/cudnn/operations/Attention/sdpa_bwd_sm107, call it "the forward Stats
+// (natural-log LSE)"; a base-2 variant exists only as an opt-in attribute of cuDNN >= 9.27, not
+// set here). Stats is f32 [B, H, Tq, 1] packed, the same bytes as our contiguous lse [B, H, Tq],
+// so both directions pass our lse pointer with no conversion, and an lse from the own kernel
+// feeds cuDNN's backward and vice versa.
+//
+// Masking. Our causal mask lets query i see keys j <= i + (Tk - Tq) (bottom-right aligned). With
+// Tq == Tk that is cuDNN's plain causal graph (row >= col); with Tq < Tk the row index is shifted
+// by by-value scalars (+Tk, -Tq) as cudnn-frontend's bottom-right mask does. Tq > Tk with causal
+// leaves rows with no key, which our contract defines (out 0, lse -inf) and cuDNN does not: those
+// go to the own kernel.
+//
+// Determinism (DESIGN.md decision 9). cuDNN's default SDPA backward accumulates dQ with atomics
+// into an f32 workspace tensor (cudnn-frontend's "dQ_accum" graph: matmul dS K into a non-virtual
+// f32 tensor, then an IDENTITY node into dQ), so its dQ bits depend on scheduling. The graph
+// without that tensor (matmul dS K straight into dQ) makes the Hopper engine keep dP in a
+// workspace of B*H*Tq*Tk*2 bytes and reduce dQ in a fixed order; cudnn-frontend selects exactly
+// that graph when asked for is_deterministic_algorithm on Hopper. Strata always builds the
+// deterministic graph (there is no non-deterministic variant to select), and additionally skips
+// any engine config whose numerical notes say NONDETERMINISTIC. The cost is that workspace
+// (GPT-2 124M at B = 16, T = 1024: 12 heads -> 384 MiB) and some speed; auto therefore keeps
+// using cuDNN for the backward. CudnnAttention.CudnnAttentionIsDeterministic (tests/cuda) checks
+// the bits.
+//
+// Loading. libcudnn.so.9 is opened with dlopen on first use, not linked: a binary built here
+// must still start on a machine without cuDNN, and there cuDNN is simply unavailable. Any 9.x
+// runtime is accepted (the backend API's enums are stable within a major version; all the
+// graph uses exists since 9.0); the loaded version is logged once.
+//
+// Caching. A plan is built once per (B, H, Tq, Tk, D, dtype, causal, direction) and kept for
+// the process; the scale is a by-value input of the graph, so one plan serves every scale. A
+// shape cuDNN cannot plan is remembered too (one log line, then straight to the own kernel).
+#include "tensor/cuda/cudnn_sdpa.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "offload/memory_stats.h"
+#include "tensor/cuda/sdpa_plan.h"
+
+namespace strata::tensor::cuda {
+
+namespace {
+
+thread_local AttentionPath g_last_path = AttentionPath::None;
+
+// One line per distinct reason: the first time a shape falls back is news, the next thousand
+// steps are not.
+void log_once(bool important, const std::string& msg) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!seen.insert(msg).second) return;
+  if (important)
+    log::info("attention: {}", msg);
+  else
+    log::debug("attention: {}", msg);
+}
+
+bool fail(std::string* why, std::string msg) {
+  if (why) *why = std::move(msg);
+  return false;
+}
+
+// Checks shared by both directions; `io` are the q-dtype tensors, lse the f32 one.
+bool check_args(const Tensor& q, const Tensor& k, const std::vector<const Tensor*>& io,
+                const Tensor& lse, bool causal, std::string* why) {
+  if (q.dtype() != DType::BF16 && q.dtype() != DType::F16)
+    return fail(why, fmt::format("dtype {}: cuDNN flash attention takes bf16 or f16 inputs",
+                                 dtype_name(q.dtype())));
+  for (const Tensor* t : io) {
+    if (!t->device().is_cuda())
+      return fail(why, fmt::format("{} is not on a CUDA device", t->str()));
+    if (t->dtype() != q.dtype())
+      return fail(why, fmt::format("mixed dtypes ({} and {})", dtype_name(q.dtype()),
+                                   dtype_name(t->dtype())));
+    if (t->ndim() != 4 || !t->is_contiguous())
+      return fail(why, fmt::format("{} is not a contiguous [B, H, T, D] tensor", t->str()));
+    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
+      return fail(why, fmt::format("{} is not 16-byte aligned", t->str()));
+  }
+  if (lse.dtype() != DType::F32 || !lse.device().is_cuda() || !lse.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(lse.data_ptr()) % 16 != 0)
+    return fail(why, fmt::format("lse {} is not a contiguous, aligned f32 CUDA tensor", lse.str()));
+  const int64_t d = q.size(3), tq = q.size(2), tk = k.size(2);
+  if (q.numel() == 0 || k.numel() == 0) return fail(why, "empty attention");
+  if (d % 8 != 0 || d > 256)
+    return fail(why, fmt::format("head dim {} (cuDNN needs a multiple of 8, at most 256)", d));
+  if (causal && tq > tk)
+    return fail(why, fmt::format("causal with Tq {} > Tk {} leaves rows with no key", tq, tk));
+  return true;
+}
+
+SdpaKey key_of(const Tensor& q, const Tensor& k, bool causal, bool backward) {
+  return SdpaKey{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype() == DType::BF16,
+                 causal,    backward};
+}
+
+// The plan cache: one entry per key, nullptr for a key cuDNN could not plan (with its reason).
+struct Cache {
+  std::mutex mu;  // also serialises execution: one handle, its stream set per call
+  std::map<SdpaKey, std::shared_ptr<SdpaPlan>> plans;
+  std::map<SdpaKey, std::string> failures;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();  // lives for the process, like the backend
+  return *c;
+}
+
+// The plan for `key`, building it on first use. nullptr (and `why`) when cuDNN cannot.
+std::shared_ptr<SdpaPlan> plan_for(const SdpaKey& key, int device, std::string* why) {
+  Cache& c = cache();
+  if (auto it = c.plans.find(key); it != c.plans.end()) return it->second;
+  if (auto it = c.failures.find(key); it != c.failures.end()) {
+    fail(why, it->second);
+    return nullptr;
+  }
+  std::string err;
+  std::shared_ptr<SdpaPlan> plan = build_sdpa_plan(key, device, &err);
+  if (!plan) {
+    err = fmt::format("cuDNN has no {} plan for {}: {}", key.backward ? "backward" : "forward",
+                      key.str(), err);
+    log_once(true, err + "; using Strata's own kernel");
+    c.failures[key] = err;
+    fail(why, err);
+    return nullptr;
+  }
+  log::info("attention: cuDNN {} plan for {} (engine {}, workspace {} bytes)",
+            key.backward ? "backward" : "forward", key.str(), plan->engine_name(),
+            plan->workspace_bytes());
+  c.plans[key] = plan;
+  return plan;
+}
+
+// Workspace for one execution, charged to Category::Workspace on the backend's allocator.
+// Freed when the caller returns: the allocator reuses it only in this stream's order
+// (Note [GPU caching allocator]).
+Tensor workspace(int64_t bytes, Device device) {
+  offload::CategoryScope ws(offload::Category::Workspace);
+  return Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::U8, device);
+}
+
+bool run(const SdpaKey& key, CUstream_st* stream, const Tensor& q, const SdpaPointers& ptrs,
+         std::string* why) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  std::shared_ptr<SdpaPlan> plan = plan_for(key, q.device().index, why);
+  if (!plan) return false;
+  Tensor ws = workspace(plan->workspace_bytes(), q.device());
+  std::string err;
+  if (!plan->execute(stream, ptrs, ws.data_ptr(), &err)) {
+    // A plan that finalized but does not execute is not expected; do not try it again.
+    err = fmt::format("cuDNN {} for {} failed to execute: {}",
+                      key.backward ? "backward" : "forward", key.str(), err);
+    log::warn("attention: {}; using Strata's own kernel from now on for this shape", err);
+    c.plans.erase(key);
+    c.failures[key] = err;
+    return fail(why, err);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string SdpaKey::str() const {
+  return fmt::format("B={} H={} Tq={} Tk={} D={} {}{}", b, h, tq, tk, d, bf16 ? "bf16" : "f16",
+                     causal ? " causal" : "");
+}
+
+AttentionMode attention_mode() {
+  const char* v = std::getenv("STRATA_ATTENTION");
+  const std::string_view s = v ? v : "";
+  if (s.empty() || s == "auto") return AttentionMode::Auto;
+  if (s == "own") return AttentionMode::Own;
+  if (s == "cudnn") return AttentionMode::Cudnn;
+  user_error(
+      "environment variable STRATA_ATTENTION={} is not an attention path; use own (Strata's "
+      "kernel), cudnn (cuDNN flash attention, an error where it cannot run) or auto (the "
+      "default: cuDNN where it can run, else the own kernel)",
+      s);
+}
+
+AttentionPath last_attention_path() {
+  return g_last_path;
+}
+
+void set_last_attention_path(AttentionPath path) {
+  g_last_path = path;
+}
+
+const char* attention_path_name(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::None:
+      return "none";
+    case AttentionPath::Own:
+      return "own";
+    case AttentionPath::Cudnn:
+      return "cudnn";
+  }
+  return "?";
+}
+
+bool cudnn_sdpa_forward(CUstream_st* stream, const Tensor& q, const Tensor& k, const Tensor& v,
+                        bool causal, float scale, Tensor& out, Tensor& lse, std::string* why) {
+  if (!check_args(q, k, {&q, &k, &v, &out}, lse, causal, why)) return false;
+  if (!cudnn_loaded(why)) return false;
+  SdpaPointers p;
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = out.data_ptr();
+  p.stats = lse.data_ptr();
+  p.scale = scale;
+  return run(key_of(q, k, causal, false), stream, q, p, why);
+}
+
+bool cudnn_sdpa_backward(CUstream_st* stream, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse, const Tensor& dout, bool causal,
+                         float scale, Tensor& dq, Tensor& dk, Tensor& dv, std::string* why) {
+  if (!check_args(q, k, {&q, &k, &v, &out, &dout, &dq, &dk, &dv}, lse, causal, why)) return false;
+  if (!cudnn_loaded(why)) return false;
+  SdpaPointers p;
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = out.data_ptr();
+  p.stats = lse.data_ptr();
+  p.dout = dout.data_ptr(), p.dq = dq.data_ptr(), p.dk = dk.data_ptr(), p.dv = dv.data_ptr();
+  p.scale = scale;
+  return run(key_of(q, k, causal, true), stream, q, p, why);
+}
+
+namespace {
+
+// The shared tail of the two try_ functions.
+bool after_attempt(bool ran, AttentionMode mode, const char* direction, const std::string& why) {
+  if (ran) {
+    set_last_attention_path(AttentionPath::Cudnn);
+    return true;
+  }
+  if (mode == AttentionMode::Cudnn)
+    user_error(
+        "STRATA_ATTENTION=cudnn, but cuDNN cannot run this attention {}: {}. Unset "
+        "STRATA_ATTENTION (or set it to auto) to fall back to Strata's own kernel",
+        direction, why);
+  // f32 is the own kernel's normal case, not news; anything else is worth one line.
+  log_once(why.rfind("dtype f32", 0) != 0,
+           fmt::format("{} uses Strata's own kernel: {}", direction, why));
+  set_last_attention_path(AttentionPath::Own);
+  return false;
+}
+
+}  // namespace
+
+bool try_cudnn_attention_forward(CUstream_st* stream, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, bool causal, float scale, Tensor& out,
+                                 Tensor& lse) {
+  const AttentionMode mode = attention_mode();
+  if (mode == AttentionMode::Own) {
+    set_last_attention_path(AttentionPath::Own);
+    return false;
+  }
+  std::string why;
+  const bool ran = cudnn_sdpa_forward(stream, q, k, v, causal, scale, out, lse, &why);
+  return after_attempt(ran, mode, "forward", why);
+}
+
+bool try_cudnn_attention_backward(CUstream_st* stream, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  const Tensor& dout, bool causal, float scale, Tensor& dq,
+                                  Tensor& dk, Tensor& dv) {
+  const AttentionMode mode = attention_mode();
+  if (mode == AttentionMode::Own) {
+    set_last_attention_path(AttentionPath::Own);
+    return false;
+  }
+  std::string why;
+  const bool ran =
+      cudnn_sdpa_backward(stream, q, k, v, out, lse, dout, causal, scale, dq, dk, dv, &why);
+  return after_attempt(ran, mode, "backward", why);
+}
+
+}  // namespace strata::tensor::cuda

@@ -99,38 +99,59 @@ void zero_flat_grads(std::vector<FlatUnit>& units) {
     if (!u.grads.storage()->is_released()) u.grads.zero_();
 }
 
+namespace {
+
+// Replaces a unit's buffers by new ones of `size` elements and `dtype` on `device`, values
+// converted (and copied across devices), the new tail zero, every view rebound (Note [Flat
+// parameters]).
+void rebuild_unit(FlatUnit& unit, int64_t size, DType dtype, Device device) {
+  const int64_t old_size = unit.size();
+  STRATA_CHECK(!unit.params.storage()->is_released() && !unit.grads.storage()->is_released(),
+               "rebuilding unit '{}' whose buffers are released", unit.name);
+  tensor::Tensor params, grads;
+  {
+    offload::CategoryScope scope(offload::Category::Param);
+    params = tensor::Tensor::empty({size}, dtype, device);
+  }
+  {
+    offload::CategoryScope scope(offload::Category::Grad);
+    grads = tensor::Tensor::empty({size}, dtype, device);
+  }
+  params.narrow(0, old_size, size - old_size).zero_();
+  grads.narrow(0, old_size, size - old_size).zero_();
+  if (old_size > 0) {
+    params.narrow(0, 0, old_size).copy_(unit.params);
+    grads.narrow(0, 0, old_size).copy_(unit.grads);
+  }
+  for (size_t k = 0; k < unit.variables.size(); ++k) {
+    autograd::Variable& v = unit.variables[k];
+    v.set_data(params.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]));
+    v.set_grad(grads.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]));
+  }
+  unit.params = std::move(params);
+  unit.grads = std::move(grads);
+}
+
+}  // namespace
+
 void repad_flat_units(std::vector<FlatUnit>& units, int64_t multiple) {
   STRATA_CHECK(multiple >= 1, "padding multiple {} must be positive", multiple);
   for (FlatUnit& unit : units) {
-    const int64_t old_size = unit.size();
-    const int64_t size = round_up(old_size, multiple);
-    if (size == old_size) continue;
-    STRATA_CHECK(!unit.params.storage()->is_released() && !unit.grads.storage()->is_released(),
-                 "repad of unit '{}' whose buffers are released", unit.name);
-    const Device device = unit.params.device();
-    tensor::Tensor params, grads;
-    {
-      offload::CategoryScope scope(offload::Category::Param);
-      params = tensor::Tensor::empty({size}, DType::F32, device);
-    }
-    {
-      offload::CategoryScope scope(offload::Category::Grad);
-      grads = tensor::Tensor::empty({size}, DType::F32, device);
-    }
-    params.narrow(0, old_size, size - old_size).zero_();
-    grads.narrow(0, old_size, size - old_size).zero_();
-    if (old_size > 0) {
-      params.narrow(0, 0, old_size).copy_(unit.params);
-      grads.narrow(0, 0, old_size).copy_(unit.grads);
-    }
-    for (size_t k = 0; k < unit.variables.size(); ++k) {
-      autograd::Variable& v = unit.variables[k];
-      v.set_data(params.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]));
-      v.set_grad(grads.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]));
-    }
-    unit.params = std::move(params);
-    unit.grads = std::move(grads);
+    const int64_t size = round_up(unit.size(), multiple);
+    if (size != unit.size()) rebuild_unit(unit, size, unit.params.dtype(), unit.params.device());
   }
+}
+
+void cast_flat_units(std::vector<FlatUnit>& units, DType dtype) {
+  STRATA_CHECK(is_floating(dtype), "flat units cast to {}", dtype_name(dtype));
+  for (FlatUnit& unit : units)
+    if (unit.params.dtype() != dtype) rebuild_unit(unit, unit.size(), dtype, unit.params.device());
+}
+
+void move_flat_units(std::vector<FlatUnit>& units, Device device) {
+  for (FlatUnit& unit : units)
+    if (unit.params.device() != device)
+      rebuild_unit(unit, unit.size(), unit.params.dtype(), device);
 }
 
 }  // namespace strata::models

@@ -32,8 +32,8 @@ struct FlatUnit {
   std::vector<int64_t> numels;
   std::vector<tensor::Shape> shapes;
   std::vector<autograd::Variable> variables;
-  tensor::Tensor params;  // f32 [size], contiguous
-  tensor::Tensor grads;   // f32 [size], contiguous
+  tensor::Tensor params;  // [size], contiguous: f32, or bf16/f16 under mixed precision
+  tensor::Tensor grads;   // [size], contiguous, the dtype of params
 
   int64_t size() const { return params.numel(); }  // including alignment padding
   int64_t num_parameters() const;                  // excluding it
@@ -68,5 +68,17 @@ void zero_flat_grads(std::vector<FlatUnit>& units);
 // views of the old buffers (optimizer groups, saved activations). A unit already a multiple is
 // left as it is.
 void repad_flat_units(std::vector<FlatUnit>& units, int64_t multiple);
+
+// Converts every unit's params and grads to `dtype` (BF16/F16 for mixed precision, F32 back):
+// new buffers of the same categories, values rounded to nearest even, every parameter's data and
+// grad rebound (Note [Mixed precision] in parallel/engine.h). Same preconditions as repad.
+void cast_flat_units(std::vector<FlatUnit>& units, DType dtype);
+
+// Moves every unit's params and grads to `device` (the model zoo builds on the host; `train` on
+// the GPU moves the units before making the Engine): new buffers of the same size, dtype and
+// categories there, values copied exactly, every parameter's data and grad rebound. A unit
+// already on `device` is left as it is (so moving to where the units are is the identity). Same
+// preconditions as repad.
+void move_flat_units(std::vector<FlatUnit>& units, Device device);
 
 }  // namespace strata::models

@@ -2,7 +2,9 @@
 // AdamW (decoupled weight decay, Loshchilov & Hutter) over parameter groups of flat buffers,
 // with torch.optim.AdamW's arithmetic (Note [AdamW arithmetic]). Decay-free segments and
 // padding get weight_decay = 0 (Note [Segments and weight decay]). A group's optional bf16/f16
-// model copy is rewritten from the updated fp32 weights in the same pass.
+// model copy is rewritten from the updated fp32 weights in the same pass. Groups on a GPU
+// (Note [Optimizer devices]) step through the fused multi-tensor kernel (Note [CUDA AdamW]),
+// which gives the CPU scalar kernel's bits for the same inputs.
 #include "optim/adamw_kernel.h"
 #include "optim/optimizer.h"
 
@@ -35,6 +37,8 @@ class AdamW final : public Optimizer {
   const tensor::Tensor& exp_avg_sq(size_t group) const { return state(group, 1); }
 
  private:
+  void step_cuda(const AdamWScalars& s);
+
   AdamWConfig config_;
   Isa isa_;
 };

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "offload/memory_stats.h"
+#include "tensor/ops.h"
 
 namespace strata::optim {
 
@@ -55,6 +57,30 @@ void scale(float* x, int64_t n, float coef) {
 double grad_sum_of_squares(const std::vector<tensor::Tensor>& grads) {
   double total = 0;
   for (const tensor::Tensor& g : grads) {
+    if (g.defined() && g.device().is_cuda()) {
+      // Note [GPU gradients]: the backend's deterministic reduction, any float dtype.
+      total += tensor::sum_squares(g);
+      continue;
+    }
+    if (g.defined() && (g.dtype() == DType::BF16 || g.dtype() == DType::F16)) {
+      // Widened exactly, in bounded blocks, so the sum is that of the f32 values.
+      STRATA_USER_CHECK(g.device().is_cpu() && g.is_contiguous(),
+                        "gradient norm needs contiguous CPU tensors, got {}", g.str());
+      constexpr int64_t kBlock = int64_t{1} << 20;
+      tensor::Tensor w;
+      {
+        offload::CategoryScope ws(offload::Category::Workspace);
+        w = tensor::Tensor::empty({std::min(kBlock, std::max<int64_t>(g.numel(), 1))}, DType::F32);
+      }
+      const tensor::Tensor flat = g.flatten();
+      for (int64_t at = 0; at < flat.numel(); at += kBlock) {
+        const int64_t n = std::min(kBlock, flat.numel() - at);
+        tensor::Tensor dst = w.narrow(0, 0, n);
+        dst.copy_(flat.narrow(0, at, n));
+        total += sum_squares(dst.data<float>(), n);
+      }
+      continue;
+    }
     check_grad(g);
     total += sum_squares(g.data<float>(), g.numel());
   }
@@ -67,6 +93,11 @@ double global_grad_norm(const std::vector<tensor::Tensor>& grads) {
 
 void scale_grads(const std::vector<tensor::Tensor>& grads, float coef) {
   for (const tensor::Tensor& g : grads) {
+    if (g.defined() && g.device().is_cuda()) {
+      // Note [GPU gradients]: one rounded multiply per element, like the loop below.
+      tensor::Tensor(g).copy_(tensor::scale(g, coef));  // a handle to the same buffer
+      continue;
+    }
     check_grad(g);
     scale(g.data<float>(), g.numel(), coef);
   }

@@ -1,6 +1,7 @@
 #include "optim/optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <unordered_map>
 
@@ -22,28 +23,40 @@ void fill_zero(float* p, int64_t n) {
   }
 }
 
-bool is_flat_cpu(const tensor::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.ndim() == 1 && t.is_contiguous();
+bool is_flat(const tensor::Tensor& t) {
+  return t.defined() && t.ndim() == 1 && t.is_contiguous();
 }
 
-void validate_group(const ParamGroup& g, size_t index) {
-  if (!is_flat_cpu(g.param) || g.param.dtype() != DType::F32)
-    user_error("parameter group {}: param must be a 1-d contiguous f32 CPU tensor, got {}", index,
+// Note [Optimizer devices]: every tensor of every group on one device, the CPU or one GPU.
+void validate_group(const ParamGroup& g, size_t index, Device device) {
+  if (!is_flat(g.param) || g.param.dtype() != DType::F32)
+    user_error("parameter group {}: param must be a 1-d contiguous f32 tensor, got {}", index,
                g.param.defined() ? g.param.str() : "an undefined tensor");
-  if (!is_flat_cpu(g.grad) || g.grad.dtype() != DType::F32 || g.grad.numel() != g.param.numel())
+  if (!is_flat(g.grad) || !is_floating(g.grad.dtype()) || g.grad.numel() != g.param.numel())
     user_error(
-        "parameter group {}: grad must be a 1-d contiguous f32 CPU tensor of {} elements "
-        "like param, got {}",
+        "parameter group {}: grad must be a 1-d contiguous f32, bf16 or f16 tensor of {} "
+        "elements like param, got {}",
         index, g.param.numel(), g.grad.defined() ? g.grad.str() : "an undefined tensor");
   if (g.low_precision_copy.defined()) {
     const tensor::Tensor& lp = g.low_precision_copy;
-    if (!is_flat_cpu(lp) || (lp.dtype() != DType::BF16 && lp.dtype() != DType::F16) ||
+    if (!is_flat(lp) || (lp.dtype() != DType::BF16 && lp.dtype() != DType::F16) ||
         lp.numel() != g.param.numel())
       user_error(
-          "parameter group {}: low_precision_copy must be a 1-d contiguous bf16 or f16 CPU "
+          "parameter group {}: low_precision_copy must be a 1-d contiguous bf16 or f16 "
           "tensor of {} elements, got {}",
           index, g.param.numel(), lp.str());
   }
+  auto check_device = [&](const tensor::Tensor& t, const char* what) {
+    if (t.defined() && t.device() != device)
+      user_error(
+          "parameter group {}: {} is on {} but the optimizer's tensors are on {}: every "
+          "param, grad and model copy of every group must live on one device (move the "
+          "model's flat units there first: models::move_flat_units)",
+          index, what, t.device().str(), device.str());
+  };
+  check_device(g.param, "param");
+  check_device(g.grad, "grad");
+  check_device(g.low_precision_copy, "low_precision_copy");
   const int64_t n = g.param.numel();
   std::vector<const Segment*> sorted;
   for (const Segment& s : g.segments) {
@@ -66,15 +79,20 @@ void validate_group(const ParamGroup& g, size_t index) {
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> state_names)
     : groups_(std::move(groups)), state_names_(std::move(state_names)) {
-  for (size_t g = 0; g < groups_.size(); ++g) validate_group(groups_[g], g);
+  if (!groups_.empty() && groups_[0].param.defined()) device_ = groups_[0].param.device();
+  for (size_t g = 0; g < groups_.size(); ++g) validate_group(groups_[g], g, device_);
 
   offload::CategoryScope scope(offload::Category::Optimizer);
   for (const ParamGroup& g : groups_) {
     const int64_t n = g.param.numel();
     std::vector<tensor::Tensor> bufs;
     for (size_t k = 0; k < state_names_.size(); ++k) {
-      tensor::Tensor t = tensor::Tensor::empty({n}, DType::F32);
-      fill_zero(t.data<float>(), n);
+      tensor::Tensor t = tensor::Tensor::empty({n}, DType::F32, device_);
+      if (device_.is_cpu()) {
+        fill_zero(t.data<float>(), n);
+      } else {
+        t.zero_();
+      }
       bufs.push_back(std::move(t));
     }
     state_.push_back(std::move(bufs));
@@ -104,7 +122,18 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> st
 }
 
 void Optimizer::zero_grad() {
-  for (ParamGroup& g : groups_) fill_zero(g.grad.data<float>(), g.grad.numel());
+  for (ParamGroup& g : groups_) {
+    if (g.grad.dtype() == DType::F32 && g.grad.device().is_cpu()) {
+      fill_zero(g.grad.data<float>(), g.grad.numel());
+    } else {
+      g.grad.zero_();
+    }
+  }
+}
+
+void Optimizer::set_grad_scale(float s) {
+  if (!std::isfinite(s)) user_error("{}: gradient scale must be finite, got {}", name(), s);
+  grad_scale_ = s;
 }
 
 std::vector<tensor::Tensor> Optimizer::grads() const {
@@ -142,8 +171,8 @@ void Optimizer::load_state_dict(const OptimizerState& state) {
             name(), key);
       const tensor::Tensor& src = *it->second;
       const tensor::Tensor& dst = state_[g][k];
-      if (!src.defined() || !src.device().is_cpu() || src.dtype() != DType::F32 ||
-          !src.is_contiguous() || src.shape() != dst.shape())
+      if (!src.defined() || src.dtype() != DType::F32 || !src.is_contiguous() ||
+          src.shape() != dst.shape())
         user_error(
             "{} state '{}' is {}, expected {}: the checkpoint does not match this "
             "model/partitioning",
@@ -155,9 +184,14 @@ void Optimizer::load_state_dict(const OptimizerState& state) {
   if (!given.empty())
     user_error("{} state has unexpected entry '{}' ({} groups here)", name(), given.begin()->first,
                state_.size());
+  // Host to host by memcpy; across devices (a host checkpoint into GPU state) through copy_.
   for (auto [src, dst] : copies) {
-    if (src->data_ptr() != dst->data_ptr())
+    if (src->device() == dst->device() && src->data_ptr() == dst->data_ptr()) continue;
+    if (src->device().is_cpu() && dst->device().is_cpu()) {
       std::memcpy(dst->data_ptr(), src->data_ptr(), dst->nbytes());
+    } else {
+      tensor::Tensor(*dst).copy_(*src);  // a handle to the live buffer
+    }
   }
   step_ = state.step;
 }

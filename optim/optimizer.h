@@ -18,6 +18,14 @@
 // buffers, not copies: write them out before the next step. load_state_dict() copies into the
 // live buffers after checking that names, dtypes and sizes match exactly; a resumed run then
 // continues bitwise as the uninterrupted one would (DESIGN.md decision 9).
+//
+// Note [Optimizer devices]
+// Every tensor of every group (param, grad, model copy) lives on ONE device: the CPU, or one
+// CUDA device (`train` on the GPU moves the model's flat units there before the Engine builds
+// the groups). The state buffers are allocated on that device. A group on another device is a
+// user_error naming it. load_state_dict takes state on any device (a checkpoint read on the
+// host) and copies it in; state_dict() returns the live buffers where they live, so a writer
+// copies them to the host (save_safetensors does).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -35,8 +43,12 @@ struct Segment {
 };
 
 struct ParamGroup {
-  tensor::Tensor param;  // F32, 1-d, contiguous, CPU
-  tensor::Tensor grad;   // F32, same shape as param
+  // F32, 1-d, contiguous, on the optimizer's device (Note [Optimizer devices]); under mixed
+  // precision the fp32 master.
+  tensor::Tensor param;
+  // Same shape as param; F32, or BF16/F16 under mixed precision (then every step widens it to
+  // f32, times grad_scale, before the update: Note [Mixed precision] in parallel/engine.h).
+  tensor::Tensor grad;
   std::vector<Segment> segments;
   // Optional bf16/f16 "model copy" of param (same shape), rewritten by every step.
   tensor::Tensor low_precision_copy;
@@ -65,11 +77,19 @@ class Optimizer {
   // Sets every gradient buffer to zero.
   void zero_grad();
 
+  // The next step() uses grad * s (in f32, after widening a bf16/f16 gradient) in place of each
+  // gradient, without changing the gradient buffers; then the scale is 1 again. This is how
+  // low-precision gradients are unscaled (fp16 loss scale, 1/dp) and clipped exactly, in f32.
+  void set_grad_scale(float s);
+  float grad_scale() const { return grad_scale_; }
+
   // Note [Optimizer state].
   OptimizerState state_dict() const;
   void load_state_dict(const OptimizerState& state);
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
+  // Where every group and state buffer lives (Note [Optimizer devices]); CPU with no groups.
+  Device device() const { return device_; }
   int64_t step_count() const { return step_; }
   // The gradient buffer of every group, e.g. for clip_grad_norm.
   std::vector<tensor::Tensor> grads() const;
@@ -92,6 +112,8 @@ class Optimizer {
 
   std::vector<ParamGroup> groups_;
   int64_t step_ = 0;
+  float grad_scale_ = 1.f;
+  Device device_ = Device::cpu();
 
  private:
   std::vector<std::string> state_names_;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "offload/memory_stats.h"
 
 namespace strata::optim {
 
@@ -50,6 +51,12 @@ std::vector<std::string> state_names(const SgdConfig& c) {
 
 Sgd::Sgd(std::vector<ParamGroup> groups, const SgdConfig& config)
     : Optimizer(std::move(groups), state_names(config)), config_(config) {
+  // No SGD kernel on the GPU (Note [Optimizer devices]): say so before the first step.
+  if (device_.is_cuda())
+    user_error(
+        "optimizer.name: sgd runs on the CPU only, and the parameters are on {}; use adamw "
+        "(or run.device: cpu)",
+        device_.str());
   const SgdConfig& c = config_;
   if (!(c.lr >= 0)) user_error("SGD: lr must be >= 0, got {}", c.lr);
   if (!(c.momentum >= 0)) user_error("SGD: momentum must be >= 0, got {}", c.momentum);
@@ -59,10 +66,6 @@ Sgd::Sgd(std::vector<ParamGroup> groups, const SgdConfig& config)
         "SGD: nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
         "dampening {})",
         c.momentum, c.dampening);
-  for (const ParamGroup& g : groups_) {
-    if (g.low_precision_copy.defined())
-      user_error("SGD does not write a low-precision model copy; use AdamW or drop it");
-  }
 }
 
 tensor::Tensor Sgd::momentum_buffer(size_t group) const {
@@ -81,15 +84,28 @@ void Sgd::step(double lr) {
                c.nesterov};
   SgdScalars no_decay = s;
   no_decay.weight_decay = 0.f;
+  const float scale = grad_scale_;
+  grad_scale_ = 1.f;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const ParamGroup& g = groups_[gi];
     float* p = g.param.data<float>();
-    const float* grad = g.grad.data<float>();
+    // Note [Mixed precision] (parallel/engine.h): f32(grad) * scale, whole group at once (SGD is
+    // not the mixed-precision workhorse; AdamW widens in bounded blocks).
+    tensor::Tensor widened;
+    if (g.grad.dtype() != DType::F32 || scale != 1.f) {
+      offload::CategoryScope ws(offload::Category::Workspace);
+      widened = g.grad.to(DType::F32).contiguous();
+      if (g.grad.dtype() == DType::F32) widened = widened.clone();
+      float* w = widened.data<float>();
+      for (int64_t i = 0; i < widened.numel(); ++i) w[i] = w[i] * scale;
+    }
+    const float* grad = widened.defined() ? widened.data<float>() : g.grad.data<float>();
     float* buf = c.momentum == 0.0 ? nullptr : state(gi, 0).data<float>();
     for (const Run& r : runs(gi)) {
       sgd_update(p + r.offset, grad + r.offset, buf == nullptr ? nullptr : buf + r.offset,
                  r.decay ? s : no_decay, r.numel);
     }
+    if (g.low_precision_copy.defined()) tensor::Tensor(g.low_precision_copy).copy_(g.param);
   }
   ++step_;
 }

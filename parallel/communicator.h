@@ -53,10 +53,10 @@ class Communicator {
   virtual const std::string& name() const = 0;
 
   // Tensors are contiguous, on the device the backend serves (CPU for self/mpi; mpi stages CUDA
-  // tensors through pinned host memory). Reductions take F32, I32, I64 everywhere, BF16 and F16
-  // with nccl (and self); ops that only move data (broadcast, allgather, send/recv) take every
-  // dtype. A mistake (sizes, dtype, device, peer) raises strata::UserError at the call, before
-  // anything is queued. All ops follow Note [Collective order].
+  // tensors through pinned host memory). Reductions take F32, I32, I64, BF16 and F16
+  // (mpi: Note [Half-precision MPI reductions]); ops that only move data (broadcast, allgather,
+  // send/recv) take every dtype. A mistake (sizes, dtype, device, peer) raises strata::UserError at
+  // the call, before anything is queued. All ops follow Note [Collective order].
 
   // In place: every rank ends with the reduction of all ranks' `t`.
   virtual WorkHandle allreduce(tensor::Tensor t, ReduceOp op = ReduceOp::Sum) = 0;

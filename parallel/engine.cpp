@@ -30,8 +30,8 @@ void ZeroConfig::validate() const {
 }
 
 Engine::Engine(models::CausalLM& model, std::shared_ptr<Communicator> dp, const ZeroConfig& zero,
-               OptimizerFactory make_optimizer)
-    : model_(model), dp_(std::move(dp)), zero_(zero) {
+               OptimizerFactory make_optimizer, DType param_dtype)
+    : model_(model), dp_(std::move(dp)), zero_(zero), param_dtype_(param_dtype) {
   STRATA_CHECK(dp_ != nullptr, "the engine needs a dp communicator");
   zero_.validate();
   std::vector<models::FlatUnit>& units = model_.flat_units();
@@ -47,6 +47,27 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<Communicator> dp, const 
   if (zero_.stage >= 1) models::repad_flat_units(units, static_cast<int64_t>(nd) * kPartitionAlign);
   sync_params();  // before anything is partitioned: every unit is whole here
 
+  // Note [Mixed precision]: fp32 masters of the owned slices, then the model goes low precision.
+  STRATA_USER_CHECK(
+      param_dtype_ == DType::F32 || param_dtype_ == DType::BF16 || param_dtype_ == DType::F16,
+      "engine parameters must be fp32, bf16 or fp16, not {}", dtype_name(param_dtype_));
+  for (const models::FlatUnit& u : units)
+    STRATA_CHECK(u.params.dtype() == DType::F32, "unit '{}' is already {}", u.name,
+                 dtype_name(u.params.dtype()));
+  if (mixed_precision()) {
+    for (int u = 0; u < n_units; ++u) {
+      const Range own = parts_[u].owned(zero_.stage == 0 ? 0 : r);
+      tensor::Tensor m;
+      {
+        offload::CategoryScope scope(offload::Category::Optimizer);
+        m = tensor::Tensor::empty({own.size()}, DType::F32, units[u].params.device());
+      }
+      m.copy_(units[u].params.narrow(0, own.begin, own.size()));
+      masters_.push_back(std::move(m));
+    }
+    models::cast_flat_units(units, param_dtype_);
+  }
+
   std::vector<UnitReduction> setup(units.size());
   std::vector<bool> managed(units.size(), false);
   partition_grads_.resize(units.size());
@@ -61,8 +82,8 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<Communicator> dp, const 
       s.kind = Reduction::IntoPartition;
       {
         offload::CategoryScope scope(offload::Category::Grad);
-        partition_grads_[u] =
-            tensor::Tensor::empty({parts_[u].shard}, DType::F32, units[u].grads.device());
+        partition_grads_[u] = tensor::Tensor::empty({parts_[u].shard}, units[u].grads.dtype(),
+                                                    units[u].grads.device());
       }
       partition_grads_[u].zero_();
       s.partition_grad = partition_grads_[u];
@@ -84,6 +105,10 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<Communicator> dp, const 
     g.segments = unit_segments(units[u], own);
     g.param =
         managed[u] ? gatherer_->partition(u) : units[u].params.narrow(0, own.begin, own.size());
+    if (mixed_precision()) {
+      g.low_precision_copy = g.param;
+      g.param = masters_[u];
+    }
     g.grad =
         zero_.stage >= 2 ? partition_grads_[u] : units[u].grads.narrow(0, own.begin, own.size());
     groups.push_back(std::move(g));
@@ -200,24 +225,42 @@ StepResult Engine::step(double lr, double max_norm) {
   if (gatherer_) gatherer_->release_all();
   const std::vector<tensor::Tensor> grads = owned_grads();
   const int nd = dp_->size();
-  // Exact for a power-of-two dp; the sum is in, so this is the mean over the global batch.
-  if (nd > 1) optim::scale_grads(grads, 1.f / static_cast<float>(nd));
-  if (scaler_ != nullptr) optim::scale_grads(grads, static_cast<float>(1.0 / scaler_->scale()));
-  double sum_sq = optim::grad_sum_of_squares(grads);
-  // At stage 0 every rank holds the same reduced gradients, hence the same sum.
-  if (zero_.stage >= 1) sum_sq = allreduce_sum(sum_sq);
   StepResult result;
-  result.grad_norm = std::sqrt(sum_sq);
-  const bool overflow = !std::isfinite(result.grad_norm);
-  const bool apply = scaler_ != nullptr ? scaler_->update(overflow) : !overflow;
-  result.skipped = !apply;
-  if (apply) {
-    if (max_norm > 0) {
-      const float coef = optim::clip_coefficient(result.grad_norm, max_norm);
-      if (coef < 1.f) optim::scale_grads(grads, coef);
+  if (mixed_precision()) {
+    // Note [Mixed precision]: one f32 factor, applied after widening; nothing rescaled in place.
+    double factor = 1.0 / nd;
+    if (scaler_ != nullptr) factor /= scaler_->scale();
+    double sum_sq = optim::grad_sum_of_squares(grads);
+    if (zero_.stage >= 1) sum_sq = allreduce_sum(sum_sq);
+    result.grad_norm = std::sqrt(sum_sq) * factor;
+    const bool overflow = !std::isfinite(result.grad_norm);
+    const bool apply = scaler_ != nullptr ? scaler_->update(overflow) : !overflow;
+    result.skipped = !apply;
+    if (apply) {
+      const float coef = max_norm > 0 ? optim::clip_coefficient(result.grad_norm, max_norm) : 1.f;
+      optimizer_->set_grad_scale(static_cast<float>(factor * coef));
+      optimizer_->step(lr);
+      allgather_updated_params();
     }
-    optimizer_->step(lr);
-    allgather_updated_params();
+  } else {
+    // Exact for a power-of-two dp; the sum is in, so this is the mean over the global batch.
+    if (nd > 1) optim::scale_grads(grads, 1.f / static_cast<float>(nd));
+    if (scaler_ != nullptr) optim::scale_grads(grads, static_cast<float>(1.0 / scaler_->scale()));
+    double sum_sq = optim::grad_sum_of_squares(grads);
+    // At stage 0 every rank holds the same reduced gradients, hence the same sum.
+    if (zero_.stage >= 1) sum_sq = allreduce_sum(sum_sq);
+    result.grad_norm = std::sqrt(sum_sq);
+    const bool overflow = !std::isfinite(result.grad_norm);
+    const bool apply = scaler_ != nullptr ? scaler_->update(overflow) : !overflow;
+    result.skipped = !apply;
+    if (apply) {
+      if (max_norm > 0) {
+        const float coef = optim::clip_coefficient(result.grad_norm, max_norm);
+        if (coef < 1.f) optim::scale_grads(grads, coef);
+      }
+      optimizer_->step(lr);
+      allgather_updated_params();
+    }
   }
   std::vector<models::FlatUnit>& units = model_.flat_units();
   for (size_t u = 0; u < units.size(); ++u) {
@@ -267,7 +310,7 @@ void Engine::allgather_updated_params() {
         next.work = dp_->allgather(input, units[u].params);
       } else {
         offload::CategoryScope scope(offload::Category::Comm);
-        next.staging = tensor::Tensor::empty({c.size() * nd}, DType::F32, input.device());
+        next.staging = tensor::Tensor::empty({c.size() * nd}, input.dtype(), input.device());
         next.work = dp_->allgather(input, next.staging);
       }
       pending.push_back(std::move(next));

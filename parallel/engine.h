@@ -24,6 +24,23 @@
 //      (bucketed by allgather_bucket_size); stage 3 keeps partitions (Note [ZeRO-3 gathering]);
 //   7. gradients are zeroed for the next step.
 // Same seed and same dp give bitwise-identical runs: every reduction has a fixed order.
+//
+// Note [Mixed precision]
+// With a low-precision `param_dtype` (BF16, FP16) the engine keeps DeepSpeed's and the ZeRO
+// paper's layout: the model's flat parameters and gradients are bf16/f16 (2 + 2 bytes per
+// parameter), and the optimizer steps fp32 *master* weights plus its fp32 moments (12 bytes,
+// Category::Optimizer, partitioned like the moments at stages 1-3). At construction the
+// masters are taken from the fp32 parameters (after the rank-0 broadcast), before the model is
+// cast (models::cast_flat_units), so they keep the initialisation's full precision. Gradients
+// are reduced in their own dtype. step() never rescales low-precision gradients in place:
+// 1/dp, 1/loss-scale and the clip coefficient are folded into one f32 factor the optimizer
+// applies after widening each gradient (Optimizer::set_grad_scale), and the norm is that of the
+// widened gradients times the factor, so an fp16 gradient that only fits scaled is never
+// rounded again. The update writes each rank's owned slice of the bf16/f16 parameters (the
+// AdamW kernel's model copy), which stages 1/2 then allgather in the parameters' dtype.
+// Checkpoints carry the masters as key "master" next to the moments; a checkpoint without
+// masters (an fp32 run's) fills them from its parameters, and an fp32 engine resuming a
+// mixed-precision checkpoint takes its parameters from the masters (tools/common/trainer.cpp).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,8 +83,9 @@ class Engine {
   // rank (broadcast from rank 0, as DDP does at construction), builds the optimizer over what
   // this rank owns and installs the hooks. Collective over `dp`. The model must outlive the
   // engine; after a stage 2/3 engine is gone its buffers stay partitioned.
+  // `param_dtype`: F32, or BF16/F16 for mixed precision (Note [Mixed precision]).
   Engine(models::CausalLM& model, std::shared_ptr<Communicator> dp, const ZeroConfig& zero,
-         OptimizerFactory make_optimizer);
+         OptimizerFactory make_optimizer, DType param_dtype = DType::F32);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -81,6 +99,9 @@ class Engine {
   const ZeroConfig& config() const { return zero_; }
   Communicator& dp() { return *dp_; }
   int stage() const { return zero_.stage; }
+  // F32, or the low-precision dtype of the model's parameters (Note [Mixed precision]).
+  DType param_dtype() const { return param_dtype_; }
+  bool mixed_precision() const { return param_dtype_ != DType::F32; }
   // Optional fp16 loss scaling (DeepSpeed semantics): backward multiplies the loss by the scale,
   // step divides the gradients by it and lets the scaler decide on overflow. Not owned.
   void set_loss_scaler(optim::LossScaler* scaler) { scaler_ = scaler; }
@@ -107,8 +128,9 @@ class Engine {
     tensor::Tensor data;
   };
   // What this rank must write: its slices of the optimizer states (keys: the optimizer's state
-  // names) and, at stage 3, of the parameters (key "param"). Stage 0: rank 0 returns the whole
-  // units, the others nothing. Views of live buffers: write them before the next step.
+  // names; "master" under mixed precision) and, at stage 3, of the parameters (key "param"). Stage
+  // 0: rank 0 returns the whole units, the others nothing. Views of live buffers: write them before
+  // the next step.
   std::vector<Shard> shards();
   // For each shard this rank holds in the current layout (stage 0: every rank, whole units),
   // fill(unit, key, begin, dst) must fill dst from [begin, begin + dst.numel()) of the saved
@@ -135,6 +157,9 @@ class Engine {
   void install_hooks();
   std::vector<tensor::Tensor> owned_grads() const;
   void allgather_updated_params();
+  // Mixed precision: rewrites the owned low-precision parameters from the masters and makes
+  // the units whole again (after loading a checkpoint).
+  void refresh_params_from_masters();
   double allreduce_sum(double x);
 
   models::CausalLM& model_;
@@ -143,6 +168,8 @@ class Engine {
   std::vector<UnitPartition> parts_;
   std::vector<Reduction> kinds_;
   std::vector<tensor::Tensor> partition_grads_;  // stages 2/3
+  DType param_dtype_ = DType::F32;
+  std::vector<tensor::Tensor> masters_;  // mixed precision: fp32 owned slice per unit
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ParamGatherer> gatherer_;  // stage 3
   std::unique_ptr<optim::Optimizer> optimizer_;

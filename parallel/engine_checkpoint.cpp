@@ -42,6 +42,10 @@ std::vector<Engine::Shard> held_shards(Engine& e, models::CausalLM& model,
                  units.size());
     add(g, key, t.tensor);
   }
+  if (e.mixed_precision()) {
+    for (int u = 0; u < static_cast<int>(units.size()); ++u)
+      add(u, "master", e.optimizer().groups()[u].param);
+  }
   if (e.stage() == 3) {
     for (int u = 0; u < static_cast<int>(units.size()); ++u) {
       const Range own = e.partition(u).owned(r);
@@ -64,8 +68,18 @@ void Engine::load_shards(const std::function<void(const std::string&, const std:
   if (gatherer_) gatherer_->release_all();
   for (Shard& s : held_shards(*this, model_, gatherer_.get(), /*for_loading=*/true))
     fill(s.unit, s.key, s.begin, s.data);
-  // Stage 3's whole units were filled slice by slice: make them whole on every rank.
-  if (zero_.stage == 3) allgather_updated_params();
+  if (mixed_precision()) {
+    refresh_params_from_masters();
+  } else if (zero_.stage == 3) {
+    // Stage 3's whole units were filled slice by slice: make them whole on every rank.
+    allgather_updated_params();
+  }
+}
+
+void Engine::refresh_params_from_masters() {
+  for (const optim::ParamGroup& g : optimizer_->groups())
+    tensor::Tensor(g.low_precision_copy).copy_(g.param);  // a handle to the same storage
+  allgather_updated_params();
 }
 
 void Engine::sync_params() {

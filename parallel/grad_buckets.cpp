@@ -71,7 +71,7 @@ struct GradReducer::State {
     const int nd = s.part.dp;
     {
       offload::CategoryScope scope(offload::Category::Comm);
-      b.staging = tensor::Tensor::empty({n * nd}, DType::F32, unit.grads.device());
+      b.staging = tensor::Tensor::empty({n * nd}, unit.grads.dtype(), unit.grads.device());
     }
     for (int q = 0; q < nd; ++q)
       b.staging.narrow(0, q * n, n).copy_(unit.grads.narrow(0, q * s.part.shard + r.begin, n));

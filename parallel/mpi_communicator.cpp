@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "core/logging.h"
 #include "parallel/comm_common.h"
 
@@ -32,7 +33,8 @@ using Engine = MpiEngine;
 // Counts handed to one MPI call stay below INT_MAX; longer tensors go in pieces.
 constexpr int64_t kMaxCount = int64_t{1} << 30;
 
-// Every dtype moves (bf16/f16 as 16-bit words); only F32, I32 and I64 reduce (check_reducible).
+// Every dtype moves (bf16/f16 as 16-bit words). F32, I32 and I64 reduce with MPI's own ops;
+// BF16 and F16 with the user-defined ops below (Note [Half-precision MPI reductions]).
 MPI_Datatype mpi_type(DType d) {
   switch (d) {
     case DType::F32:
@@ -51,7 +53,46 @@ MPI_Datatype mpi_type(DType d) {
   STRATA_UNREACHABLE("dtype {}", static_cast<int>(d));
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// Note [Half-precision MPI reductions]
+// MPI has no bf16/f16 types, so they travel as 16-bit words and reduce through MPI_Op_create'd
+// functions: widen both operands to f32, combine, round to nearest even once (core/half.h) —
+// what NCCL does for its bf16/f16 sums. The ops are created right after MPI_Init_thread, before
+// any communication thread exists, and marked commutative; the order MPI applies them in is
+// fixed for a given communicator size and message size, so results repeat bit for bit.
+template <typename H, int kOp>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = H::to_float(a[i]), y = H::to_float(b[i]);
+    const float r = kOp == 0 ? x + y : kOp == 1 ? (x > y ? x : y) : (x < y ? x : y);
+    b[i] = H::from_float(r);
+  }
+}
+
+MPI_Op g_half_ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                           {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};  // [bf16, f16][sum, max, min]
+
+void create_half_ops() {
+  if (g_half_ops[0][0] != MPI_OP_NULL) return;
+  MPI_Op_create(&half_reduce<BFloat16, 0>, 1, &g_half_ops[0][0]);
+  MPI_Op_create(&half_reduce<BFloat16, 1>, 1, &g_half_ops[0][1]);
+  MPI_Op_create(&half_reduce<BFloat16, 2>, 1, &g_half_ops[0][2]);
+  MPI_Op_create(&half_reduce<Float16, 0>, 1, &g_half_ops[1][0]);
+  MPI_Op_create(&half_reduce<Float16, 1>, 1, &g_half_ops[1][1]);
+  MPI_Op_create(&half_reduce<Float16, 2>, 1, &g_half_ops[1][2]);
+}
+
+int op_index(ReduceOp op) {
+  return op == ReduceOp::Sum ? 0 : op == ReduceOp::Max ? 1 : 2;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType d) {
+  if (d == DType::BF16 || d == DType::F16) {
+    const MPI_Op h = g_half_ops[d == DType::BF16 ? 0 : 1][op_index(op)];
+    STRATA_CHECK(h != MPI_OP_NULL, "half-precision MPI ops used before MPI was initialised");
+    return h;
+  }
   switch (op) {
     case ReduceOp::Sum:
       return MPI_SUM;
@@ -152,20 +193,21 @@ class MpiCommunicator final : public Communicator {
 
   WorkHandle allreduce(tensor::Tensor t, ReduceOp op) override {
     detail::check_tensor(*this, "allreduce", "tensor", t, /*allow_cuda=*/true);
-    detail::check_reducible(*this, "allreduce", t, /*allow_half=*/false);
+    detail::check_reducible(*this, "allreduce", t, /*allow_half=*/true);
     tensor::Tensor host = host_buffer(t, /*read=*/true);
     Engine* e = engine_.get();
     auto run = [e, host, op] {
       const MPI_Datatype type = mpi_type(host.dtype());
+      const DType type_of = host.dtype();
       const size_t es = host.element_size();
       for (int64_t off = 0; off < host.numel(); off += kMaxCount) {
         const int n = static_cast<int>(std::min(kMaxCount, host.numel() - off));
         void* p = bytes(host) + off * es;
         e->call(
             "MPI_Allreduce",
-            [&] { return MPI_Allreduce(MPI_IN_PLACE, p, n, type, mpi_op(op), e->comm()); },
+            [&] { return MPI_Allreduce(MPI_IN_PLACE, p, n, type, mpi_op(op, type_of), e->comm()); },
             [&](MPI_Request* r) {
-              return MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mpi_op(op), e->comm(), r);
+              return MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mpi_op(op, type_of), e->comm(), r);
             });
       }
     };
@@ -175,7 +217,7 @@ class MpiCommunicator final : public Communicator {
   WorkHandle reduce_scatter(tensor::Tensor input, tensor::Tensor output, ReduceOp op) override {
     detail::check_tensor(*this, "reduce_scatter", "input tensor", input, true);
     detail::check_tensor(*this, "reduce_scatter", "output tensor", output, true);
-    detail::check_reducible(*this, "reduce_scatter", input, false);
+    detail::check_reducible(*this, "reduce_scatter", input, /*allow_half=*/true);
     detail::check_scatter_shapes(*this, "reduce_scatter", input, output);
     check_count("reduce_scatter", output.numel());
     tensor::Tensor in = host_buffer(input, true);
@@ -188,15 +230,16 @@ class MpiCommunicator final : public Communicator {
     auto run = [e, in, out, result, op] {
       const int n = static_cast<int>(out.numel());
       const MPI_Datatype type = mpi_type(in.dtype());
+      const DType type_of = in.dtype();
       e->call(
           "MPI_Reduce_scatter_block",
           [&] {
-            return MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), n, type, mpi_op(op),
-                                            e->comm());
+            return MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), n, type,
+                                            mpi_op(op, type_of), e->comm());
           },
           [&](MPI_Request* r) {
-            return MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, type, mpi_op(op),
-                                             e->comm(), r);
+            return MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, type,
+                                             mpi_op(op, type_of), e->comm(), r);
           });
       if (!out.is_same(result)) std::memcpy(result.data_ptr(), out.data_ptr(), out.nbytes());
     };
@@ -399,6 +442,7 @@ void mpi_init() {
   rt.serialized = want_serialized || provided < MPI_THREAD_MULTIPLE;
   if (rt.serialized) log::debug("MPI: serialized mode (one lock around every MPI call)");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  create_half_ops();  // Note [Half-precision MPI reductions]
   rt.initialized = true;
 }
 

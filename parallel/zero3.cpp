@@ -24,7 +24,8 @@ ParamGatherer::ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<b
                  units[u].name);
     {
       offload::CategoryScope scope(offload::Category::Param);
-      partition_[u] = tensor::Tensor::empty({p.shard}, DType::F32, units[u].params.device());
+      partition_[u] =
+          tensor::Tensor::empty({p.shard}, units[u].params.dtype(), units[u].params.device());
     }
     partition_[u].copy_(units[u].params.narrow(0, p.owned(dp.rank()).begin, p.shard));
     units[u].params.storage()->release();

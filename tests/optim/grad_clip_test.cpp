@@ -60,8 +60,21 @@ TEST(GradClip, NormOfLargeBuffersIsExactAndThreadCountIndependent) {
 TEST(GradClip, RejectsBadArguments) {
   std::vector<tensor::Tensor> g = {make_tensor({1.f})};
   EXPECT_THROW(clip_grad_norm(g, 0.0), UserError);
-  std::vector<tensor::Tensor> half = {tensor::Tensor::empty({2}, DType::BF16)};
-  EXPECT_THROW(global_grad_norm(half), UserError);
+  std::vector<tensor::Tensor> ints = {tensor::Tensor::empty({2}, DType::I32)};
+  EXPECT_THROW(global_grad_norm(ints), UserError);
+}
+
+TEST(GradClip, LowPrecisionGradientsAreWidenedExactly) {
+  // Values exact in bf16 and f16: the norm is that of the same f32 values.
+  std::vector<float> v = {3.f, -4.f, 0.5f, 12.f, -0.25f};
+  const double expect = std::sqrt(9.0 + 16.0 + 0.25 + 144.0 + 0.0625);
+  for (DType d : {DType::BF16, DType::F16}) {
+    std::vector<tensor::Tensor> g = {make_tensor(v).to(d), make_tensor({2.f}).to(d)};
+    EXPECT_DOUBLE_EQ(global_grad_norm(g), std::sqrt(expect * expect + 4.0)) << dtype_name(d);
+  }
+  // An inf in an f16 gradient (overflow under loss scaling) makes the norm non-finite.
+  std::vector<tensor::Tensor> inf = {make_tensor({1.f, 70000.f}).to(DType::F16)};
+  EXPECT_FALSE(std::isfinite(global_grad_norm(inf)));
 }
 
 }  // namespace

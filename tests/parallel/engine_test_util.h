@@ -137,9 +137,12 @@ inline double engine_step(parallel::Engine& engine, models::CausalLM& model, con
 // The global mean loss per step through an engine over `dp`.
 inline std::vector<double> engine_losses(const TrainSpec& s,
                                          std::shared_ptr<parallel::Communicator> dp,
-                                         const parallel::ZeroConfig& zero) {
+                                         const parallel::ZeroConfig& zero,
+                                         DType param_dtype = DType::F32,
+                                         optim::LossScaler* scaler = nullptr) {
   models::gpt2::GPT2 model(tiny_config(s), s.seed);
-  parallel::Engine engine(model, dp, zero, adamw_factory());
+  parallel::Engine engine(model, dp, zero, adamw_factory(), param_dtype);
+  engine.set_loss_scaler(scaler);
   std::vector<double> losses;
   for (int step = 0; step < s.steps; ++step)
     losses.push_back(engine.average(engine_step(engine, model, s, step)));

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 
+#include "tensor/cuda.h"
 #include "tool_test_util.h"
 
 namespace strata::tools {
@@ -263,13 +264,14 @@ std::vector<BadCase> bad_cases() {
                            "  tokenizer: gpt2\n  vocab: /nonexistent/vocab.json\n  merges: "
                            "/nonexistent/merges.txt"),
                    {"/nonexistent/vocab.json"}});
-  cases.push_back({"LowPrecisionOnCpu",
-                   replace("  seed: 3", "  seed: 3\n  dtype: bf16"),
-                   {"{config}", "bf16"}});
-  // Without a visible GPU (CI, this machine) the message says so; with one, that GPU training
-  // is not wired into `train` yet. Either way: the config file, "cuda", exit 1.
-  cases.push_back(
-      {"CudaRequested", replace("  seed: 3", "  seed: 3\n  device: cuda"), {"{config}", "cuda"}});
+  cases.push_back({"BadFp16Setting",
+                   replace("training:\n", "fp16:\n  hysteresis: 0\ntraining:\n"),
+                   {"{config}", "fp16.hysteresis"}});
+  // Without a visible GPU (CI, this machine) the message says so: the config file, "cuda",
+  // exit 1. With one, `train` trains there (tests/cuda/train_gpu_test.cpp).
+  if (!tensor::cuda_available())
+    cases.push_back(
+        {"CudaRequested", replace("  seed: 3", "  seed: 3\n  device: cuda"), {"{config}", "cuda"}});
   cases.push_back({"TruncatedCheckpoint",
                    [](const Env& e) {
                      previous_run(e);

@@ -128,6 +128,95 @@ TEST(Trainer, ResumeIsBitwiseIdenticalToAnUninterruptedRun) {
   }
 }
 
+// Note [Mixed precision] (parallel/engine.h) through the trainer: bf16 and fp16 (with dynamic
+// loss scaling, its state in the checkpoint) resume bitwise, like fp32 above.
+TEST(Trainer, MixedPrecisionResumeIsBitwise) {
+  for (const char* dtype : {"bf16", "fp16"}) {
+    SCOPED_TRACE(dtype);
+    ScratchDir tmp;
+    make_data(tmp / "data");
+    // A small window so the fp16 scale grows during the run (the scaler's state must resume).
+    const std::string extra = "fp16: {loss_scale_window: 3, initial_scale_power: 8}";
+    TrainConfig ca =
+        write_and_load(tmp / "a.yaml", config_text(tmp / "data", tmp / "run_a", 7, extra));
+    TrainConfig cb =
+        write_and_load(tmp / "b.yaml", config_text(tmp / "data", tmp / "run_b", 7, extra));
+    ca.run.dtype = cb.run.dtype = dtype;
+    Trainer a(ca);
+    ASSERT_EQ(a.run(), Trainer::Outcome::Finished);
+    for (const auto& u : a.model().flat_units())
+      ASSERT_EQ(u.params.dtype(), std::string(dtype) == "bf16" ? DType::BF16 : DType::F16);
+    {
+      Trainer b(cb);
+      ASSERT_EQ(b.run(/*stop_at=*/4), Trainer::Outcome::Interrupted);
+    }
+    if (std::string(dtype) == "fp16") {
+      const auto st = nlohmann::json::parse(
+          testing::read_text(tmp / "run_b/checkpoints/step_00000004/trainer_state.json"));
+      EXPECT_EQ(st["loss_scale"].get<double>(), 512.0) << "2^8 doubled after 3 clean steps";
+      EXPECT_EQ(st["loss_scale_iteration"].get<int64_t>(), 4);
+    }
+    Trainer b(cb);
+    EXPECT_EQ(b.step(), 4);
+    ASSERT_EQ(b.run(), Trainer::Outcome::Finished);
+    ASSERT_EQ(b.history().size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      const StepRecord& ra = a.history()[4 + i];
+      const StepRecord& rb = b.history()[i];
+      EXPECT_EQ(std::memcmp(&ra.loss, &rb.loss, sizeof(float)), 0)
+          << "step " << ra.step << ": " << ra.loss << " vs " << rb.loss;
+      EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+    }
+    EXPECT_EQ(flat_params(a.model()), flat_params(b.model()));
+    EXPECT_LT(a.history().back().loss, a.history().front().loss);
+  }
+}
+
+// Precision may change across a resume: an fp32 checkpoint continues in bf16 (the masters are
+// its fp32 parameters, exactly), and that bf16 checkpoint continues in fp32 from its masters.
+TEST(Trainer, ResumeAcrossPrecisions) {
+  ScratchDir tmp;
+  make_data(tmp / "data");
+  TrainConfig c = write_and_load(tmp / "c.yaml", config_text(tmp / "data", tmp / "run", 3));
+  std::vector<float> fp32_params;
+  {
+    Trainer t(c);
+    ASSERT_EQ(t.run(), Trainer::Outcome::Finished);
+    fp32_params = flat_params(t.model());
+  }
+  c.training.steps = 5;
+  c.run.dtype = "bf16";
+  std::vector<float> masters_as_bf16;
+  {
+    Trainer t(c);
+    EXPECT_EQ(t.step(), 3);
+    // The model holds the fp32 parameters rounded to bf16.
+    std::vector<float> expect;
+    for (float x : fp32_params) expect.push_back(x);
+    auto rounded = tensor::to_float_vector(
+        tensor::from_vector(expect, {static_cast<int64_t>(expect.size())}).to(DType::BF16));
+    EXPECT_EQ(flat_params(t.model()), rounded);
+    ASSERT_EQ(t.run(), Trainer::Outcome::Finished);
+    masters_as_bf16 = flat_params(t.model());
+  }
+  const std::string ck = tmp / "run/checkpoints/step_00000005";
+  ASSERT_TRUE(fs::exists(ck));
+  c.training.steps = 6;
+  c.run.dtype = "fp32";
+  Trainer t(c);
+  EXPECT_EQ(t.step(), 5);
+  // fp32 parameters from the bf16 run's fp32 masters: not all bf16-representable.
+  const auto p = flat_params(t.model());
+  ASSERT_EQ(p.size(), masters_as_bf16.size());
+  int64_t finer = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_NEAR(p[i], masters_as_bf16[i], std::fabs(masters_as_bf16[i]) / 128 + 1e-30);
+    finer += p[i] != masters_as_bf16[i];
+  }
+  EXPECT_GT(finer, 0) << "the fp32 run took the bf16 parameters, not the masters";
+  ASSERT_EQ(t.run(), Trainer::Outcome::Finished);
+}
+
 TEST(Trainer, ResumeFromAnOlderCheckpointCutsTheMetricsBack) {
   ScratchDir tmp;
   make_data(tmp / "data");

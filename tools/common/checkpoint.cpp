@@ -144,6 +144,11 @@ void write_trainer_files(const std::string& dir, const TrainerState& state,
   j["rng_seed"] = state.rng_seed;
   j["rng_offset"] = state.rng_offset;
   j["loss_scale"] = state.loss_scale;
+  if (state.loss_scale > 0) {
+    j["loss_scale_iteration"] = state.loss_scale_iteration;
+    j["loss_scale_last_overflow"] = state.loss_scale_last_overflow;
+    j["loss_scale_hysteresis_left"] = state.loss_scale_hysteresis_left;
+  }
   j["model_name"] = state.model_name;
   write_text_atomic(join(dir, kStateFile), j.dump(2) + "\n");
   write_text_atomic(join(dir, kConfigFile), config_yaml);
@@ -195,6 +200,12 @@ TrainerState read_trainer_state(const std::string& path) {
   if (!j.contains("loss_scale") || !j["loss_scale"].is_number())
     user_error("{}: 'loss_scale' is missing or not a number", path);
   s.loss_scale = j["loss_scale"].get<double>();
+  if (j.contains("loss_scale_iteration")) {
+    s.loss_scale_iteration = json_int(j, "loss_scale_iteration", path);
+    s.loss_scale_last_overflow = json_int(j, "loss_scale_last_overflow", path);
+    s.loss_scale_hysteresis_left =
+        static_cast<int>(json_int(j, "loss_scale_hysteresis_left", path));
+  }
   if (!j.contains("model_name") || !j["model_name"].is_string())
     user_error("{}: 'model_name' is missing or not a string", path);
   s.model_name = j["model_name"].get<std::string>();
@@ -211,10 +222,12 @@ std::string require_file(const std::string& dir, std::string_view name) {
   return path;
 }
 
-// Checks that `reader` holds exactly `expected` (name -> shape), all F32.
+// Checks that `reader` holds exactly `expected` (name -> shape), all F32 — or, for parameters
+// (`any_float`), F32/BF16/F16: a mixed-precision run writes its bf16/f16 parameters and loading
+// converts (Note [Mixed precision] in parallel/engine.h).
 void check_tensors(const SafetensorsReader& reader,
                    const std::vector<std::pair<std::string, tensor::Shape>>& expected,
-                   std::string_view what) {
+                   std::string_view what, bool any_float = false) {
   std::map<std::string, const SafetensorsEntry*> present;
   for (const SafetensorsEntry& e : reader.entries()) present.emplace(e.name, &e);
   for (const auto& [name, shape] : expected) {
@@ -223,7 +236,9 @@ void check_tensors(const SafetensorsReader& reader,
       user_error("{}: no {} '{}'; the checkpoint was written for a different model or optimizer",
                  reader.path(), what, name);
     const SafetensorsEntry& e = *it->second;
-    if (e.dtype != DType::F32 || !(e.shape == shape))
+    const bool dtype_ok =
+        e.dtype == DType::F32 || (any_float && (e.dtype == DType::BF16 || e.dtype == DType::F16));
+    if (!dtype_ok || !(e.shape == shape))
       user_error(
           "{}: {} '{}' is {}{} but this run expects f32{}; the checkpoint was written for a "
           "different model size (check the model config against the checkpoint's config.yaml)",
@@ -331,7 +346,7 @@ TrainerState load_checkpoint(const std::string& dir, models::CausalLM& model,
   std::vector<std::pair<std::string, tensor::Shape>> expected;
   for (const models::FlatUnit& u : model.flat_units())
     for (size_t k = 0; k < u.names.size(); ++k) expected.emplace_back(u.names[k], u.shapes[k]);
-  check_tensors(model_reader, expected, "parameter");
+  check_tensors(model_reader, expected, "parameter", /*any_float=*/true);
 
   std::optional<SafetensorsReader> opt_reader;
   int64_t opt_step = 0;
@@ -375,25 +390,28 @@ std::string checkpoint_config_path(const std::string& checkpoint_dir) {
 
 namespace {
 
-// One integer agreed over `comm`: the maximum of every rank's `value`.
-int64_t allreduce_max(parallel::Communicator& comm, int64_t value) {
+// One integer agreed over `comm`: the maximum of every rank's `value`. The tensor travels on
+// `device`, the run's (an nccl communicator moves GPU memory only).
+int64_t allreduce_max(parallel::Communicator& comm, Device device, int64_t value) {
   Tensor t = Tensor::empty({1}, DType::I64);
   t.data<int64_t>()[0] = value;
+  if (!device.is_cpu()) t = t.to(device);
   comm.allreduce(t, parallel::ReduceOp::Max)->wait();
-  return t.data<int64_t>()[0];
+  return t.item<int64_t>();
 }
 
-int64_t broadcast_from_0(parallel::Communicator& comm, int64_t value) {
+int64_t broadcast_from_0(parallel::Communicator& comm, Device device, int64_t value) {
   Tensor t = Tensor::empty({1}, DType::I64);
   t.data<int64_t>()[0] = value;
+  if (!device.is_cpu()) t = t.to(device);
   comm.broadcast(t, 0)->wait();
-  return t.data<int64_t>()[0];
+  return t.item<int64_t>();
 }
 
 // Runs `fn` on every rank; if it failed on any rank, every rank raises an error (the failing
 // ranks their own message). `cleanup` runs first on failure.
 template <typename Fn, typename Cleanup>
-void all_or_nothing(parallel::Communicator& comm, const std::string& what, Fn&& fn,
+void all_or_nothing(parallel::Communicator& comm, Device device, const std::string& what, Fn&& fn,
                     Cleanup&& cleanup) {
   std::string error;
   try {
@@ -401,7 +419,7 @@ void all_or_nothing(parallel::Communicator& comm, const std::string& what, Fn&& 
   } catch (const std::exception& e) {
     error = e.what();
   }
-  const int64_t failed = allreduce_max(comm, error.empty() ? 0 : comm.rank() + 1);
+  const int64_t failed = allreduce_max(comm, device, error.empty() ? 0 : comm.rank() + 1);
   if (failed == 0) return;
   cleanup();
   if (!error.empty()) user_error("{}", error);
@@ -416,7 +434,7 @@ std::string rank_file(std::string_view stem, int rank, int size) {
 
 std::string save_checkpoint(const std::string& run_dir, const CheckpointParts& parts,
                             const TrainerState& state, const std::string& config_yaml, int64_t keep,
-                            parallel::Communicator& comm) {
+                            parallel::Communicator& comm, Device device) {
   STRATA_USER_CHECK(keep >= 0, "checkpoint keep count must be >= 0 (0 keeps all), got {}", keep);
   STRATA_USER_CHECK(state.step >= 0, "checkpoint step must be >= 0, got {}", state.step);
   const int rank = comm.rank(), size = comm.size();
@@ -431,7 +449,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointParts& p
   // 1. Rank 0 makes the temporary directory; everyone learns its name.
   int64_t pid = 0;
   all_or_nothing(
-      comm, final_dir,
+      comm, device, final_dir,
       [&] {
         if (rank != 0) return;
         std::error_code ec;
@@ -446,11 +464,11 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointParts& p
           user_error("{}: cannot create ({})", tmp, ec ? ec.message() : "exists");
       },
       remove_tmp);
-  pid = broadcast_from_0(comm, pid);
+  pid = broadcast_from_0(comm, device, pid);
   tmp = fmt::format("{}.tmp.{}", final_dir, pid);
   // 2. Every rank writes its files.
   all_or_nothing(
-      comm, final_dir,
+      comm, device, final_dir,
       [&] {
         if (!fs::is_directory(tmp))
           user_error(
@@ -484,7 +502,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointParts& p
       remove_tmp);
   // 3. Rank 0 publishes; the others wait for the outcome.
   all_or_nothing(
-      comm, final_dir,
+      comm, device, final_dir,
       [&] {
         if (rank != 0) return;
         try {

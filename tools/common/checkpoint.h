@@ -41,7 +41,12 @@ struct TrainerState {
   uint64_t rng_seed = 0;  // autograd::current_generator() state (dropout), autograd/rng_context.h
   uint64_t rng_offset = 0;
   double loss_scale = 0.0;  // fp16 dynamic loss scale (0 when unused)
-  std::string model_name;   // registry name, checked on load
+  // The rest of optim::LossScalerState, so an fp16 run resumes bitwise (optional in the file:
+  // absent in checkpoints written before they existed).
+  int64_t loss_scale_iteration = 0;
+  int64_t loss_scale_last_overflow = -1;
+  int loss_scale_hysteresis_left = 0;
+  std::string model_name;  // registry name, checked on load
 };
 
 // Writes run_dir/checkpoints/step_<state.step, 8 digits>/ and points `latest` at it (Note
@@ -98,10 +103,12 @@ struct CheckpointParts {
 };
 
 // Collective over `comm` (Note [Distributed checkpoints]). `state` and `config_yaml` are used on
-// rank 0. Returns the checkpoint directory on every rank.
+// rank 0. Returns the checkpoint directory on every rank. The shards may live on a GPU (they are
+// written from host copies); `device` is where the ranks' small agreement tensors travel: the
+// run's device, what an nccl `comm` serves.
 std::string save_checkpoint(const std::string& run_dir, const CheckpointParts& parts,
                             const TrainerState& state, const std::string& config_yaml, int64_t keep,
-                            parallel::Communicator& comm);
+                            parallel::Communicator& comm, Device device = Device::cpu());
 
 struct OpenedCheckpoint {
   std::string dir;

@@ -67,7 +67,10 @@ FlatShardIndex::FlatShardIndex(const models::CausalLM& model,
           user_error("{}: no parameter '{}'; the checkpoint was written for a different model",
                      path, u.names[k]);
         const auto& e = reader.entry(u.names[k]);
-        if (e.dtype != DType::F32 || !(e.shape == u.shapes[k]))
+        // bf16/f16: a mixed-precision run's parameters (Note [Mixed precision]); fill converts.
+        const bool float_ok =
+            e.dtype == DType::F32 || e.dtype == DType::BF16 || e.dtype == DType::F16;
+        if (!float_ok || !(e.shape == u.shapes[k]))
           user_error(
               "{}: parameter '{}' is {}{} but this model expects f32{}; the checkpoint was "
               "written for a different model size (compare the model config with the "
@@ -115,7 +118,8 @@ FlatShardIndex::FlatShardIndex(const models::CausalLM& model,
             "{}: unit '{}' spans {} elements in the checkpoint but {} in this model; the "
             "checkpoint was written for a different model size",
             path, unit, unit_numel, known->second);
-      if (e.dtype != DType::F32 || e.shape.ndim() != 1 || begin < 0 ||
+      const bool low_ok = d["key"] == "param" && (e.dtype == DType::BF16 || e.dtype == DType::F16);
+      if ((e.dtype != DType::F32 && !low_ok) || e.shape.ndim() != 1 || begin < 0 ||
           begin + e.shape[0] > unit_numel)
         user_error("{}: shard '{}' ({}{}) does not fit unit '{}' of {} elements", path, e.name,
                    dtype_name(e.dtype), e.shape.str(), unit, unit_numel);
@@ -174,7 +178,7 @@ bool FlatShardIndex::covers(const std::string& unit, const std::string& key, int
 
 void FlatShardIndex::fill(const std::string& unit, const std::string& key, int64_t begin,
                           Tensor dst) const {
-  STRATA_CHECK(dst.dtype() == DType::F32 && dst.ndim() == 1 && dst.is_contiguous(), "fill into {}",
+  STRATA_CHECK(is_floating(dst.dtype()) && dst.ndim() == 1 && dst.is_contiguous(), "fill into {}",
                dst.str());
   if (!covers(unit, key, begin, dst.numel()))
     user_error(

@@ -85,10 +85,14 @@ std::vector<int32_t> sample(models::CausalLM& model, const std::vector<int32_t>&
   std::vector<int64_t> seq(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
   const int64_t window = model.max_seq_len();
+  // Where the model's parameters are (the GPU in a `train` run with run.device: cuda).
+  const Device device =
+      model.flat_units().empty() ? Device::cpu() : model.flat_units().front().params.device();
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), window);
     std::vector<int64_t> ctx(seq.end() - T, seq.end());
     tensor::Tensor ids = tensor::from_ints(ctx, {1, T}, DType::I32);
+    if (!device.is_cpu()) ids = ids.to(device);
     // [1, T, padded_vocab] -> the last position's row, as contiguous fp32 on the host.
     tensor::Tensor last = model.forward(ids).data().select(1, T - 1).select(0, 0);
     tensor::Tensor row = last.narrow(0, 0, V).to(Device::cpu()).to(DType::F32).contiguous();

@@ -105,8 +105,16 @@ void read_zero(Reader& r, ZeroSection& c) {
   r.get("stage3_param_persistence_threshold", c.stage3_param_persistence_threshold);
 }
 
+void read_fp16(Reader& r, Fp16Section& c) {
+  r.get("loss_scale", c.loss_scale);
+  r.get("initial_scale_power", c.initial_scale_power);
+  r.get("loss_scale_window", c.loss_scale_window);
+  r.get("hysteresis", c.hysteresis);
+  r.get("min_loss_scale", c.min_loss_scale);
+}
+
 struct Readers {
-  Reader run, model, data, batch, optimizer, schedule, training, distributed, zero;
+  Reader run, model, data, batch, optimizer, schedule, training, distributed, zero, fp16;
 };
 
 // The model must exist and accept model.config; returns its shape for the checks that follow.
@@ -133,10 +141,16 @@ void validate(TrainConfig& c, Readers& r) {
   // run
   if (c.run.dir.empty()) r.run.fail("dir", "must not be empty; it is where the run writes");
   r.run.non_negative("threads", c.run.threads);
-  if (c.run.dtype != "fp32" && c.run.device != "cuda")
-    r.run.fail("dtype", fmt::format("{} needs run.device: cuda (device is '{}'); on the CPU use "
-                                    "fp32",
-                                    c.run.dtype, c.run.device));
+  // bf16/fp16 run on the CPU too (Note [Mixed precision] in parallel/engine.h): the CPU
+  // kernels widen to f32, so it saves model-state memory, not time.
+
+  // fp16 (read whatever the dtype, so a shared config can carry it)
+  r.fp16.non_negative("loss_scale", c.fp16.loss_scale);
+  r.fp16.in_range("initial_scale_power", static_cast<double>(c.fp16.initial_scale_power), 0.0,
+                  127.0, true);
+  r.fp16.positive("loss_scale_window", static_cast<double>(c.fp16.loss_scale_window));
+  r.fp16.positive("hysteresis", static_cast<double>(c.fp16.hysteresis));
+  r.fp16.positive("min_loss_scale", c.fp16.min_loss_scale);
 
   // batch (sizes first: the model checks below compare against them)
   r.batch.positive("micro_batch_size", static_cast<double>(c.batch.micro_batch_size));
@@ -302,7 +316,8 @@ TrainConfig parse_train_config(const config::Node& root, const std::string& sour
   Reader top(root, "", source);
   Readers r{top.section("run"),      top.section("model"),       top.section("data"),
             top.section("batch"),    top.section("optimizer"),   top.section("schedule"),
-            top.section("training"), top.section("distributed"), top.section("zero_optimization")};
+            top.section("training"), top.section("distributed"), top.section("zero_optimization"),
+            top.section("fp16")};
   read_run(r.run, c.run);
   read_model(r.model, c.model);
   read_data(r.data, c.data);
@@ -312,6 +327,7 @@ TrainConfig parse_train_config(const config::Node& root, const std::string& sour
   read_training(r.training, c.training);
   read_distributed(r.distributed, c.distributed);
   read_zero(r.zero, c.zero);
+  read_fp16(r.fp16, c.fp16);
   // Unknown keys first: a misspelt key is the likely reason a value below looks wrong.
   top.finish();
   validate(c, r);
@@ -419,6 +435,14 @@ std::string to_yaml(const TrainConfig& c) {
     e("overlap_comm", z.overlap_comm);
     e("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
     e("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+  }
+  {
+    Emit e{section(root, "fp16")};
+    e("loss_scale", c.fp16.loss_scale);
+    e("initial_scale_power", c.fp16.initial_scale_power);
+    e("loss_scale_window", c.fp16.loss_scale_window);
+    e("hysteresis", c.fp16.hysteresis);
+    e("min_loss_scale", c.fp16.min_loss_scale);
   }
   std::string header = c.source.empty()
                            ? std::string("# Strata train config (resolved)\n")

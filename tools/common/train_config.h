@@ -116,6 +116,15 @@ struct ZeroSection {  // `zero_optimization`, DeepSpeed's names and meanings; do
   bool operator==(const ZeroSection&) const = default;
 };
 
+struct Fp16Section {      // `fp16`: dynamic loss scaling for run.dtype fp16, DeepSpeed's names
+  double loss_scale = 0;  // > 0: static scale; 0: dynamic (optim/loss_scaler.h)
+  int initial_scale_power = 16;      // the dynamic scale starts at 2^this
+  int64_t loss_scale_window = 1000;  // steps without overflow before the scale doubles
+  int hysteresis = 2;                // overflows tolerated before the scale halves
+  double min_loss_scale = 1;
+  bool operator==(const Fp16Section&) const = default;
+};
+
 struct TrainConfig {
   RunConfig run;
   ModelSection model;
@@ -126,6 +135,7 @@ struct TrainConfig {
   TrainingSection training;
   DistributedSection distributed;
   ZeroSection zero;
+  Fp16Section fp16;
   std::string source;  // the top config file path
 
   // Note [Batch arithmetic]: resolves grad_accum_steps and global_batch_size for `dp`

@@ -61,6 +61,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c,
   return std::make_unique<optim::Sgd>(std::move(groups), sc);
 }
 
+DType param_dtype(const std::string& dtype) {
+  return dtype == "bf16" ? DType::BF16 : dtype == "fp16" ? DType::F16 : DType::F32;
+}
+
 parallel::ZeroConfig zero_config(const ZeroSection& z) {
   parallel::ZeroConfig out;
   out.stage = z.stage;
@@ -138,17 +142,6 @@ double estimated_peak_flops(const std::string& device) {
 
 Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(config_.run.seed) {
   TrainConfig& c = config_;
-  if (c.run.device == "cuda") {
-    // Fails with a clear message when the build has no CUDA backend or no device is visible.
-    with_config_context(c, "run.device", [] { tensor::init_cuda(0); });
-    // The CUDA backend runs every op, but the model zoo still builds parameters on the host and
-    // AdamW steps host buffers; moving flat units to the GPU is the remaining step (docs/gpu.md).
-    user_error(
-        "{}: run.device: cuda: training on the GPU is not wired into `train` yet (the CUDA "
-        "op backend exists; models and the optimizer still live on the host); use "
-        "run.device: cpu",
-        c.source);
-  }
   // 0. The world (Note [Distributed training]): ranks on one machine share its cores.
   const parallel::LaunchInfo launch = parallel::detect_launch();
   if (c.run.threads > 0) {
@@ -157,9 +150,24 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
     const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
     omp_set_num_threads(std::max(1, cores / launch.local_size));
   }
+  if (c.run.device == "cuda") {
+    // Note [Training on the GPU]: one process per GPU, the local rank's (modulo the visible
+    // devices, so a node with fewer GPUs than ranks still runs, sharing them). init_cuda fails
+    // with a clear message when the build has no CUDA backend or no device is visible.
+    const int count = tensor::cuda_device_count();
+    const int index = count > 0 ? launch.local_rank % count : 0;
+    with_config_context(c, "run.device", [&] { tensor::init_cuda(index); });
+    device_ = Device::cuda(index);
+  }
+  // A GPU process started alone is a world of one on the self communicator (Note [Distributed
+  // training]); `auto` would pick a one-rank nccl world, which adds nothing but NCCL's startup.
+  const std::string backend =
+      device_.is_cuda() && c.distributed.backend == "auto" && launch.launcher == "none"
+          ? std::string("self")
+          : c.distributed.backend;
   auto world = with_config_context(c, "distributed", [&] {
     return parallel::init_world(
-        c.distributed.backend, Device::cpu(),
+        backend, device_,
         std::chrono::milliseconds(static_cast<int64_t>(c.distributed.timeout_s * 1000.0)));
   });
   dp_ = parallel::make_process_groups(world, 1, 1).dp;
@@ -183,6 +191,9 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         c.source, c.batch.seq_len, model_->max_seq_len());
   }
   if (!c.model.init_from.empty()) models::load_hf_gpt2(*model_, c.model.init_from);
+  // Note [Training on the GPU]: the zoo builds (and init_from loads) on the host; the flat units
+  // move before the Engine takes views of them.
+  models::move_flat_units(model_->flat_units(), device_);
 
   tokenizer_ = make_tokenizer(c.data.tokenizer, c.data.vocab, c.data.merges);
   if (tokenizer_->vocab_size() > model_->vocab_size()) {
@@ -209,11 +220,25 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
 
   unit_sizes_ = parallel::unit_sizes(*model_);  // before the engine pads them (Note [ZeRO padding])
   engine_ = with_config_context(c, "zero_optimization", [&] {
-    return std::make_unique<parallel::Engine>(*model_, dp_, zero_config(c.zero),
-                                              [&c](std::vector<optim::ParamGroup> groups) {
-                                                return make_optimizer(c, std::move(groups));
-                                              });
+    return std::make_unique<parallel::Engine>(
+        *model_, dp_, zero_config(c.zero),
+        [&c](std::vector<optim::ParamGroup> groups) {
+          return make_optimizer(c, std::move(groups));
+        },
+        param_dtype(c.run.dtype));
   });
+  if (c.run.dtype == "fp16") {
+    // Note [Dynamic loss scaling], DeepSpeed's fp16 section.
+    optim::LossScalerConfig lc;
+    lc.loss_scale = c.fp16.loss_scale;
+    lc.initial_scale_power = c.fp16.initial_scale_power;
+    lc.loss_scale_window = c.fp16.loss_scale_window;
+    lc.hysteresis = c.fp16.hysteresis;
+    lc.min_loss_scale = c.fp16.min_loss_scale;
+    scaler_ =
+        with_config_context(c, "fp16", [&] { return std::make_unique<optim::LossScaler>(lc); });
+    engine_->set_loss_scaler(scaler_.get());
+  }
   optim::LrScheduleConfig sc;
   sc.kind =
       with_config_context(c, "schedule", [&] { return optim::parse_lr_schedule(c.schedule.name); });
@@ -294,7 +319,7 @@ void Trainer::train_step(StepRecord& record) {
   for (int64_t m = 0; m < A; ++m) {
     engine_->begin_micro_batch(m == A - 1);
     Batch batch = train_data_->batch(base + m * M, M);
-    autograd::Variable loss = model_->loss(batch.ids, batch.targets);
+    autograd::Variable loss = model_->loss(batch.ids.to(device_), batch.targets.to(device_));
     loss_sum += static_cast<double>(loss.item());
     engine_->backward(A == 1 ? loss : autograd::scale(loss, 1.0f / static_cast<float>(A)));
   }
@@ -332,7 +357,8 @@ float Trainer::evaluate() {
   int64_t n = std::max<int64_t>(1, config_.training.eval_batches);
   for (int64_t i = 0; i < n; ++i) {
     Batch batch = val_data_->batch(i * M, M);
-    sum += static_cast<double>(model_->loss(batch.ids, batch.targets).item());
+    sum +=
+        static_cast<double>(model_->loss(batch.ids.to(device_), batch.targets.to(device_)).item());
   }
   model_->train();
   return static_cast<float>(sum / static_cast<double>(n));
@@ -363,6 +389,13 @@ void Trainer::save(const char* why) {
   st.samples_consumed = samples_consumed_;
   st.rng_seed = generator_.seed();
   st.rng_offset = generator_.offset();
+  if (scaler_) {
+    const optim::LossScalerState& ls = scaler_->state();
+    st.loss_scale = ls.scale;
+    st.loss_scale_iteration = ls.iteration;
+    st.loss_scale_last_overflow = ls.last_overflow_iteration;
+    st.loss_scale_hysteresis_left = ls.hysteresis_left;
+  }
   st.model_name = config_.model.name;
   Stopwatch watch;
   // Note [Distributed checkpoints]: whole parameters come from rank 0's model unless ZeRO-3
@@ -381,7 +414,7 @@ void Trainer::save(const char* why) {
   }
   if (!partitioned_params) parts.param_shards.clear();
   last_checkpoint_ = save_checkpoint(config_.run.dir, parts, st, config_yaml_,
-                                     config_.training.keep_checkpoints, *dp_);
+                                     config_.training.keep_checkpoints, *dp_, device_);
   last_saved_step_ = step_;
   console_->event(
       fmt::format("checkpoint ({}): {} [{:.2f} s]", why, last_checkpoint_, watch.seconds()));
@@ -405,21 +438,40 @@ void Trainer::resume(const std::string& dir) {
         "checkpoint {} holds the state of optimizer '{}', this run uses '{}'; set "
         "optimizer.name to match or start a new run.dir",
         dir, ck.optimizer_name, opt.name());
+  // Note [Mixed precision] (parallel/engine.h): parameters and masters are one thing at two
+  // precisions; take the fp32 masters when the checkpoint has them, else its parameters.
+  auto source_key = [&](const std::string& unit, const std::string& key, int64_t begin,
+                        int64_t numel) {
+    if (key != "param" && key != "master") return key;
+    return ck.index->covers(unit, "master", begin, numel) ? std::string("master")
+                                                          : std::string("param");
+  };
   // Validate coverage of everything this rank will load before touching anything.
   std::vector<parallel::Engine::Shard> owned = engine_->shards();
   for (const parallel::Engine::Shard& sh : owned)
-    if (!ck.index->covers(sh.unit, sh.key, sh.begin, sh.data.numel()))
+    if (!ck.index->covers(sh.unit, source_key(sh.unit, sh.key, sh.begin, sh.data.numel()), sh.begin,
+                          sh.data.numel()))
       user_error(
           "checkpoint {}: has no '{}' state for elements [{}, {}) of unit '{}'; it was "
           "written by a different optimizer or model, or some of its files are missing",
           dir, sh.key, sh.begin, sh.begin + sh.data.numel(), sh.unit);
   if (engine_->config().stage < 3) {
     for (const models::FlatUnit& u : model_->flat_units())
-      ck.index->fill(u.name, "param", 0, u.params);
+      ck.index->fill(u.name, source_key(u.name, "param", 0, u.size()), 0, u.params);
     engine_->sync_params();
   }
-  engine_->load_shards([&](const std::string& unit, const std::string& key, int64_t begin,
-                           tensor::Tensor dst) { ck.index->fill(unit, key, begin, dst); });
+  engine_->load_shards(
+      [&](const std::string& unit, const std::string& key, int64_t begin, tensor::Tensor dst) {
+        ck.index->fill(unit, source_key(unit, key, begin, dst.numel()), begin, dst);
+      });
+  if (scaler_ && ck.state.loss_scale > 0) {
+    optim::LossScalerState ls;
+    ls.scale = ck.state.loss_scale;
+    ls.iteration = ck.state.loss_scale_iteration;
+    ls.last_overflow_iteration = ck.state.loss_scale_last_overflow;
+    ls.hysteresis_left = ck.state.loss_scale_hysteresis_left;
+    scaler_->load_state(ls);
+  }
   optim::OptimizerState counter = opt.state_dict();
   counter.step = ck.optimizer_step;
   opt.load_state_dict(counter);  // the live buffers again: sets the step count only
@@ -436,22 +488,26 @@ void Trainer::report_memory() {
   const parallel::Engine::ModelStateBytes b = engine_->model_state_bytes();
   const auto& stats = offload::MemoryStats::global();
   int64_t rest_peak = 0;
+  const offload::Tier tier = device_.is_cuda() ? offload::Tier::Gpu : offload::Tier::Host;
   for (auto cat :
        {offload::Category::Activation, offload::Category::Workspace, offload::Category::Comm})
-    rest_peak += stats.usage(offload::Tier::Host, cat).peak;
+    rest_peak += stats.usage(tier, cat).peak;
   tensor::Tensor mine = tensor::Tensor::empty({4}, DType::I64);
   int64_t* m = mine.data<int64_t>();
   m[0] = b.params;
   m[1] = b.grads;
   m[2] = b.optimizer;
   m[3] = rest_peak;
-  tensor::Tensor all = tensor::Tensor::empty({4 * world_}, DType::I64);
-  dp_->allgather(mine, all)->wait();
+  // On the run's device: an nccl communicator moves GPU memory only.
+  tensor::Tensor all_dev = tensor::Tensor::empty({4 * world_}, DType::I64, device_);
+  dp_->allgather(mine.to(device_), all_dev)->wait();
+  const tensor::Tensor all = all_dev.to(Device::cpu());
   if (rank_ != 0) return;
   parallel::ZeroMemoryConfig zc;
   zc.stage = config_.zero.stage;
   zc.dp = world_;
-  zc.precision = parallel::StatePrecision::FP32;
+  zc.precision = config_.run.dtype == "fp32" ? parallel::StatePrecision::FP32
+                                             : parallel::StatePrecision::Mixed;
   zc.optimizer = config_.optimizer.name == "adamw"  ? parallel::StateOptimizer::AdamW
                  : config_.optimizer.momentum > 0.0 ? parallel::StateOptimizer::SgdMomentum
                                                     : parallel::StateOptimizer::Sgd;
@@ -477,8 +533,13 @@ bool Trainer::agree_to_stop(bool local) {
   if (world_ == 1) return local;
   tensor::Tensor flag = tensor::Tensor::empty({1}, DType::I32);
   flag.data<int32_t>()[0] = local ? 1 : 0;
-  dp_->allreduce(flag, parallel::ReduceOp::Max)->wait();
-  return flag.data<int32_t>()[0] != 0;
+  if (device_.is_cpu()) {
+    dp_->allreduce(flag, parallel::ReduceOp::Max)->wait();
+    return flag.data<int32_t>()[0] != 0;
+  }
+  tensor::Tensor on_device = flag.to(device_);  // an nccl communicator moves GPU memory only
+  dp_->allreduce(on_device, parallel::ReduceOp::Max)->wait();
+  return on_device.item<int32_t>() != 0;
 }
 
 Trainer::Outcome Trainer::run(int64_t stop_at) {

@@ -30,6 +30,19 @@
 // the same order: evaluation and sampling run on every rank (ZeRO-3 gathers parameters for
 // them), and checkpoints are collective (Note [Distributed checkpoints]). Rank 0 alone writes
 // the console, metrics.jsonl and config.yaml. Logged losses are the mean over the ranks.
+//
+// Note [Training on the GPU]
+// run.device: cuda makes the process's GPU cuda:<local rank mod visible devices> (init_cuda)
+// and starts the world on it (nccl under a launcher, else self). The model zoo builds on the
+// host; the flat units then move to the GPU (models::move_flat_units) before the Engine is
+// made, so the optimizer's groups, masters and states are all on the GPU and AdamW takes its
+// fused CUDA path (Note [Optimizer devices]). Each batch's ids and targets are copied to the
+// GPU; losses are read back with item(). Evaluation and sampling run there too. Checkpoints are
+// written from host copies (save_safetensors copies) and read back into the GPU buffers with
+// copy_, in the same files and layout as a CPU run's, so a run can move between CPU and GPU.
+// Small control tensors (the stop flag, the memory report, checkpoint agreement) travel on the
+// run's device. The memory report reads Tier::Gpu. run.dtype stays fp32 unless the config says
+// otherwise; the GPU presets say bf16 (DESIGN.md decision 7).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,6 +51,7 @@
 #include "core/rng.h"
 #include "models/causal_lm.h"
 #include "models/registry.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
@@ -99,6 +113,7 @@ class Trainer {
   std::unique_ptr<models::CausalLM> model_;
   std::shared_ptr<parallel::Communicator> dp_;
   std::unique_ptr<parallel::Engine> engine_;
+  std::unique_ptr<optim::LossScaler> scaler_;  // run.dtype fp16 only
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<DataLoader> train_data_;
   std::unique_ptr<DataLoader> val_data_;
@@ -106,6 +121,7 @@ class Trainer {
   std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<ConsoleReporter> console_;
   Generator generator_;
+  Device device_ = Device::cpu();  // Note [Training on the GPU]
   int rank_ = 0;
   int world_ = 1;
   int64_t step_ = 0;

@@ -1,0 +1,305 @@
+// Training on the GPU (issue 4's "Must show"): the model, the optimizer, the engine and `train`
+// with their flat units on CUDA (Note [Training on the GPU] in tools/common/trainer.h). Every
+// test skips itself when no device is visible; there is no GPU in CI.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "models/flat_params.h"
+#include "optim/adamw.h"
+#include "optim/grad_clip.h"
+#include "optim/sgd.h"
+#include "parallel/engine.h"
+#include "parallel/param_groups.h"
+#include "parallel/self_communicator.h"
+#include "tensor/cuda.h"
+#include "tests/parallel/engine_test_util.h"
+#include "tests/tools/tool_test_util.h"
+#include "tools/common/train_config.h"
+#include "tools/common/trainer.h"
+
+namespace strata {
+namespace {
+
+using tensor::Tensor;
+using testing::TrainSpec;
+const Device kGpu = Device::cuda(0);
+
+#define SKIP_WITHOUT_GPU() \
+  if (!tensor::cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+// The bytes of a tensor, on the host.
+std::vector<uint8_t> host_bytes(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu()).contiguous();
+  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+  return {p, p + h.nbytes()};
+}
+
+// A tiny GPT-2 built on the host and moved to the GPU, as `train` does.
+std::unique_ptr<models::gpt2::GPT2> gpu_model(const TrainSpec& s) {
+  auto model = std::make_unique<models::gpt2::GPT2>(testing::tiny_config(s), s.seed);
+  models::move_flat_units(model->flat_units(), kGpu);
+  return model;
+}
+
+// One engine step on the GPU: testing::engine_step with the batch copied to the device.
+double gpu_engine_step(parallel::Engine& engine, models::CausalLM& model, const TrainSpec& s,
+                       int step) {
+  const int64_t G = s.micro * s.accum;
+  double sum = 0;
+  for (int64_t m = 0; m < s.accum; ++m) {
+    engine.begin_micro_batch(m == s.accum - 1);
+    testing::Batch b = testing::make_batch(step * G + m * s.micro, s.micro);
+    autograd::Variable loss = model.loss(b.ids.to(kGpu), b.targets.to(kGpu));
+    sum += loss.item();
+    engine.backward(s.accum == 1 ? loss : autograd::scale(loss, 1.f / static_cast<float>(s.accum)));
+  }
+  engine.step(s.lr, s.max_norm);
+  return sum / static_cast<double>(s.accum);
+}
+
+struct GpuRun {
+  std::vector<double> losses;
+  std::vector<std::vector<uint8_t>> params;   // the model's flat buffers (bf16 or f32)
+  std::vector<std::vector<uint8_t>> masters;  // the optimizer's fp32 params
+};
+
+// `steps` engine steps over the self communicator with the model on the GPU.
+GpuRun gpu_engine_run(const TrainSpec& s, DType dtype) {
+  auto model = gpu_model(s);
+  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"),
+                          parallel::ZeroConfig{}, testing::adamw_factory(), dtype);
+  EXPECT_TRUE(engine.optimizer().device().is_cuda());
+  GpuRun run;
+  for (int step = 0; step < s.steps; ++step)
+    run.losses.push_back(gpu_engine_step(engine, *model, s, step));
+  for (const models::FlatUnit& u : model->flat_units()) run.params.push_back(host_bytes(u.params));
+  for (const optim::ParamGroup& g : engine.optimizer().groups())
+    run.masters.push_back(host_bytes(g.param));
+  return run;
+}
+
+// Same initialisation, same batch: every parameter's gradient on the GPU (fp32) against the CPU.
+// Tolerance, per parameter tensor: max |g_gpu - g_cpu| <= 1e-4 * max |g_cpu|. The two differ only
+// in summation order (cuBLAS f32 with no TF32, the CUDA reductions), a few f32 ulps of the
+// largest terms; 1e-4 of the tensor's largest gradient leaves room for that and for nothing like
+// a wrong index or a missing term.
+TEST(TrainGpu, Fp32GradientsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  TrainSpec s;
+  s.n_layer = 2;
+  s.micro = 4;
+  models::gpt2::GPT2 cpu(testing::tiny_config(s), s.seed);
+  auto gpu = gpu_model(s);
+  const testing::Batch b = testing::make_batch(0, s.micro);
+  cpu.loss(b.ids, b.targets).backward();
+  gpu->loss(b.ids.to(kGpu), b.targets.to(kGpu)).backward();
+
+  const auto& cu = cpu.flat_units();
+  const auto& gu = gpu->flat_units();
+  ASSERT_EQ(cu.size(), gu.size());
+  int checked = 0;
+  for (size_t u = 0; u < cu.size(); ++u) {
+    EXPECT_TRUE(gu[u].grads.device().is_cuda());
+    for (size_t k = 0; k < cu[u].names.size(); ++k) {
+      const std::vector<float> want = tensor::to_float_vector(cu[u].variables[k].grad());
+      const std::vector<float> got =
+          tensor::to_float_vector(gu[u].variables[k].grad().to(Device::cpu()));
+      ASSERT_EQ(want.size(), got.size()) << cu[u].names[k];
+      double max_ref = 0, max_diff = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+      }
+      EXPECT_GT(max_ref, 0.0) << cu[u].names[k] << " has no gradient on the CPU";
+      EXPECT_LE(max_diff, 1e-4 * max_ref)
+          << cu[u].names[k] << ": max |gpu - cpu| " << max_diff << ", max |cpu| " << max_ref;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, static_cast<int>(cpu.named_parameters().size()));
+}
+
+// DESIGN.md decision 7 on the GPU: bf16 params and grads with fp32 masters track fp32 training.
+TEST(TrainGpu, Bf16LossStaysWithinTwoPercentOfFp32For200Steps) {
+  SKIP_WITHOUT_GPU();
+  TrainSpec s;
+  s.steps = 200;
+  s.micro = 4;
+  s.max_norm = 1.0;
+  const GpuRun fp32 = gpu_engine_run(s, DType::F32);
+  const GpuRun bf16 = gpu_engine_run(s, DType::BF16);
+  ASSERT_EQ(fp32.losses.size(), 200u);
+  ASSERT_EQ(bf16.losses.size(), 200u);
+  for (size_t i = 0; i < fp32.losses.size(); ++i)
+    EXPECT_LE(std::fabs(bf16.losses[i] - fp32.losses[i]), 0.02 * fp32.losses[i])
+        << "step " << i << ": bf16 " << bf16.losses[i] << " vs fp32 " << fp32.losses[i];
+  // It must train, or agreement would prove little.
+  EXPECT_LT(fp32.losses.back(), fp32.losses.front() - 0.5);
+  EXPECT_LT(bf16.losses.back(), bf16.losses.front() - 0.5);
+}
+
+// DESIGN.md decision 9 on the GPU: deterministic kernels, so the same seed gives the same bits.
+TEST(TrainGpu, SameSeedRunsAreBitwiseIdentical) {
+  SKIP_WITHOUT_GPU();
+  TrainSpec s;
+  s.steps = 20;
+  s.accum = 2;
+  s.max_norm = 1.0;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const GpuRun a = gpu_engine_run(s, dtype);
+    const GpuRun b = gpu_engine_run(s, dtype);
+    ASSERT_EQ(a.losses.size(), b.losses.size());
+    for (size_t i = 0; i < a.losses.size(); ++i)
+      EXPECT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)), 0)
+          << "step " << i << ": " << a.losses[i] << " vs " << b.losses[i];
+    EXPECT_EQ(a.params, b.params);
+    EXPECT_EQ(a.masters, b.masters);
+  }
+}
+
+// Note [CUDA AdamW]: the optimizer's GPU path gives the CPU path's bits on the same groups.
+TEST(TrainGpu, AdamWOnGpuGroupsMatchesTheCpuBitwise) {
+  SKIP_WITHOUT_GPU();
+  TrainSpec s;
+  models::gpt2::GPT2 cpu(testing::tiny_config(s), s.seed);
+  auto gpu = gpu_model(s);
+  const testing::Batch b = testing::make_batch(0, s.micro);
+  cpu.loss(b.ids, b.targets).backward();
+  // The same gradients on both sides, so only the optimizers are compared.
+  for (size_t u = 0; u < cpu.flat_units().size(); ++u)
+    gpu->flat_units()[u].grads.copy_(cpu.flat_units()[u].grads);
+  optim::AdamW cpu_opt(parallel::unit_param_groups(cpu), testing::adamw_config());
+  optim::AdamW gpu_opt(parallel::unit_param_groups(*gpu), testing::adamw_config());
+  ASSERT_TRUE(gpu_opt.device().is_cuda());
+  for (int i = 0; i < 3; ++i) {
+    cpu_opt.set_grad_scale(0.5f);
+    gpu_opt.set_grad_scale(0.5f);
+    cpu_opt.step(1e-2);
+    gpu_opt.step(1e-2);
+  }
+  for (size_t u = 0; u < cpu.flat_units().size(); ++u) {
+    EXPECT_EQ(host_bytes(cpu.flat_units()[u].params), host_bytes(gpu->flat_units()[u].params))
+        << cpu.flat_units()[u].name;
+    EXPECT_EQ(host_bytes(cpu_opt.exp_avg_sq(u)), host_bytes(gpu_opt.exp_avg_sq(u)));
+  }
+  // State round trip across devices: the host copy loads back into the GPU buffers.
+  optim::OptimizerState host = cpu_opt.state_dict();
+  gpu_opt.load_state_dict(host);
+  EXPECT_EQ(host_bytes(gpu_opt.exp_avg(0)), host_bytes(cpu_opt.exp_avg(0)));
+}
+
+TEST(TrainGpu, OptimizerRejectsMixedDevicesAndSgdOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  optim::ParamGroup g;
+  g.param = tensor::zeros({32}, DType::F32, kGpu);
+  g.grad = tensor::zeros({32});  // on the host
+  try {
+    optim::AdamW opt({g});
+    ADD_FAILURE() << "a group with its grad on the host was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("one device"), std::string::npos) << e.what();
+  }
+  g.grad = tensor::zeros({32}, DType::F32, kGpu);
+  try {
+    optim::Sgd opt({g});
+    ADD_FAILURE() << "SGD accepted GPU groups";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("sgd runs on the CPU only"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TrainGpu, GradClipOnTheGpuAgreesWithTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Tensor host = tensor::uniform({100'000}, {5, 6}, -1.f, 1.f);
+  const Tensor dev = host.to(kGpu);
+  const double want = optim::global_grad_norm({host});
+  EXPECT_NEAR(optim::global_grad_norm({dev}), want, 1e-9 * want);
+  EXPECT_NEAR(optim::global_grad_norm({dev.to(DType::BF16)}),
+              optim::global_grad_norm({host.to(DType::BF16)}), 1e-9 * want);
+  optim::scale_grads({host}, 0.375f);
+  optim::scale_grads({dev}, 0.375f);
+  EXPECT_EQ(host_bytes(host), host_bytes(dev));  // one rounded multiply either way
+}
+
+// `train` on the GPU, in process: a tiny bf16 config trains, checkpoints, and a run stopped and
+// resumed reproduces the uninterrupted one bitwise (dropout on: the RNG state resumes too).
+std::string gpu_config(const std::string& data, const std::string& run, int64_t steps) {
+  return fmt::format(R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16}}
+model:
+  name: gpt2-tiny
+  config: {{n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32, dropout: 0.1}}
+data: {{train: "{data}/train_*.bin", val: "{data}/val_*.bin", tokenizer: byte, shuffle: true}}
+batch: {{micro_batch_size: 4, grad_accum_steps: 2, seq_len: 32}}
+optimizer: {{name: adamw, lr: 1.0e-2, weight_decay: 0.1, grad_clip: 1.0}}
+schedule: {{name: cosine, warmup_steps: 2, min_lr: 1.0e-3}}
+training: {{steps: {steps}, eval_every: 3, eval_batches: 2, sample_every: 4, sample_tokens: 8,
+           checkpoint_every: 2, progress: lines}}
+)",
+                     fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps));
+}
+
+TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
+  SKIP_WITHOUT_GPU();
+  tools::testing::ScratchDir tmp;
+  const std::string data = tmp / "data";
+  tools::testing::write_raw_shard(data + "/train_000000.bin",
+                                  {tools::testing::pattern_tokens(8000, 200, 1)});
+  tools::testing::write_raw_shard(data + "/val_000000.bin",
+                                  {tools::testing::pattern_tokens(2000, 200, 3)});
+  auto load = [&](const std::string& name, const std::string& run, int64_t steps) {
+    tools::testing::write_text(tmp / name, gpu_config(data, run, steps));
+    return tools::load_train_config(tmp / name);
+  };
+  const tools::TrainConfig ca = load("a.yaml", tmp / "run_a", 7);
+  const tools::TrainConfig cb = load("b.yaml", tmp / "run_b", 7);
+
+  tools::Trainer a(ca);
+  EXPECT_TRUE(a.model().flat_units().front().params.device().is_cuda());
+  EXPECT_EQ(a.model().flat_units().front().params.dtype(), DType::BF16);
+  EXPECT_TRUE(a.engine().optimizer().device().is_cuda());
+  ASSERT_EQ(a.run(), tools::Trainer::Outcome::Finished);
+  ASSERT_EQ(a.history().size(), 7u);
+  for (const tools::StepRecord& r : a.history()) EXPECT_TRUE(std::isfinite(r.loss));
+  EXPECT_LT(a.history().back().loss, a.history().front().loss);
+  EXPECT_TRUE(tools::testing::fs::exists(tmp / "run_a/checkpoints"));
+  {
+    tools::Trainer b(cb);
+    ASSERT_EQ(b.run(/*stop_at=*/4), tools::Trainer::Outcome::Interrupted);
+  }
+  tools::Trainer b(cb);  // resume: auto picks the step-4 checkpoint
+  ASSERT_EQ(b.step(), 4);
+  ASSERT_EQ(b.run(), tools::Trainer::Outcome::Finished);
+  ASSERT_EQ(b.history().size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const tools::StepRecord& ra = a.history()[4 + i];
+    const tools::StepRecord& rb = b.history()[i];
+    EXPECT_EQ(std::memcmp(&ra.loss, &rb.loss, sizeof(float)), 0)
+        << "step " << ra.step << ": " << ra.loss << " vs " << rb.loss;
+    EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+    EXPECT_EQ(ra.val_loss.has_value(), rb.val_loss.has_value());
+    if (ra.val_loss && rb.val_loss) {
+      EXPECT_EQ(*ra.val_loss, *rb.val_loss);
+    }
+  }
+  const auto& ua = a.model().flat_units();
+  const auto& ub = b.model().flat_units();
+  ASSERT_EQ(ua.size(), ub.size());
+  for (size_t u = 0; u < ua.size(); ++u) {
+    EXPECT_EQ(host_bytes(ua[u].params), host_bytes(ub[u].params)) << ua[u].name;
+    EXPECT_EQ(host_bytes(a.engine().optimizer().groups()[u].param),
+              host_bytes(b.engine().optimizer().groups()[u].param))
+        << ua[u].name << " master";
+  }
+  EXPECT_FALSE(a.sample_text().empty());
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,19 +1,23 @@
 // generate: sample a continuation of a prompt from a checkpoint.
 //
 //   generate --checkpoint runs/tiny [--prompt "Once upon"] [--max-new-tokens 128]
-//            [--temperature 0.8] [--top-k 40] [--seed 0]
+//            [--temperature 0.8] [--top-k 40] [--seed 0] [--device cpu|cuda]
 //
 // --checkpoint is a checkpoint directory (runs/x/checkpoints/step_00000200) or a run directory
 // (then the checkpoint its `latest` names). The model, its overrides and the tokenizer come from
 // the checkpoint's config.yaml; tokenizer paths in it are relative to the working directory
 // (Note [Train config paths]). Prints the prompt followed by the continuation; sampling stops
 // early at the tokenizer's end-of-text token. No KV cache yet (tools/common/sampler.h).
+// --device cuda: the model is built and loaded on the host, then its flat units move to the GPU
+// (models::move_flat_units, as `train` does: Note [Training on the GPU]); the sampler copies the
+// ids to where the parameters are and reads each step's logits back.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 
 #include "core/error.h"
 #include "models/registry.h"
+#include "tensor/cuda.h"
 #include "tools/common/checkpoint.h"
 #include "tools/common/sampler.h"
 #include "tools/common/tokenizer.h"
@@ -26,9 +30,11 @@ struct Args {
   std::string checkpoint;
   std::string prompt;
   SampleOptions sample;
+  std::string device = "cpu";
 };
 
 int run(const Args& args) {
+  if (args.device == "cuda") tensor::init_cuda(0);  // no GPU: a UserError saying so, up front
   const std::string dir = resolve_checkpoint(args.checkpoint);
   const TrainConfig cfg = load_train_config(checkpoint_config_path(dir));
   models::ModelOptions options;
@@ -37,6 +43,7 @@ int run(const Args& args) {
   std::unique_ptr<models::CausalLM> model =
       models::ModelRegistry::global().create(cfg.model.name, options);
   load_checkpoint(dir, *model, nullptr, cfg.model.name);
+  if (args.device == "cuda") models::move_flat_units(model->flat_units(), Device::cuda(0));
 
   std::unique_ptr<Tokenizer> tok =
       make_tokenizer(cfg.data.tokenizer, cfg.data.vocab, cfg.data.merges);
@@ -77,6 +84,9 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", args.sample.top_k, "sample among the k most likely tokens; 0 = all")
       ->capture_default_str();
   app.add_option("--seed", args.sample.seed, "sampling seed")->capture_default_str();
+  app.add_option("--device", args.device, "where the model runs")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return strata::tools::run(args);

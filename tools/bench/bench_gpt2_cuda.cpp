@@ -1,219 +1,319 @@
-// GPT-2 training-step throughput on one GPU: tokens/s and MFU for 124M, 350M, 774M and 1558M.
+// GPT-2 training throughput on one GPU: the step `train` runs (Note [Training on the GPU] in
+// tools/common/trainer.h), timed, for gpt2 / gpt2-medium / gpt2-large / gpt2-xl at T = 1024.
 //
-// The models/ layer does not place modules on a GPU yet, so this benchmark runs a GPT-2 step
-// directly through the op API on the CUDA backend: for each of the L blocks the forward ops
-// (layernorm, c_attn/c_proj/c_fc/mlp.c_proj GEMMs with bias, fused causal attention, GELU,
-// residual adds) and their backward ops (two GEMMs per linear, bias sums, layernorm/attention/
-// GELU backward), then the tied LM head and the fused softmax + cross-entropy, and the embedding
-// backward. It is the same arithmetic as a model step minus the optimizer, so tokens/s and MFU
-// are comparable with tools/bench/reference/gpt2_cuda.py (run both with run_gpt2_cuda.sh).
-// MFU = 6 N + 12 L T C flops per token (as bench_gpt2_cpu) over the GPU's dense peak
-// (--peak-tflops; default 989 = H100 SXM bf16 dense).
+// Per model, as Trainer builds it: the registry makes the model on the host (seed 1337; the
+// presets' dropout 0 and no activation checkpointing), models::move_flat_units puts its flat
+// units on the GPU, and a parallel::Engine over a world of one (the self communicator, ZeRO
+// stage 0) owns it with param_dtype BF16 (Note [Mixed precision] in parallel/engine.h: bf16
+// parameters and gradients, fp32 masters and moments) or F32. One step is Trainer::train_step
+// with one micro-batch: ids and targets copied from the host, the loss forward, loss.item(),
+// engine.backward, engine.step (global gradient norm, clipping to 1.0, the fused AdamW kernel
+// with lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices). Tokens are random
+// (fixed seed); targets are the ids shifted by one, as the data loader gives them.
 //
-// usage: bench_gpt2_cuda [--dtype fp32|bf16] [--peak-tflops X] [--steps N] [--models a,b] [--B n]
+// `--warmup` steps (cuBLASLt heuristics, cuDNN plans, the caching allocator's segments) are not
+// timed. Each of the `--steps` timed steps ends with a device-to-host copy of one parameter
+// element, which waits for the compute stream (AdamW runs there too), so a step's time covers all
+// of its GPU work; the median is reported. MFU is training_flops_per_token (Note [MFU]), the
+// count `train` logs, over --peak-tflops (default 989: H100 SXM bf16 dense). Peak GPU memory is
+// MemoryStats' tier gpu peak during the timed steps: bytes handed out, like
+// torch.cuda.max_memory_allocated (the allocator's cached segments are not counted).
+//
+// --fill finds the largest power-of-two micro-batch whose step fits, starting from --B or the
+// model's default: doubled while a step fits, halved while it does not. An out-of-memory is the
+// caching allocator's UserError (Note [GPU caching allocator]); after one the model and engine
+// are dropped and built again, since the failed step may have stopped anywhere inside them.
+//
+// --device cpu runs the same program on the host (no --fill): a smoke test of it on a machine
+// without a GPU, with a small model (--models gpt2-tiny --T 64); its numbers mean nothing.
+//
+// tools/bench/reference/gpt2_cuda.py runs the same step in PyTorch (eager and torch.compile) and
+// prints the same columns; tools/bench/run_gpt2_cuda.sh runs both and prints the ratios.
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <cstring>
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "models/registry.h"
+#include "offload/gpu_allocator.h"
+#include "offload/memory_stats.h"
+#include "optim/adamw.h"
+#include "parallel/engine.h"
+#include "parallel/world.h"
 #include "tensor/cuda.h"
-#include "tensor/ops.h"
+#include "tensor/storage.h"
+#include "tools/common/trainer.h"
 
 using namespace strata;
-using tensor::Shape;
-using tensor::Tensor;
 
 namespace {
 
-struct Config {
-  std::string name;
-  int64_t n_layer, n_embd, n_head, batch;
+constexpr double kLr = 6e-4;
+constexpr double kGradClip = 1.0;
+
+struct Options {
+  std::string dtype = "bf16";
+  double peak_tflops = 989.0;
+  int warmup = 3;
+  int steps = 10;
+  std::vector<std::string> models = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
+  int64_t batch = 0;  // 0: default_batch(model)
+  int64_t seq_len = 1024;
+  bool fill = false;
+  uint64_t seed = 1337;
+  bool on_cpu = false;  // --device cpu: a smoke test of this program where there is no GPU
+
+  Device device() const { return on_cpu ? Device::cpu() : Device::cuda(0); }
 };
 
-const Device kGpu = Device::cuda(0);
-DType g_mm = DType::BF16;
-
-Tensor param(const Shape& s, uint64_t id) {
-  return tensor::randn(s, {1, id}, 0.f, 0.02f, kGpu);
+// The micro-batch when neither --B nor --fill says otherwise: the earlier benchmark's choice,
+// which leaves room on an 80 GB GPU for a step without activation checkpointing.
+int64_t default_batch(const std::string& model) {
+  if (model == "gpt2") return 16;
+  if (model == "gpt2-medium") return 8;
+  if (model == "gpt2-large") return 4;
+  if (model == "gpt2-xl") return 2;
+  return 8;
 }
 
-// op(a) @ op(b) with a, b cast to g_mm and an f32 output (matmul itself would return g_mm:
-// Note [Low-precision ops]).
-Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  Tensor out = Tensor::empty({ta ? a.size(1) : a.size(0), tb ? b.size(0) : b.size(1)}, DType::F32,
-                             a.device());
-  tensor::matmul_out(a.to(g_mm), b.to(g_mm), out, ta, tb);
-  return out;
+bool is_oom(const UserError& e) {
+  return std::string(e.what()).find("out of GPU memory") != std::string::npos;
 }
 
-// y = x @ w^T (+ b); x [N, K], w [M, K]; GEMM in g_mm with f32 output.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  Tensor y = mm(x, w, false, true);
-  return b.defined() ? tensor::bias_add(y, b) : y;
-}
-// dx = dy @ w; dw = dy^T @ x; db = sum dy.
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool bias) {
-  Tensor dw = mm(dy, x, true, false);
-  if (bias) tensor::sum_to(dy, {w.size(0)});
-  return mm(dy, w, false, false);
+// Returns the caching allocator's free segments to the driver (after an OOM, between models).
+void release_gpu_cache(Device device) {
+  if (!device.is_cuda()) return;
+  if (auto* a = dynamic_cast<offload::GpuCachingAllocator*>(&tensor::allocator_for(device)))
+    a->release_cache();
 }
 
-struct Block {
-  Tensor ln1w, ln1b, attn_w, attn_b, proj_w, proj_b, ln2w, ln2b, fc_w, fc_b, fc2_w, fc2_b;
+// Host batches as the data loader makes them: I32 [B, T] ids and the next tokens as targets.
+struct Tokens {
+  tensor::Tensor ids, targets;
 };
 
-double step(const Config& c, int64_t T, const std::vector<Block>& blocks, const Tensor& wte,
-            const Tensor& wpe, const Tensor& ids, const Tensor& targets) {
-  const int64_t B = c.batch, C = c.n_embd, H = c.n_head, D = C / H, N = B * T;
-  Tensor pos = tensor::arange(T, DType::I32, kGpu);
-  Tensor x = tensor::add(tensor::embedding(wte, ids).view({B, T, C}), tensor::embedding(wpe, pos))
-                 .view({N, C});
-  struct Saved {
-    Tensor x, ln1, ln1m, ln1r, q, k, v, att, attlse, y, x2, ln2, ln2m, ln2r, fc, gel;
-  };
-  std::vector<Saved> saved;
-  for (const Block& b : blocks) {
-    Saved s;
-    s.x = x;
-    auto n1 = tensor::layernorm(x, b.ln1w, b.ln1b, 1e-5f);
-    s.ln1 = n1.y, s.ln1m = n1.mean, s.ln1r = n1.rstd;
-    Tensor qkv = linear(s.ln1, b.attn_w, b.attn_b).view({B, T, 3, H, D});
-    s.q = qkv.select(2, 0).permute({0, 2, 1, 3}).contiguous();
-    s.k = qkv.select(2, 1).permute({0, 2, 1, 3}).contiguous();
-    s.v = qkv.select(2, 2).permute({0, 2, 1, 3}).contiguous();
-    auto a = tensor::attention(s.q, s.k, s.v, true, 0.f);
-    s.att = a.out, s.attlse = a.lse;
-    s.y = a.out.permute({0, 2, 1, 3}).contiguous().view({N, C});
-    s.x2 = tensor::add(x, linear(s.y, b.proj_w, b.proj_b));
-    auto n2 = tensor::layernorm(s.x2, b.ln2w, b.ln2b, 1e-5f);
-    s.ln2 = n2.y, s.ln2m = n2.mean, s.ln2r = n2.rstd;
-    s.fc = linear(s.ln2, b.fc_w, b.fc_b);
-    s.gel = tensor::gelu(s.fc);
-    x = tensor::add(s.x2, linear(s.gel, b.fc2_w, b.fc2_b));
-    saved.push_back(std::move(s));
+Tokens random_tokens(int64_t batch, int64_t seq_len, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
+  std::vector<int64_t> ids(static_cast<size_t>(batch * seq_len)), targets(ids.size());
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t prev = pick(rng);
+    for (int64_t t = 0; t < seq_len; ++t) {
+      const int64_t next = pick(rng);
+      ids[static_cast<size_t>(b * seq_len + t)] = prev;
+      targets[static_cast<size_t>(b * seq_len + t)] = next;
+      prev = next;
+    }
   }
-  Tensor lnfw = tensor::ones({C}, DType::F32, kGpu), lnfb = tensor::zeros({C}, DType::F32, kGpu);
-  auto nf = tensor::layernorm(x, lnfw, lnfb, 1e-5f);
-  Tensor logits = linear(nf.y, wte, {});
-  auto ce = tensor::cross_entropy(logits, targets, -100);
-  const double loss = tensor::sum_all(ce.losses).item<float>() / static_cast<double>(N);
+  return {tensor::from_ints(ids, {batch, seq_len}, DType::I32),
+          tensor::from_ints(targets, {batch, seq_len}, DType::I32)};
+}
 
-  Tensor dloss = tensor::full({N}, 1.0 / static_cast<double>(N), DType::F32, kGpu);
-  Tensor dlogits = tensor::cross_entropy_backward(logits, targets, ce.lse, dloss, -100);
-  Tensor dx = linear_backward(dlogits, nf.y, wte, false);
-  dx = tensor::layernorm_backward(dx, x, lnfw, nf.mean, nf.rstd).dx;
-  for (size_t i = blocks.size(); i-- > 0;) {
-    const Block& b = blocks[i];
-    const Saved& s = saved[i];
-    Tensor dgel = linear_backward(dx, s.gel, b.fc2_w, true);
-    Tensor dfc = tensor::unary_backward(tensor::UnaryOp::Gelu, s.fc, dgel);
-    Tensor dln2 = linear_backward(dfc, s.ln2, b.fc_w, true);
-    Tensor dx2 = tensor::add(dx, tensor::layernorm_backward(dln2, s.x2, b.ln2w, s.ln2m, s.ln2r).dx);
-    Tensor dy = linear_backward(dx2, s.y, b.proj_w, true);
-    Tensor datt = dy.view({B, T, H, D}).permute({0, 2, 1, 3}).contiguous();
-    auto g = tensor::attention_backward(s.q, s.k, s.v, s.att, s.attlse, datt, true, 0.f);
-    Tensor dqkv = tensor::concat({g.dq.permute({0, 2, 1, 3}).unsqueeze(2),
-                                  g.dk.permute({0, 2, 1, 3}).unsqueeze(2),
-                                  g.dv.permute({0, 2, 1, 3}).unsqueeze(2)},
-                                 2)
-                      .view({N, 3 * C});
-    Tensor dln1 = linear_backward(dqkv, s.ln1, b.attn_w, true);
-    dx = tensor::add(dx2, tensor::layernorm_backward(dln1, s.x, b.ln1w, s.ln1m, s.ln1r).dx);
+// One model on the GPU inside its Engine, as Trainer's constructor builds it.
+class Bench {
+ public:
+  Bench(const std::string& name, const Options& o, std::shared_ptr<parallel::Communicator> world)
+      : device_(o.device()) {
+    models::ModelOptions mo;
+    mo.seed = o.seed;
+    model_ = models::ModelRegistry::global().create(name, mo);
+    models::move_flat_units(model_->flat_units(), device_);
+    optim::AdamWConfig ac;
+    ac.lr = kLr;
+    ac.beta1 = 0.9;
+    ac.beta2 = 0.95;
+    ac.eps = 1e-8;
+    ac.weight_decay = 0.1;
+    engine_ = std::make_unique<parallel::Engine>(
+        *model_, std::move(world), parallel::ZeroConfig{},
+        [ac](std::vector<optim::ParamGroup> groups) {
+          return std::make_unique<optim::AdamW>(std::move(groups), ac);
+        },
+        o.dtype == "bf16" ? DType::BF16 : DType::F32);
   }
-  Tensor dwte = tensor::zeros(wte.shape(), DType::F32, kGpu);
-  tensor::embedding_backward(ids, dx.view({B, T, C}), dwte);
-  return loss;
+
+  int64_t vocab_size() const { return model_->vocab_size(); }
+
+  // Trainer::train_step with one micro-batch and a constant learning rate.
+  float step(const Tokens& x) {
+    engine_->begin_micro_batch(true);
+    autograd::Variable loss = model_->loss(x.ids.to(device_), x.targets.to(device_));
+    const float value = loss.item();
+    engine_->backward(loss);
+    engine_->step(kLr, kGradClip);
+    return value;
+  }
+
+  // A copy to the host waits for everything queued on the compute stream (Note [CUDA streams]).
+  void synchronize() const {
+    model_->flat_units().front().params.narrow(0, 0, 1).to(Device::cpu());
+  }
+
+ private:
+  Device device_;
+  std::unique_ptr<models::CausalLM> model_;  // declared first: the engine goes first
+  std::unique_ptr<parallel::Engine> engine_;
+};
+
+struct Row {
+  int64_t batch = 0;
+  double step_s = 0.0;
+  float loss = 0.f;
+  int64_t peak_bytes = 0;
+};
+
+Row measure(Bench& bench, int64_t batch, const Options& o) {
+  const Tokens x = random_tokens(batch, o.seq_len, bench.vocab_size(), o.seed);
+  for (int i = 0; i < o.warmup; ++i) bench.step(x);
+  bench.synchronize();
+  auto& stats = offload::MemoryStats::global();
+  stats.reset_peaks();
+  std::vector<double> times;
+  Row row;
+  row.batch = batch;
+  for (int i = 0; i < o.steps; ++i) {
+    Stopwatch watch;
+    row.loss = bench.step(x);
+    bench.synchronize();
+    times.push_back(watch.seconds());
+  }
+  row.step_s = median(times);
+  row.peak_bytes = stats.tier_usage(o.on_cpu ? offload::Tier::Host : offload::Tier::Gpu).peak;
+  return row;
+}
+
+// --fill: true when one step at `batch` fits. After an OOM `bench` is rebuilt.
+bool step_fits(std::unique_ptr<Bench>& bench, int64_t batch, const std::string& name,
+               const Options& o, const std::shared_ptr<parallel::Communicator>& world) {
+  try {
+    bench->step(random_tokens(batch, o.seq_len, bench->vocab_size(), o.seed));
+    bench->synchronize();
+    fmt::print(stderr, "{}: B = {} fits\n", name, batch);
+    return true;
+  } catch (const UserError& e) {
+    if (!is_oom(e)) throw;
+    fmt::print(stderr, "{}: B = {} does not fit ({})\n", name, batch, e.what());
+  }
+  bench.reset();
+  release_gpu_cache(o.device());
+  bench = std::make_unique<Bench>(name, o, world);
+  return false;
+}
+
+Row run_model(const std::string& name, const Options& o,
+              const std::shared_ptr<parallel::Communicator>& world) {
+  auto bench = std::make_unique<Bench>(name, o, world);
+  int64_t batch = o.batch > 0 ? o.batch : default_batch(name);
+  if (o.fill) {
+    constexpr int64_t kMaxBatch = 4096;
+    int64_t fits = 0, fails = 0;  // the largest B known to fit, the smallest known not to
+    for (;;) {
+      if (step_fits(bench, batch, name, o, world))
+        fits = batch;
+      else
+        fails = batch;
+      if (fits > 0 && ((fails > 0 && fits * 2 >= fails) || fits >= kMaxBatch)) break;
+      if (fits == 0 && fails == 1)
+        user_error("out of GPU memory: {} does not fit even at B = 1", name);
+      batch = fits > 0 ? fits * 2 : fails / 2;
+    }
+    batch = fits;
+  }
+  return measure(*bench, batch, o);
+}
+
+void print_header() {
+  fmt::print(
+      "| impl | model | params | B | T | dtype | tokens/s | step ms | MFU | peak GPU mem | "
+      "loss |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  double peak_tflops = 989.0;
-  int steps = 5;
-  int64_t T = 1024, batch_override = 0;
-  std::string only;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--dtype") {
-      g_mm = parse_dtype(v);
-    } else if (k == "--peak-tflops") {
-      peak_tflops = std::atof(v.c_str());
-    } else if (k == "--steps") {
-      steps = std::atoi(v.c_str());
-    } else if (k == "--models") {
-      only = v;
-    } else if (k == "--B") {
-      batch_override = std::atoll(v.c_str());
-    } else if (k == "--T") {
-      T = std::atoll(v.c_str());
-    } else {
-      fmt::print(stderr, "unknown option {}\n", k);
-      return 2;
-    }
-  }
+  Options o;
+  CLI::App app{
+      "Times the GPU training step of `train` (registry model, Engine, bf16 mixed precision, "
+      "fused AdamW, grad clipping) for GPT-2 124M-1558M and prints a markdown table."};
+  app.add_option("--dtype", o.dtype, "bf16 (bf16 params/grads, fp32 masters) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--models", o.models, "registry names, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--B", o.batch, "micro-batch (default: 16/8/4/2 for 124M/350M/774M/1558M)");
+  app.add_flag("--fill", o.fill,
+               "use the largest power-of-two micro-batch that fits (starting from --B or the "
+               "default)");
+  app.add_option("--T", o.seq_len, "sequence length")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps first")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps (median reported)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option(
+         "--peak-tflops", o.peak_tflops,
+         "dense peak for MFU (989: H100/H200 SXM bf16; with --dtype fp32 give the fp32 one)")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "model init and token seed")->capture_default_str();
+  std::string device = "cuda";
+  app.add_option("--device", device,
+                 "cpu only smoke-tests this program where there is no GPU (e.g. --models "
+                 "gpt2-tiny --T 64 --B 2)")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  o.on_cpu = device == "cpu";
+
   try {
-    tensor::init_cuda(0);
-  } catch (const UserError& e) {
-    fmt::print(stderr, "bench_gpt2_cuda: {}\n", e.what());
+    const auto& registry = models::ModelRegistry::global();
+    std::vector<models::ModelShape> shapes;
+    for (const std::string& name : o.models) {
+      shapes.push_back(registry.shape(name));  // unknown names: a UserError listing the known
+      if (o.seq_len < 1 || o.seq_len > shapes.back().max_seq_len)
+        user_error("--T {} is outside [1, {}], the context of model '{}'", o.seq_len,
+                   shapes.back().max_seq_len, name);
+    }
+    if (o.batch < 0) user_error("--B must be positive, got {}", o.batch);
+    if (o.fill && o.on_cpu) user_error("--fill needs the GPU (it probes for out-of-memory)");
+    if (!o.on_cpu) tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
+    auto world = parallel::init_world("self", o.device(), std::chrono::seconds(60));
+    print_header();
+    for (size_t i = 0; i < o.models.size(); ++i) {
+      const std::string& name = o.models[i];
+      const double params = static_cast<double>(shapes[i].num_parameters) / 1e6;
+      try {
+        const Row r = run_model(name, o, world);
+        const double tokens_s = static_cast<double>(r.batch * o.seq_len) / r.step_s;
+        const double mfu = tools::training_flops_per_token(shapes[i], o.seq_len) * tokens_s /
+                           (o.peak_tflops * 1e12);
+        fmt::print(
+            "| strata | {} | {:.0f}M | {} | {} | {} | {:.0f} | {:.1f} | {:.1f}% | {:.1f} GiB "
+            "| {:.4f} |\n",
+            name, params, r.batch, o.seq_len, o.dtype, tokens_s, r.step_s * 1e3, 100.0 * mfu,
+            static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0 * 1024.0), r.loss);
+      } catch (const UserError& e) {
+        if (!is_oom(e)) throw;
+        fmt::print(stderr, "{}: {}\n", name, e.what());
+        fmt::print("| strata | {} | {:.0f}M | {} | {} | {} | OOM | - | - | - | - |\n", name, params,
+                   o.batch > 0 ? o.batch : default_batch(name), o.seq_len, o.dtype);
+      }
+      std::fflush(stdout);
+      release_gpu_cache(o.device());
+    }
+    parallel::finalize_world();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_gpt2_cuda: %s\n", e.what());
     return 1;
-  }
-  // B chosen so activations of a no-checkpointing f32 step fit 80 GB at T = 1024.
-  const std::vector<Config> configs = {{"gpt2", 12, 768, 12, 16},
-                                       {"gpt2-medium", 24, 1024, 16, 8},
-                                       {"gpt2-large", 36, 1280, 20, 4},
-                                       {"gpt2-xl", 48, 1600, 25, 2}};
-  const int64_t V = 50304;  // GPT-2's 50257 padded to a multiple of 128, as llm.c does
-  fmt::print(
-      "| model | params | B | T | matmul dtype | step s | tokens/s | TFLOP/s | MFU | loss |\n");
-  fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
-  for (Config c : configs) {
-    if (!only.empty() && only.find(c.name) == std::string::npos) continue;
-    if (batch_override > 0) c.batch = batch_override;
-    const int64_t C = c.n_embd;
-    std::vector<Block> blocks;
-    uint64_t id = 10;
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      Block b{tensor::ones({C}, DType::F32, kGpu),
-              tensor::zeros({C}, DType::F32, kGpu),
-              param({3 * C, C}, id++),
-              tensor::zeros({3 * C}, DType::F32, kGpu),
-              param({C, C}, id++),
-              tensor::zeros({C}, DType::F32, kGpu),
-              tensor::ones({C}, DType::F32, kGpu),
-              tensor::zeros({C}, DType::F32, kGpu),
-              param({4 * C, C}, id++),
-              tensor::zeros({4 * C}, DType::F32, kGpu),
-              param({C, 4 * C}, id++),
-              tensor::zeros({C}, DType::F32, kGpu)};
-      blocks.push_back(std::move(b));
-    }
-    Tensor wte = param({V, C}, 1), wpe = param({T, C}, 2);
-    std::vector<int64_t> ids(static_cast<size_t>(c.batch * T)), tg(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) {
-      ids[i] = static_cast<int64_t>((i * 7919 + 13) % 50257);
-      tg[i] = static_cast<int64_t>((i * 104729 + 7) % 50257);
-    }
-    Tensor x = tensor::from_ints(ids, {c.batch, T}, DType::I32).to(kGpu);
-    Tensor y = tensor::from_ints(tg, {c.batch * T}, DType::I32).to(kGpu);
-    std::vector<double> times;
-    double loss = 0;
-    for (int s = 0; s < steps + 1; ++s) {  // the first step warms the allocator and cuBLASLt
-      Stopwatch w;
-      loss = step(c, T, blocks, wte, wpe, x, y);  // loss.item() synchronises the stream
-      if (s > 0) times.push_back(w.seconds());
-    }
-    const double step_s = median(times), tokens = static_cast<double>(c.batch * T);
-    const double n = static_cast<double>(c.n_layer) * 12.0 * static_cast<double>(C * C) +
-                     static_cast<double>(V * C);
-    const double flops =
-        (6.0 * n + 12.0 * static_cast<double>(c.n_layer * T * C)) * tokens / step_s;
-    fmt::print("| {} | {:.0f}M | {} | {} | {} | {:.3f} | {:.0f} | {:.1f} | {:.1f}% | {:.4f} |\n",
-               c.name, n / 1e6, c.batch, T, dtype_name(g_mm), step_s, tokens / step_s, flops / 1e12,
-               100.0 * flops / 1e12 / peak_tflops, loss);
   }
   return 0;
 }

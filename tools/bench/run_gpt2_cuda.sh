@@ -1,14 +1,62 @@
 #!/usr/bin/env bash
-# GPT-2 training steps on one GPU: Strata (bench_gpt2_cuda) and, where python3 has torch with
-# CUDA, PyTorch eager and torch.compile on the same shapes, in one run on the same GPU, as one
-# markdown table. usage: tools/bench/run_gpt2_cuda.sh [build_dir=build] [extra args...]
-# (extra args go to both: --dtype bf16|fp32 --peak-tflops X --steps N --models gpt2,gpt2-xl --B n)
+# GPT-2 training steps on one GPU, Strata against PyTorch in one run on the same GPU:
+# bench_gpt2_cuda (the step `train` runs there: registry model, Engine, bf16 mixed precision,
+# fused AdamW, grad clipping), then, where python3 has torch with CUDA, reference/gpt2_cuda.py
+# eager and with torch.compile at the B Strata used for each model. Prints the device and date,
+# one table of every row, and one table per model with tokens/s and the ratios
+# Strata / torch.compile and Strata / eager.
+# usage: tools/bench/run_gpt2_cuda.sh [build_dir=build] [bench args...]
+#   e.g. tools/bench/run_gpt2_cuda.sh build-gpu --fill
+# Bench args (both programs take them): --dtype bf16|fp32 --models a,b --B n --fill --T n
+# --warmup n --steps n --peak-tflops X --seed n. The reference gets --models and --B per model.
 set -euo pipefail
 BUILD=${1:-build}; shift || true
 HERE=$(cd "$(dirname "$0")" && pwd)
-"$BUILD/bin/bench_gpt2_cuda" "$@"
+STRATA=$(mktemp); TORCH=$(mktemp)
+trap 'rm -f "$STRATA" "$TORCH"' EXIT
+
+echo "# GPT-2 training step on one GPU: Strata vs PyTorch"
+echo
+DEVICE=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+  2>/dev/null | head -1 || true)
+echo "- device: ${DEVICE:-unknown (nvidia-smi not found)}"
+echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "- args: ${*:-(defaults)}"
+echo
+"$BUILD/bin/bench_gpt2_cuda" "$@" | tee "$STRATA"
+
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  python3 "$HERE/reference/gpt2_cuda.py" "$@"
+  # Columns: | impl | model | params | B | T | dtype | tokens/s | ...
+  awk -F'|' '$2 ~ /strata/ { gsub(/ /, "", $3); gsub(/ /, "", $5); print $3, $5 }' "$STRATA" |
+    while read -r model batch; do
+      python3 "$HERE/reference/gpt2_cuda.py" "$@" --models "$model" --B "$batch" --no-header \
+        </dev/null | tee -a "$TORCH" ||
+        echo "| torch | $model | - | $batch | - | - | failed (see stderr) | - | - | - | - |"
+    done
 else
+  echo
   echo "(python3 with torch+CUDA not found: PyTorch reference skipped)"
 fi
+
+echo
+awk -F'|' '
+  function trim(s) { gsub(/^ +| +$/, "", s); return s }
+  function dash(s) { return s == "" ? "-" : s }
+  function ratio(a, b) { return (a + 0 > 0 && b + 0 > 0) ? sprintf("%.2fx", a / b) : "-" }
+  {
+    impl = trim($2); m = trim($3)
+    if (m == "" || m == "model" || m ~ /^-+$/) next
+    tok[impl, m] = trim($8); mfu[impl, m] = trim($10)
+    if (impl == "strata") { order[++n] = m; batch[m] = trim($5); dtype[m] = trim($7) }
+  }
+  END {
+    print "| model | B | dtype | Strata tokens/s | eager tokens/s | compile tokens/s | " \
+          "Strata / eager | Strata / compile | Strata MFU | compile MFU |"
+    print "|---|---|---|---|---|---|---|---|---|---|"
+    for (i = 1; i <= n; ++i) {
+      m = order[i]; s = tok["strata", m]; e = tok["torch eager", m]; c = tok["torch compile", m]
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", m, batch[m], dtype[m], s,
+             dash(e), dash(c), ratio(s, e), ratio(s, c), mfu["strata", m],
+             dash(mfu["torch compile", m])
+    }
+  }' "$STRATA" "$TORCH"

@@ -1,19 +1,38 @@
 #!/usr/bin/env python3
-"""PyTorch reference for bench_gpt2_cuda: the same GPT-2 shapes and step (forward + backward, no
-optimizer), eager and with torch.compile, on the same GPU. Prints markdown rows with the same
-columns. Run only where python3 has torch with CUDA (the GPU machine); never part of the product.
+"""PyTorch reference for bench_gpt2_cuda: the same GPT-2 training step on the same GPU, eager and
+with torch.compile, printed as markdown rows with the same columns (impl "torch eager" / "torch
+compile"). Run only where python3 has torch with CUDA (the GPU machine); never in CI, never part
+of the product. tools/bench/run_gpt2_cuda.sh runs it per model with the B Strata used.
 
-usage: gpt2_cuda.py [--dtype bf16|fp32] [--peak-tflops X] [--steps N] [--models a,b] [--B n]
+The step is PyTorch's usual one: fp32 parameters, the forward under torch.autocast(bfloat16) with
+--dtype bf16 (plain fp32 with --dtype fp32), the LM head tied to wte over the padded vocabulary
+50304 and the cross entropy over the first 50257 logits (Strata's Note [Padded vocabulary]),
+loss.item(), backward, clip_grad_norm_(1.0), torch.optim.AdamW(fused=True) with lr 6e-4, betas
+(0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices and embeddings and 0 on biases and norm
+weights (as Strata's segments), zero_grad. No TF32, since Strata's GEMMs accumulate in fp32
+without it. Ids and targets (random with a fixed seed; targets are the ids shifted by one) are
+copied from the host every step, as `train` does. --warmup untimed steps (with torch.compile
+they include the compilation), then --steps steps, each ended by torch.cuda.synchronize(); the
+median is reported. MFU uses Strata's count, training_flops_per_token (Note [MFU] in
+tools/common/trainer.h); peak GPU memory is torch.cuda.max_memory_allocated over the timed steps.
+
+usage: gpt2_cuda.py [--dtype bf16|fp32] [--models a,b] [--B n] [--T n] [--warmup n] [--steps n]
+                    [--peak-tflops X] [--modes eager,compile] [--seed n]
 """
 import argparse
+import gc
+import math
+import statistics
 import time
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
-CONFIGS = [("gpt2", 12, 768, 12, 16), ("gpt2-medium", 24, 1024, 16, 8),
-           ("gpt2-large", 36, 1280, 20, 4), ("gpt2-xl", 48, 1600, 25, 2)]
-V = 50304
+VOCAB, PADDED_VOCAB, N_POSITIONS = 50257, 50304, 1024
+# name: (n_layer, n_embd, n_head, default B) -- the registry's presets and bench_gpt2_cuda's B.
+CONFIGS = {"gpt2": (12, 768, 12, 16), "gpt2-medium": (24, 1024, 16, 8),
+           "gpt2-large": (36, 1280, 20, 4), "gpt2-xl": (48, 1600, 25, 2)}
 
 
 class Block(torch.nn.Module):
@@ -37,63 +56,122 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, n_layer, c, h, t):
+    def __init__(self, n_layer, c, h):
         super().__init__()
-        self.wte = torch.nn.Embedding(V, c)
-        self.wpe = torch.nn.Embedding(t, c)
+        self.wte = torch.nn.Embedding(PADDED_VOCAB, c)
+        self.wpe = torch.nn.Embedding(N_POSITIONS, c)
         self.blocks = torch.nn.ModuleList(Block(c, h) for _ in range(n_layer))
         self.ln_f = torch.nn.LayerNorm(c)
+        # GPT-2's init, as Strata's: N(0, 0.02), residual projections 0.02 / sqrt(2 n_layer).
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            std = 0.02 / math.sqrt(2 * n_layer) if name.endswith("proj.weight") else 0.02
+            torch.nn.init.normal_(p, 0.0, std)
+        for m in self.modules():
+            if isinstance(m, torch.nn.Linear):
+                torch.nn.init.zeros_(m.bias)
+        with torch.no_grad():
+            self.wte.weight[VOCAB:].zero_()
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
             x = b(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
+        logits = F.linear(self.ln_f(x), self.wte.weight)[..., :VOCAB]
+        return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
 
-def run(model, idx, tg, dtype, steps):
-    times, loss = [], 0.0
-    for s in range(steps + 1):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            loss = model(idx, tg)
+def training_flops_per_token(n_params, n_layer, c, t):
+    """tools/common/trainer.cpp: 6 per matmul parameter (all but wpe) + 12 L T C for attention."""
+    return 6.0 * (n_params - N_POSITIONS * c) + 12.0 * n_layer * t * c
+
+
+def random_tokens(batch, t, seed):
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(0, VOCAB, (batch, t + 1), generator=g, dtype=torch.int64)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def measure(name, mode, batch, a):
+    n_layer, c, h, _ = CONFIGS[name]
+    torch.manual_seed(a.seed)
+    model = GPT(n_layer, c, h).cuda()
+    n_params = sum(p.numel() for p in model.parameters())
+    params = list(model.parameters())
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    fwd = torch.compile(model) if mode == "compile" else model
+    x_host, y_host = random_tokens(batch, a.T, a.seed)
+
+    def step():
+        x, y = x_host.to("cuda"), y_host.to("cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            loss = fwd(x, y)
+        value = loss.item()
         loss.backward()
-        loss = loss.item()
-        if s > 0:
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2], loss
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return value
+
+    for _ in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times, loss = [], 0.0
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    tokens_s = batch * a.T / step_s
+    mfu = training_flops_per_token(n_params, n_layer, c, a.T) * tokens_s / (a.peak_tflops * 1e12)
+    return (f"| torch {mode} | {name} | {n_params / 1e6:.0f}M | {batch} | {a.T} | {a.dtype} | "
+            f"{tokens_s:.0f} | {step_s * 1e3:.1f} | {100 * mfu:.1f}% | "
+            f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB | {loss:.4f} |")
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--dtype", default="bf16")
-    p.add_argument("--peak-tflops", type=float, default=989.0)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--models", default="")
-    p.add_argument("--B", type=int, default=0)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--models", default=",".join(CONFIGS))
+    p.add_argument("--B", type=int, default=0, help="micro-batch (default: bench_gpt2_cuda's)")
     p.add_argument("--T", type=int, default=1024)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--modes", default="eager,compile")
+    p.add_argument("--fill", action="store_true",
+                   help="ignored: run_gpt2_cuda.sh passes the B Strata's --fill found as --B")
+    p.add_argument("--no-header", action="store_true", help="rows only (run_gpt2_cuda.sh)")
     a = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = a.dtype != "fp32"
-    for name, n_layer, c, h, batch in CONFIGS:
-        if a.models and name not in a.models:
-            continue
-        batch = a.B or batch
-        t = a.T
-        n = n_layer * 12 * c * c + V * c
-        torch.manual_seed(1)
-        idx = torch.randint(0, 50257, (batch, t), device="cuda")
-        tg = torch.randint(0, 50257, (batch, t), device="cuda")
-        for mode in ("eager", "compile"):
-            model = GPT(n_layer, c, h, t).cuda()
-            m = torch.compile(model) if mode == "compile" else model
-            step_s, loss = run(m, idx, tg, a.dtype, a.steps)
-            flops = (6 * n + 12 * n_layer * t * c) * batch * t / step_s
-            print(f"| {name} (torch {mode}) | {n / 1e6:.0f}M | {batch} | {t} | {a.dtype} | "
-                  f"{step_s:.3f} | {batch * t / step_s:.0f} | {flops / 1e12:.1f} | "
-                  f"{100 * flops / 1e12 / a.peak_tflops:.1f}% | {loss:.4f} |", flush=True)
-            del model, m
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if not a.no_header:
+        print("| impl | model | params | B | T | dtype | tokens/s | step ms | MFU | peak GPU mem | "
+              "loss |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in a.models.split(","):
+        if name not in CONFIGS:
+            raise SystemExit(f"unknown model '{name}'; known: {', '.join(CONFIGS)}")
+        batch = a.B or CONFIGS[name][3]
+        for mode in a.modes.split(","):
+            try:
+                row = measure(name, mode, batch, a)
+            except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or inductor's wrapper of it
+                if "out of memory" not in str(e).lower():
+                    raise
+                row = (f"| torch {mode} | {name} | - | {batch} | {a.T} | {a.dtype} | OOM | - | - | "
+                       "- | - |")
+            print(row, flush=True)
+            gc.collect()
+            torch._dynamo.reset()
             torch.cuda.empty_cache()
 
 

@@ -77,6 +77,18 @@ TEST_F(TrainConfigTest, EveryShippedConfigLoads) {
   EXPECT_GE(n, 6);  // default, gpt2-common and the four GPT-2 presets
 }
 
+// DESIGN.md decision 7: bf16 on the GPU, fp32 on the CPU, unless run.dtype says otherwise.
+TEST_F(TrainConfigTest, DtypeAutoIsBf16OnCudaAndFp32OnCpu) {
+  const std::string path = write("tiny.yaml", kTiny);  // sets no dtype
+  EXPECT_EQ(load_train_config(path, {"run.device=cuda"}).run.dtype, "bf16");
+  EXPECT_EQ(load_train_config(path, {"run.device=cpu"}).run.dtype, "fp32");
+  EXPECT_EQ(load_train_config(path, {"run.device=cuda", "run.dtype=fp32"}).run.dtype, "fp32");
+  EXPECT_EQ(load_train_config(path, {"run.dtype=fp16"}).run.dtype, "fp16");
+  // The resolved config names the precision, so a resumed run keeps it.
+  const std::string yaml = to_yaml(load_train_config(path, {"run.device=cuda"}));
+  EXPECT_NE(yaml.find("dtype: bf16"), std::string::npos) << yaml;
+}
+
 TEST_F(TrainConfigTest, DefaultConfigIsATinyCpuRun) {
   TrainConfig c = load_train_config((kConfigs / "default.yaml").string());
   EXPECT_EQ(c.run.device, "cpu");

@@ -26,7 +26,7 @@ void read_run(Reader& r, RunConfig& c) {
   r.get("dir", c.dir);
   r.get("seed", c.seed);
   r.get_enum("device", c.device, {"cpu", "cuda"});
-  r.get_enum("dtype", c.dtype, {"fp32", "bf16", "fp16"});
+  r.get_enum("dtype", c.dtype, {"auto", "fp32", "bf16", "fp16"});
   r.get("threads", c.threads);
 }
 
@@ -141,6 +141,7 @@ void validate(TrainConfig& c, Readers& r) {
   // run
   if (c.run.dir.empty()) r.run.fail("dir", "must not be empty; it is where the run writes");
   r.run.non_negative("threads", c.run.threads);
+  if (c.run.dtype == "auto") c.run.dtype = c.run.device == "cuda" ? "bf16" : "fp32";
   // bf16/fp16 run on the CPU too (Note [Mixed precision] in parallel/engine.h): the CPU
   // kernels widen to f32, so it saves model-state memory, not time.
 

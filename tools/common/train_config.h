@@ -30,8 +30,10 @@ struct RunConfig {                   // YAML section `run`
   std::string dir = "runs/default";  // output directory (metrics, checkpoints, config.yaml)
   uint64_t seed = 1337;
   std::string device = "cpu";  // cpu | cuda
-  std::string dtype = "fp32";  // fp32 | bf16 | fp16
-  int threads = 0;             // 0 = all cores
+  // fp32 | bf16 | fp16 | auto; auto (the default) resolves to bf16 on cuda and fp32 on cpu
+  // (DESIGN.md decision 7) when the config is loaded.
+  std::string dtype = "auto";
+  int threads = 0;  // 0 = all cores
   bool operator==(const RunConfig&) const = default;
 };
 

@@ -506,8 +506,8 @@ void Trainer::report_memory() {
   parallel::ZeroMemoryConfig zc;
   zc.stage = config_.zero.stage;
   zc.dp = world_;
-  zc.precision = config_.run.dtype == "fp32" ? parallel::StatePrecision::FP32
-                                             : parallel::StatePrecision::Mixed;
+  zc.precision = param_dtype(config_.run.dtype) == DType::F32 ? parallel::StatePrecision::FP32
+                                                              : parallel::StatePrecision::Mixed;
   zc.optimizer = config_.optimizer.name == "adamw"  ? parallel::StateOptimizer::AdamW
                  : config_.optimizer.momentum > 0.0 ? parallel::StateOptimizer::SgdMomentum
                                                     : parallel::StateOptimizer::Sgd;

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "optim/cuda/adamw_cuda.h"
+#include "tensor/cuda/launch.cuh"
 
 namespace strata::optim::cuda {
 
@@ -99,7 +100,7 @@ int launch_adamw_multi_tensor(const AdamWCudaTensor* list, int count, const Adam
     const int64_t want = (longest + kThreads - 1) / kThreads;
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(want, kMaxBlocksX)),
                     static_cast<unsigned>(n));
-    adamw_kernel<<<grid, kThreads, 0, st>>>(args, s);
+    STRATA_LAUNCH(grid, kThreads, 0, st, adamw_kernel)(args, s);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return static_cast<int>(e);
   }

@@ -180,9 +180,9 @@ bool launch_attention_forward(int dt, const void* q, const void* k, const void* 
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (bh * tq == 0) return;
-    attn_fwd<T><<<warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), causal, scale,
-        static_cast<T*>(out), lse, bh, tq, tk, d);
+    STRATA_LAUNCH(warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream, attn_fwd<T>)
+    (static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), causal, scale,
+     static_cast<T*>(out), lse, bh, tq, tk, d);
   });
 }
 
@@ -197,13 +197,13 @@ bool launch_attention_backward(int dt, const void* q, const void* k, const void*
     const T* pv = static_cast<const T*>(v);
     const T* pg = static_cast<const T*>(dout);
     if (bh * tq > 0)
-      attn_bwd_dq<T><<<warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream>>>(
-          pq, pk, pv, static_cast<const T*>(out), lse, pg, causal, scale, static_cast<T*>(dq),
-          scratch, bh, tq, tk, d);
+      STRATA_LAUNCH(warps_grid(bh * tq), 32 * kWarpsPerBlock, 0, stream, attn_bwd_dq<T>)
+      (pq, pk, pv, static_cast<const T*>(out), lse, pg, causal, scale, static_cast<T*>(dq), scratch,
+       bh, tq, tk, d);
     if (bh * tk > 0)
-      attn_bwd_dkv<T><<<warps_grid(bh * tk), 32 * kWarpsPerBlock, 0, stream>>>(
-          pq, pk, pv, lse, pg, scratch, causal, scale, static_cast<T*>(dk), static_cast<T*>(dv), bh,
-          tq, tk, d);
+      STRATA_LAUNCH(warps_grid(bh * tk), 32 * kWarpsPerBlock, 0, stream, attn_bwd_dkv<T>)
+      (pq, pk, pv, lse, pg, scratch, causal, scale, static_cast<T*>(dk), static_cast<T*>(dv), bh,
+       tq, tk, d);
   });
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/launch.cuh"
 
 namespace strata::tensor::cuda {
 

@@ -312,31 +312,33 @@ void launch_copy(const void* src, int src_dtype, const Strided& src_view, void* 
       using TS = typename decltype(s)::type;
       dispatch_float(dst_dtype, [&](auto d) {
         using TD = typename decltype(d)::type;
-        cast_contig_kernel<TS, TD><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-            static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+        STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, cast_contig_kernel<TS, TD>)
+        (static_cast<const TS*>(src), static_cast<TD*>(dst), n);
       });
     });
     return;
   }
-  copy_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(src, src_dtype, src_view, dst,
-                                                                dst_dtype, dst_view, n);
+  STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, copy_kernel)
+  (src, src_dtype, src_view, dst, dst_dtype, dst_view, n);
 }
 
 void launch_fill(void* dst, int dtype, const Strided& view, int64_t n, double value,
                  Stream stream) {
-  fill_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dst, dtype, view, n, value);
+  STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, fill_kernel)
+  (dst, dtype, view, n, value);
 }
 
 void launch_arange(void* dst, int dtype, int64_t n, double start, double step, Stream stream) {
-  arange_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dst, dtype, n, start, step);
+  STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, arange_kernel)
+  (dst, dtype, n, start, step);
 }
 
 bool launch_random_uniform(void* dst, int dt, int64_t n, uint64_t seed, uint64_t stream_id,
                            float lo, float hi, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    uniform_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(dst), n,
-                                                                        seed, stream_id, lo, hi);
+    STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, uniform_kernel<T>)
+    (static_cast<T*>(dst), n, seed, stream_id, lo, hi);
   });
 }
 
@@ -344,8 +346,8 @@ bool launch_random_normal(void* dst, int dt, int64_t n, uint64_t seed, uint64_t 
                           float mean, float stddev, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    normal_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(dst), n, seed, stream_id, mean, stddev);
+    STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, normal_kernel<T>)
+    (static_cast<T*>(dst), n, seed, stream_id, mean, stddev);
   });
 }
 
@@ -360,9 +362,11 @@ bool launch_binary(int op, int dt, const void* a, const Strided& a_view, const v
     T* po = static_cast<T*>(out);
     auto run = [&](auto fn, auto strided) {
       if (contig)
-        map2_kernel<<<grid_for<T>(n, vec), kThreads, 0, stream>>>(fn, pa, pb, po, n, vec);
+        STRATA_LAUNCH(grid_for<T>(n, vec), kThreads, 0, stream, map2_kernel)
+        (fn, pa, pb, po, n, vec);
       else
-        strided<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pa, a_view, pb, b_view, po, n);
+        STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, strided)
+        (pa, a_view, pb, b_view, po, n);
     };
     switch (op) {
       case 0:
@@ -385,8 +389,8 @@ bool launch_affine(int dt, const void* x, const Strided& x_view, float alpha, fl
                    int64_t n, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    affine_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), x_view, alpha, beta, static_cast<T*>(out), n);
+    STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, affine_kernel<T>)
+    (static_cast<const T*>(x), x_view, alpha, beta, static_cast<T*>(out), n);
   });
 }
 
@@ -399,8 +403,8 @@ bool launch_axpy(float alpha, const void* x, int x_dtype, void* y, int y_dtype, 
     using TX = typename decltype(xt)::type;
     ok = dispatch_float(y_dtype, [&](auto yt) {
       using TY = typename decltype(yt)::type;
-      axpy_kernel<TX, TY><<<grid_for<TY>(n, vec), kThreads, 0, stream>>>(
-          alpha, static_cast<const TX*>(x), static_cast<TY*>(y), n, vec);
+      STRATA_LAUNCH(grid_for<TY>(n, vec), kThreads, 0, stream, axpy_kernel<TX, TY>)
+      (alpha, static_cast<const TX*>(x), static_cast<TY*>(y), n, vec);
     });
   });
   return ok;
@@ -410,8 +414,8 @@ bool launch_unary(int op, int dt, const void* x, void* out, int64_t n, Stream st
   const bool vec = aligned16(x) && aligned16(out);
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    map1_kernel<<<grid_for<T>(n, vec), kThreads, 0, stream>>>(UnaryFn{op}, static_cast<const T*>(x),
-                                                              static_cast<T*>(out), n, vec);
+    STRATA_LAUNCH(grid_for<T>(n, vec), kThreads, 0, stream, map1_kernel)
+    (UnaryFn{op}, static_cast<const T*>(x), static_cast<T*>(out), n, vec);
   });
 }
 
@@ -420,9 +424,9 @@ bool launch_unary_backward(int op, int dt, const void* x, const void* dy, void* 
   const bool vec = aligned16(x) && aligned16(dy) && aligned16(dx);
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    map2_kernel<<<grid_for<T>(n, vec), kThreads, 0, stream>>>(
-        UnaryGradFn{op}, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx),
-        n, vec);
+    STRATA_LAUNCH(grid_for<T>(n, vec), kThreads, 0, stream, map2_kernel)
+    (UnaryGradFn{op}, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n,
+     vec);
   });
 }
 
@@ -432,8 +436,8 @@ bool launch_bias_add(int dt, const void* x, const void* bias, void* out, int64_t
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const bool vec = cols % Pack<T>::kN == 0 && aligned16(x) && aligned16(bias) && aligned16(out);
-    bias_add_kernel<T><<<grid_for<T>(n, vec), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(out), n, cols, vec);
+    STRATA_LAUNCH(grid_for<T>(n, vec), kThreads, 0, stream, bias_add_kernel<T>)
+    (static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(out), n, cols, vec);
   });
 }
 
@@ -441,8 +445,8 @@ bool launch_dropout(int dt, const void* x, void* out, int64_t n, float p, uint64
                     uint64_t stream_id, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dropout_kernel<T><<<blocks_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(out), n, 1.f - p, seed, stream_id);
+    STRATA_LAUNCH(blocks_for((n + 3) / 4, kThreads), kThreads, 0, stream, dropout_kernel<T>)
+    (static_cast<const T*>(x), static_cast<T*>(out), n, 1.f - p, seed, stream_id);
   });
 }
 
@@ -453,9 +457,9 @@ bool launch_rotary(int dt, const void* x, const void* cos, const void* sin, int 
   const int64_t pairs = b * t * h * (d / 2);
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rotary_kernel<T><<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), cos, sin, cs_dtype, inverse ? -1.f : 1.f, static_cast<T*>(out),
-        pairs, t, h, d / 2);
+    STRATA_LAUNCH(blocks_for(pairs, kThreads), kThreads, 0, stream, rotary_kernel<T>)
+    (static_cast<const T*>(x), cos, sin, cs_dtype, inverse ? -1.f : 1.f, static_cast<T*>(out),
+     pairs, t, h, d / 2);
   });
 }
 

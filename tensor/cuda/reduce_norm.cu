@@ -327,14 +327,14 @@ void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, c
   for (int d = 0; d < x_red.ndim; ++d) red_n *= x_red.shape[d];
   if (n_out == 0) return;
   const int threads = red_n >= 256 ? 256 : red_n > 32 ? 64 : 32;
-  reduce_kernel<<<static_cast<unsigned>(n_out), threads, 0, stream>>>(
-      op, x, x_dtype, x_outer, x_red, red_n, out, out_dtype, indices);
+  STRATA_LAUNCH(static_cast<unsigned>(n_out), threads, 0, stream, reduce_kernel)
+  (op, x, x_dtype, x_outer, x_red, red_n, out, out_dtype, indices);
 }
 
 void launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
                         Stream stream) {
-  sum_squares_partial<<<kSumSquaresBlocks, 256, 0, stream>>>(x, dtype, n, scratch);
-  sum_partials<<<1, 256, 0, stream>>>(scratch, kSumSquaresBlocks, result);
+  STRATA_LAUNCH(kSumSquaresBlocks, 256, 0, stream, sum_squares_partial)(x, dtype, n, scratch);
+  STRATA_LAUNCH(1, 256, 0, stream, sum_partials)(scratch, kSumSquaresBlocks, result);
 }
 
 #define STRATA_FLOAT_TYPE(tag) typename decltype(tag)::type
@@ -345,9 +345,9 @@ bool launch_layernorm_forward(int dt, const void* x, const void* w, const void* 
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
-    layernorm_fwd<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), eps,
-        static_cast<T*>(y), mean, rstd, c);
+    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, layernorm_fwd<T>)
+    (static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), eps,
+     static_cast<T*>(y), mean, rstd, c);
   });
 }
 
@@ -360,15 +360,16 @@ bool launch_layernorm_backward(int dt, const void* dy, const void* x, const void
     const T* px = static_cast<const T*>(x);
     const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
     if (n > 0)
-      norm_bwd_dx<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
-          pdy, px, static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), c);
+      STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, norm_bwd_dx<T>)
+      (pdy, px, static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), c);
     const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
     if (chunks > 0)
-      norm_bwd_partials<T>
-          <<<grid, 256, 0, stream>>>(pdy, px, mean, rstd, scratch, scratch + chunks * c, n, c);
+      STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
+      (pdy, px, mean, rstd, scratch, scratch + chunks * c, n, c);
     const unsigned cg = static_cast<unsigned>((c + 255) / 256);
-    sum_chunks<T><<<cg, 256, 0, stream>>>(scratch, chunks, c, static_cast<T*>(dw));
-    sum_chunks<T><<<cg, 256, 0, stream>>>(scratch + chunks * c, chunks, c, static_cast<T*>(db));
+    STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)(scratch, chunks, c, static_cast<T*>(dw));
+    STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)
+    (scratch + chunks * c, chunks, c, static_cast<T*>(db));
   });
 }
 
@@ -377,8 +378,8 @@ bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, voi
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
-    rmsnorm_fwd<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), eps, static_cast<T*>(y), rstd, c);
+    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, rmsnorm_fwd<T>)
+    (static_cast<const T*>(x), static_cast<const T*>(w), eps, static_cast<T*>(y), rstd, c);
   });
 }
 
@@ -391,14 +392,14 @@ bool launch_rmsnorm_backward(int dt, const void* dy, const void* x, const void* 
     const T* px = static_cast<const T*>(x);
     const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
     if (n > 0)
-      norm_bwd_dx<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
-          pdy, px, static_cast<const T*>(w), nullptr, rstd, static_cast<T*>(dx), c);
+      STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, norm_bwd_dx<T>)
+      (pdy, px, static_cast<const T*>(w), nullptr, rstd, static_cast<T*>(dx), c);
     const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
     if (chunks > 0)
-      norm_bwd_partials<T>
-          <<<grid, 256, 0, stream>>>(pdy, px, nullptr, rstd, scratch, nullptr, n, c);
-    sum_chunks<T><<<static_cast<unsigned>((c + 255) / 256), 256, 0, stream>>>(scratch, chunks, c,
-                                                                              static_cast<T*>(dw));
+      STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
+      (pdy, px, nullptr, rstd, scratch, nullptr, n, c);
+    STRATA_LAUNCH(static_cast<unsigned>((c + 255) / 256), 256, 0, stream, sum_chunks<T>)
+    (scratch, chunks, c, static_cast<T*>(dw));
   });
 }
 
@@ -406,8 +407,8 @@ bool launch_softmax_forward(int dt, const void* x, void* y, int64_t n, int64_t c
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
-    softmax_fwd<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), c);
+    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, softmax_fwd<T>)
+    (static_cast<const T*>(x), static_cast<T*>(y), c);
   });
 }
 
@@ -416,24 +417,24 @@ bool launch_softmax_backward(int dt, const void* y, const void* dy, void* dx, in
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
-    softmax_bwd<T><<<static_cast<unsigned>(n), row_threads(c), 0, stream>>>(
-        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), c);
+    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, softmax_bwd<T>)
+    (static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), c);
   });
 }
 
 void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64, void* out,
                               int64_t n, int64_t v, int64_t row_bytes, int* bad, Stream stream) {
   if (n == 0) return;
-  embedding_fwd<<<static_cast<unsigned>(n), 128, 0, stream>>>(
-      static_cast<const char*>(weight), ids, ids_i64, static_cast<char*>(out), v, row_bytes, bad);
+  STRATA_LAUNCH(static_cast<unsigned>(n), 128, 0, stream, embedding_fwd)
+  (static_cast<const char*>(weight), ids, ids_i64, static_cast<char*>(out), v, row_bytes, bad);
 }
 
 bool launch_embedding_backward(const void* ids, bool ids_i64, const void* dout, int dout_dtype,
                                float* dweight, int64_t n, int64_t c, Stream stream) {
   return dispatch_float(dout_dtype, [&](auto tag) {
     using TD = STRATA_FLOAT_TYPE(tag);
-    embedding_bwd<TD><<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
-        ids, ids_i64, static_cast<const TD*>(dout), dweight, n, c);
+    STRATA_LAUNCH(static_cast<unsigned>((c + 127) / 128), 128, 0, stream, embedding_bwd<TD>)
+    (ids, ids_i64, static_cast<const TD*>(dout), dweight, n, c);
   });
 }
 
@@ -445,8 +446,9 @@ bool launch_embedding_backward_lowp(const int64_t* uniq, const int64_t* slot, in
     using TD = STRATA_FLOAT_TYPE(dtag);
     ok = dispatch_float(dw_dtype, [&](auto wtag) {
       using TW = STRATA_FLOAT_TYPE(wtag);
-      embedding_bwd_lowp<TD, TW><<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
-          uniq, slot, u, static_cast<const TD*>(dout), static_cast<TW*>(dweight), scratch, n, c);
+      STRATA_LAUNCH(static_cast<unsigned>((c + 127) / 128), 128, 0, stream,
+                    embedding_bwd_lowp<TD, TW>)
+      (uniq, slot, u, static_cast<const TD*>(dout), static_cast<TW*>(dweight), scratch, n, c);
     });
   });
   return ok;
@@ -458,8 +460,8 @@ bool launch_cross_entropy_forward(int dt, const void* logits, const void* target
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
-    ce_fwd<T><<<static_cast<unsigned>(n), row_threads(v), 0, stream>>>(
-        static_cast<const T*>(logits), targets, targets_i64, ignore_index, losses, lse, v, bad);
+    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(v), 0, stream, ce_fwd<T>)
+    (static_cast<const T*>(logits), targets, targets_i64, ignore_index, losses, lse, v, bad);
   });
 }
 
@@ -470,9 +472,9 @@ bool launch_cross_entropy_backward(int dt, const void* logits, const void* targe
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
-    ce_bwd<T><<<static_cast<unsigned>(n), 512, 0, stream>>>(static_cast<const T*>(logits), targets,
-                                                            targets_i64, lse, dloss, ignore_index,
-                                                            static_cast<T*>(dlogits), v);
+    STRATA_LAUNCH(static_cast<unsigned>(n), 512, 0, stream, ce_bwd<T>)
+    (static_cast<const T*>(logits), targets, targets_i64, lse, dloss, ignore_index,
+     static_cast<T*>(dlogits), v);
   });
 }
 

@@ -47,8 +47,11 @@ Variable rotary(const Variable& x, const Tensor& cos, const Tensor& sin);
 
 // ---- embedding and loss ----
 Variable embedding(const Variable& weight, const Tensor& ids);
-// Mean cross-entropy over targets != ignore_index (0 if none); logits [..., V].
-Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ignore_index = -100);
+// Mean cross-entropy over targets != ignore_index (0 if none); logits [..., V]. With `classes`
+// (< V) only the first `classes` logits of each row take part and the others get gradient 0:
+// the same values as narrowing first, without copying the logits (tensor::cross_entropy).
+Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ignore_index = -100,
+                       int64_t classes = -1);
 
 // ---- reductions ----
 Variable sum(const Variable& x, int dim, bool keepdim = false);

@@ -126,9 +126,10 @@ Variable embedding(const Variable& weight, const Tensor& ids) {
                      });
 }
 
-Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ignore_index) {
+Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ignore_index,
+                       int64_t classes) {
   Tensor ld = logits.data();
-  tops::CrossEntropyResult r = tops::cross_entropy(ld, targets, ignore_index);
+  tops::CrossEntropyResult r = tops::cross_entropy(ld, targets, ignore_index, classes);
   const int64_t count = r.count;
   Tensor loss = tops::sum_all(r.losses);
   if (count > 0) loss = tops::scale(loss, 1.f / static_cast<float>(count));
@@ -139,7 +140,8 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ig
     float per_row = count > 0 ? g[0].item<float>() / static_cast<float>(count) : 0.f;
     Tensor dloss = tops::full({rows}, per_row, DType::F32, ld.device());
     return std::vector<Tensor>{
-        tops::cross_entropy_backward(ld, targets, lse, dloss, ignore_index).view(ld.shape())};
+        tops::cross_entropy_backward(ld, targets, lse, dloss, ignore_index, classes)
+            .view(ld.shape())};
   });
 }
 

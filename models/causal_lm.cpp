@@ -18,9 +18,8 @@ Variable CausalLM::loss(const Tensor& ids, const Tensor& targets, int64_t ignore
   STRATA_USER_CHECK(targets.shape() == ids.shape(), "targets {} must have the shape of ids {}",
                     targets.str(), ids.str());
   Variable logits = forward(ids);
-  // Note [Padded vocabulary].
-  if (padded_vocab_size() != vocab_size()) logits = autograd::narrow(logits, -1, 0, vocab_size());
-  return autograd::cross_entropy(logits, targets, ignore_index);
+  // Note [Padded vocabulary]: the loss reads the first vocab_size columns in place.
+  return autograd::cross_entropy(logits, targets, ignore_index, vocab_size());
 }
 
 void CausalLM::zero_grad() {

@@ -110,15 +110,20 @@ class Backend {
   virtual void embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) = 0;
   // dweight [V, C] += scatter of dout [N, C] by ids, deterministically (ACCUMULATES).
   virtual void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) = 0;
-  // logits [N, V]; targets [N] (I32/I64). losses [N] (0 where target == ignore_index),
-  // lse [N]. Out-of-range targets (other than ignore_index) are a UserError.
+  // logits [N, V]; targets [N] (I32/I64). Only the first `classes` (<= V) columns take part
+  // (Note [Padded vocabulary] in models/causal_lm.h: the padding columns of a padded head are
+  // skipped in place instead of narrowed and copied). losses [N] (0 where target ==
+  // ignore_index), lse [N] over those columns. Out-of-range targets (other than ignore_index,
+  // and >= classes counts as out of range) are a UserError.
   virtual void cross_entropy_forward(const Tensor& logits, const Tensor& targets,
-                                     int64_t ignore_index, Tensor& losses, Tensor& lse) = 0;
-  // dlogits = (softmax(logits) - onehot(target)) * dloss[row]; rows with ignore_index get 0.
-  // dloss [N] is the gradient of the total objective w.r.t. each row's loss.
+                                     int64_t ignore_index, int64_t classes, Tensor& losses,
+                                     Tensor& lse) = 0;
+  // dlogits [N, V] = (softmax(logits) - onehot(target)) * dloss[row] over the first `classes`
+  // columns, 0 in the rest; rows with ignore_index get 0. dloss [N] is the gradient of the total
+  // objective w.r.t. each row's loss.
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                       const Tensor& lse, const Tensor& dloss, int64_t ignore_index,
-                                      Tensor& dlogits) = 0;
+                                      int64_t classes, Tensor& dlogits) = 0;
 };
 
 // The backend for a device. CPU is always there; CUDA registers itself when built and a GPU is

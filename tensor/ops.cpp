@@ -416,12 +416,21 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) 
   be(dweight).embedding_backward(flat, d2, dweight);
 }
 
-CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
-                                 int64_t ignore_index) {
+namespace {
+int64_t ce_classes(int64_t classes, int64_t v, const char* op) {
+  if (classes < 0) return v;
+  STRATA_CHECK(classes >= 1 && classes <= v, "{}: classes {} must be in [1, {}]", op, classes, v);
+  return classes;
+}
+}  // namespace
+
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                 int64_t classes) {
   same_device(logits, targets, "cross_entropy");
   require_int(targets, "cross_entropy");
   compute_dtype("cross_entropy", {&logits});  // losses and lse are F32 whatever it is
   int64_t v = logits.size(-1);
+  classes = ce_classes(classes, v, "cross_entropy");
   Tensor l2 = logits.contiguous().reshape({-1, v});
   Tensor t = targets.contiguous().reshape({targets.numel()});
   STRATA_CHECK(l2.size(0) == t.size(0), "cross_entropy: {} logit rows but {} targets", l2.size(0),
@@ -429,14 +438,15 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
   CrossEntropyResult r;
   r.losses = Tensor::empty({t.size(0)}, DType::F32, logits.device());
   r.lse = Tensor::empty({t.size(0)}, DType::F32, logits.device());
-  be(logits).cross_entropy_forward(l2, t, ignore_index, r.losses, r.lse);
+  be(logits).cross_entropy_forward(l2, t, ignore_index, classes, r.losses, r.lse);
   r.count = count_valid(t, ignore_index);
   return r;
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              const Tensor& dloss, int64_t ignore_index) {
+                              const Tensor& dloss, int64_t ignore_index, int64_t classes) {
   int64_t v = logits.size(-1);
+  classes = ce_classes(classes, v, "cross_entropy_backward");
   const DType dt = compute_dtype("cross_entropy_backward", {&logits});
   require_f32(lse, "cross_entropy_backward", "lse");
   require_f32(dloss, "cross_entropy_backward", "dloss");
@@ -444,7 +454,8 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   Tensor t = targets.contiguous().reshape({targets.numel()});
   Tensor dlogits = Tensor::empty(logits.shape(), dt, logits.device());
   Tensor d2 = dlogits.view({-1, v});
-  be(logits).cross_entropy_backward(l2, t, lse.contiguous(), dloss.contiguous(), ignore_index, d2);
+  be(logits).cross_entropy_backward(l2, t, lse.contiguous(), dloss.contiguous(), ignore_index,
+                                    classes, d2);
   return dlogits;
 }
 

@@ -130,11 +130,15 @@ struct CrossEntropyResult {
   Tensor lse;     // [N]
   int64_t count;  // rows whose target is not ignore_index
 };
-// logits [N, V] (or [..., V], flattened), targets [N] (or [...]).
+// logits [N, V] (or [..., V], flattened), targets [N] (or [...]). `classes` (default: all V)
+// restricts the softmax to the first `classes` columns; the backward then writes 0 into the
+// others. The result is bitwise that of narrowing the logits to `classes` columns first, without
+// the copy (Note [Padded vocabulary] in models/causal_lm.h).
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
-                                 int64_t ignore_index = -100);
+                                 int64_t ignore_index = -100, int64_t classes = -1);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              const Tensor& dloss, int64_t ignore_index = -100);
+                              const Tensor& dloss, int64_t ignore_index = -100,
+                              int64_t classes = -1);
 // Number of targets not equal to ignore_index.
 int64_t count_valid(const Tensor& targets, int64_t ignore_index);
 

@@ -63,9 +63,10 @@ class CpuBackend final : public Backend {
   void embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) override;
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) override;
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                             Tensor& losses, Tensor& lse) override;
+                             int64_t classes, Tensor& losses, Tensor& lse) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              const Tensor& dloss, int64_t ignore_index, Tensor& dlogits) override;
+                              const Tensor& dloss, int64_t ignore_index, int64_t classes,
+                              Tensor& dlogits) override;
 };
 
 }  // namespace strata::tensor::cpu

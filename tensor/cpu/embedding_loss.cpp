@@ -101,14 +101,16 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tenso
 }
 
 void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
-                                       int64_t ignore_index, Tensor& losses, Tensor& lse) {
+                                       int64_t ignore_index, int64_t classes, Tensor& losses,
+                                       Tensor& lse) {
   if (!all_f32(logits, losses, lse)) {  // Note [Widening adapter]
     F32Out ol(losses), oe(lse);
-    cross_entropy_forward(widened(logits), targets, ignore_index, ol.get(), oe.get());
+    cross_entropy_forward(widened(logits), targets, ignore_index, classes, ol.get(), oe.get());
     ol.commit();
     return oe.commit();
   }
-  const int64_t n = logits.size(0), v = logits.size(1);
+  // Rows are `ld` apart and only their first `v` columns take part (Backend::cross_entropy_*).
+  const int64_t n = logits.size(0), ld = logits.size(1), v = classes;
   const float* x = logits.data<float>();
   float* lossp = losses.data<float>();
   float* lsep = lse.data<float>();
@@ -116,7 +118,7 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
     check_targets(t, n, v, ignore_index);
 #pragma omp parallel for schedule(static) if (n * v >= kParallelMin)
     for (int64_t r = 0; r < n; ++r) {
-      const float* xr = x + r * v;
+      const float* xr = x + r * ld;
       const float mx = max_row(xr, v);
       // lse is written for ignored rows too: it is cheap next to the rest and always defined.
       const float l = static_cast<float>(mx + std::log(sum_exp_shifted(xr, v, mx)));
@@ -128,29 +130,30 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
 
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& lse, const Tensor& dloss,
-                                        int64_t ignore_index, Tensor& dlogits) {
+                                        int64_t ignore_index, int64_t classes, Tensor& dlogits) {
   if (!all_f32(logits, lse, dloss, dlogits)) {  // Note [Widening adapter]
     F32Out o(dlogits);
     cross_entropy_backward(widened(logits), targets, widened(lse), widened(dloss), ignore_index,
-                           o.get());
+                           classes, o.get());
     return o.commit();
   }
-  const int64_t n = logits.size(0), v = logits.size(1);
+  const int64_t n = logits.size(0), ld = logits.size(1), v = classes;
   const float* x = logits.data<float>();
   const float* lsep = lse.data<float>();
   const float* gp = dloss.data<float>();
   float* dx = dlogits.data<float>();
   with_ids(targets, [&](const auto* t) {
     check_targets(t, n, v, ignore_index);
-#pragma omp parallel for schedule(static) if (n * v >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n * ld >= kParallelMin)
     for (int64_t r = 0; r < n; ++r) {
-      float* dr = dx + r * v;
+      float* dr = dx + r * ld;
+      std::fill(dr + v, dr + ld, 0.0f);  // the columns that take no part
       if (t[r] == ignore_index) {
         std::fill(dr, dr + v, 0.0f);
         continue;
       }
       const float g = gp[r];
-      exp_affine(x + r * v, dr, v, 1.0f, lsep[r]);  // softmax, from lse
+      exp_affine(x + r * ld, dr, v, 1.0f, lsep[r]);  // softmax, from lse
       const float p_target = dr[t[r]];
       for (int64_t j = 0; j < v; ++j) dr[j] *= g;
       dr[t[r]] = (p_target - 1.0f) * g;

@@ -555,7 +555,8 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tens
 }
 
 void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
-                                        int64_t ignore_index, Tensor& losses, Tensor& lse) {
+                                        int64_t ignore_index, int64_t classes, Tensor& losses,
+                                        Tensor& lse) {
   const int64_t n = logits.size(0), v = logits.size(1);
   if (n == 0) return;
   Tensor flag = scratch(sizeof(int));
@@ -563,23 +564,23 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
   launched(launch_cross_entropy_forward(compute_dt("cross_entropy", logits), logits.data_ptr(),
                                         targets.data_ptr(), targets.dtype() == DType::I64,
                                         ignore_index, losses.data<float>(), lse.data<float>(), n, v,
-                                        static_cast<int*>(flag.data_ptr()), stream_),
+                                        classes, static_cast<int*>(flag.data_ptr()), stream_),
            "cross_entropy_forward");
   check_flag(flag, fmt::format("cross_entropy: a target is outside [0, {}) and is not the "
                                "ignore_index {}; check the dataset against vocab_size",
-                               v, ignore_index)
+                               classes, ignore_index)
                        .c_str());
 }
 
 void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                          const Tensor& lse, const Tensor& dloss,
-                                         int64_t ignore_index, Tensor& dlogits) {
+                                         int64_t ignore_index, int64_t classes, Tensor& dlogits) {
   // Targets were validated by the forward; an out-of-range one here only misses its one-hot.
   launched(launch_cross_entropy_backward(compute_dt("cross_entropy_backward", logits, dlogits),
                                          logits.data_ptr(), targets.data_ptr(),
                                          targets.dtype() == DType::I64, lse.data<float>(),
                                          dloss.data<float>(), ignore_index, dlogits.data_ptr(),
-                                         logits.size(0), logits.size(1), stream_),
+                                         logits.size(0), logits.size(1), classes, stream_),
            "cross_entropy_backward");
 }
 

@@ -103,15 +103,15 @@ bool launch_embedding_backward(const void* ids, bool ids_i64, const void* dout, 
 bool launch_embedding_backward_lowp(const int64_t* uniq, const int64_t* slot, int64_t u,
                                     const void* dout, int dout_dtype, void* dweight, int dw_dtype,
                                     float* scratch, int64_t n, int64_t c, Stream stream);
-// logits of dtype dt; losses, lse F32.
+// logits [n, ld] of dtype dt of which the first v columns take part; losses, lse F32.
 bool launch_cross_entropy_forward(int dt, const void* logits, const void* targets, bool targets_i64,
                                   int64_t ignore_index, float* losses, float* lse, int64_t n,
-                                  int64_t v, int* bad, Stream stream);
-// logits, dlogits of dtype dt; lse, dloss F32.
+                                  int64_t ld, int64_t v, int* bad, Stream stream);
+// logits, dlogits [n, ld] of dtype dt (columns from v on get 0); lse, dloss F32.
 bool launch_cross_entropy_backward(int dt, const void* logits, const void* targets,
                                    bool targets_i64, const float* lse, const float* dloss,
-                                   int64_t ignore_index, void* dlogits, int64_t n, int64_t v,
-                                   Stream stream);
+                                   int64_t ignore_index, void* dlogits, int64_t n, int64_t ld,
+                                   int64_t v, Stream stream);
 
 // ---- attention.cu (Strata's own kernel; cuDNN's fused attention is preferred when present) ----
 // q [B, H, Tq, D], k, v [B, H, Tk, D], contiguous, all of dtype dt (as out, dout, dq, dk, dv);

@@ -7,7 +7,7 @@
 // rows and a second kernel adds the partials in chunk order. The embedding backward gives each
 // thread one column and walks the rows in order, so repeated ids accumulate in index order.
 // The fused cross-entropy never writes the softmax: forward keeps only lse per row, backward
-// recomputes exp(x - lse) while writing dlogits.
+// recomputes exp(x - lse) while writing dlogits (Note [CUDA cross-entropy]).
 //
 // Note [CUDA embedding backward]
 // dweight += scatter(dout) must round once per element for a BF16/F16 dweight (Note [Low-precision
@@ -271,18 +271,76 @@ __global__ void embedding_bwd_lowp(const int64_t* uniq, const int64_t* slot, int
   for (int64_t s = 0; s < u; ++s) dw[uniq[s] * c + j] = from_f32<TW>(acc[s * c + j]);
 }
 
+// Note [CUDA cross-entropy]
+// A row is [ld] logits of which the first v take part (Backend::cross_entropy_*: the padding
+// columns of a padded vocabulary are skipped in place). The forward reads the row once: each
+// thread keeps an online (max, sum of exp(x - max)) pair over its elements, and the pairs are
+// merged by a fixed tree, so the result does not depend on timing. Rows whose start is 16-byte
+// aligned are read in 128-bit packs (8 bf16/f16 or 4 f32) with a scalar tail; the backward writes
+// the whole row, the skipped columns as 0, in packs too.
+__device__ __forceinline__ void max_sum_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.f;  // m == -inf: expf(-inf) == 0
+    m = x;
+  } else if (x != -INFINITY) {
+    s += expf(x - m);  // NaN x gives a NaN sum, as the CPU's max-then-sum does
+  }
+}
+
+__device__ __forceinline__ void max_sum_merge(float& m, float& s, float m2, float s2) {
+  if (m2 > m) {
+    s = s * expf(m - m2) + s2;
+    m = m2;
+  } else if (m2 != -INFINITY) {
+    s += s2 * expf(m2 - m);
+  }
+}
+
+// Block-wide merge of the (max, sum) pairs, the same fixed tree as block_sum. Every thread gets
+// the result.
+__device__ inline void block_max_sum(float& m, float& s, float* shm, float* shs) {
+  for (int o = 16; o > 0; o >>= 1)
+    max_sum_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) {
+    shm[warp] = m;
+    shs[warp] = s;
+  }
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  m = lane < nwarps ? shm[lane] : -INFINITY;
+  s = lane < nwarps ? shs[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1)
+    max_sum_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+__device__ __forceinline__ bool device_aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
 template <typename T>
 __global__ void ce_fwd(const T* x, const void* targets, bool i64, int64_t ignore, float* losses,
-                       float* lse_out, int64_t v, int* bad) {
-  __shared__ float sh[32];
+                       float* lse_out, int64_t ld, int64_t v, int* bad) {
+  __shared__ float shm[32];
+  __shared__ float shs[32];
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * v;
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, to_f32(xr[j]));
-  m = block_max(m, sh);
-  float s = 0;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(to_f32(xr[j]) - m);
-  s = block_sum(s, sh);
+  const T* xr = x + row * ld;
+  float m = -INFINITY, s = 0.f;
+  int64_t done = 0;
+  if (device_aligned16(xr)) {
+    constexpr int P = Pack<T>::kN;
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+    const int64_t packs = v / P;
+    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+      const Pack<T> pk = xp[k];
+#pragma unroll
+      for (int e = 0; e < P; ++e) max_sum_add(m, s, to_f32(pk.v[e]));
+    }
+    done = packs * P;
+  }
+  for (int64_t j = done + threadIdx.x; j < v; j += blockDim.x) max_sum_add(m, s, to_f32(xr[j]));
+  block_max_sum(m, s, shm, shs);
   if (threadIdx.x != 0) return;
   const float l = m + logf(s);
   lse_out[row] = l;
@@ -298,21 +356,41 @@ __global__ void ce_fwd(const T* x, const void* targets, bool i64, int64_t ignore
 }
 
 template <typename T>
+__device__ __forceinline__ float ce_grad(float xv, int64_t j, int64_t t, int64_t v, float l,
+                                         float g) {
+  if (j >= v) return 0.f;
+  const float p = expf(xv - l);
+  return (j == t ? p - 1.0f : p) * g;
+}
+
+template <typename T>
 __global__ void ce_bwd(const T* x, const void* targets, bool i64, const float* lse,
-                       const float* dloss, int64_t ignore, T* dx, int64_t v) {
+                       const float* dloss, int64_t ignore, T* dx, int64_t ld, int64_t v) {
   const int64_t row = blockIdx.x;
   const int64_t t = load_id(targets, i64, row);
-  const T* xr = x + row * v;
-  T* dr = dx + row * v;
+  const T* xr = x + row * ld;
+  T* dr = dx + row * ld;
+  // An ignored row is all zeros: v = 0 makes every column a skipped one.
+  const int64_t vv = t == ignore ? 0 : v;
   const float l = lse[row], g = dloss[row];
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-    if (t == ignore) {
-      dr[j] = from_f32<T>(0.f);
-    } else {
-      const float p = expf(to_f32(xr[j]) - l);
-      dr[j] = from_f32<T>((j == t ? p - 1.0f : p) * g);
+  int64_t done = 0;
+  if (device_aligned16(xr) && device_aligned16(dr)) {
+    constexpr int P = Pack<T>::kN;
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+    Pack<T>* dp = reinterpret_cast<Pack<T>*>(dr);
+    const int64_t packs = ld / P;
+    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+      const Pack<T> pk = xp[k];
+      Pack<T> out;
+#pragma unroll
+      for (int e = 0; e < P; ++e)
+        out.v[e] = from_f32<T>(ce_grad<T>(to_f32(pk.v[e]), k * P + e, t, vv, l, g));
+      dp[k] = out;
     }
+    done = packs * P;
   }
+  for (int64_t j = done + threadIdx.x; j < ld; j += blockDim.x)
+    dr[j] = from_f32<T>(ce_grad<T>(to_f32(xr[j]), j, t, vv, l, g));
 }
 
 int row_threads(int64_t c) {
@@ -359,13 +437,11 @@ bool launch_layernorm_backward(int dt, const void* dy, const void* x, const void
     const T* pdy = static_cast<const T*>(dy);
     const T* px = static_cast<const T*>(x);
     const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-    if (n > 0)
-      STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, norm_bwd_dx<T>)
-      (pdy, px, static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), c);
+    if (n > 0) STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, norm_bwd_dx<T>)
+    (pdy, px, static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), c);
     const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
-    if (chunks > 0)
-      STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
-      (pdy, px, mean, rstd, scratch, scratch + chunks * c, n, c);
+    if (chunks > 0) STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
+    (pdy, px, mean, rstd, scratch, scratch + chunks * c, n, c);
     const unsigned cg = static_cast<unsigned>((c + 255) / 256);
     STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)(scratch, chunks, c, static_cast<T*>(dw));
     STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)
@@ -391,13 +467,11 @@ bool launch_rmsnorm_backward(int dt, const void* dy, const void* x, const void* 
     const T* pdy = static_cast<const T*>(dy);
     const T* px = static_cast<const T*>(x);
     const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-    if (n > 0)
-      STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, norm_bwd_dx<T>)
-      (pdy, px, static_cast<const T*>(w), nullptr, rstd, static_cast<T*>(dx), c);
+    if (n > 0) STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, norm_bwd_dx<T>)
+    (pdy, px, static_cast<const T*>(w), nullptr, rstd, static_cast<T*>(dx), c);
     const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
-    if (chunks > 0)
-      STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
-      (pdy, px, nullptr, rstd, scratch, nullptr, n, c);
+    if (chunks > 0) STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
+    (pdy, px, nullptr, rstd, scratch, nullptr, n, c);
     STRATA_LAUNCH(static_cast<unsigned>((c + 255) / 256), 256, 0, stream, sum_chunks<T>)
     (scratch, chunks, c, static_cast<T*>(dw));
   });
@@ -456,25 +530,25 @@ bool launch_embedding_backward_lowp(const int64_t* uniq, const int64_t* slot, in
 
 bool launch_cross_entropy_forward(int dt, const void* logits, const void* targets, bool targets_i64,
                                   int64_t ignore_index, float* losses, float* lse, int64_t n,
-                                  int64_t v, int* bad, Stream stream) {
+                                  int64_t ld, int64_t v, int* bad, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
     STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(v), 0, stream, ce_fwd<T>)
-    (static_cast<const T*>(logits), targets, targets_i64, ignore_index, losses, lse, v, bad);
+    (static_cast<const T*>(logits), targets, targets_i64, ignore_index, losses, lse, ld, v, bad);
   });
 }
 
 bool launch_cross_entropy_backward(int dt, const void* logits, const void* targets,
                                    bool targets_i64, const float* lse, const float* dloss,
-                                   int64_t ignore_index, void* dlogits, int64_t n, int64_t v,
-                                   Stream stream) {
+                                   int64_t ignore_index, void* dlogits, int64_t n, int64_t ld,
+                                   int64_t v, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
     STRATA_LAUNCH(static_cast<unsigned>(n), 512, 0, stream, ce_bwd<T>)
     (static_cast<const T*>(logits), targets, targets_i64, lse, dloss, ignore_index,
-     static_cast<T*>(dlogits), v);
+     static_cast<T*>(dlogits), ld, v);
   });
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -67,6 +68,12 @@ std::vector<Case> cases(DType dt) {
   const Tensor targets = from_ints({1, -100, 49, 0, 3, 3, 20}, {7});
   const Tensor dloss = rnd({7}, 17);
   const Tensor rx = rnd({2, 5, 3, 8}, 18);
+  // Cross-entropy over the first `classes` columns (Note [CUDA cross-entropy]): a row length
+  // that takes 128-bit packs (136: 272 bytes in bf16) and one that does not (75).
+  const Tensor wide = rnd({6, 136}, 21, -6.f, 6.f), odd = rnd({5, 75}, 22, -6.f, 6.f);
+  const Tensor wide_t = from_ints({130, 0, -100, 7, 77, 129}, {6});
+  const Tensor odd_t = from_ints({69, -100, 0, 33, 12}, {5});
+  const Tensor wide_dl = rnd({6}, 23), odd_dl = rnd({5}, 24);
   const bool lowp = dt != DType::F32;
   // A compute-dtype input on device d; an F32 one; an index tensor.
   auto on = [dt](const Tensor& t, Device d) { return t.to(dt).to(d); };
@@ -189,6 +196,16 @@ std::vector<Case> cases(DType dt) {
                      cross_entropy_backward(on(logits, d), on_ids(targets, d), cc.lse.to(d),
                                             on32(dloss, d), -100)};
                }});
+  for (auto [x, t, dl, classes] : {std::tuple{wide, wide_t, wide_dl, int64_t{131}},
+                                   std::tuple{odd, odd_t, odd_dl, int64_t{70}}})
+    c.push_back({"cross_entropy_classes_" + std::to_string(x.size(1)), [=](Device d) {
+                   CrossEntropyResult ce = cross_entropy(on(x, d), on_ids(t, d), -100, classes);
+                   CrossEntropyResult cc = cross_entropy(on(x, cpu), t, -100, classes);
+                   return std::vector<Tensor>{
+                       ce.losses, ce.lse,
+                       cross_entropy_backward(on(x, d), on_ids(t, d), cc.lse.to(d), on32(dl, d),
+                                              -100, classes)};
+                 }});
   c.push_back({"embedding_forward",
                [=](Device d) { return std::vector<Tensor>{embedding(on(emb, d), on_ids(ids, d))}; },
                0.0, 0.0, /*exact_lowp=*/true});

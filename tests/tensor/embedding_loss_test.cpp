@@ -168,6 +168,40 @@ TEST(CrossEntropy, OutOfRangeTargetIsUserError) {
   EXPECT_THROW(cross_entropy(x, from_ints({0, -100}, {2}), 7), UserError);
 }
 
+// Note [Padded vocabulary]: cross-entropy over the first `classes` columns in place gives the
+// bits of narrowing to those columns (a copy) first; the skipped columns get gradient 0. Also
+// in bf16 and f16 (the widening adapter), and a target in the skipped columns is a UserError.
+TEST(CrossEntropy, ClassesEqualsNarrowingFirst) {
+  const int64_t n = 37, ld = 1088, classes = 1043;
+  Tensor x32 = make_tensor(random_normal(n * ld, 50, 0.f, 3.f), {n, ld});
+  std::vector<int64_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 7 == 0 ? kIgnore : (i * 97) % classes;
+  t[3] = classes - 1;
+  Tensor tt = from_ints(t, {n});
+  Tensor dloss = make_tensor(random_normal(n, 51), {n});
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    Tensor x = x32.to(dt);
+    Tensor narrowed = x.narrow(1, 0, classes).contiguous();
+    CrossEntropyResult a = cross_entropy(x, tt, kIgnore, classes);
+    CrossEntropyResult b = cross_entropy(narrowed, tt, kIgnore);
+    EXPECT_TRUE(same_bits(values(a.losses), values(b.losses))) << dtype_name(dt);
+    EXPECT_TRUE(same_bits(values(a.lse), values(b.lse))) << dtype_name(dt);
+    EXPECT_EQ(a.count, b.count);
+    Tensor da = cross_entropy_backward(x, tt, a.lse, dloss, kIgnore, classes);
+    Tensor db = cross_entropy_backward(narrowed, tt, b.lse, dloss, kIgnore);
+    ASSERT_EQ(da.shape(), Shape({n, ld}));
+    EXPECT_EQ(da.dtype(), dt);
+    // Widening to F32 is exact, so equal F32 bits are equal dt bits.
+    EXPECT_TRUE(same_bits(values(da.narrow(1, 0, classes).contiguous().to(DType::F32)),
+                          values(db.to(DType::F32))))
+        << dtype_name(dt);
+    auto tail = values(da.narrow(1, classes, ld - classes).contiguous().to(DType::F32));
+    for (float g : tail) ASSERT_EQ(g, 0.f) << dtype_name(dt);
+  }
+  EXPECT_THROW(cross_entropy(x32.narrow(0, 0, 2), from_ints({0, classes}, {2}), kIgnore, classes),
+               UserError);
+}
+
 TEST(CrossEntropy, DeterministicAcrossThreadCounts) {
   const int64_t n = 67, v = 5003;
   Tensor x = make_tensor(random_normal(n * v, 40, 0.f, 4.f), {n, v});

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -193,11 +194,8 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
     Tensor staged = dst.dtype() == src.dtype() && dst.is_contiguous()
                         ? dst
                         : Tensor::empty(src.shape(), src.dtype(), device());
-    check_cuda(cudaMemcpyAsync(staged.data_ptr(), host.data_ptr(), host.nbytes(),
-                               cudaMemcpyHostToDevice, stream_),
-               "cudaMemcpyAsync H2D");
+    copy_from_host(host.data_ptr(), staged.data_ptr(), host.nbytes());
     if (!staged.is_same(dst)) copy_on_device(staged, dst);
-    synchronize();  // Note [CUDA streams]: the caller may free `host` now
     return;
   }
   // Device -> host: contiguous on the device, bytes across, conversion and layout on the host.
@@ -211,6 +209,40 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
              "cudaMemcpyAsync D2H");
   synchronize();
   if (!host.is_same(dst)) backend_for(Device::cpu()).copy(host, dst);
+}
+
+// Note [Pinned staging] (cuda_backend.h).
+void CudaBackend::copy_from_host(const void* src, void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  if (bytes > kPinnedStagingMax) {
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
+               "cudaMemcpyAsync H2D");
+    synchronize();  // the caller may free `src` once this returns
+    return;
+  }
+  PinnedSlot& slot = pinned_[static_cast<size_t>(next_pinned_)];
+  next_pinned_ = (next_pinned_ + 1) % static_cast<int>(pinned_.size());
+  if (slot.done == nullptr) {
+    cudaEvent_t e;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    slot.done = e;
+  } else {
+    // The copy that last read this slot was enqueued pinned_.size() copies ago; normally it has
+    // long finished and this returns at once.
+    check_cuda(cudaEventSynchronize(slot.done), "cudaEventSynchronize");
+  }
+  if (slot.bytes < bytes) {
+    if (slot.ptr) check_cuda(cudaFreeHost(slot.ptr), "cudaFreeHost");
+    slot.ptr = nullptr;
+    slot.bytes = 0;
+    const size_t want = std::max<size_t>(bytes, size_t{1} << 16);
+    check_cuda(cudaHostAlloc(&slot.ptr, want, cudaHostAllocDefault), "cudaHostAlloc");
+    slot.bytes = want;
+  }
+  std::memcpy(slot.ptr, src, bytes);
+  check_cuda(cudaMemcpyAsync(dst, slot.ptr, bytes, cudaMemcpyHostToDevice, stream_),
+             "cudaMemcpyAsync H2D");
+  check_cuda(cudaEventRecord(slot.done, stream_), "cudaEventRecord");
 }
 
 void CudaBackend::fill(Tensor& dst, double value) {
@@ -521,37 +553,34 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tens
           "embedding_backward: token id {} is outside [0, {}); the data does not fit this "
           "model's vocab_size",
           id, vocab);
-  const int64_t c = dweight.size(1);
-  if (dweight.dtype() == DType::F32) {
-    launched(launch_embedding_backward(ids.data_ptr(), ids.dtype() == DType::I64, dout.data_ptr(),
-                                       compute_dt("embedding_backward", dout),
-                                       dweight.data<float>(), n, c, stream_),
-             "embedding_backward");
-    return;
-  }
-  // Note [CUDA embedding backward] (reduce_norm.cu): distinct ids in first-appearance order and
-  // each row's slot among them, made here from the ids the check above already copied.
-  const int t = compute_dt("embedding_backward", dweight, dout);
-  std::vector<int64_t> lists;  // [uniq..., slot...]
+  // Note [CUDA embedding backward] (reduce_norm.cu): the distinct ids in first-appearance order,
+  // then offsets and rows grouped by id (a stable counting sort keeps each group in row order).
   std::vector<int64_t> slot(static_cast<size_t>(n));
+  std::vector<int64_t> uniq;
   std::unordered_map<int64_t, int64_t> where;
+  where.reserve(static_cast<size_t>(std::min<int64_t>(n, vocab)));
   for (int64_t r = 0; r < n; ++r) {
-    auto [it, fresh] = where.emplace(host_ids[r], static_cast<int64_t>(lists.size()));
-    if (fresh) lists.push_back(host_ids[r]);
+    auto [it, fresh] = where.emplace(host_ids[r], static_cast<int64_t>(uniq.size()));
+    if (fresh) uniq.push_back(host_ids[r]);
     slot[r] = it->second;
   }
-  const int64_t u = static_cast<int64_t>(lists.size());
-  lists.insert(lists.end(), slot.begin(), slot.end());
-  Tensor dev_lists = scratch((u + n) * static_cast<int64_t>(sizeof(int64_t)));
-  check_cuda(cudaMemcpyAsync(dev_lists.data_ptr(), lists.data(), lists.size() * sizeof(int64_t),
-                             cudaMemcpyHostToDevice, stream_),
-             "cudaMemcpyAsync H2D");
-  Tensor acc = scratch(u * c * static_cast<int64_t>(sizeof(float)));
-  const int64_t* uniq = static_cast<const int64_t*>(dev_lists.data_ptr());
-  launched(launch_embedding_backward_lowp(uniq, uniq + u, u, dout.data_ptr(), t, dweight.data_ptr(),
-                                          t, static_cast<float*>(acc.data_ptr()), n, c, stream_),
+  const int64_t u = static_cast<int64_t>(uniq.size());
+  std::vector<int64_t> lists(static_cast<size_t>(2 * u + 1 + n), 0);  // [uniq | offsets | rows]
+  std::copy(uniq.begin(), uniq.end(), lists.begin());
+  int64_t* offsets = lists.data() + u;
+  for (int64_t r = 0; r < n; ++r) ++offsets[slot[r] + 1];
+  for (int64_t s = 0; s < u; ++s) offsets[s + 1] += offsets[s];
+  std::vector<int64_t> fill(offsets, offsets + u);
+  int64_t* rows = offsets + u + 1;
+  for (int64_t r = 0; r < n; ++r) rows[fill[slot[r]]++] = r;
+  const size_t bytes = lists.size() * sizeof(int64_t);
+  Tensor dev_lists = scratch(static_cast<int64_t>(bytes));
+  copy_from_host(lists.data(), dev_lists.data_ptr(), bytes);
+  launched(launch_embedding_backward(static_cast<const int64_t*>(dev_lists.data_ptr()), u,
+                                     dout.data_ptr(), compute_dt("embedding_backward", dout),
+                                     dweight.data_ptr(), compute_dt("embedding_backward", dweight),
+                                     dweight.size(1), stream_),
            "embedding_backward");
-  synchronize();  // `lists` is pageable memory freed at return (Note [CUDA streams])
 }
 
 void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,

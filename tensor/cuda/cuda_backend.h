@@ -9,14 +9,27 @@
 // Note [CUDA streams]
 // All ops of a backend run in order on one compute stream (created non-blocking, so the legacy
 // default stream does not serialise it against other streams). Copies to the host wait for that
-// stream, because the host reads the result at once; copies from pageable host memory wait too,
-// because the caller may free the source as soon as copy() returns. Communication and
+// stream, because the host reads the result at once. Copies from the host do not wait (Note
+// [Pinned staging]). Communication and
 // prefetch streams (parallel/, offload/) order themselves against the compute stream with
 // events, and tell the allocator (GpuCachingAllocator::record_stream) when they use a block.
+//
+// Note [Pinned staging]
+// The caller of copy() may free or reuse its host buffer as soon as copy() returns, so a
+// host-to-device copy straight from pageable memory would have to wait for the stream. Instead
+// copy_from_host copies the bytes into one of a few pinned buffers, enqueues the DMA from it and
+// records an event; a buffer is reused only after its event, four copies later. So
+// the batch copies of a training step, and the embedding backward's id lists, never stall the
+// GPU. Copies above kPinnedStagingMax (checkpoint loads) go straight across and wait. The pinned
+// buffers grow to the largest copy seen (at least 64 KiB each) and live as long as the backend.
+#include <array>
+#include <cstddef>
+
 #include "offload/gpu_allocator.h"
 #include "tensor/backend.h"
 
 struct CUstream_st;
+struct CUevent_st;
 struct cublasLtContext;
 
 namespace strata::tensor::cuda {
@@ -85,6 +98,17 @@ class CudaBackend final : public Backend {
   void copy_on_device(const Tensor& src, Tensor& dst);
   Tensor scratch(int64_t bytes);  // workspace bytes on this device
   void check_flag(const Tensor& flag, const char* what);
+  // Note [Pinned staging]: enqueues dst (device) <- src (host) on the compute stream.
+  void copy_from_host(const void* src, void* dst, size_t bytes);
+
+  static constexpr size_t kPinnedStagingMax = size_t{64} << 20;
+  struct PinnedSlot {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    CUevent_st* done = nullptr;
+  };
+  std::array<PinnedSlot, 4> pinned_{};
+  int next_pinned_ = 0;
 
   int device_;
   CUstream_st* stream_ = nullptr;

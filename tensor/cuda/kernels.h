@@ -94,15 +94,12 @@ bool launch_softmax_backward(int dt, const void* y, const void* dy, void* dx, in
 // [0, v).
 void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64, void* out,
                               int64_t n, int64_t v, int64_t row_bytes, int* bad, Stream stream);
-// F32 dweight[v, c] += dout rows by id; each thread owns a column and walks rows in order.
-bool launch_embedding_backward(const void* ids, bool ids_i64, const void* dout, int dout_dtype,
-                               float* dweight, int64_t n, int64_t c, Stream stream);
-// The same sums for a BF16/F16 dweight, rounded once (Note [CUDA embedding backward] in
-// reduce_norm.cu): the host lists the u distinct ids in first-appearance order (`uniq`, I64)
-// and each row's index into that list (`slot`, I64 [n]); `scratch` holds u * c floats.
-bool launch_embedding_backward_lowp(const int64_t* uniq, const int64_t* slot, int64_t u,
-                                    const void* dout, int dout_dtype, void* dweight, int dw_dtype,
-                                    float* scratch, int64_t n, int64_t c, Stream stream);
+// dweight[v, c] += dout rows by id, deterministically (Note [CUDA embedding backward] in
+// reduce_norm.cu). `lists` (I64, on the device) is [uniq (u) | offsets (u + 1) | rows (n)]: the
+// distinct ids in first-appearance order, and for the s-th of them the rows that carry it,
+// rows[offsets[s] .. offsets[s + 1]), in increasing order. dout and dweight are F32/BF16/F16.
+bool launch_embedding_backward(const int64_t* lists, int64_t u, const void* dout, int dout_dtype,
+                               void* dweight, int dw_dtype, int64_t c, Stream stream);
 // logits [n, ld] of dtype dt of which the first v columns take part; losses, lse F32.
 bool launch_cross_entropy_forward(int dt, const void* logits, const void* targets, bool targets_i64,
                                   int64_t ignore_index, float* losses, float* lse, int64_t n,

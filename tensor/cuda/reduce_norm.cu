@@ -5,17 +5,19 @@
 // fixed strided subset, then a fixed shuffle tree combines them (block_sum in common.cuh). Column
 // sums over many rows (layernorm's dweight/dbias) write one partial per chunk of kNormRowChunk
 // rows and a second kernel adds the partials in chunk order. The embedding backward gives each
-// thread one column and walks the rows in order, so repeated ids accumulate in index order.
+// thread one (id, column) and walks that id's rows in order (Note [CUDA embedding backward]).
 // The fused cross-entropy never writes the softmax: forward keeps only lse per row, backward
 // recomputes exp(x - lse) while writing dlogits (Note [CUDA cross-entropy]).
 //
 // Note [CUDA embedding backward]
-// dweight += scatter(dout) must round once per element for a BF16/F16 dweight (Note [Low-precision
-// ops]), so the running sums cannot live in dweight itself. The host lists the distinct ids in
-// first-appearance order and each row's slot in that list; one kernel, a thread per column,
-// widens the touched dweight rows into an f32 scratch [u, c], adds the dout rows in row order
-// (the f32 kernel's order, starting from the old dweight value as it does), then rounds each
-// touched element once. Untouched rows are never written.
+// dweight += scatter(dout) must add each id's rows in row order (the CPU's order, so the f32 bits
+// agree) and, for a BF16/F16 dweight, round once per element (Note [Low-precision ops]). The host
+// (which checks the ids anyway) lists the distinct ids in first-appearance order and, for each,
+// the rows that carry it in increasing order. One thread per (distinct id, column) starts from
+// the old dweight value, adds that id's dout rows in order in f32, and stores once: no atomics,
+// no f32 scratch, and u * c threads of work (a thread per column walking all B*T rows, as this
+// kernel first did, was 768 threads for GPT-2: milliseconds of a latency-bound loop per step).
+// Untouched rows are never written.
 //
 // The norm, softmax, cross-entropy and embedding kernels are templates on the element type
 // (Note [CUDA low-precision kernels] in common.cuh); mean/rstd/lse/losses/dloss and every partial
@@ -252,23 +254,18 @@ __global__ void embedding_fwd(const char* w, const void* ids, bool i64, char* ou
   }
 }
 
-template <typename TD>
-__global__ void embedding_bwd(const void* ids, bool i64, const TD* dout, float* dw, int64_t n,
-                              int64_t c) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= c) return;
-  for (int64_t r = 0; r < n; ++r) dw[load_id(ids, i64, r) * c + j] += to_f32(dout[r * c + j]);
-}
-
 // Note [CUDA embedding backward].
 template <typename TD, typename TW>
-__global__ void embedding_bwd_lowp(const int64_t* uniq, const int64_t* slot, int64_t u,
-                                   const TD* dout, TW* dw, float* acc, int64_t n, int64_t c) {
+__global__ void embedding_bwd(const int64_t* uniq, const int64_t* offsets, const int64_t* rows,
+                              int64_t u, const TD* dout, TW* dw, int64_t c) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= c) return;
-  for (int64_t s = 0; s < u; ++s) acc[s * c + j] = to_f32(dw[uniq[s] * c + j]);
-  for (int64_t r = 0; r < n; ++r) acc[slot[r] * c + j] += to_f32(dout[r * c + j]);
-  for (int64_t s = 0; s < u; ++s) dw[uniq[s] * c + j] = from_f32<TW>(acc[s * c + j]);
+  for (int64_t s = blockIdx.y; s < u; s += gridDim.y) {
+    TW* w = dw + uniq[s] * c + j;
+    float acc = to_f32(*w);
+    for (int64_t k = offsets[s]; k < offsets[s + 1]; ++k) acc += to_f32(dout[rows[k] * c + j]);
+    *w = from_f32<TW>(acc);
+  }
 }
 
 // Note [CUDA cross-entropy]
@@ -503,26 +500,19 @@ void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64,
   (static_cast<const char*>(weight), ids, ids_i64, static_cast<char*>(out), v, row_bytes, bad);
 }
 
-bool launch_embedding_backward(const void* ids, bool ids_i64, const void* dout, int dout_dtype,
-                               float* dweight, int64_t n, int64_t c, Stream stream) {
-  return dispatch_float(dout_dtype, [&](auto tag) {
-    using TD = STRATA_FLOAT_TYPE(tag);
-    STRATA_LAUNCH(static_cast<unsigned>((c + 127) / 128), 128, 0, stream, embedding_bwd<TD>)
-    (ids, ids_i64, static_cast<const TD*>(dout), dweight, n, c);
-  });
-}
-
-bool launch_embedding_backward_lowp(const int64_t* uniq, const int64_t* slot, int64_t u,
-                                    const void* dout, int dout_dtype, void* dweight, int dw_dtype,
-                                    float* scratch, int64_t n, int64_t c, Stream stream) {
+bool launch_embedding_backward(const int64_t* lists, int64_t u, const void* dout, int dout_dtype,
+                               void* dweight, int dw_dtype, int64_t c, Stream stream) {
   bool ok = false;
+  if (u == 0 || c == 0) return true;
+  const dim3 grid(static_cast<unsigned>((c + 127) / 128),
+                  static_cast<unsigned>(u < 65535 ? u : 65535));
   dispatch_float(dout_dtype, [&](auto dtag) {
     using TD = STRATA_FLOAT_TYPE(dtag);
     ok = dispatch_float(dw_dtype, [&](auto wtag) {
       using TW = STRATA_FLOAT_TYPE(wtag);
-      STRATA_LAUNCH(static_cast<unsigned>((c + 127) / 128), 128, 0, stream,
-                    embedding_bwd_lowp<TD, TW>)
-      (uniq, slot, u, static_cast<const TD*>(dout), static_cast<TW*>(dweight), scratch, n, c);
+      STRATA_LAUNCH(grid, 128, 0, stream, embedding_bwd<TD, TW>)
+      (lists, lists + u, lists + 2 * u + 1, u, static_cast<const TD*>(dout),
+       static_cast<TW*>(dweight), c);
     });
   });
   return ok;

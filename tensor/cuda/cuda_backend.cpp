@@ -555,15 +555,21 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tens
           id, vocab);
   // Note [CUDA embedding backward] (reduce_norm.cu): the distinct ids in first-appearance order,
   // then offsets and rows grouped by id (a stable counting sort keeps each group in row order).
+  // The GPU waits while this runs (the ids were just copied back), so it must be quick: a dense
+  // id -> slot table (kept between calls, all -1 outside this loop) instead of a hash map.
   std::vector<int64_t> slot(static_cast<size_t>(n));
   std::vector<int64_t> uniq;
-  std::unordered_map<int64_t, int64_t> where;
-  where.reserve(static_cast<size_t>(std::min<int64_t>(n, vocab)));
+  if (static_cast<int64_t>(id_slot_.size()) < vocab)
+    id_slot_.resize(static_cast<size_t>(vocab), -1);
   for (int64_t r = 0; r < n; ++r) {
-    auto [it, fresh] = where.emplace(host_ids[r], static_cast<int64_t>(uniq.size()));
-    if (fresh) uniq.push_back(host_ids[r]);
-    slot[r] = it->second;
+    int64_t& where = id_slot_[static_cast<size_t>(host_ids[r])];
+    if (where < 0) {
+      where = static_cast<int64_t>(uniq.size());
+      uniq.push_back(host_ids[r]);
+    }
+    slot[r] = where;
   }
+  for (int64_t id : uniq) id_slot_[static_cast<size_t>(id)] = -1;
   const int64_t u = static_cast<int64_t>(uniq.size());
   std::vector<int64_t> lists(static_cast<size_t>(2 * u + 1 + n), 0);  // [uniq | offsets | rows]
   std::copy(uniq.begin(), uniq.end(), lists.begin());

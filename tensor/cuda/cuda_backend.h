@@ -24,6 +24,8 @@
 // buffers grow to the largest copy seen (at least 64 KiB each) and live as long as the backend.
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "offload/gpu_allocator.h"
 #include "tensor/backend.h"
@@ -109,6 +111,7 @@ class CudaBackend final : public Backend {
   };
   std::array<PinnedSlot, 4> pinned_{};
   int next_pinned_ = 0;
+  std::vector<int64_t> id_slot_;  // embedding_backward's id -> slot table, all -1 between calls
 
   int device_;
   CUstream_st* stream_ = nullptr;

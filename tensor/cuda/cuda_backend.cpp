@@ -375,6 +375,22 @@ void CudaBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, 
 void CudaBackend::sum_to(const Tensor& x, Tensor& out) {
   STRATA_CHECK(is_floating(x.dtype()) && is_floating(out.dtype()) && out.is_contiguous(),
                "sum_to {} -> {}", x.str(), out.str());
+  // [N, C] -> [C] (a bias gradient: out is x's trailing dims, every leading dim summed):
+  // Note [CUDA column sums].
+  const int lead_dims = x.ndim() - out.ndim();
+  bool trailing = x.is_contiguous() && lead_dims >= 0;
+  for (int d = 0; trailing && d < out.ndim(); ++d) trailing = out.size(d) == x.size(d + lead_dims);
+  const int64_t c = out.numel();
+  if (trailing && c > 0 && x.numel() / c >= 2 * kColumnSumRows) {
+    const int64_t n = x.numel() / c;
+    const int64_t chunks = (n + kColumnSumRows - 1) / kColumnSumRows;
+    Tensor s = scratch(chunks * c * static_cast<int64_t>(sizeof(double)));
+    launched(
+        launch_column_sum(x.data_ptr(), dt(x.dtype()), n, c, static_cast<double*>(s.data_ptr()),
+                          out.data_ptr(), dt(out.dtype()), stream_),
+        "sum_to");
+    return;
+  }
   // Outer: x's dims kept by out (stride 0 elsewhere); reduced: the others.
   Strided outer, red;
   outer.ndim = x.ndim();

@@ -109,6 +109,12 @@ bool launch_cross_entropy_backward(int dt, const void* logits, const void* targe
                                    bool targets_i64, const float* lse, const float* dloss,
                                    int64_t ignore_index, void* dlogits, int64_t n, int64_t ld,
                                    int64_t v, Stream stream);
+// out[j] = sum over the n rows of x[r, j] (x contiguous [n, c], dtype x_dtype; out [c] of
+// out_dtype): the bias gradient. Deterministic (Note [CUDA column sums] in reduce_norm.cu).
+// scratch holds ceil(n / kColumnSumRows) * c doubles.
+inline constexpr int64_t kColumnSumRows = 64;
+bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double* scratch, void* out,
+                       int out_dtype, Stream stream);
 
 // ---- attention.cu (Strata's own kernel; cuDNN's fused attention is preferred when present) ----
 // q [B, H, Tq, D], k, v [B, H, Tk, D], contiguous, all of dtype dt (as out, dout, dq, dk, dv);

@@ -68,6 +68,7 @@ std::vector<Case> cases(DType dt) {
   const Tensor targets = from_ints({1, -100, 49, 0, 3, 3, 20}, {7});
   const Tensor dloss = rnd({7}, 17);
   const Tensor rx = rnd({2, 5, 3, 8}, 18);
+  const Tensor cols = rnd({3, 100, 40}, 25), cols2 = rnd({1000, 24}, 26);
   // Cross-entropy over the first `classes` columns (Note [CUDA cross-entropy]): a row length
   // that takes 128-bit packs (136: 272 bytes in bf16) and one that does not (75).
   const Tensor wide = rnd({6, 136}, 21, -6.f, 6.f), odd = rnd({5, 75}, 22, -6.f, 6.f);
@@ -123,6 +124,14 @@ std::vector<Case> cases(DType dt) {
                      sum(on(a, d), 0), mean(on(a, d), 2), sum_to(on(a, d), {1, 17}),
                      sum_all(on(a, d)),
                      from_vector({static_cast<float>(sum_squares(on(a, d)))}, {1})};
+               }});
+  // Bias gradients: [N, C] -> [C] with N >= 128 takes the column-sum kernels (Note [CUDA column
+  // sums]), several chunks of rows and a partial last one; the F32 output of a low-precision
+  // input is the mixed-precision case.
+  c.push_back({"column_sums", [=](Device d) {
+                 return std::vector<Tensor>{sum_to(on(cols, d), {40}),
+                                            sum_to(on(cols, d).reshape({300, 40}), {40}),
+                                            sum_to(on(cols2, d), {24})};
                }});
   c.push_back({"max",
                [=](Device d) {

@@ -55,6 +55,16 @@ void scale(float* x, int64_t n, float coef) {
 }  // namespace
 
 double grad_sum_of_squares(const std::vector<tensor::Tensor>& grads) {
+  // Note [GPU gradients]: GPU gradients in one batch (one device wait for all of them), added in
+  // the same order as the loop below would.
+  std::vector<tensor::Tensor> on_gpu;
+  for (const tensor::Tensor& g : grads)
+    if (g.defined() && g.device().is_cuda()) on_gpu.push_back(g);
+  if (!on_gpu.empty() && on_gpu.size() == grads.size()) {
+    double total = 0;
+    for (double s : tensor::sum_squares_many(on_gpu)) total += s;
+    return total;
+  }
   double total = 0;
   for (const tensor::Tensor& g : grads) {
     if (g.defined() && g.device().is_cuda()) {

@@ -66,6 +66,14 @@ class Backend {
   virtual void reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) = 0;
   // Sum of squares of all elements, accumulated in double then returned (x any float dtype).
   virtual double sum_squares(const Tensor& x) = 0;
+  // sum_squares of each tensor (all on this backend's device), in order. A GPU backend waits for
+  // the device once for all of them instead of once each.
+  virtual std::vector<double> sum_squares_many(const std::vector<Tensor>& xs) {
+    std::vector<double> r;
+    r.reserve(xs.size());
+    for (const Tensor& x : xs) r.push_back(sum_squares(x));
+    return r;
+  }
 
   // ---- matmul ----
   // out = alpha * op(a) @ op(b) + beta * out, op = transpose of the last two dims when asked.

@@ -198,6 +198,13 @@ Tensor sum_all(const Tensor& x) {
 double sum_squares(const Tensor& x) {
   return be(x).sum_squares(x);
 }
+std::vector<double> sum_squares_many(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return {};
+  for (const Tensor& x : xs)
+    STRATA_CHECK(x.device() == xs.front().device(), "sum_squares_many: {} and {} differ in device",
+                 xs.front().str(), x.str());
+  return be(xs.front()).sum_squares_many(xs);
+}
 double l2_norm(const Tensor& x) {
   return std::sqrt(sum_squares(x));
 }

@@ -69,6 +69,9 @@ struct MaxResult {
 MaxResult max(const Tensor& x, int dim, bool keepdim = false);
 Tensor sum_all(const Tensor& x);  // 0-d
 double sum_squares(const Tensor& x);
+// sum_squares of each tensor (all on one device), in order: the same values as calling
+// sum_squares on each, with one device synchronisation on a GPU.
+std::vector<double> sum_squares_many(const std::vector<Tensor>& xs);
 double l2_norm(const Tensor& x);
 // sqrt of the sum of squares over all tensors: global gradient norm.
 double global_l2_norm(const std::vector<Tensor>& xs);

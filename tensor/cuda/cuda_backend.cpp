@@ -432,19 +432,38 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Ten
 }
 
 double CudaBackend::sum_squares(const Tensor& x) {
-  STRATA_CHECK(is_floating(x.dtype()), "sum_squares of {}", x.str());
-  if (x.numel() == 0) return 0.0;
-  Tensor xc = x.is_contiguous() ? x : Tensor::empty(x.shape(), x.dtype(), device());
-  if (!xc.is_same(x)) copy_on_device(x, xc);
-  Tensor s = scratch((kSumSquaresBlocks + 1) * static_cast<int64_t>(sizeof(double)));
+  return sum_squares_many({x}).front();
+}
+
+std::vector<double> CudaBackend::sum_squares_many(const std::vector<Tensor>& xs) {
+  // Each tensor's total lands in its own slot of one device array; one copy back, one wait.
+  const int64_t slots = kSumSquaresBlocks + 1;
+  Tensor s =
+      scratch(static_cast<int64_t>(xs.size()) * slots * static_cast<int64_t>(sizeof(double)));
   double* p = static_cast<double*>(s.data_ptr());
-  launch_sum_squares(xc.data_ptr(), dt(xc.dtype()), xc.numel(), p, p + kSumSquaresBlocks, stream_);
-  check_launch("sum_squares");
-  double r = 0;
+  std::vector<char> empty(xs.size(), 0);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    STRATA_CHECK(is_floating(x.dtype()), "sum_squares of {}", x.str());
+    if (x.numel() == 0) {
+      empty[i] = 1;
+      continue;
+    }
+    Tensor xc = x.is_contiguous() ? x : Tensor::empty(x.shape(), x.dtype(), device());
+    if (!xc.is_same(x)) copy_on_device(x, xc);
+    double* slot = p + static_cast<int64_t>(i) * slots;
+    launch_sum_squares(xc.data_ptr(), dt(xc.dtype()), xc.numel(), slot, slot + kSumSquaresBlocks,
+                       stream_);
+    check_launch("sum_squares");
+  }
+  std::vector<double> all(xs.size() * static_cast<size_t>(slots), 0.0);
   check_cuda(
-      cudaMemcpyAsync(&r, p + kSumSquaresBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(all.data(), p, all.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_),
       "cudaMemcpyAsync");
   synchronize();
+  std::vector<double> r(xs.size(), 0.0);
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (!empty[i]) r[i] = all[i * static_cast<size_t>(slots) + kSumSquaresBlocks];
   return r;
 }
 

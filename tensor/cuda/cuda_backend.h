@@ -64,6 +64,7 @@ class CudaBackend final : public Backend {
   void sum_to(const Tensor& x, Tensor& out) override;
   void reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) override;
   double sum_squares(const Tensor& x) override;
+  std::vector<double> sum_squares_many(const std::vector<Tensor>& xs) override;
 
   void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
               float alpha, float beta) override;

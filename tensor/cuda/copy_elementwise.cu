@@ -52,6 +52,35 @@ __global__ void copy_kernel(const void* src, int sdt, Strided sv, void* dst, int
   }
 }
 
+// Note [CUDA same-dtype copies]
+// Most copies are layout changes without a cast (contiguous() of a transposed or narrowed view).
+// For those the host first merges dimensions that are contiguous in both views (so [B, H, T, D]
+// <-> [B, T, H, D] is three dims, a narrow two), and when every index and offset fits in 31 bits
+// the kernel moves raw 1/2/4/8-byte elements with 32-bit index arithmetic (a 64-bit division is
+// several times the cost of a 32-bit one, and the index math dominates such a copy), writing a
+// contiguous destination by its linear index.
+struct Strided32 {
+  int ndim;
+  uint32_t shape[kMaxDims];
+  uint32_t strides[kMaxDims];
+};
+
+__device__ __forceinline__ uint32_t offset32(const Strided32& v, uint32_t i) {
+  uint32_t off = 0;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    const uint32_t s = v.shape[d];
+    off += (i % s) * v.strides[d];
+    i /= s;
+  }
+  return off;
+}
+
+template <typename E, bool kDstContiguous>
+__global__ void copy_same_kernel(const E* src, Strided32 sv, E* dst, Strided32 dv, uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[kDstContiguous ? i : offset32(dv, i)] = src[offset32(sv, i)];
+}
+
 // Contiguous float -> float cast (the master-weights -> model-copy path): same rounding as
 // copy_kernel's store_float, without the per-element index arithmetic.
 template <typename TS, typename TD>
@@ -305,6 +334,83 @@ __global__ void rotary_kernel(const T* x, const void* cs, const void* sn, int cs
 
 }  // namespace
 
+namespace {
+
+int element_bytes(int dtype) {
+  switch (dtype) {
+    case kI64:
+      return 8;
+    case kF32:
+    case kI32:
+      return 4;
+    case kBF16:
+    case kF16:
+    case kU16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// Note [CUDA same-dtype copies]: drops size-1 dims and merges dim d into d + 1 when both views
+// step over d as over one longer d + 1. False if the result does not fit Strided32.
+bool collapse_views(const Strided& a, const Strided& b, Strided32& ca, Strided32& cb) {
+  int64_t shape[kMaxDims], sa[kMaxDims], sb[kMaxDims];
+  int nd = 0;
+  for (int d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] == 1) continue;
+    if (a.shape[d] < 1 || a.strides[d] < 0 || b.strides[d] < 0) return false;
+    if (nd > 0 && sa[nd - 1] == a.strides[d] * a.shape[d] &&
+        sb[nd - 1] == b.strides[d] * a.shape[d]) {
+      shape[nd - 1] *= a.shape[d];
+      sa[nd - 1] = a.strides[d];
+      sb[nd - 1] = b.strides[d];
+      continue;
+    }
+    shape[nd] = a.shape[d];
+    sa[nd] = a.strides[d];
+    sb[nd] = b.strides[d];
+    ++nd;
+  }
+  if (nd == 0) {  // a single element
+    shape[0] = 1;
+    sa[0] = sb[0] = 0;
+    nd = 1;
+  }
+  constexpr int64_t kMax = int64_t{1} << 31;
+  int64_t reach_a = 0, reach_b = 0, total = 1;
+  for (int d = 0; d < nd; ++d) {
+    reach_a += (shape[d] - 1) * sa[d];
+    reach_b += (shape[d] - 1) * sb[d];
+    total *= shape[d];
+  }
+  if (total >= kMax || reach_a >= kMax || reach_b >= kMax) return false;
+  ca.ndim = cb.ndim = nd;
+  for (int d = 0; d < nd; ++d) {
+    ca.shape[d] = cb.shape[d] = static_cast<uint32_t>(shape[d]);
+    ca.strides[d] = static_cast<uint32_t>(sa[d]);
+    cb.strides[d] = static_cast<uint32_t>(sb[d]);
+  }
+  return true;
+}
+
+template <typename E>
+void copy_same(const void* src, const Strided32& sv, void* dst, const Strided32& dv,
+               bool dst_contig, int64_t n, Stream stream) {
+  const auto s = static_cast<const E*>(src);
+  const auto d = static_cast<E*>(dst);
+  const auto count = static_cast<uint32_t>(n);
+  if (dst_contig) {
+    STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, copy_same_kernel<E, true>)
+    (s, sv, d, dv, count);
+  } else {
+    STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, copy_same_kernel<E, false>)
+    (s, sv, d, dv, count);
+  }
+}
+
+}  // namespace
+
 void launch_copy(const void* src, int src_dtype, const Strided& src_view, void* dst, int dst_dtype,
                  const Strided& dst_view, int64_t n, Stream stream) {
   if (src_dtype <= kF16 && dst_dtype <= kF16 && contiguous(src_view) && contiguous(dst_view)) {
@@ -317,6 +423,20 @@ void launch_copy(const void* src, int src_dtype, const Strided& src_view, void* 
       });
     });
     return;
+  }
+  Strided32 sv, dv;
+  if (src_dtype == dst_dtype && collapse_views(src_view, dst_view, sv, dv)) {
+    const bool dst_contig = contiguous(dst_view);
+    switch (element_bytes(src_dtype)) {
+      case 8:
+        return copy_same<uint64_t>(src, sv, dst, dv, dst_contig, n, stream);
+      case 4:
+        return copy_same<uint32_t>(src, sv, dst, dv, dst_contig, n, stream);
+      case 2:
+        return copy_same<uint16_t>(src, sv, dst, dv, dst_contig, n, stream);
+      default:
+        return copy_same<uint8_t>(src, sv, dst, dv, dst_contig, n, stream);
+    }
   }
   STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, copy_kernel)
   (src, src_dtype, src_view, dst, dst_dtype, dst_view, n);
@@ -361,12 +481,10 @@ bool launch_binary(int op, int dt, const void* a, const Strided& a_view, const v
     const T* pb = static_cast<const T*>(b);
     T* po = static_cast<T*>(out);
     auto run = [&](auto fn, auto strided) {
-      if (contig)
-        STRATA_LAUNCH(grid_for<T>(n, vec), kThreads, 0, stream, map2_kernel)
-        (fn, pa, pb, po, n, vec);
-      else
-        STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, strided)
-        (pa, a_view, pb, b_view, po, n);
+      if (contig) STRATA_LAUNCH(grid_for<T>(n, vec), kThreads, 0, stream, map2_kernel)
+      (fn, pa, pb, po, n, vec);
+      else STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, strided)(pa, a_view, pb,
+                                                                                b_view, po, n);
     };
     switch (op) {
       case 0:

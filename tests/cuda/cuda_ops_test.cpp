@@ -55,6 +55,14 @@ std::string dtype_tag(DType dt) {
 // (so the CPU and the GPU see the same rounded values); the contract's F32-only inputs (dloss,
 // mean/rstd, lse, rotary tables) stay F32. Backward ops take the forward outputs of the CPU
 // backend on both devices, so each kernel is compared on identical inputs.
+// A copy whose destination is a strided view: src [33, 17] into the transpose of a [17, 33].
+Tensor strided_into(const Tensor& src) {
+  Tensor dst = zeros({src.size(1), src.size(0)}, src.dtype(), src.device());
+  Tensor view = dst.transpose(0, 1);
+  view.copy_(src);
+  return dst;
+}
+
 std::vector<Case> cases(DType dt) {
   const Tensor a = rnd({4, 33, 17}, 1), b = rnd({33, 17}, 2), pos = rnd({4, 33, 17}, 3, 0.1f, 3.f);
   const Tensor m1 = rnd({3, 40, 24}, 4), m2 = rnd({24, 56}, 5), m3 = rnd({3, 56, 24}, 6);
@@ -223,14 +231,20 @@ std::vector<Case> cases(DType dt) {
                  Tensor h = on(a, d).transpose(0, 1).to(DType::F16).to(DType::F32);
                  Tensor bf = on(a, d).to(DType::BF16).to(DType::F32);
                  Tensor i = on(a, d).to(DType::I32).to(DType::F32);
-                 return std::vector<Tensor>{h,
-                                            bf,
-                                            i,
-                                            on32(a, d).to(dt),  // contiguous cast path
-                                            on(a, d).transpose(1, 2).contiguous(),
-                                            full({3, 5}, 2.5, dt, d),
-                                            arange(11, dt, d),
-                                            concat({on(a, d), on(a, d)}, 1)};
+                 return std::vector<Tensor>{
+                     h, bf, i, on32(a, d).to(dt),  // contiguous cast path
+                     on(a, d).transpose(1, 2).contiguous(),
+                     // Note [CUDA same-dtype copies]: layouts that merge
+                     // to 3 dims, a narrow, a copy into a strided view.
+                     on(q, d).transpose(1, 2).contiguous(), on(a, d).narrow(2, 3, 9).contiguous(),
+                     strided_into(on(b, d)),
+                     on_ids(ids, d)
+                         .to(DType::I64)
+                         .reshape({7, 1})
+                         .expand({7, 3})
+                         .contiguous()
+                         .to(DType::F32),
+                     full({3, 5}, 2.5, dt, d), arange(11, dt, d), concat({on(a, d), on(a, d)}, 1)};
                },
                0.0, 0.0, /*exact_lowp=*/true});
   c.push_back({"random", [=](Device d) {

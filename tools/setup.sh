@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libfmt-dev libspdlog-dev libyaml-cpp-dev libeigen3-dev nlohmann-json3-dev
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev liburing-dev libaio-dev

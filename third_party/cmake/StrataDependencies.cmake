@@ -42,11 +42,17 @@ strata_require(AIO_FOUND libaio libaio-dev)
 
 set(STRATA_HAVE_ONEDNN OFF)
 if(STRATA_WITH_ONEDNN)
-  find_package(dnnl CONFIG QUIET)
+  # Debian's oneDNN is built with its OpenCL GPU runtime, and its CMake config does a REQUIRED
+  # find_package(OpenCL): without ocl-icd-opencl-dev (only a Recommends of libdnnl-dev) it would
+  # stop the whole configure. Look for OpenCL first and fall back to Eigen when it is missing.
+  find_package(OpenCL QUIET)
+  if(OpenCL_FOUND)
+    find_package(dnnl CONFIG QUIET)
+  endif()
   if(dnnl_FOUND)
     set(STRATA_HAVE_ONEDNN ON)
   else()
-    message(STATUS "oneDNN not found (apt-get install libdnnl-dev); CPU matmul uses Eigen")
+    message(STATUS "oneDNN not found (apt-get install libdnnl-dev ocl-icd-opencl-dev); CPU matmul uses Eigen")
   endif()
 endif()
 

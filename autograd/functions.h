@@ -30,18 +30,39 @@ Variable dropout(const Variable& x, float p, RngKey key, bool training = true);
 
 // ---- linear algebra ----
 Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool trans_b = false);
-// x [..., in] @ weight[out, in]^T + bias[out] (bias may be undefined).
+// x [..., in] @ weight[out, in]^T + bias[out] (bias may be undefined), the bias added in the
+// GEMM's epilogue (Note [Linear epilogues] in tensor/ops.h).
 Variable linear(const Variable& x, const Variable& weight, const Variable& bias);
+// GPT-2's MLP as one node: gelu(x fc_weight^T + fc_bias) proj_weight^T + proj_bias, the GELU in
+// the first GEMM's epilogue and dgelu plus the bias gradient in a backward GEMM's (Note [Linear
+// epilogues]). Saves what the three unfused nodes save: x, the GELU input and its output.
+Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& fc_bias,
+                  const Variable& proj_weight, const Variable& proj_bias);
 
 // ---- normalisation (last dim) ----
 Variable layernorm(const Variable& x, const Variable& weight, const Variable& bias, float eps);
 Variable rmsnorm(const Variable& x, const Variable& weight, float eps);
 Variable softmax(const Variable& x);
+// A residual add fused with the norm after it (Note [Fused residual norm] in tensor/ops.h):
+// {s, y} with s = x + r and y = layernorm(s), bitwise add then layernorm on the CPU. With
+// keep_sum = false the caller wants y alone: s comes back undefined and backward adds no ds.
+std::pair<Variable, Variable> add_layernorm(const Variable& x, const Variable& r,
+                                            const Variable& weight, const Variable& bias, float eps,
+                                            bool keep_sum = true);
+std::pair<Variable, Variable> add_rmsnorm(const Variable& x, const Variable& r,
+                                          const Variable& weight, float eps, bool keep_sum = true);
 
 // ---- attention ----
 // q [B, H, Tq, D], k, v [B, H, Tk, D]; scale <= 0 means 1/sqrt(D).
 Variable attention(const Variable& q, const Variable& k, const Variable& v, bool causal,
                    float scale = 0.f);
+// Self-attention from one packed projection: qkv [B, T, 3C] holds q, k, v side by side, each
+// C = n_head * D wide with its heads side by side; returns y [B, T, C], heads side by side. The
+// values (and bits) of splitting qkv, moving the heads to dim 1, attention and moving them back,
+// without the layout copies: q, k, v are strided views of qkv, y is attention's own output buffer,
+// and backward writes dq, dk, dv into the views of one dqkv [B, T, 3C] (Note [Strided attention
+// operands] in tensor/backend.h).
+Variable attention_qkv(const Variable& qkv, int64_t n_head, bool causal, float scale = 0.f);
 // x [B, T, H, D] with tables from tensor::rotary_tables (constants, no gradient).
 Variable rotary(const Variable& x, const Tensor& cos, const Tensor& sin);
 

@@ -1,4 +1,6 @@
 // Linear algebra, normalisation, attention, embedding and loss: forward and backward side by side.
+#include <array>
+
 #include "autograd/functions.h"
 #include "autograd/node.h"
 
@@ -52,19 +54,27 @@ Variable linear(const Variable& x, const Variable& weight, const Variable& bias)
   STRATA_CHECK(wd.ndim() == 2 && wd.size(1) == in, "linear: weight {} for input {}", wd.str(),
                xd.str());
   Tensor x2 = xd.reshape({-1, in});
-  Tensor y2 = tops::matmul(x2, wd, false, true);
-  if (bias.defined()) y2 = tops::bias_add(y2, bias.data());
+  // The bias rides in the GEMM's epilogue (Note [Linear epilogues] in tensor/ops.h).
   Shape ys = xd.shape();
   ys[ys.ndim() - 1] = out_features;
+  Tensor y = tops::linear(x2, wd, bias.defined() ? bias.data() : Tensor()).y.view(ys);
   bool nx = needs(x), nw = needs(weight), nb = needs(bias);
   std::vector<Variable> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
-  return make_output("Linear", y2.view(ys), inputs, [=](const std::vector<Tensor>& gs) {
+  return make_output("Linear", y, inputs, [=](const std::vector<Tensor>& gs) {
     Tensor g2 = gs[0].reshape({-1, out_features});
     std::vector<Tensor> grads;
     grads.push_back(nx ? tops::matmul(g2, wd).view(xd.shape()) : Tensor());
-    grads.push_back(nw ? tops::matmul(g2, x2, true, false) : Tensor());
-    if (bias.defined()) grads.push_back(nb ? tops::sum_to(g2, {out_features}) : Tensor());
+    Tensor dw, db;
+    if (nw) {
+      tops::LinearWeightGrads d = tops::linear_backward_weight(g2, x2, nb);
+      dw = d.dweight;
+      db = d.dbias;
+    } else if (nb) {
+      db = tops::sum_to(g2, {out_features});
+    }
+    grads.push_back(dw);
+    if (bias.defined()) grads.push_back(db);
     return grads;
   });
 }
@@ -104,6 +114,36 @@ Variable attention(const Variable& q, const Variable& k, const Variable& v, bool
   return make_output("Attention", r.out, {q, k, v}, [=](const std::vector<Tensor>& g) {
     tops::AttentionGrads d = tops::attention_backward(qd, kd, vd, out, lse, g[0], causal, scale);
     return std::vector<Tensor>{d.dq, d.dk, d.dv};
+  });
+}
+
+namespace {
+// The [B, H, T, D] views of q, k and v in a contiguous packed [B, T, 3 * H * D] buffer.
+std::array<Tensor, 3> qkv_heads(const Tensor& packed, int64_t n_head) {
+  const int64_t B = packed.size(0), T = packed.size(1), D = packed.size(2) / (3 * n_head);
+  Tensor parts = packed.view({B, T, 3, n_head, D});
+  return {parts.select(2, 0).transpose(1, 2), parts.select(2, 1).transpose(1, 2),
+          parts.select(2, 2).transpose(1, 2)};
+}
+}  // namespace
+
+Variable attention_qkv(const Variable& qkv, int64_t n_head, bool causal, float scale) {
+  STRATA_CHECK(qkv.data().ndim() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0,
+               "attention_qkv: qkv {} is not [B, T, 3 * n_head * head_dim] for n_head {}",
+               qkv.data().str(), n_head);
+  const Tensor packed = qkv.data().contiguous();  // a linear's output already is: no copy
+  const std::array<Tensor, 3> heads = qkv_heads(packed, n_head);
+  tops::AttentionResult r = tops::attention(heads[0], heads[1], heads[2], causal, scale);
+  const Tensor out = r.out, lse = r.lse;
+  // out is a [B, T, H, D] buffer (tensor::attention), so this is a view.
+  Tensor y = out.transpose(1, 2).view({packed.size(0), packed.size(1), packed.size(2) / 3});
+  return make_output("AttentionQKV", y, {qkv}, [=](const std::vector<Tensor>& g) {
+    const Tensor dy = g[0].contiguous().view(out.transpose(1, 2).shape()).transpose(1, 2);
+    Tensor dqkv = Tensor::empty(packed.shape(), packed.dtype(), packed.device());
+    const std::array<Tensor, 3> d = qkv_heads(dqkv, n_head);
+    tops::attention_backward_into(heads[0], heads[1], heads[2], out, lse, dy, causal, scale, d[0],
+                                  d[1], d[2]);
+    return std::vector<Tensor>{dqkv};
   });
 }
 

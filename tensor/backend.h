@@ -23,6 +23,9 @@ namespace strata::tensor {
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div };
 enum class UnaryOp : uint8_t { Gelu, Silu, Relu, Exp, Log, Neg, Sqrt, Square, Tanh };
 enum class ReduceOp : uint8_t { Sum, Mean, Max };
+// The activation a linear applies in its epilogue (Note [Linear epilogues] in tensor/ops.h).
+// Gelu is UnaryOp::Gelu: GPT-2's tanh approximation.
+enum class Activation : uint8_t { None, Gelu };
 
 class Backend {
  public:
@@ -83,6 +86,22 @@ class Backend {
   virtual void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
                       float alpha, float beta) = 0;
 
+  // ---- linear with epilogues (Note [Linear epilogues] in tensor/ops.h) ----
+  // x [M, K], weight [N, K], bias [N] or undefined, y [M, N]: y = act(x @ weight^T + bias), f32
+  // accumulation, bias and activation in f32, one rounding. pre [M, N] (defined only with
+  // act = Gelu, when backward needs it) receives x @ weight^T + bias, the activation's input.
+  virtual void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              Activation act, Tensor& y, Tensor& pre) = 0;
+  // dweight [N, K] = dy [M, N]^T @ x [M, K]; dbias [N] (skipped when undefined) = the column
+  // sums of dy, accumulated in f32 or wider and rounded once.
+  virtual void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
+                                      Tensor& dbias) = 0;
+  // The gradient through a GELU epilogue: dpre [M, N] = (dz [M, P] @ weight [P, N]) * gelu'(pre),
+  // in f32 and rounded once; dbias [N] (skipped when undefined) = the column sums of that f32
+  // dpre (before its rounding), accumulated in f32 or wider and rounded once.
+  virtual void linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,
+                                    Tensor& dpre, Tensor& dbias) = 0;
+
   // ---- normalisation ----
   // x [N, C]; weight, bias [C]; y [N, C]; mean, rstd [N].
   virtual void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -95,6 +114,23 @@ class Backend {
                                Tensor& rstd) = 0;
   virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                 const Tensor& rstd, Tensor& dx, Tensor& dweight) = 0;
+  // Residual add fused with the norm (Note [Fused residual norm] in tensor/ops.h). x, r, s, y
+  // [N, C]; weight, bias [C]; mean, rstd [N]. s = x + r (rounded to the compute dtype), then y,
+  // mean, rstd = layernorm(s) exactly as layernorm_forward computes them from that s.
+  virtual void add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                     const Tensor& bias, float eps, Tensor& s, Tensor& y,
+                                     Tensor& mean, Tensor& rstd) = 0;
+  // dsum [N, C] = ds + round(dx), dx the input gradient layernorm_backward(dy, s, ...) computes;
+  // ds undefined means no gradient reached s (dsum = round(dx)). dweight, dbias as there.
+  virtual void add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                      Tensor& dsum, Tensor& dweight, Tensor& dbias) = 0;
+  // The same for rmsnorm: s = x + r, y, rstd = rmsnorm(s); dsum = ds + round(dx).
+  virtual void add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                   float eps, Tensor& s, Tensor& y, Tensor& rstd) = 0;
+  virtual void add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                    const Tensor& weight, const Tensor& rstd, Tensor& dsum,
+                                    Tensor& dweight) = 0;
   // Softmax over the last dim of x [N, C].
   virtual void softmax_forward(const Tensor& x, Tensor& y) = 0;
   virtual void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
@@ -103,6 +139,18 @@ class Backend {
   // Fused scaled-dot-product attention. q [B, H, Tq, D], k, v [B, H, Tk, D], out [B, H, Tq, D],
   // lse [B, H, Tq] (log-sum-exp of each score row: all backward needs besides q, k, v, out;
   // no Tq x Tk matrix is kept). Causal masks key j > query i + (Tk - Tq).
+  //
+  // Note [Strided attention operands]
+  // q, k, v, out (and in backward dout, dq, dk, dv) may be any [B, H, T, D] views whose D stride
+  // is 1; the B, H and T strides are arbitrary (an exception to Note [Backend contract]). So a
+  // packed qkv buffer [B, T, 3, H, D] is read as three [B, H, T, D] views with no copy, out can be
+  // a [B, T, H, D] buffer seen as [B, H, T, D] (heads back side by side for free), and dq, dk, dv
+  // can be written straight into the views of one packed gradient buffer. Outputs must not
+  // overlap each other or the inputs. lse is always contiguous F32. Implementations index with
+  // the strides and change no arithmetic, so a strided call gives the contiguous call's bits.
+  // tensor::attention makes an operand contiguous only when its D stride is not 1 (or a dim is
+  // broadcast with stride 0); GPT-2 does no layout copy around attention
+  // (autograd::attention_qkv).
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                  float scale, Tensor& out, Tensor& lse) = 0;
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -1,5 +1,6 @@
 #include "tensor/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -75,6 +76,30 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   STRATA_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
                    k.shape() == v.shape(),
                "attention shapes disagree: q {} k {} v {}", q.str(), k.str(), v.str());
+}
+
+// An attention operand as the backend takes it (Note [Strided attention operands] in
+// backend.h): the view itself when its D stride is 1 and no dim is broadcast (stride 0), else a
+// contiguous copy.
+Tensor attention_operand(const Tensor& t) {
+  bool in_place = t.size(3) <= 1 || t.stride(3) == 1;
+  for (int d = 0; d < 3; ++d) in_place = in_place && (t.size(d) <= 1 || t.stride(d) != 0);
+  return in_place ? t : t.contiguous();
+}
+
+// A [B, T, H, D] buffer seen as [B, H, T, D] (`shape`): the layout attention writes its outputs
+// in, so that transposing back to [B, T, H, D] and merging the heads are views.
+Tensor empty_heads_view(const Shape& shape, DType dt, Device device) {
+  return Tensor::empty({shape[0], shape[2], shape[1], shape[3]}, dt, device).transpose(1, 2);
+}
+
+// An attention gradient destination: `like`'s shape, the compute dtype, unit D stride.
+void check_attention_grad(const Tensor& g, const Tensor& like, DType dt, const char* what) {
+  STRATA_CHECK(g.shape() == like.shape() && g.dtype() == dt && g.device() == like.device() &&
+                   (g.size(3) <= 1 || g.stride(3) == 1),
+               "attention_backward: {} {} must be a view of {}'s shape, dtype {} and device with "
+               "a unit last stride",
+               what, g.str(), like.str(), dtype_name(dt));
 }
 
 }  // namespace
@@ -257,6 +282,71 @@ void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, boo
   be(a).matmul(a.contiguous(), b.contiguous(), out, trans_a, trans_b, alpha, beta);
 }
 
+LinearResult linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                    bool save_pre) {
+  STRATA_CHECK(x.ndim() >= 1 && weight.ndim() == 2 && weight.size(1) == x.size(-1),
+               "linear: weight {} for input {}", weight.str(), x.str());
+  const int64_t k = x.size(-1), n = weight.size(0);
+  same_device(x, weight, "linear");
+  DType dt;
+  if (bias.defined()) {
+    STRATA_CHECK(bias.shape() == Shape{n}, "linear: bias {} for weight {}", bias.str(),
+                 weight.str());
+    same_device(x, bias, "linear");
+    dt = compute_dtype("linear", {&x, &weight, &bias});
+  } else {
+    dt = compute_dtype("linear", {&x, &weight});
+  }
+  STRATA_CHECK(!save_pre || act != Activation::None, "linear: pre is kept only for an activation");
+  Shape ys = x.shape();
+  ys[ys.ndim() - 1] = n;
+  Tensor x2 = x.contiguous().view({-1, k});
+  LinearResult r;
+  r.y = Tensor::empty(ys, dt, x.device());
+  if (save_pre) r.pre = Tensor::empty(ys, dt, x.device());
+  Tensor y2 = r.y.view({-1, n}), pre2 = save_pre ? r.pre.view({-1, n}) : Tensor();
+  be(x).linear_forward(x2, weight.contiguous(), bias.defined() ? bias.contiguous() : Tensor(), act,
+                       y2, pre2);
+  return r;
+}
+
+LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias) {
+  STRATA_CHECK(dy.ndim() >= 1 && x.ndim() >= 1 &&
+                   dy.numel() / std::max<int64_t>(dy.size(-1), 1) ==
+                       x.numel() / std::max<int64_t>(x.size(-1), 1),
+               "linear_backward_weight: dy {} and x {} differ in rows", dy.str(), x.str());
+  same_device(dy, x, "linear_backward_weight");
+  const DType dt = compute_dtype("linear_backward_weight", {&dy, &x});
+  const int64_t n = dy.size(-1), k = x.size(-1);
+  LinearWeightGrads g;
+  g.dweight = Tensor::empty({n, k}, dt, x.device());
+  if (with_bias) g.dbias = Tensor::empty({n}, dt, x.device());
+  be(x).linear_backward_weight(dy.contiguous().view({-1, n}), x.contiguous().view({-1, k}),
+                               g.dweight, g.dbias);
+  return g;
+}
+
+LinearGeluGrads linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,
+                                     bool with_bias) {
+  STRATA_CHECK(weight.ndim() == 2 && dz.ndim() >= 1 && dz.size(-1) == weight.size(0) &&
+                   pre.ndim() >= 1 && pre.size(-1) == weight.size(1) &&
+                   dz.numel() / std::max<int64_t>(dz.size(-1), 1) ==
+                       pre.numel() / std::max<int64_t>(pre.size(-1), 1),
+               "linear_backward_gelu: dz {} @ weight {} for pre {}", dz.str(), weight.str(),
+               pre.str());
+  same_device(dz, weight, "linear_backward_gelu");
+  same_device(dz, pre, "linear_backward_gelu");
+  const DType dt = compute_dtype("linear_backward_gelu", {&dz, &weight, &pre});
+  const int64_t n = pre.size(-1);
+  LinearGeluGrads g;
+  g.dpre = Tensor::empty(pre.shape(), dt, pre.device());
+  if (with_bias) g.dbias = Tensor::empty({n}, dt, pre.device());
+  Tensor dpre2 = g.dpre.view({-1, n});
+  be(pre).linear_backward_gelu(dz.contiguous().view({-1, dz.size(-1)}), weight.contiguous(),
+                               pre.contiguous().view({-1, n}), dpre2, g.dbias);
+  return g;
+}
+
 NormResult layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
   int64_t c = x.size(-1);
   STRATA_CHECK(weight.shape() == Shape{c} && bias.shape() == Shape{c},
@@ -320,6 +410,98 @@ RmsNormGrads rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
   return g;
 }
 
+namespace {
+// The checks add_layernorm and add_rmsnorm share: x and r of one shape, on one device.
+void check_add_norm(const Tensor& x, const Tensor& r, const Tensor& weight, const char* op) {
+  if (!(x.shape() == r.shape()))
+    user_error("{}: x {} and r {} must have the same shape (the fused add does not broadcast)", op,
+               x.str(), r.str());
+  same_device(x, r, op);
+  same_device(x, weight, op);
+  STRATA_CHECK(x.ndim() >= 1 && weight.shape() == Shape{x.size(-1)}, "{}: weight {} for {}", op,
+               weight.str(), x.str());
+}
+
+// ds for a fused norm backward: contiguous [N, C] like s, or undefined.
+Tensor rows_or_none(const Tensor& ds, const Tensor& s, const char* op) {
+  if (!ds.defined()) return ds;
+  STRATA_CHECK(ds.shape() == s.shape() && ds.dtype() == s.dtype(), "{}: ds {} for s {}", op,
+               ds.str(), s.str());
+  same_device(ds, s, op);
+  return ds.contiguous().view({-1, s.size(-1)});
+}
+}  // namespace
+
+AddNormResult add_layernorm(const Tensor& x, const Tensor& r, const Tensor& weight,
+                            const Tensor& bias, float eps) {
+  check_add_norm(x, r, weight, "add_layernorm");
+  const int64_t c = x.size(-1);
+  STRATA_CHECK(bias.shape() == Shape{c}, "add_layernorm: bias {} must be [{}]", bias.str(), c);
+  same_device(x, bias, "add_layernorm");
+  const DType dt = compute_dtype("add_layernorm", {&x, &r, &weight, &bias});
+  Tensor x2 = x.contiguous().view({-1, c}), r2 = r.contiguous().view({-1, c});
+  AddNormResult out;
+  out.s = Tensor::empty(x.shape(), dt, x.device());
+  out.y = Tensor::empty(x.shape(), dt, x.device());
+  out.mean = Tensor::empty({x2.size(0)}, DType::F32, x.device());
+  out.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
+  Tensor s2 = out.s.view({-1, c}), y2 = out.y.view({-1, c});
+  be(x).add_layernorm_forward(x2, r2, weight.contiguous(), bias.contiguous(), eps, s2, y2, out.mean,
+                              out.rstd);
+  return out;
+}
+
+LayerNormGrads add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                      const Tensor& weight, const Tensor& mean,
+                                      const Tensor& rstd) {
+  const int64_t c = s.size(-1);
+  STRATA_CHECK(dy.shape() == s.shape(), "add_layernorm_backward: dy {} for s {}", dy.str(),
+               s.str());
+  const DType dt = compute_dtype("add_layernorm_backward", {&dy, &s, &weight});
+  require_f32(mean, "add_layernorm_backward", "mean");
+  require_f32(rstd, "add_layernorm_backward", "rstd");
+  Tensor s2 = s.contiguous().view({-1, c}), dy2 = dy.contiguous().view({-1, c});
+  Tensor ds2 = rows_or_none(ds, s, "add_layernorm_backward");
+  LayerNormGrads g;
+  g.dx = Tensor::empty(s.shape(), dt, s.device());
+  g.dweight = Tensor::empty({c}, dt, s.device());
+  g.dbias = Tensor::empty({c}, dt, s.device());
+  Tensor dx2 = g.dx.view({-1, c});
+  be(s).add_layernorm_backward(dy2, ds2, s2, weight.contiguous(), mean, rstd, dx2, g.dweight,
+                               g.dbias);
+  return g;
+}
+
+AddNormResult add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight, float eps) {
+  check_add_norm(x, r, weight, "add_rmsnorm");
+  const int64_t c = x.size(-1);
+  const DType dt = compute_dtype("add_rmsnorm", {&x, &r, &weight});
+  Tensor x2 = x.contiguous().view({-1, c}), r2 = r.contiguous().view({-1, c});
+  AddNormResult out;
+  out.s = Tensor::empty(x.shape(), dt, x.device());
+  out.y = Tensor::empty(x.shape(), dt, x.device());
+  out.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
+  Tensor s2 = out.s.view({-1, c}), y2 = out.y.view({-1, c});
+  be(x).add_rmsnorm_forward(x2, r2, weight.contiguous(), eps, s2, y2, out.rstd);
+  return out;
+}
+
+RmsNormGrads add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                  const Tensor& weight, const Tensor& rstd) {
+  const int64_t c = s.size(-1);
+  STRATA_CHECK(dy.shape() == s.shape(), "add_rmsnorm_backward: dy {} for s {}", dy.str(), s.str());
+  const DType dt = compute_dtype("add_rmsnorm_backward", {&dy, &s, &weight});
+  require_f32(rstd, "add_rmsnorm_backward", "rstd");
+  Tensor s2 = s.contiguous().view({-1, c}), dy2 = dy.contiguous().view({-1, c});
+  Tensor ds2 = rows_or_none(ds, s, "add_rmsnorm_backward");
+  RmsNormGrads g;
+  g.dx = Tensor::empty(s.shape(), dt, s.device());
+  g.dweight = Tensor::empty({c}, dt, s.device());
+  Tensor dx2 = g.dx.view({-1, c});
+  be(s).add_rmsnorm_backward(dy2, ds2, s2, weight.contiguous(), rstd, dx2, g.dweight);
+  return g;
+}
+
 Tensor softmax(const Tensor& x) {
   const DType dt = compute_dtype("softmax", {&x});
   int64_t c = x.size(-1);
@@ -346,9 +528,9 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
   check_attention(q, k, v);
   const DType dt = compute_dtype("attention", {&q, &k, &v});
   AttentionResult r;
-  r.out = Tensor::empty(q.shape(), dt, q.device());
+  r.out = empty_heads_view(q.shape(), dt, q.device());
   r.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::F32, q.device());
-  be(q).attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), causal,
+  be(q).attention_forward(attention_operand(q), attention_operand(k), attention_operand(v), causal,
                           default_scale(q, scale), r.out, r.lse);
   return r;
 }
@@ -361,13 +543,26 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
   const DType dt = compute_dtype("attention_backward", {&q, &k, &v, &out, &dout});
   require_f32(lse, "attention_backward", "lse");
   AttentionGrads g;
-  g.dq = Tensor::empty(q.shape(), dt, q.device());
-  g.dk = Tensor::empty(k.shape(), dt, q.device());
-  g.dv = Tensor::empty(v.shape(), dt, q.device());
-  be(q).attention_backward(q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
-                           lse.contiguous(), dout.contiguous(), causal, default_scale(q, scale),
-                           g.dq, g.dk, g.dv);
+  g.dq = empty_heads_view(q.shape(), dt, q.device());
+  g.dk = empty_heads_view(k.shape(), dt, q.device());
+  g.dv = empty_heads_view(v.shape(), dt, q.device());
+  attention_backward_into(q, k, v, out, lse, dout, causal, scale, g.dq, g.dk, g.dv);
   return g;
+}
+
+void attention_backward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, const Tensor& dout, bool causal, float scale,
+                             Tensor dq, Tensor dk, Tensor dv) {
+  check_attention(q, k, v);
+  STRATA_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(), "attention_backward shapes");
+  const DType dt = compute_dtype("attention_backward", {&q, &k, &v, &out, &dout});
+  require_f32(lse, "attention_backward", "lse");
+  check_attention_grad(dq, q, dt, "dq");
+  check_attention_grad(dk, k, dt, "dk");
+  check_attention_grad(dv, v, dt, "dv");
+  be(q).attention_backward(attention_operand(q), attention_operand(k), attention_operand(v),
+                           attention_operand(out), lse.contiguous(), attention_operand(dout),
+                           causal, default_scale(q, scale), dq, dk, dv);
 }
 
 Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {

@@ -23,6 +23,9 @@
 // - layernorm/rmsnorm: weight (and bias) share x's dtype; dx, dweight, dbias have it; the
 //   dweight/dbias column sums are f32 partials rounded once at the end.
 // - dropout: the same mask as f32 for the same key (Note [Dropout mask]); out in x's dtype.
+// - add_layernorm/add_rmsnorm round s, then y, as add then norm do; their backward rounds the
+//   norm's dx before adding ds (two roundings, on purpose: Note [Fused residual norm]).
+// - linear (Note [Linear epilogues]): one rounding of act(x @ w^T + b), unlike the composition.
 // - attention: q, k, v, out, dout, dq, dk, dv share one dtype; lse is F32.
 // - rotary: x and out in the compute dtype; the cos/sin tables are F32 (as rotary_tables makes
 //   them) or the compute dtype.
@@ -83,6 +86,43 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
                 float alpha = 1.f, float beta = 0.f);
 
+// ---- linear with epilogues ----
+//
+// Note [Linear epilogues]
+// linear(x, w, b, act) = act(x @ w^T + b) is one op so that a backend can fuse the bias and the
+// activation into its GEMM (cuBLASLt epilogues on CUDA) instead of running extra passes over the
+// output. Its semantics, which the CPU backend implements as the reference: the product is
+// accumulated in f32, the bias added and the activation applied in f32, and the result rounded
+// ONCE to the compute dtype. In f32 that is exactly matmul, then bias_add, then gelu (the CPU
+// runs those very kernels, so its f32 results are bitwise the unfused ones). In bf16/f16 it is
+// NOT the composition, which rounds after the matmul and again after the bias (and the GELU):
+// the fused op is the more accurate of the two, and the two differ by about an ulp. The same
+// holds for the backward pieces: dgelu is applied to the f32 product dz @ w before its one
+// rounding, and bias gradients are the column sums of the f32 values (the rounded dy for
+// linear_backward_weight), rounded once. `pre` (the GELU input, saved for backward) is
+// x @ w^T + b rounded once; gelu is taken of the unrounded f32 value. Activation::Gelu is the
+// tanh approximation of UnaryOp::Gelu (GPT-2's gelu_new).
+struct LinearResult {
+  Tensor y;    // [..., N]
+  Tensor pre;  // [..., N], with act = Gelu and save_pre only
+};
+// x [..., K], weight [N, K], bias [N] or undefined; all of one dtype.
+LinearResult linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    Activation act = Activation::None, bool save_pre = false);
+struct LinearWeightGrads {
+  Tensor dweight;  // [N, K]
+  Tensor dbias;    // [N], when asked for
+};
+// dy [..., N], x [..., K] (the same leading dims): dweight = dy^T x over all rows.
+LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias);
+struct LinearGeluGrads {
+  Tensor dpre;   // [..., N]
+  Tensor dbias;  // [N], when asked for
+};
+// dz [..., P], weight [P, N], pre [..., N]: dpre = (dz @ weight) * gelu'(pre).
+LinearGeluGrads linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,
+                                     bool with_bias);
+
 // ---- normalisation (over the last dim) ----
 struct NormResult {
   Tensor y;
@@ -101,6 +141,36 @@ struct RmsNormGrads {
 };
 RmsNormGrads rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                               const Tensor& rstd);
+
+// Note [Fused residual norm]
+// A pre-norm transformer adds each sublayer's output to the residual stream and normalises the
+// sum for the next sublayer: s = x + r, y = norm(s). add_layernorm / add_rmsnorm do both in one
+// pass over the row and return s (the new residual stream) and y. The numerics are those of the
+// composition add(x, r) then layernorm(s): s is rounded to the compute dtype and the norm reads
+// the rounded s. Backward takes dy (the gradient of y) and ds (that of s from its other users;
+// undefined when it has none) and writes dsum = ds + round(dx), dx being the norm's input
+// gradient rounded to the compute dtype BEFORE the add: the two roundings of the unfused graph
+// (layernorm_backward's dx, then the engine's ds + dx, Note [Summing gradients in place] in
+// autograd/engine.cpp), kept on purpose so that fusing changes no bits. On the CPU the fused ops
+// are therefore bitwise the unfused composition in f32, bf16 and f16 (tested). dsum is the
+// gradient of both x and r. The CUDA kernels keep the same rounding points but sum their rows in
+// another order, so they agree with the CPU within the dtype tolerance, as every op does.
+struct AddNormResult {
+  Tensor s;     // x + r, the input's shape and dtype
+  Tensor y;     // norm(s)
+  Tensor mean;  // layernorm only
+  Tensor rstd;
+};
+// x and r of one shape [..., C] (no broadcasting) and dtype; weight, bias [C].
+AddNormResult add_layernorm(const Tensor& x, const Tensor& r, const Tensor& weight,
+                            const Tensor& bias, float eps);
+// dx of the result is dsum. ds may be undefined (no gradient reached s).
+LayerNormGrads add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+AddNormResult add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight, float eps);
+RmsNormGrads add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                  const Tensor& weight, const Tensor& rstd);
+
 Tensor softmax(const Tensor& x);  // last dim
 Tensor softmax_backward(const Tensor& y, const Tensor& dy);
 
@@ -109,15 +179,25 @@ struct AttentionResult {
   Tensor out;
   Tensor lse;
 };
-// q [B, H, Tq, D], k, v [B, H, Tk, D]; scale defaults to 1/sqrt(D) when <= 0.
+// q [B, H, Tq, D], k, v [B, H, Tk, D]; scale defaults to 1/sqrt(D) when <= 0. Views whose last
+// dim has stride 1 are used in place, with no copy (Note [Strided attention operands] in
+// backend.h). out is a [B, Tq, H, D] buffer seen as [B, H, Tq, D], so out.transpose(1, 2) is
+// contiguous and merging the heads back into [B, Tq, H * D] is a view; lse is [B, H, Tq] F32.
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                           float scale = 0.f);
 struct AttentionGrads {
   Tensor dq, dk, dv;
 };
+// dq, dk, dv come back in out's layout ([B, T, H, D] buffers seen as [B, H, T, D]).
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, const Tensor& dout,
                                   bool causal, float scale = 0.f);
+// attention_backward writing into dq, dk, dv: views of q's, k's, v's shapes in the compute dtype
+// with a unit last stride, e.g. the three [B, H, T, D] views of one packed [B, T, 3C] gradient
+// buffer (autograd::attention_qkv). They must not overlap each other or the inputs.
+void attention_backward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, const Tensor& dout, bool causal, float scale,
+                             Tensor dq, Tensor dk, Tensor dv);
 // x [B, T, H, D]; cos, sin [T, D/2]. See rotary_tables.
 Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse = false);
 // cos/sin tables for positions [start, start + T) with base theta (LLaMA: 10000).

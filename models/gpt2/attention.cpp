@@ -6,6 +6,23 @@
 
 namespace strata::models::gpt2 {
 
+namespace {
+
+// The composition attention_qkv replaces, kept as its reference (Note [GPT-2 attention layout]).
+Variable unfused_attention(const Variable& qkv, int64_t n_head) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H;
+  std::vector<Variable> parts = autograd::split(qkv, {C, C, C}, -1);
+  // [B, T, C] -> [B, T, H, D] -> [B, H, T, D]; the split views are strided, so reshape copies.
+  auto heads = [&](const Variable& t) {
+    return autograd::transpose(autograd::reshape(t, {B, T, H, D}), 1, 2);
+  };
+  Variable y = autograd::attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                   /*causal=*/true);
+  return autograd::reshape(autograd::transpose(y, 1, 2), {B, T, C});  // heads back side by side
+}
+
+}  // namespace
+
 CausalSelfAttention::CausalSelfAttention(const GPT2Config& config)
     : n_embd_(config.n_embd), n_head_(config.n_head) {
   c_attn_ = &add_module<nn::Linear>("c_attn", n_embd_, 3 * n_embd_);
@@ -16,16 +33,9 @@ CausalSelfAttention::CausalSelfAttention(const GPT2Config& config)
 }
 
 Variable CausalSelfAttention::forward(const Variable& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, D = C / H;
   Variable qkv = (*c_attn_)(x);  // [B, T, 3C]
-  std::vector<Variable> parts = autograd::split(qkv, {C, C, C}, -1);
-  // [B, T, C] -> [B, T, H, D] -> [B, H, T, D]; the split views are strided, so reshape copies.
-  auto heads = [&](const Variable& t) {
-    return autograd::transpose(autograd::reshape(t, {B, T, H, D}), 1, 2);
-  };
-  Variable y = autograd::attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                   /*causal=*/true);
-  y = autograd::reshape(autograd::transpose(y, 1, 2), {B, T, C});  // heads back side by side
+  Variable y = fused_qkv_ ? autograd::attention_qkv(qkv, n_head_, /*causal=*/true)
+                          : unfused_attention(qkv, n_head_);
   return (*resid_dropout_)((*c_proj_)(y));
 }
 

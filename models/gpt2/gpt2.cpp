@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <tuple>
 
 #include "autograd/functions.h"
 
@@ -51,8 +52,11 @@ Variable GPT2::forward_logits(const Tensor& ids) {
   // [B, T, C] + [T, C]: the position embedding broadcasts over the batch.
   Variable x = autograd::add((*wte_)(Variable(ids)), (*wpe_)(Variable(pos)));
   x = (*drop_)(x);
-  for (Block* b : blocks_) x = (*b)(x);
-  x = (*ln_f_)(x);
+  // Each block hands on its MLP output un-added; the last is added inside ln_f (Note [Fused ops
+  // in models]). Only ln_f's output is used, so its fused op skips the sum's gradient.
+  Variable pending;
+  for (Block* b : blocks_) std::tie(x, pending) = b->forward_residual(x, pending);
+  x = pending.defined() ? ln_f_->add_forward(x, pending, /*keep_sum=*/false).second : (*ln_f_)(x);
   // Tied head: [B, T, C] @ wte[Vp, C]^T -> [B, T, Vp].
   return (*lm_head_)(x);
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "models/nn/fused_ops.h"
 
 namespace strata::models::gpt2 {
 
@@ -15,7 +16,10 @@ MLP::MLP(const GPT2Config& config) {
 }
 
 Variable MLP::forward(const Variable& x) {
-  return (*dropout_)((*c_proj_)(autograd::gelu((*c_fc_)(x))));
+  if (!nn::fused_ops_enabled()) return (*dropout_)((*c_proj_)(autograd::gelu((*c_fc_)(x))));
+  // One node (Note [Fused ops in models]): the child linears' own hooks do not run.
+  return (*dropout_)(
+      autograd::mlp_gelu(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(), c_proj_->bias()));
 }
 
 }  // namespace strata::models::gpt2

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <tuple>
 
 #include "autograd/functions.h"
 
@@ -58,8 +59,11 @@ void Llama::set_activation_checkpointing(bool on) {
 
 Variable Llama::forward_logits(const Tensor& ids) {
   Variable x = (*embed_tokens_)(Variable(ids));
-  for (DecoderLayer* l : layers_) x = (*l)(x);
-  x = (*norm_)(x);
+  // Each layer hands on its MLP output un-added; the last is added inside `norm` (Note [Fused
+  // ops in models]). Only the norm's output is used, so its fused op skips the sum's gradient.
+  Variable pending;
+  for (DecoderLayer* l : layers_) std::tie(x, pending) = l->forward_residual(x, pending);
+  x = pending.defined() ? norm_->add_forward(x, pending, /*keep_sum=*/false).second : (*norm_)(x);
   if (lm_head_) return (*lm_head_)(x);
   // Tied head: [B, T, C] @ embed_tokens[Vp, C]^T -> [B, T, Vp].
   return (*tied_head_)(x);

@@ -17,4 +17,14 @@ Variable RMSNorm::forward(const Variable& x) {
   return autograd::rmsnorm(x, weight_, eps_);
 }
 
+std::pair<Variable, Variable> RMSNorm::add_forward(const Variable& x, const Variable& r,
+                                                   bool keep_sum) {
+  std::vector<Variable> out = call({x, r}, [&](const std::vector<Variable>& in) {
+    auto [s, y] = autograd::add_rmsnorm(in[0], in[1], weight_, eps_, keep_sum);
+    return keep_sum ? std::vector<Variable>{s, y} : std::vector<Variable>{y};
+  });
+  if (keep_sum) return {out[0], out[1]};
+  return {Variable(), out[0]};
+}
+
 }  // namespace strata::models::llama

@@ -4,6 +4,8 @@
 //
 // It lives here rather than in models/nn/ while LLaMA is its only user (docs/adding_a_model.md:
 // a layer moves to nn/ when a second family needs it).
+#include <utility>
+
 #include "models/nn/module.h"
 
 namespace strata::models::llama {
@@ -17,6 +19,12 @@ class RMSNorm : public nn::Module {
   const Variable& weight() const { return weight_; }
   float eps() const { return eps_; }
   void reset_parameters(uint64_t seed) override;
+
+  // s = x + r and y = this norm of s as one fused op (Note [Fused residual norm] in
+  // tensor/ops.h), through the module's hooks like operator(). Returns {s, y}; with
+  // keep_sum = false only y is wanted and s comes back undefined.
+  std::pair<Variable, Variable> add_forward(const Variable& x, const Variable& r,
+                                            bool keep_sum = true);
 
  protected:
   Variable forward(const Variable& x) override;

@@ -1,5 +1,7 @@
 #pragma once
 // LayerNorm over the last dimension, with an affine weight (init 1) and bias (init 0).
+#include <utility>
+
 #include "models/nn/module.h"
 
 namespace strata::models::nn {
@@ -12,6 +14,12 @@ class LayerNorm : public Module {
   const Variable& bias() const { return bias_; }
   float eps() const { return eps_; }
   void reset_parameters(uint64_t seed) override;
+
+  // s = x + r and y = this norm of s as one fused op (Note [Fused residual norm] in
+  // tensor/ops.h), through the module's hooks like operator(). Returns {s, y}; with
+  // keep_sum = false only y is wanted and s comes back undefined.
+  std::pair<Variable, Variable> add_forward(const Variable& x, const Variable& r,
+                                            bool keep_sum = true);
 
  protected:
   Variable forward(const Variable& x) override;

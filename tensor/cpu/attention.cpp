@@ -17,6 +17,9 @@
 // Determinism: one thread owns each (b, h, query block) in forward and each (b, h) in backward,
 // and walks blocks in a fixed order; no sum is split by thread count, so the bits do not depend
 // on it. The block products are the kernels of Note [Attention tile kernels].
+// Layout: q, k, v, out, dout, dq, dk, dv are read and written through their strides (Note
+// [Strided attention operands] in tensor/backend.h); only the addresses depend on them, never
+// the order of any sum, so a strided call gives the bits of the contiguous one.
 #include <omp.h>
 
 #include <algorithm>
@@ -212,13 +215,25 @@ void transpose_block(const float* src, int64_t lds, int64_t n, int64_t dim, floa
   }
 }
 
-// dst rows [n][ldd] = src rows [n][dim], zero-padded from dim to ldd.
-void pad_rows(const float* src, int64_t n, int64_t dim, float* dst, int64_t ldd) {
+// dst rows [n][ldd] = src rows [n][dim] (lds apart), zero-padded from dim to ldd.
+void pad_rows(const float* src, int64_t lds, int64_t n, int64_t dim, float* dst, int64_t ldd) {
   for (int64_t r = 0; r < n; ++r) {
-    std::memcpy(dst + r * ldd, src + r * dim, static_cast<size_t>(dim) * sizeof(float));
+    std::memcpy(dst + r * ldd, src + r * lds, static_cast<size_t>(dim) * sizeof(float));
     std::fill(dst + r * ldd + dim, dst + (r + 1) * ldd, 0.0f);
   }
 }
+
+// Where the rows of one [B, H, T, D] operand live (its D stride is 1): head bh = b * H + h starts
+// base(bh) elements past data(), and its rows are `row` elements apart.
+struct Rows {
+  explicit Rows(const Tensor& t)
+      : heads(t.size(1)), b_stride(t.stride(0)), h_stride(t.stride(1)), row(t.stride(2)) {
+    STRATA_CHECK(t.size(3) <= 1 || t.stride(3) == 1, "attention operand {} needs a unit D stride",
+                 t.str());
+  }
+  int64_t base(int64_t bh) const { return bh / heads * b_stride + bh % heads * h_stride; }
+  int64_t heads, b_stride, h_stride, row;
+};
 
 // Scratch memory, charged to the workspace category.
 Tensor workspace(int64_t floats) {
@@ -274,6 +289,7 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
   const float* vp = v.data<float>();
   float* op = out.data<float>();
   float* lp = lse.data<float>();
+  const Rows q_rows(q), k_rows(k), v_src(v), o_rows(out);
   const int64_t k_blocks = (tk + kBk - 1) / kBk;
   const AttentionTiles& kern = attention_tiles();
   // Staged once for all query blocks: K transposed block by block ([dim][kBk] each, zero padded
@@ -285,11 +301,15 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
 #pragma omp parallel for schedule(static) if (bh * tk * dim >= (1 << 14))
   for (int64_t t = 0; t < bh * k_blocks; ++t) {
     const int64_t h = t / k_blocks, j0 = (t % k_blocks) * kBk, nk = std::min(kBk, tk - j0);
-    transpose_block(kp + (h * tk + j0) * dim, dim, nk, dim, kt_all + t * dim * kBk);
-    if (pad_v) pad_rows(vp + (h * tk + j0) * dim, nk, dim, v_padded + (h * tk + j0) * dp, dp);
+    transpose_block(kp + k_rows.base(h) + j0 * k_rows.row, k_rows.row, nk, dim,
+                    kt_all + t * dim * kBk);
+    if (pad_v)
+      pad_rows(vp + v_src.base(h) + j0 * v_src.row, v_src.row, nk, dim,
+               v_padded + (h * tk + j0) * dp, dp);
   }
-  const float* v_rows = pad_v ? v_padded : vp;
-  const int64_t ldv = pad_v ? dp : dim;
+  // Head h's value rows, ldv apart: the padded copy, or v itself.
+  const int64_t ldv = pad_v ? dp : v_src.row;
+  auto v_head = [&](int64_t h) { return pad_v ? v_padded + h * tk * dp : vp + v_src.base(h); };
   ThreadScratch scratch(kBq * kBk + round_up(kBq * dp, 16) + 2 * round_up(kBq, 16));
 
 #pragma omp parallel
@@ -304,14 +324,14 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
     for (int64_t task = 0; task < bh * q_blocks; ++task) {
       const int64_t h = task / q_blocks, i0 = (task % q_blocks) * kBq;
       const int64_t nq = std::min(kBq, tq - i0);
-      const float* qh = qp + (h * tq + i0) * dim;
+      const float* qh = qp + q_rows.base(h) + i0 * q_rows.row;
       std::fill(o, o + nq * dp, 0.0f);
       std::fill(m, m + nq, kNegInf);
       std::fill(l, l + nq, 0.0f);
       const int64_t key_end = key_limit(i0 + nq - 1, tq, tk, causal);  // the last row sees most
       for (int64_t j0 = 0; j0 < key_end; j0 += kBk) {
         const int64_t nk = std::min(kBk, tk - j0);
-        kern.scores(qh, dim, nq, dim, kt_all + (h * k_blocks + j0 / kBk) * dim * kBk, s);
+        kern.scores(qh, q_rows.row, nq, dim, kt_all + (h * k_blocks + j0 / kBk) * dim * kBk, s);
         for (int64_t r = 0; r < nq; ++r) {
           float* sr = s + r * kBk;
           const int64_t nv = std::clamp<int64_t>(key_limit(i0 + r, tq, tk, causal) - j0, 0, nk);
@@ -330,10 +350,10 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
           float* orow = o + r * dp;
           for (int64_t d = 0; d < dp; ++d) orow[d] *= corr;
         }
-        kern.accumulate(s, kBk, 1, nq, nk, v_rows + (h * tk + j0) * ldv, ldv, dp, o, dp);
+        kern.accumulate(s, kBk, 1, nq, nk, v_head(h) + j0 * ldv, ldv, dp, o, dp);
       }
       for (int64_t r = 0; r < nq; ++r) {
-        float* dst = op + (h * tq + i0 + r) * dim;
+        float* dst = op + o_rows.base(h) + (i0 + r) * o_rows.row;
         const float* orow = o + r * dp;
         if (l[r] > 0.0f) {
           const float inv = 1.0f / l[r];
@@ -370,6 +390,8 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   float* dqp = dq.data<float>();
   float* dkp = dk.data<float>();
   float* dvp = dv.data<float>();
+  const Rows q_rows(q), k_rows(k), v_rows(v), o_rows(out), do_rows(dout);
+  const Rows dq_rows(dq), dk_rows(dk), dv_rows(dv);
   const int64_t per_thread = 3 * round_up(tq * dp, 16) + round_up(tk * dp, 16) +
                              2 * round_up(dim * kBk, 16) + 2 * kBq * kBk +
                              2 * round_up(kBk * dp, 16) + round_up(tq, 16);
@@ -392,26 +414,26 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
     float* drow = carve.take(tq);  // D_i = <dO_i, O_i>
 #pragma omp for schedule(dynamic, 1)
     for (int64_t h = 0; h < bh; ++h) {
-      const float* qh = qp + h * tq * dim;
-      const float* kh = kp + h * tk * dim;
-      const float* vh = vp + h * tk * dim;
-      const float* oh = outp + h * tq * dim;
-      const float* doh = dop + h * tq * dim;
+      const float* qh = qp + q_rows.base(h);
+      const float* kh = kp + k_rows.base(h);
+      const float* vh = vp + v_rows.base(h);
+      const float* oh = outp + o_rows.base(h);
+      const float* doh = dop + do_rows.base(h);
       const float* lh = lp + h * tq;
-      pad_rows(qh, tq, dim, qpad, dp);
-      pad_rows(doh, tq, dim, dopad, dp);
-      pad_rows(kh, tk, dim, kpad, dp);
+      pad_rows(qh, q_rows.row, tq, dim, qpad, dp);
+      pad_rows(doh, do_rows.row, tq, dim, dopad, dp);
+      pad_rows(kh, k_rows.row, tk, dim, kpad, dp);
       std::fill(dqacc, dqacc + tq * dp, 0.0f);
       for (int64_t i = 0; i < tq; ++i) {
         double acc = 0;
         for (int64_t d = 0; d < dim; ++d)
-          acc += static_cast<double>(doh[i * dim + d]) * oh[i * dim + d];
+          acc += static_cast<double>(doh[i * do_rows.row + d]) * oh[i * o_rows.row + d];
         drow[i] = static_cast<float>(acc);
       }
       for (int64_t j0 = 0; j0 < tk; j0 += kBk) {
         const int64_t nk = std::min(kBk, tk - j0);
-        transpose_block(kh + j0 * dim, dim, nk, dim, kt);
-        transpose_block(vh + j0 * dim, dim, nk, dim, vt);
+        transpose_block(kh + j0 * k_rows.row, k_rows.row, nk, dim, kt);
+        transpose_block(vh + j0 * v_rows.row, v_rows.row, nk, dim, vt);
         std::fill(dkacc, dkacc + kBk * dp, 0.0f);
         std::fill(dvacc, dvacc + kBk * dp, 0.0f);
         // The first query row that sees key j0 under the causal mask.
@@ -437,14 +459,14 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
           kern.accumulate(dps, kBk, 1, nq, nk, kpad + j0 * dp, dp, dp, dqacc + i0 * dp, dp);
         }
         for (int64_t j = 0; j < nk; ++j) {
-          std::memcpy(dkp + (h * tk + j0 + j) * dim, dkacc + j * dp,
+          std::memcpy(dkp + dk_rows.base(h) + (j0 + j) * dk_rows.row, dkacc + j * dp,
                       static_cast<size_t>(dim) * sizeof(float));
-          std::memcpy(dvp + (h * tk + j0 + j) * dim, dvacc + j * dp,
+          std::memcpy(dvp + dv_rows.base(h) + (j0 + j) * dv_rows.row, dvacc + j * dp,
                       static_cast<size_t>(dim) * sizeof(float));
         }
       }
       for (int64_t i = 0; i < tq; ++i)
-        std::memcpy(dqp + (h * tq + i) * dim, dqacc + i * dp,
+        std::memcpy(dqp + dq_rows.base(h) + i * dq_rows.row, dqacc + i * dp,
                     static_cast<size_t>(dim) * sizeof(float));
     }
   }

@@ -4,7 +4,8 @@
 //   elementwise.cpp  binary, affine, axpy, unary(+backward), bias_add, dropout
 //   reduce.cpp       sum_to, reduce, sum_squares
 //   matmul.cpp       matmul (oneDNN when built with it, Eigen otherwise)
-//   norm.cpp         layernorm, rmsnorm, softmax
+//   linear.cpp       linear with bias/GELU epilogues and its backward pieces
+//   norm.cpp         layernorm, rmsnorm (also fused with a residual add), softmax
 //   attention.cpp    fused causal attention, rotary
 //   embedding_loss.cpp  embedding, fused softmax + cross-entropy
 // All kernels parallelise with OpenMP over independent rows/elements, with a fixed split so
@@ -40,6 +41,13 @@ class CpuBackend final : public Backend {
   void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
               float alpha, float beta) override;
 
+  void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                      Tensor& y, Tensor& pre) override;
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
+                              Tensor& dbias) override;
+  void linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre, Tensor& dpre,
+                            Tensor& dbias) override;
+
   void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                          Tensor& y, Tensor& mean, Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -49,6 +57,17 @@ class CpuBackend final : public Backend {
                        Tensor& rstd) override;
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                         Tensor& dx, Tensor& dweight) override;
+  void add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                             const Tensor& bias, float eps, Tensor& s, Tensor& y, Tensor& mean,
+                             Tensor& rstd) override;
+  void add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                              const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                              Tensor& dsum, Tensor& dweight, Tensor& dbias) override;
+  void add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
+                           Tensor& s, Tensor& y, Tensor& rstd) override;
+  void add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                            const Tensor& weight, const Tensor& rstd, Tensor& dsum,
+                            Tensor& dweight) override;
   void softmax_forward(const Tensor& x, Tensor& y) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

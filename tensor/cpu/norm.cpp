@@ -1,4 +1,5 @@
-// CPU layernorm, rmsnorm and softmax over the last dim of a contiguous [N, C] tensor.
+// CPU layernorm, rmsnorm (also fused with the residual add before them) and softmax over the
+// last dim of a contiguous [N, C] tensor.
 //
 // Note [Deterministic column reductions]
 // dweight and dbias are sums over rows. Rows are split into chunks whose count depends only on N
@@ -85,6 +86,71 @@ void chunked_column_sums(int64_t n, int64_t c, std::initializer_list<float*> out
   }
 }
 
+// One row of layernorm, shared by layernorm_forward and add_layernorm_forward so that the fused
+// op's y, mean and rstd are the unfused ones bit for bit (Note [Fused residual norm]).
+void layernorm_row(const float* xr, const float* w, const float* b, float eps, int64_t c, float* yr,
+                   float* mean, float* rstd) {
+  // Two passes (mean, then centred squares): no cancellation when |mean| >> std.
+  const double m = row_sum(xr, c) / static_cast<double>(c);
+  const double var = row_centered_squares(xr, c, m) / static_cast<double>(c);
+  const float s = static_cast<float>(1.0 / std::sqrt(var + eps));
+  const float mf = static_cast<float>(m);
+  for (int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mf) * s * w[j] + b[j];
+  *mean = mf;
+  *rstd = s;
+}
+
+// dx of one layernorm row into dxr, and the row's dweight/dbias terms added to dw/db.
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w: the gradient through the
+// normalisation, with the two projections that the mean and the variance remove.
+void layernorm_backward_row(const float* xr, const float* dyr, const float* w, float m, float s,
+                            int64_t c, float* dxr, float* dw, float* db) {
+  double sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+  for (int64_t j = 0; j < c; ++j) {
+    const float xhat = (xr[j] - m) * s;
+    const float g = dyr[j] * w[j];
+    sum_g += g;
+    sum_gx += static_cast<double>(g) * xhat;
+  }
+  const float mean_g = static_cast<float>(sum_g / static_cast<double>(c));
+  const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
+  for (int64_t j = 0; j < c; ++j) {
+    const float xhat = (xr[j] - m) * s;
+    dxr[j] = s * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
+    dw[j] += dyr[j] * xhat;
+    db[j] += dyr[j];
+  }
+}
+
+void rmsnorm_row(const float* xr, const float* w, float eps, int64_t c, float* yr, float* rstd) {
+  const double ms = row_dot(xr, xr, c) / static_cast<double>(c);
+  const float s = static_cast<float>(1.0 / std::sqrt(ms + eps));
+  for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * s * w[j];
+  *rstd = s;
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd.
+void rmsnorm_backward_row(const float* xr, const float* dyr, const float* w, float s, int64_t c,
+                          float* dxr, float* dw) {
+  double sum_gx = 0;
+#pragma omp simd reduction(+ : sum_gx)
+  for (int64_t j = 0; j < c; ++j) sum_gx += static_cast<double>(dyr[j] * w[j]) * (xr[j] * s);
+  const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
+  for (int64_t j = 0; j < c; ++j) {
+    const float xhat = xr[j] * s;
+    dxr[j] = s * (dyr[j] * w[j] - xhat * mean_gx);
+    dw[j] += dyr[j] * xhat;
+  }
+}
+
+// dsum_row += ds_row, a separate pass after dx is stored: the unfused graph adds the STORED dx to
+// ds, and a compiler must not contract the add into dx's arithmetic (an FMA would round once
+// where the unfused graph rounds twice).
+void add_row(const float* ds, int64_t c, float* dsum) {
+  for (int64_t j = 0; j < c; ++j) dsum[j] = ds[j] + dsum[j];
+}
+
 }  // namespace
 
 void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -105,18 +171,8 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const 
   float* mp = mean.data<float>();
   float* rp = rstd.data<float>();
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
-  for (int64_t r = 0; r < n; ++r) {
-    const float* xr = xp + r * c;
-    float* yr = yp + r * c;
-    // Two passes (mean, then centred squares): no cancellation when |mean| >> std.
-    const double m = row_sum(xr, c) / static_cast<double>(c);
-    const double var = row_centered_squares(xr, c, m) / static_cast<double>(c);
-    const float s = static_cast<float>(1.0 / std::sqrt(var + eps));
-    const float mf = static_cast<float>(m);
-    for (int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mf) * s * w[j] + b[j];
-    mp[r] = mf;
-    rp[r] = s;
-  }
+  for (int64_t r = 0; r < n; ++r)
+    layernorm_row(xp + r * c, w, b, eps, c, yp + r * c, mp + r, rp + r);
 }
 
 void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -137,33 +193,10 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
   const float* mp = mean.data<float>();
   const float* rp = rstd.data<float>();
   float* dxp = dx.data<float>();
-  // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w: the gradient through the
-  // normalisation, with the two projections that the mean and the variance remove.
   auto rows = [&](int64_t r0, int64_t r1, float* partial) {
-    float* dw = partial;
-    float* db = partial + c;
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = xp + r * c;
-      const float* dyr = dyp + r * c;
-      float* dxr = dxp + r * c;
-      const float m = mp[r], s = rp[r];
-      double sum_g = 0, sum_gx = 0;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-      for (int64_t j = 0; j < c; ++j) {
-        const float xhat = (xr[j] - m) * s;
-        const float g = dyr[j] * w[j];
-        sum_g += g;
-        sum_gx += static_cast<double>(g) * xhat;
-      }
-      const float mean_g = static_cast<float>(sum_g / static_cast<double>(c));
-      const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
-      for (int64_t j = 0; j < c; ++j) {
-        const float xhat = (xr[j] - m) * s;
-        dxr[j] = s * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
-        dw[j] += dyr[j] * xhat;
-        db[j] += dyr[j];
-      }
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      layernorm_backward_row(xp + r * c, dyp + r * c, w, mp[r], rp[r], c, dxp + r * c, partial,
+                             partial + c);
   };
   chunked_column_sums(n, c, {dweight.data<float>(), dbias.data<float>()}, rows);
 }
@@ -182,14 +215,7 @@ void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float ep
   float* yp = y.data<float>();
   float* rp = rstd.data<float>();
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
-  for (int64_t r = 0; r < n; ++r) {
-    const float* xr = xp + r * c;
-    float* yr = yp + r * c;
-    const double ms = row_dot(xr, xr, c) / static_cast<double>(c);
-    const float s = static_cast<float>(1.0 / std::sqrt(ms + eps));
-    for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * s * w[j];
-    rp[r] = s;
-  }
+  for (int64_t r = 0; r < n; ++r) rmsnorm_row(xp + r * c, w, eps, c, yp + r * c, rp + r);
 }
 
 void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -206,22 +232,114 @@ void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   const float* w = weight.data<float>();
   const float* rp = rstd.data<float>();
   float* dxp = dx.data<float>();
-  // dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd.
   auto rows = [&](int64_t r0, int64_t r1, float* dw) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = xp + r * c;
-      const float* dyr = dyp + r * c;
-      float* dxr = dxp + r * c;
-      const float s = rp[r];
-      double sum_gx = 0;
-#pragma omp simd reduction(+ : sum_gx)
-      for (int64_t j = 0; j < c; ++j) sum_gx += static_cast<double>(dyr[j] * w[j]) * (xr[j] * s);
-      const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
-      for (int64_t j = 0; j < c; ++j) {
-        const float xhat = xr[j] * s;
-        dxr[j] = s * (dyr[j] * w[j] - xhat * mean_gx);
-        dw[j] += dyr[j] * xhat;
-      }
+    for (int64_t r = r0; r < r1; ++r)
+      rmsnorm_backward_row(xp + r * c, dyp + r * c, w, rp[r], c, dxp + r * c, dw);
+  };
+  chunked_column_sums(n, c, {dweight.data<float>()}, rows);
+}
+
+// ---- fused residual + norm (Note [Fused residual norm] in tensor/ops.h) ----
+// In f32 one pass per row: s = x + r is stored, then the shared row kernels read it back (from
+// cache). Otherwise the CPU composes its own kernels, the reference semantics by construction:
+// binary add (rounds s), then the norm on the rounded s; backward rounds the norm's dx, then adds
+// ds with one more rounding, exactly as the unfused graph does.
+
+void CpuBackend::add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                       const Tensor& bias, float eps, Tensor& s, Tensor& y,
+                                       Tensor& mean, Tensor& rstd) {
+  if (!all_f32(x, r, weight, bias, s, y)) {
+    binary(BinaryOp::Add, x, r, s);
+    return layernorm_forward(s, weight, bias, eps, y, mean, rstd);
+  }
+  const int64_t n = x.size(0), c = x.size(1);
+  const float* xp = x.data<float>();
+  const float* rp = r.data<float>();
+  const float* w = weight.data<float>();
+  const float* b = bias.data<float>();
+  float* sp = s.data<float>();
+  float* yp = y.data<float>();
+  float* mp = mean.data<float>();
+  float* sdp = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float* sr = sp + i * c;
+    for (int64_t j = 0; j < c; ++j) sr[j] = xp[i * c + j] + rp[i * c + j];
+    layernorm_row(sr, w, b, eps, c, yp + i * c, mp + i, sdp + i);
+  }
+}
+
+void CpuBackend::add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                        const Tensor& weight, const Tensor& mean,
+                                        const Tensor& rstd, Tensor& dsum, Tensor& dweight,
+                                        Tensor& dbias) {
+  if (!all_f32(dy, ds, s, weight, dsum, dweight, dbias)) {
+    if (!ds.defined()) return layernorm_backward(dy, s, weight, mean, rstd, dsum, dweight, dbias);
+    offload::CategoryScope scope(offload::Category::Workspace);
+    Tensor dx = Tensor::empty(dsum.shape(), dsum.dtype());
+    layernorm_backward(dy, s, weight, mean, rstd, dx, dweight, dbias);
+    return binary(BinaryOp::Add, ds, dx, dsum);
+  }
+  const int64_t n = s.size(0), c = s.size(1);
+  const float* sp = s.data<float>();
+  const float* dyp = dy.data<float>();
+  const float* dsp = ds.defined() ? ds.data<float>() : nullptr;
+  const float* w = weight.data<float>();
+  const float* mp = mean.data<float>();
+  const float* rp = rstd.data<float>();
+  float* outp = dsum.data<float>();
+  auto rows = [&](int64_t r0, int64_t r1, float* partial) {
+    for (int64_t i = r0; i < r1; ++i) {
+      layernorm_backward_row(sp + i * c, dyp + i * c, w, mp[i], rp[i], c, outp + i * c, partial,
+                             partial + c);
+      if (dsp) add_row(dsp + i * c, c, outp + i * c);
+    }
+  };
+  chunked_column_sums(n, c, {dweight.data<float>(), dbias.data<float>()}, rows);
+}
+
+void CpuBackend::add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                     float eps, Tensor& s, Tensor& y, Tensor& rstd) {
+  if (!all_f32(x, r, weight, s, y)) {
+    binary(BinaryOp::Add, x, r, s);
+    return rmsnorm_forward(s, weight, eps, y, rstd);
+  }
+  const int64_t n = x.size(0), c = x.size(1);
+  const float* xp = x.data<float>();
+  const float* rp = r.data<float>();
+  const float* w = weight.data<float>();
+  float* sp = s.data<float>();
+  float* yp = y.data<float>();
+  float* sdp = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float* sr = sp + i * c;
+    for (int64_t j = 0; j < c; ++j) sr[j] = xp[i * c + j] + rp[i * c + j];
+    rmsnorm_row(sr, w, eps, c, yp + i * c, sdp + i);
+  }
+}
+
+void CpuBackend::add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                      const Tensor& weight, const Tensor& rstd, Tensor& dsum,
+                                      Tensor& dweight) {
+  if (!all_f32(dy, ds, s, weight, dsum, dweight)) {
+    if (!ds.defined()) return rmsnorm_backward(dy, s, weight, rstd, dsum, dweight);
+    offload::CategoryScope scope(offload::Category::Workspace);
+    Tensor dx = Tensor::empty(dsum.shape(), dsum.dtype());
+    rmsnorm_backward(dy, s, weight, rstd, dx, dweight);
+    return binary(BinaryOp::Add, ds, dx, dsum);
+  }
+  const int64_t n = s.size(0), c = s.size(1);
+  const float* sp = s.data<float>();
+  const float* dyp = dy.data<float>();
+  const float* dsp = ds.defined() ? ds.data<float>() : nullptr;
+  const float* w = weight.data<float>();
+  const float* rp = rstd.data<float>();
+  float* outp = dsum.data<float>();
+  auto rows = [&](int64_t r0, int64_t r1, float* dw) {
+    for (int64_t i = r0; i < r1; ++i) {
+      rmsnorm_backward_row(sp + i * c, dyp + i * c, w, rp[i], c, outp + i * c, dw);
+      if (dsp) add_row(dsp + i * c, c, outp + i * c);
     }
   };
   chunked_column_sums(n, c, {dweight.data<float>()}, rows);

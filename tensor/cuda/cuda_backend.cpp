@@ -512,6 +512,63 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
            "rmsnorm_backward");
 }
 
+// Note [CUDA fused residual norm] (fused_norm.cu).
+void CudaBackend::add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                        const Tensor& bias, float eps, Tensor& s, Tensor& y,
+                                        Tensor& mean, Tensor& rstd) {
+  launched(launch_add_layernorm_forward(
+               compute_dt("add_layernorm", x, r, weight, bias, s, y), x.data_ptr(), r.data_ptr(),
+               weight.data_ptr(), bias.data_ptr(), eps, s.data_ptr(), y.data_ptr(),
+               mean.data<float>(), rstd.data<float>(), x.size(0), x.size(1), stream_),
+           "add_layernorm_forward");
+}
+
+void CudaBackend::add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                         const Tensor& weight, const Tensor& mean,
+                                         const Tensor& rstd, Tensor& dsum, Tensor& dweight,
+                                         Tensor& dbias) {
+  const int64_t n = s.size(0), c = s.size(1);
+  const int t = compute_dt("add_layernorm_backward", s, dy, weight, dsum, dweight, dbias);
+  if (ds.defined()) compute_dt("add_layernorm_backward", s, ds);
+  launched(launch_add_norm_backward(t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr,
+                                    s.data_ptr(), weight.data_ptr(), mean.data<float>(),
+                                    rstd.data<float>(), dsum.data_ptr(), n, c, stream_),
+           "add_layernorm_backward");
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  Tensor sc = scratch(2 * chunks * c * 4);
+  launched(launch_norm_param_grads(t, dy.data_ptr(), s.data_ptr(), mean.data<float>(),
+                                   rstd.data<float>(), dweight.data_ptr(), dbias.data_ptr(),
+                                   static_cast<float*>(sc.data_ptr()), n, c, stream_),
+           "add_layernorm_backward");
+}
+
+void CudaBackend::add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                      float eps, Tensor& s, Tensor& y, Tensor& rstd) {
+  launched(
+      launch_add_rmsnorm_forward(compute_dt("add_rmsnorm", x, r, weight, s, y), x.data_ptr(),
+                                 r.data_ptr(), weight.data_ptr(), eps, s.data_ptr(), y.data_ptr(),
+                                 rstd.data<float>(), x.size(0), x.size(1), stream_),
+      "add_rmsnorm_forward");
+}
+
+void CudaBackend::add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                       const Tensor& weight, const Tensor& rstd, Tensor& dsum,
+                                       Tensor& dweight) {
+  const int64_t n = s.size(0), c = s.size(1);
+  const int t = compute_dt("add_rmsnorm_backward", s, dy, weight, dsum, dweight);
+  if (ds.defined()) compute_dt("add_rmsnorm_backward", s, ds);
+  launched(launch_add_norm_backward(t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr,
+                                    s.data_ptr(), weight.data_ptr(), nullptr, rstd.data<float>(),
+                                    dsum.data_ptr(), n, c, stream_),
+           "add_rmsnorm_backward");
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  Tensor sc = scratch(chunks * c * 4);
+  launched(launch_norm_param_grads(t, dy.data_ptr(), s.data_ptr(), nullptr, rstd.data<float>(),
+                                   dweight.data_ptr(), nullptr, static_cast<float*>(sc.data_ptr()),
+                                   n, c, stream_),
+           "add_rmsnorm_backward");
+}
+
 void CudaBackend::softmax_forward(const Tensor& x, Tensor& y) {
   launched(launch_softmax_forward(compute_dt("softmax", x, y), x.data_ptr(), y.data_ptr(),
                                   x.size(0), x.size(1), stream_),
@@ -526,6 +583,20 @@ void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx
 
 // ---- attention ----
 
+namespace {
+// The kernel's view of the operands (Note [Strided attention operands] in tensor/backend.h).
+AttentionStrides strides_of(const Tensor& t) {
+  return {t.stride(0), t.stride(1), t.stride(2)};
+}
+AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out) {
+  AttentionShape s;
+  s.b = q.size(0), s.h = q.size(1), s.tq = q.size(2), s.tk = k.size(2), s.d = q.size(3);
+  s.q = strides_of(q), s.k = strides_of(k), s.v = strides_of(v), s.out = strides_of(out);
+  return s;
+}
+}  // namespace
+
 void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     float scale, Tensor& out, Tensor& lse) {
   // cuDNN flash attention first (bf16/f16), else the own kernel (Note [cuDNN SDPA]).
@@ -536,11 +607,10 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
         "attention head_dim {} is larger than the CUDA kernel's limit {}; use a smaller "
         "head size (n_embd / n_head)",
         d, kAttentionMaxHeadDim);
-  launched(
-      launch_attention_forward(compute_dt("attention", q, k, v, out), q.data_ptr(), k.data_ptr(),
-                               v.data_ptr(), causal, scale, out.data_ptr(), lse.data<float>(),
-                               q.size(0) * q.size(1), q.size(2), k.size(2), d, stream_),
-      "attention_forward");
+  launched(launch_attention_forward(compute_dt("attention", q, k, v, out), q.data_ptr(),
+                                    k.data_ptr(), v.data_ptr(), causal, scale, out.data_ptr(),
+                                    lse.data<float>(), attention_shape(q, k, v, out), stream_),
+           "attention_forward");
 }
 
 void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -549,12 +619,18 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   if (try_cudnn_attention_backward(stream_, q, k, v, out, lse, dout, causal, scale, dq, dk, dv))
     return;
   const int64_t bh = q.size(0) * q.size(1), tq = q.size(2), d = q.size(3);
+  if (d > kAttentionMaxHeadDim)
+    user_error("attention head_dim {} is larger than the CUDA kernel's limit {}", d,
+               kAttentionMaxHeadDim);
+  AttentionShape shape = attention_shape(q, k, v, out);
+  shape.dout = strides_of(dout), shape.dq = strides_of(dq), shape.dk = strides_of(dk),
+  shape.dv = strides_of(dv);
   Tensor s = scratch(bh * tq * 4);
   launched(launch_attention_backward(
                compute_dt("attention_backward", q, k, v, out, dout, dq, dk, dv), q.data_ptr(),
                k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data<float>(), dout.data_ptr(),
                causal, scale, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-               static_cast<float*>(s.data_ptr()), bh, tq, k.size(2), d, stream_),
+               static_cast<float*>(s.data_ptr()), shape, stream_),
            "attention_backward");
 }
 

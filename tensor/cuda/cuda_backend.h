@@ -3,8 +3,8 @@
 // launchers of kernels.h; methods are implemented across files by topic:
 //   cuda_backend.cpp      device setup, registration, copies (incl. host <-> device), glue for
 //                         every elementwise / reduction / norm / attention / embedding op
-//   matmul.cpp            matmul through cuBLASLt (fp32 accumulate)
-//   copy_elementwise.cu, reduce_norm.cu, attention.cu: the kernels.
+//   matmul.cpp            matmul through cuBLASLt (fp32 accumulate), linear with epilogues
+//   copy_elementwise.cu, reduce_norm.cu, fused_norm.cu, epilogue.cu, attention.cu: the kernels.
 //
 // Note [CUDA streams]
 // All ops of a backend run in order on one compute stream (created non-blocking, so the legacy
@@ -69,6 +69,13 @@ class CudaBackend final : public Backend {
   void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
               float alpha, float beta) override;
 
+  void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                      Tensor& y, Tensor& pre) override;
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
+                              Tensor& dbias) override;
+  void linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre, Tensor& dpre,
+                            Tensor& dbias) override;
+
   void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                          Tensor& y, Tensor& mean, Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -78,6 +85,17 @@ class CudaBackend final : public Backend {
                        Tensor& rstd) override;
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                         Tensor& dx, Tensor& dweight) override;
+  void add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                             const Tensor& bias, float eps, Tensor& s, Tensor& y, Tensor& mean,
+                             Tensor& rstd) override;
+  void add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                              const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                              Tensor& dsum, Tensor& dweight, Tensor& dbias) override;
+  void add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
+                           Tensor& s, Tensor& y, Tensor& rstd) override;
+  void add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                            const Tensor& weight, const Tensor& rstd, Tensor& dsum,
+                            Tensor& dweight) override;
   void softmax_forward(const Tensor& x, Tensor& y) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

@@ -49,9 +49,16 @@
 // runtime is accepted (the backend API's enums are stable within a major version; all the
 // graph uses exists since 9.0); the loaded version is logged once.
 //
-// Caching. A plan is built once per (B, H, Tq, Tk, D, dtype, causal, direction) and kept for
-// the process; the scale is a by-value input of the graph, so one plan serves every scale. A
-// shape cuDNN cannot plan is remembered too (one log line, then straight to the own kernel).
+// Caching. A plan is built once per (B, H, Tq, Tk, D, dtype, causal, direction, operand strides)
+// and kept for the process; the scale is a by-value input of the graph, so one plan serves every
+// scale. A shape cuDNN cannot plan is remembered too (one log line, then straight to the own
+// kernel).
+//
+// Layout. Q, K, V, O, dO, dQ, dK, dV are described with their real strides (Note [Strided
+// attention operands] in tensor/backend.h), as cudnn-frontend and PyTorch describe BSHD views of
+// a packed QKV buffer; K and V enter the matmuls as [B, H, D, Tk] views of the same memory
+// (strides permuted), as cudnn-frontend's reshape of K does. Tried only when each base pointer
+// is 16-byte aligned and each B, H, T stride is a multiple of 8 elements; else the own kernel.
 #include "tensor/cuda/cudnn_sdpa.h"
 
 #include <cstdint>
@@ -104,10 +111,17 @@ bool check_args(const Tensor& q, const Tensor& k, const std::vector<const Tensor
     if (t->dtype() != q.dtype())
       return fail(why, fmt::format("mixed dtypes ({} and {})", dtype_name(q.dtype()),
                                    dtype_name(t->dtype())));
-    if (t->ndim() != 4 || !t->is_contiguous())
-      return fail(why, fmt::format("{} is not a contiguous [B, H, T, D] tensor", t->str()));
+    if (t->ndim() != 4 || t->stride(3) != 1)
+      return fail(why, fmt::format("{} is not a [B, H, T, D] view with D stride 1", t->str()));
+    // Strided operands (Note [Strided attention operands]): every row must start 16-byte
+    // aligned, as the packed ones do when D % 8 == 0.
     if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
       return fail(why, fmt::format("{} is not 16-byte aligned", t->str()));
+    for (int dim = 0; dim < 3; ++dim)
+      if (t->stride(dim) % 8 != 0)
+        return fail(why, fmt::format("{} has a stride that is not a multiple of 8 elements "
+                                     "(16 bytes)",
+                                     t->str()));
   }
   if (lse.dtype() != DType::F32 || !lse.device().is_cuda() || !lse.is_contiguous() ||
       reinterpret_cast<uintptr_t>(lse.data_ptr()) % 16 != 0)
@@ -121,9 +135,14 @@ bool check_args(const Tensor& q, const Tensor& k, const std::vector<const Tensor
   return true;
 }
 
-SdpaKey key_of(const Tensor& q, const Tensor& k, bool causal, bool backward) {
-  return SdpaKey{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype() == DType::BF16,
-                 causal,    backward};
+// `io` in SdpaOperand order: q, k, v, out[, dout, dq, dk, dv].
+SdpaKey key_of(const Tensor& q, const Tensor& k, bool causal, bool backward,
+               const std::vector<const Tensor*>& io) {
+  SdpaKey key{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype() == DType::BF16,
+              causal,    backward};
+  for (size_t i = 0; i < io.size(); ++i)
+    key.strides[i] = {io[i]->stride(0), io[i]->stride(1), io[i]->stride(2)};
+  return key;
 }
 
 // The plan cache: one entry per key, nullptr for a key cuDNN could not plan (with its reason).
@@ -194,8 +213,19 @@ bool run(const SdpaKey& key, CUstream_st* stream, const Tensor& q, const SdpaPoi
 }  // namespace
 
 std::string SdpaKey::str() const {
-  return fmt::format("B={} H={} Tq={} Tk={} D={} {}{}", b, h, tq, tk, d, bf16 ? "bf16" : "f16",
-                     causal ? " causal" : "");
+  std::string s = fmt::format("B={} H={} Tq={} Tk={} D={} {}{}", b, h, tq, tk, d,
+                              bf16 ? "bf16" : "f16", causal ? " causal" : "");
+  // The layout, when an operand is a strided view rather than packed.
+  static constexpr const char* kNames[] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
+  std::string strided;
+  for (int i = 0; i < (backward ? 8 : 4); ++i) {
+    const bool on_k = i == kSdpaK || i == kSdpaV || i == kSdpaDK || i == kSdpaDV;
+    if (strides[i] != packed(on_k ? tk : tq))
+      strided +=
+          fmt::format(" {}={},{},{}", kNames[i], strides[i][0], strides[i][1], strides[i][2]);
+  }
+  if (!strided.empty()) s += " strides" + strided;
+  return s;
 }
 
 AttentionMode attention_mode() {
@@ -239,7 +269,7 @@ bool cudnn_sdpa_forward(CUstream_st* stream, const Tensor& q, const Tensor& k, c
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = out.data_ptr();
   p.stats = lse.data_ptr();
   p.scale = scale;
-  return run(key_of(q, k, causal, false), stream, q, p, why);
+  return run(key_of(q, k, causal, false, {&q, &k, &v, &out}), stream, q, p, why);
 }
 
 bool cudnn_sdpa_backward(CUstream_st* stream, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -252,7 +282,8 @@ bool cudnn_sdpa_backward(CUstream_st* stream, const Tensor& q, const Tensor& k, 
   p.stats = lse.data_ptr();
   p.dout = dout.data_ptr(), p.dq = dq.data_ptr(), p.dk = dk.data_ptr(), p.dv = dv.data_ptr();
   p.scale = scale;
-  return run(key_of(q, k, causal, true), stream, q, p, why);
+  return run(key_of(q, k, causal, true, {&q, &k, &v, &out, &dout, &dq, &dk, &dv}), stream, q, p,
+             why);
 }
 
 namespace {

@@ -36,10 +36,13 @@ bool cudnn_loaded(std::string* why = nullptr);
 
 // Run attention through cuDNN on `stream`, with the backend's tensor contract (tensor/backend.h):
 // q [B, H, Tq, D], k, v [B, H, Tk, D], out [B, H, Tq, D] in q's dtype (bf16 or f16), lse
-// [B, H, Tq] f32. Returns false, without having written anything and without throwing, when
-// cuDNN is not built in or not loadable, a tensor is f32 / on the host / not contiguous / not
-// 16-byte aligned, the shape is outside what is tried (D % 8 != 0, D > 256, causal with
-// Tq > Tk), or cuDNN offers no plan for it; `why` gets the reason. Plans are cached per shape.
+// [B, H, Tq] f32; q, k, v, out (and dout, dq, dk, dv) may be strided views with D stride 1
+// (Note [Strided attention operands] in tensor/backend.h). Returns false, without having
+// written anything and without throwing, when cuDNN is not built in or not loadable, a tensor is
+// f32 / on the host / not 16-byte aligned / has a D stride other than 1 or a B, H or T stride
+// that is not a multiple of 8 elements, the shape is outside what is tried (D % 8 != 0, D > 256,
+// causal with Tq > Tk), or cuDNN offers no plan for it; `why` gets the reason. Plans are cached
+// per shape and layout.
 // Errors of the GPU caching allocator (out of memory for the workspace) do propagate.
 bool cudnn_sdpa_forward(CUstream_st* stream, const Tensor& q, const Tensor& k, const Tensor& v,
                         bool causal, float scale, Tensor& out, Tensor& lse,

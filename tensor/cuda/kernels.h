@@ -87,6 +87,11 @@ bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, voi
 bool launch_rmsnorm_backward(int dt, const void* dy, const void* x, const void* w,
                              const float* rstd, void* dx, void* dw, float* scratch, int64_t n,
                              int64_t c, Stream stream);
+// dweight (and dbias unless db is null) of layernorm (mean given) or rmsnorm (mean null) at the
+// rows x [n, c]: the chunked f32 partials of layernorm_backward (scratch as there), rounded once.
+bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float* mean,
+                             const float* rstd, void* dw, void* db, float* scratch, int64_t n,
+                             int64_t c, Stream stream);
 bool launch_softmax_forward(int dt, const void* x, void* y, int64_t n, int64_t c, Stream stream);
 bool launch_softmax_backward(int dt, const void* y, const void* dy, void* dx, int64_t n, int64_t c,
                              Stream stream);
@@ -116,17 +121,54 @@ inline constexpr int64_t kColumnSumRows = 64;
 bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double* scratch, void* out,
                        int out_dtype, Stream stream);
 
+// ---- fused_norm.cu (Note [CUDA fused residual norm]) ----
+// x, r, s, y [n, c], w, b [c] of dtype dt; mean, rstd F32 [n]. s = x + r, y = norm(s).
+bool launch_add_layernorm_forward(int dt, const void* x, const void* r, const void* w,
+                                  const void* b, float eps, void* s, void* y, float* mean,
+                                  float* rstd, int64_t n, int64_t c, Stream stream);
+bool launch_add_rmsnorm_forward(int dt, const void* x, const void* r, const void* w, float eps,
+                                void* s, void* y, float* rstd, int64_t n, int64_t c, Stream stream);
+// dsum = ds + round(dx) (ds may be null) for layernorm (mean given) or rmsnorm (mean null);
+// dweight/dbias come from launch_norm_param_grads.
+bool launch_add_norm_backward(int dt, const void* dy, const void* ds, const void* s, const void* w,
+                              const float* mean, const float* rstd, void* dsum, int64_t n,
+                              int64_t c, Stream stream);
+
+// ---- epilogue.cu: the unfused fallbacks of the linear epilogues (tensor/cuda/matmul.cpp) ----
+// acc [rows, cols] F32 (may be y itself when dt is F32); bias [cols] or null; act 0 none, 1 GELU.
+// y = round(act(acc + bias)); pre (or null) = round(acc + bias).
+bool launch_bias_act(int dt, const float* acc, const void* bias, int act, void* y, void* pre,
+                     int64_t rows, int64_t cols, Stream stream);
+// dh [rows, cols] F32 holds dz @ w; replaced by the f32 dpre = dh * gelu'(pre), and dpre
+// (dtype dt) = round of it.
+bool launch_gelu_backward_f32(int dt, float* dh, const void* pre, void* dpre, int64_t rows,
+                              int64_t cols, Stream stream);
+// out [cols] (dtype out_dt) = column sums of x [rows, cols] (dtype x_dt), f32 partials over
+// chunks of kNormRowChunk rows added in chunk order, rounded once. scratch: ceil(rows /
+// kNormRowChunk) * cols floats.
+bool launch_column_sums(int x_dt, const void* x, int out_dt, void* out, float* scratch,
+                        int64_t rows, int64_t cols, Stream stream);
+
 // ---- attention.cu (Strata's own kernel; cuDNN's fused attention is preferred when present) ----
-// q [B, H, Tq, D], k, v [B, H, Tk, D], contiguous, all of dtype dt (as out, dout, dq, dk, dv);
-// lse [B, H, Tq] F32; any D <= kAttentionMaxHeadDim; bh = B*H.
+// q [B, H, Tq, D], k, v [B, H, Tk, D], out, dout [B, H, Tq, D], dq, dk, dv as q, k, v, all of
+// dtype dt; each any view whose D stride is 1 (Note [Strided attention operands] in
+// tensor/backend.h): element (b, h, t, e) of q is at q + b * s.q.b + h * s.q.h + t * s.q.t + e.
+// lse [B, H, Tq] F32 contiguous; any D <= kAttentionMaxHeadDim.
 inline constexpr int64_t kAttentionMaxHeadDim = 256;
+struct AttentionStrides {
+  int64_t b = 0, h = 0, t = 0;  // in elements
+};
+struct AttentionShape {
+  int64_t b = 0, h = 0, tq = 0, tk = 0, d = 0;
+  AttentionStrides q, k, v, out, dout, dq, dk, dv;  // dout, dq, dk, dv: backward only
+};
 bool launch_attention_forward(int dt, const void* q, const void* k, const void* v, bool causal,
-                              float scale, void* out, float* lse, int64_t bh, int64_t tq,
-                              int64_t tk, int64_t d, Stream stream);
-// scratch: bh * tq floats (D_i = <dout_i, out_i>).
+                              float scale, void* out, float* lse, const AttentionShape& s,
+                              Stream stream);
+// scratch: B * H * Tq floats (D_i = <dout_i, out_i>).
 bool launch_attention_backward(int dt, const void* q, const void* k, const void* v, const void* out,
                                const float* lse, const void* dout, bool causal, float scale,
-                               void* dq, void* dk, void* dv, float* scratch, int64_t bh, int64_t tq,
-                               int64_t tk, int64_t d, Stream stream);
+                               void* dq, void* dk, void* dv, float* scratch,
+                               const AttentionShape& s, Stream stream);
 
 }  // namespace strata::tensor::cuda

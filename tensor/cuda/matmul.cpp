@@ -1,4 +1,4 @@
-// CUDA matmul through cuBLASLt.
+// CUDA matmul and linear with epilogues through cuBLASLt.
 //
 // Note [CUDA matmul]
 // Strata's tensors are row-major and cuBLASLt is column-major: a row-major [r, c] matrix is the
@@ -10,16 +10,45 @@
 // beta != 0, C is read in that same dtype. The algorithm
 // is chosen once per problem (cached) and never one whose split-K reduction is done in place
 // with atomics, so the same problem gives the same bits every run (Note [Backend contract]).
+//
+// Note [CUDA linear epilogues]
+// linear and its backward pieces (Note [Linear epilogues] in tensor/ops.h) run one GEMM each with
+// a cuBLASLt epilogue, in the mapping of Note [CUDA matmul] (D = out^T, column-major, D's rows
+// are out's columns):
+//   y = act(x W^T + b)        a = x, b = W^T: BIAS, GELU_BIAS, or GELU_AUX_BIAS when the GELU
+//                             input is kept: the bias vector has D's row count (out's columns),
+//                             and AUX (pre) has D's layout, leading dimension N.
+//   dW = dy^T x, db = sum dy  a = dy^T, b = x: BGRADB reduces cuBLAS's B (= dy, transposed) over
+//                             the GEMM's k (the rows), giving one value per column of D (of dy).
+//   dpre = (dz W) * gelu'(pre), db = sum dpre
+//                             a = dz, b = W: DGELU_BGRAD reads AUX (pre, leading dimension N)
+//                             and writes the bias gradient over D's columns (the rows of dpre).
+// The epilogue works on the f32 accumulator and rounds once, which is the op's contract. AUX and
+// the bias (gradient) take the output's dtype (cuBLASLt's default). NVIDIA's documentation calls
+// the epilogue just "GELU"; PyTorch's _addmm_activation relies on it being the tanh form, and
+// tests/cuda/fused_ops_test.cpp holds it to the CPU's tanh GELU, which would catch an erf one.
+// cuBLASLt requires AUX's leading dimension to be a multiple of 8, and may have no algorithm for
+// an epilogue at some shape or alignment: then (once logged per epilogue) the GEMM writes its f32
+// product and the kernels of epilogue.cu finish with the same one-rounding semantics.
+// STRATA_LINEAR_EPILOGUE=off (unset, empty or auto: on) forces that fallback everywhere, for
+// tests and comparisons.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <tuple>
 
 #include "core/error.h"
+#include "core/logging.h"
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/kernels.h"
 
 namespace strata::tensor::cuda {
 
@@ -69,8 +98,8 @@ struct Layout {
   Layout& operator=(const Layout&) = delete;
 };
 
-using Key =
-    std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, bool, uint32_t>;
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, bool,
+                       uint32_t, int, int64_t>;
 
 // Largest power of two (at most 256) dividing the address: cuBLASLt assumes 256-byte aligned
 // operands unless told otherwise, and views (narrow, select) start anywhere.
@@ -80,30 +109,80 @@ uint32_t alignment_of(const void* p) {
   return a;
 }
 
-}  // namespace
+// An epilogue for one GEMM (Note [CUDA linear epilogues]).
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;  // BIAS_POINTER: the bias read, or the bias gradient written
+  const void* aux = nullptr;   // EPILOGUE_AUX_POINTER: the GELU input, written or read
+  int64_t aux_ld = 0;
+};
 
-void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
-                         float alpha, float beta) {
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_BIAS:
+      return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU:
+      return "GELU";
+    case CUBLASLT_EPILOGUE_GELU_BIAS:
+      return "GELU_BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+      return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+      return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU:
+      return "DGELU";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD:
+      return "DGELU_BGRAD";
+    case CUBLASLT_EPILOGUE_BGRADB:
+      return "BGRADB";
+    default:
+      return "DEFAULT";
+  }
+}
+
+// STRATA_LINEAR_EPILOGUE: false when set to off (Note [CUDA linear epilogues]).
+bool epilogues_enabled() {
+  const char* v = std::getenv("STRATA_LINEAR_EPILOGUE");
+  const std::string_view s = v ? v : "";
+  if (s.empty() || s == "auto") return true;
+  if (s == "off") return false;
+  user_error(
+      "environment variable STRATA_LINEAR_EPILOGUE={} is not a setting; use auto (the default: "
+      "cuBLASLt's bias/GELU epilogues where they run) or off (plain GEMMs and separate kernels)",
+      s);
+}
+
+// Logs once per epilogue kind that it fell back to the unfused kernels.
+void note_fallback(cublasLtEpilogue_t e, const char* op, int64_t m, int64_t n, int64_t k) {
+  static std::mutex mu;
+  static std::map<int, bool> logged;
+  std::lock_guard<std::mutex> lock(mu);
+  if (logged[static_cast<int>(e)]) return;
+  logged[static_cast<int>(e)] = true;
+  log::warn(
+      "cuBLASLt runs no {} epilogue for {} (m={} n={} k={}, or STRATA_LINEAR_EPILOGUE=off): using "
+      "a plain GEMM and separate kernels with the same rounding (logged once)",
+      epilogue_name(e), op, m, n, k);
+}
+
+void ensure_workspace(Tensor& ws, Device device) {
+  if (ws.defined()) return;
+  offload::CategoryScope scope(offload::Category::Workspace);
+  ws = Tensor::empty({kWorkspaceBytes}, DType::U8, device);
+}
+
+// out = alpha * op(a) @ op(b) + beta * out with epilogue `epi` on `stream` (Note [CUDA matmul]).
+// Shapes and dtypes are the caller's to check; k > 0. Returns false, having enqueued nothing, when
+// cuBLASLt has no algorithm for the problem or refuses it.
+bool run_gemm(cublasLtHandle_t lt, Tensor& workspace, cudaStream_t stream, const Tensor& a,
+              const Tensor& b, Tensor& out, bool trans_a, bool trans_b, float alpha, float beta,
+              const Epilogue& epi) {
   const DType in = a.dtype();
-  const bool ok =
-      (in == DType::F32 && out.dtype() == DType::F32) ||
-      ((in == DType::BF16 || in == DType::F16) && (out.dtype() == DType::F32 || out.dtype() == in));
-  STRATA_CHECK(ok && b.dtype() == in, "CUDA matmul dtypes {} @ {} -> {}", a.str(), b.str(),
-               out.str());
   const int64_t m = out.size(-2), n = out.size(-1);
   const int64_t k = trans_a ? a.size(-2) : a.size(-1);
   const int64_t batch = out.numel() / std::max<int64_t>(m * n, 1);
-  if (out.numel() == 0) return;
-  if (k == 0) {  // empty sum: out = beta * out
-    if (beta == 0.f) return fill(out, 0.0);
-    Tensor tmp = out.clone();
-    return affine(tmp, beta, 0.f, out);
-  }
   const bool b_batched = b.ndim() > 2;
-  if (!matmul_workspace_.defined()) {
-    offload::CategoryScope ws(offload::Category::Workspace);
-    matmul_workspace_ = Tensor::empty({kWorkspaceBytes}, DType::U8, device());
-  }
+  ensure_workspace(workspace, out.device());
 
   // Note [CUDA matmul]: cuBLAS A = b, cuBLAS B = a, C = out^T.
   Layout la(cuda_type(in), trans_b ? k : n, trans_b ? n : k, trans_b ? k : n, batch,
@@ -113,17 +192,42 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool tra
 
   cublasLtMatmulDesc_t op;
   check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  struct DescGuard {
+    cublasLtMatmulDesc_t d;
+    ~DescGuard() { cublasLtMatmulDescDestroy(d); }
+  } guard{op};
   cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
            "TRANSA");
   check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
            "TRANSB");
+  uint32_t align = std::min(
+      {alignment_of(a.data_ptr()), alignment_of(b.data_ptr()), alignment_of(out.data_ptr())});
+  if (epi.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi.kind,
+                                            sizeof(epi.kind)),
+             "EPILOGUE");
+    // The heuristic reads these pointers' alignment, so they are set before it runs.
+    if (epi.bias) {
+      check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias,
+                                              sizeof(epi.bias)),
+               "BIAS_POINTER");
+      align = std::min(align, alignment_of(epi.bias));
+    }
+    if (epi.aux) {
+      check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &epi.aux, sizeof(epi.aux)),
+               "AUX_POINTER");
+      check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &epi.aux_ld,
+                                              sizeof(epi.aux_ld)),
+               "AUX_LD");
+      align = std::min(align, alignment_of(epi.aux));
+    }
+  }
 
   static std::mutex mu;
-  static std::map<Key, cublasLtMatmulAlgo_t> algos;
-  const uint32_t align = std::min(
-      {alignment_of(a.data_ptr()), alignment_of(b.data_ptr()), alignment_of(out.data_ptr())});
+  static std::map<Key, std::optional<cublasLtMatmulAlgo_t>> algos;
   const Key key{m,
                 n,
                 k,
@@ -134,7 +238,9 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool tra
                 static_cast<int>(out.dtype()),
                 b_batched,
                 beta != 0.f,
-                align};
+                align,
+                static_cast<int>(epi.kind),
+                epi.aux_ld};
   cublasLtMatmulAlgo_t algo;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -158,24 +264,152 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool tra
                "reduction pref");
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
-      const cublasStatus_t s =
-          cublasLtMatmulAlgoGetHeuristic(lt_, op, la.h, lb.h, lc.h, lc.h, pref, 1, &result, &found);
+      const cublasStatus_t st =
+          cublasLtMatmulAlgoGetHeuristic(lt, op, la.h, lb.h, lc.h, lc.h, pref, 1, &result, &found);
       cublasLtMatmulPreferenceDestroy(pref);
-      if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-        cublasLtMatmulDescDestroy(op);
-        STRATA_CHECK(false, "cuBLASLt has no algorithm for {}{} @ {}{} -> {}", a.str(),
-                     trans_a ? "^T" : "", b.str(), trans_b ? "^T" : "", out.str());
-      }
-      it = algos.emplace(key, result.algo).first;
+      std::optional<cublasLtMatmulAlgo_t> chosen;
+      if (st == CUBLAS_STATUS_SUCCESS && found > 0) chosen = result.algo;
+      it = algos.emplace(key, chosen).first;
     }
-    algo = it->second;
+    if (!it->second) return false;
+    algo = *it->second;
   }
-  const cublasStatus_t s =
-      cublasLtMatmul(lt_, op, &alpha, b.data_ptr(), la.h, a.data_ptr(), lb.h, &beta, out.data_ptr(),
-                     lc.h, out.data_ptr(), lc.h, &algo, matmul_workspace_.data_ptr(),
-                     static_cast<size_t>(kWorkspaceBytes), stream_);
-  cublasLtMatmulDescDestroy(op);
-  check_lt(s, "cublasLtMatmul");
+  const cublasStatus_t st =
+      cublasLtMatmul(lt, op, &alpha, b.data_ptr(), la.h, a.data_ptr(), lb.h, &beta, out.data_ptr(),
+                     lc.h, out.data_ptr(), lc.h, &algo, workspace.data_ptr(),
+                     static_cast<size_t>(kWorkspaceBytes), stream);
+  // An epilogue cuBLASLt accepted in the heuristic but refuses to run falls back like a missing
+  // one; a plain GEMM that fails is an error.
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED && epi.kind != CUBLASLT_EPILOGUE_DEFAULT) return false;
+  check_lt(st, "cublasLtMatmul");
+  return true;
+}
+
+void check_linear_dtypes(const char* op, std::initializer_list<const Tensor*> ts) {
+  const DType t = (*ts.begin())->dtype();
+  for (const Tensor* x : ts)
+    STRATA_CHECK(!x->defined() || x->dtype() == t,
+                 "CUDA {}: {} is not {} (Note [Low-precision ops])", op, x->str(), dtype_name(t));
+  STRATA_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16, "CUDA {}: dtype {}", op,
+               dtype_name(t));
+}
+
+Tensor f32_scratch(int64_t rows, int64_t cols, Device device) {
+  offload::CategoryScope scope(offload::Category::Workspace);
+  return Tensor::empty({rows, cols}, DType::F32, device);
+}
+
+void check_kernel(bool enqueued, const char* what) {
+  STRATA_CHECK(enqueued, "CUDA {}: no kernel for these dtypes", what);
+  check_cuda(cudaGetLastError(), what);
+}
+
+}  // namespace
+
+void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
+                         float alpha, float beta) {
+  const DType in = a.dtype();
+  const bool ok =
+      (in == DType::F32 && out.dtype() == DType::F32) ||
+      ((in == DType::BF16 || in == DType::F16) && (out.dtype() == DType::F32 || out.dtype() == in));
+  STRATA_CHECK(ok && b.dtype() == in, "CUDA matmul dtypes {} @ {} -> {}", a.str(), b.str(),
+               out.str());
+  const int64_t k = trans_a ? a.size(-2) : a.size(-1);
+  if (out.numel() == 0) return;
+  if (k == 0) {  // empty sum: out = beta * out
+    if (beta == 0.f) return fill(out, 0.0);
+    Tensor tmp = out.clone();
+    return affine(tmp, beta, 0.f, out);
+  }
+  STRATA_CHECK(run_gemm(lt_, matmul_workspace_, stream_, a, b, out, trans_a, trans_b, alpha, beta,
+                        Epilogue{}),
+               "cuBLASLt has no algorithm for {}{} @ {}{} -> {}", a.str(), trans_a ? "^T" : "",
+               b.str(), trans_b ? "^T" : "", out.str());
+}
+
+// ---- linear with epilogues (Note [CUDA linear epilogues]) ----
+
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 Activation act, Tensor& y, Tensor& pre) {
+  check_linear_dtypes("linear_forward", {&y, &x, &weight, &bias, &pre});
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
+  if (y.numel() == 0) return;
+  const bool gelu = act == Activation::Gelu;
+  if (!gelu && !bias.defined()) return matmul(x, weight, y, false, true, 1.f, 0.f);
+  Epilogue e;
+  e.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  if (!gelu) {
+    e.kind = CUBLASLT_EPILOGUE_BIAS;
+  } else if (pre.defined()) {
+    e.kind = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    e.aux = pre.data_ptr();
+    e.aux_ld = n;
+  } else {
+    e.kind = bias.defined() ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  }
+  const bool fits = k > 0 && (e.aux == nullptr || n % 8 == 0);
+  if (fits && epilogues_enabled() &&
+      run_gemm(lt_, matmul_workspace_, stream_, x, weight, y, false, true, 1.f, 0.f, e))
+    return;
+  note_fallback(e.kind, "linear", m, n, k);
+  // The f32 product (y itself when y is f32), then bias and activation with one rounding.
+  Tensor acc = y.dtype() == DType::F32 ? y : f32_scratch(m, n, device());
+  matmul(x, weight, acc, false, true, 1.f, 0.f);
+  check_kernel(
+      launch_bias_act(static_cast<int>(y.dtype()), acc.data<float>(), e.bias, gelu ? 1 : 0,
+                      y.data_ptr(), pre.defined() ? pre.data_ptr() : nullptr, m, n, stream_),
+      "linear bias/activation");
+}
+
+void CudaBackend::linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
+                                         Tensor& dbias) {
+  check_linear_dtypes("linear_backward_weight", {&dweight, &dy, &x, &dbias});
+  const int64_t rows = dy.size(0), n = dy.size(1), k = x.size(1);
+  if (!dbias.defined()) return matmul(dy, x, dweight, true, false, 1.f, 0.f);
+  Epilogue e;
+  e.kind = CUBLASLT_EPILOGUE_BGRADB;
+  e.bias = dbias.data_ptr();
+  if (dweight.numel() > 0 && rows > 0 && epilogues_enabled() &&
+      run_gemm(lt_, matmul_workspace_, stream_, dy, x, dweight, true, false, 1.f, 0.f, e))
+    return;
+  if (dweight.numel() > 0 && rows > 0) note_fallback(e.kind, "linear weight gradient", n, k, rows);
+  matmul(dy, x, dweight, true, false, 1.f, 0.f);
+  const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
+  Tensor s = scratch(std::max<int64_t>(chunks, 1) * n * 4);
+  check_kernel(launch_column_sums(static_cast<int>(dy.dtype()), dy.data_ptr(),
+                                  static_cast<int>(dbias.dtype()), dbias.data_ptr(),
+                                  static_cast<float*>(s.data_ptr()), rows, n, stream_),
+               "linear bias gradient");
+}
+
+void CudaBackend::linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,
+                                       Tensor& dpre, Tensor& dbias) {
+  check_linear_dtypes("linear_backward_gelu", {&dpre, &dz, &weight, &pre, &dbias});
+  const int64_t rows = dz.size(0), p = dz.size(1), n = weight.size(1);
+  if (dpre.numel() == 0 && !dbias.defined()) return;
+  Epilogue e;
+  e.kind = dbias.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  e.bias = dbias.defined() ? dbias.data_ptr() : nullptr;
+  e.aux = pre.data_ptr();
+  e.aux_ld = n;
+  const bool fits = rows > 0 && n > 0 && p > 0 && n % 8 == 0;
+  if (fits && epilogues_enabled() &&
+      run_gemm(lt_, matmul_workspace_, stream_, dz, weight, dpre, false, false, 1.f, 0.f, e))
+    return;
+  if (rows > 0 && n > 0) note_fallback(e.kind, "linear GELU gradient", rows, n, p);
+  Tensor dh2 = f32_scratch(rows, n, device());
+  matmul(dz, weight, dh2, false, false, 1.f, 0.f);
+  const int dt = static_cast<int>(dpre.dtype());
+  check_kernel(launch_gelu_backward_f32(dt, dh2.data<float>(), pre.data_ptr(), dpre.data_ptr(),
+                                        rows, n, stream_),
+               "linear GELU gradient");
+  if (!dbias.defined()) return;
+  const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
+  Tensor s = scratch(std::max<int64_t>(chunks, 1) * n * 4);
+  check_kernel(
+      launch_column_sums(static_cast<int>(DType::F32), dh2.data_ptr(), dt, dbias.data_ptr(),
+                         static_cast<float*>(s.data_ptr()), rows, n, stream_),
+      "linear GELU bias gradient");
 }
 
 }  // namespace strata::tensor::cuda

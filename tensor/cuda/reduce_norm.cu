@@ -515,6 +515,23 @@ bool launch_rmsnorm_backward(int dt, const void* dy, const void* x, const void* 
   });
 }
 
+bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float* mean,
+                             const float* rstd, void* dw, void* db, float* scratch, int64_t n,
+                             int64_t c, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+    const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
+    float* partial_b = db ? scratch + chunks * c : nullptr;
+    if (chunks > 0) STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
+    (static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, scratch, partial_b, n, c);
+    const unsigned cg = static_cast<unsigned>((c + 255) / 256);
+    STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)(scratch, chunks, c, static_cast<T*>(dw));
+    if (db)
+      STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)(partial_b, chunks, c, static_cast<T*>(db));
+  });
+}
+
 bool launch_softmax_forward(int dt, const void* x, void* y, int64_t n, int64_t c, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);

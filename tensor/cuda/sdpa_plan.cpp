@@ -308,19 +308,31 @@ cudnnDataType_t io_type(const SdpaKey& k) {
   return k.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
 }
 
-// K (or V) [B, H, Tk, D] row-major described as its transpose [B, H, D, Tk].
-D transposed(GraphBuilder& g, int64_t uid, const SdpaKey& k) {
-  return g.tensor(uid, io_type(k), {k.b, k.h, k.d, k.tk}, {k.h * k.tk * k.d, k.tk * k.d, 1, k.d});
+// The strides of operand `op` as the key holds them (Note [Strided attention operands]).
+Dims strides_of(const SdpaKey& k, SdpaOperand op) {
+  const auto& s = k.strides[op];
+  return {s[0], s[1], s[2], 1};
+}
+
+// A [B, H, T, D] operand in its own layout.
+D operand(GraphBuilder& g, int64_t uid, const SdpaKey& k, SdpaOperand op) {
+  const int64_t t = op == kSdpaK || op == kSdpaV || op == kSdpaDK || op == kSdpaDV ? k.tk : k.tq;
+  return g.tensor(uid, io_type(k), {k.b, k.h, t, k.d}, strides_of(k, op));
+}
+
+// K (or V) [B, H, Tk, D] described as its transpose [B, H, D, Tk] (the same memory).
+D transposed(GraphBuilder& g, int64_t uid, const SdpaKey& k, SdpaOperand op) {
+  const Dims s = strides_of(k, op);
+  return g.tensor(uid, io_type(k), {k.b, k.h, k.d, k.tk}, {s[0], s[1], 1, s[2]});
 }
 
 void build_forward(GraphBuilder& g, const SdpaKey& k) {
   const cudnnDataType_t io = io_type(k), f32 = CUDNN_DATA_FLOAT;
-  const Dims qd = {k.b, k.h, k.tq, k.d}, kd = {k.b, k.h, k.tk, k.d};
   const Dims sd = {k.b, k.h, k.tq, k.tk}, rd = {k.b, k.h, k.tq, 1};
-  D q = g.tensor(kQ, io, qd, packed(qd));
-  D kt = transposed(g, kK, k);
-  D v = g.tensor(kV, io, kd, packed(kd));
-  D o = g.tensor(kO, io, qd, packed(qd));
+  D q = operand(g, kQ, k, kSdpaQ);
+  D kt = transposed(g, kK, k, kSdpaK);
+  D v = operand(g, kV, k, kSdpaV);
+  D o = operand(g, kO, k, kSdpaO);
   D stats = g.tensor(kStats, f32, rd, packed(rd));
   D scale = g.scalar(kScale, f32);
 
@@ -351,15 +363,15 @@ void build_backward(GraphBuilder& g, const SdpaKey& k) {
   const Dims qd = {k.b, k.h, k.tq, k.d}, kd = {k.b, k.h, k.tk, k.d};
   const Dims sd = {k.b, k.h, k.tq, k.tk}, rd = {k.b, k.h, k.tq, 1};
   const Dims td = {k.b, k.h, k.tk, k.tq}, ts = {k.h * k.tq * k.tk, k.tq * k.tk, 1, k.tk};
-  D q = g.tensor(kQ, io, qd, packed(qd));
-  D kt = transposed(g, kK, k);
-  D vt = transposed(g, kV, k);
-  D o = g.tensor(kO, io, qd, packed(qd));
+  D q = operand(g, kQ, k, kSdpaQ);
+  D kt = transposed(g, kK, k, kSdpaK);
+  D vt = transposed(g, kV, k, kSdpaV);
+  D o = operand(g, kO, k, kSdpaO);
   D stats = g.tensor(kStats, f32, rd, packed(rd));
-  D dout = g.tensor(kDO, io, qd, packed(qd));
-  D dq = g.tensor(kDQ, io, qd, packed(qd));
-  D dk = g.tensor(kDK, io, kd, packed(kd));
-  D dv = g.tensor(kDV, io, kd, packed(kd));
+  D dout = operand(g, kDO, k, kSdpaDO);
+  D dq = operand(g, kDQ, k, kSdpaDQ);
+  D dk = operand(g, kDK, k, kSdpaDK);
+  D dv = operand(g, kDV, k, kSdpaDV);
   D scale = g.scalar(kScale, f32);
 
   // Row sums D = sum(dO * O), kept in the caller's workspace (kRowSum).
@@ -403,7 +415,7 @@ void build_backward(GraphBuilder& g, const SdpaKey& k) {
 
   // dQ = dS K straight into dQ: no f32 atomic accumulator, so the engine takes its
   // deterministic path (Note [cuDNN SDPA], determinism).
-  D k_rows = g.virt(f32, kd);
+  D k_rows = g.virt(f32, kd, strides_of(k, kSdpaK));  // K's own layout, as kt's
   g.reshape(kt, k_rows);
   g.matmul(ds, k_rows, dq);
 }

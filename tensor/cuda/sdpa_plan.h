@@ -2,6 +2,7 @@
 // cuDNN backend-API ("graph") plumbing for fused attention: loading libcudnn, building and
 // running the forward and backward SDPA plans of Note [cuDNN SDPA] (cudnn_sdpa.cpp). Internal to
 // tensor/cuda; includes no cuDNN header so that callers need none.
+#include <array>
 #include <compare>
 #include <cstdint>
 #include <memory>
@@ -11,14 +12,23 @@ struct CUstream_st;
 
 namespace strata::tensor::cuda {
 
+// The operands of the graphs, in the order of SdpaKey::strides.
+enum SdpaOperand : int { kSdpaQ = 0, kSdpaK, kSdpaV, kSdpaO, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV };
+
 // What a plan is specialised on. The scale is not here: it is a by-value input.
 struct SdpaKey {
   int64_t b = 0, h = 0, tq = 0, tk = 0, d = 0;
   bool bf16 = true;  // else f16
   bool causal = false;
   bool backward = false;
+  // The (B, H, T) element strides of each operand, indexed by SdpaOperand; D's stride is 1
+  // (Note [Strided attention operands] in tensor/backend.h). All zero for the operands of the
+  // backward in a forward key.
+  std::array<std::array<int64_t, 3>, 8> strides{};
   auto operator<=>(const SdpaKey&) const = default;
   std::string str() const;
+  // The packed [B, H, T, D] strides of an operand with `t` rows per head.
+  std::array<int64_t, 3> packed(int64_t t) const { return {h * t * d, t * d, d}; }
 };
 
 // Device pointers of one call (the backward ones unused by the forward) and the scale.

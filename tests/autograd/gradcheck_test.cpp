@@ -117,6 +117,11 @@ std::vector<Case> cases() {
   c.push_back({"attention_causal_tq_lt_tk",
                {{{1, 2, 3, 4}}, {{1, 2, 7, 4}}, {{1, 2, 7, 4}}},
                [](V x) { return attention(x[0], x[1], x[2], true); }});
+  c.push_back(
+      {"attention_qkv_causal", {{{2, 5, 24}}}, [](V x) { return attention_qkv(x[0], 2, true); }});
+  c.push_back({"attention_qkv_full", {{{1, 4, 18}, T}}, [](V x) {
+                 return attention_qkv(x[0], 3, false, 0.6f);
+               }});
   c.push_back({"rotary", {{{2, 5, 3, 6}, S}}, [](V x) {
                  auto [cs, sn] = tops::rotary_tables(5, 6);
                  return rotary(x[0], cs, sn);

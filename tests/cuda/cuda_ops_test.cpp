@@ -131,7 +131,7 @@ std::vector<Case> cases(DType dt) {
                  return std::vector<Tensor>{
                      sum(on(a, d), 0), mean(on(a, d), 2), sum_to(on(a, d), {1, 17}),
                      sum_all(on(a, d)),
-                     from_vector({static_cast<float>(sum_squares(on(a, d)))}, {1})};
+                     from_vector({static_cast<float>(sum_squares(on(a, d)))}, {1}).to(d)};
                }});
   // Bias gradients: [N, C] -> [C] with N >= 128 takes the column-sum kernels (Note [CUDA column
   // sums]), several chunks of rows and a partial last one; the F32 output of a low-precision

@@ -35,11 +35,20 @@ inline tensor::Tensor make_tensor(const std::vector<float>& v, const tensor::Sha
   return t;
 }
 
-// The values of a contiguous F32 CPU tensor.
+// The values of an F32 CPU tensor in logical (row-major) order, read through its strides with
+// no backend op (attention returns [B, T, H, D] buffers seen as [B, H, T, D]).
 inline std::vector<float> values(const tensor::Tensor& t) {
-  EXPECT_TRUE(t.is_contiguous());
   const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
+  if (t.is_contiguous()) return std::vector<float>(p, p + t.numel());
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  std::vector<int64_t> idx(static_cast<size_t>(t.ndim()), 0);
+  for (float& x : v) {
+    int64_t off = 0;
+    for (int d = 0; d < t.ndim(); ++d) off += idx[d] * t.stride(d);
+    x = p[off];
+    for (int d = t.ndim() - 1; d >= 0 && ++idx[d] == t.size(d); --d) idx[d] = 0;
+  }
+  return v;
 }
 
 // Passes when |got - want| <= atol + rtol |want| everywhere (NaN never passes); otherwise the

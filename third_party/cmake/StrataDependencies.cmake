@@ -65,7 +65,17 @@ if(STRATA_WITH_MPI)
 endif()
 
 set(STRATA_HAVE_CUDA OFF)
-if(STRATA_WITH_CUDA)
+# What CUDA code links for the runtime and for cuBLASLt: the toolkit's libraries, or the emulator.
+set(STRATA_CUDA_RUNTIME CUDA::cudart)
+set(STRATA_CUBLASLT CUDA::cublasLt)
+if(STRATA_CUDA_EMULATION)
+  # Note [CUDA emulator]: the toolkit's headers only; the .cu files become C++ (see
+  # strata_emulate_cuda_sources below) and tests/cuda_emu provides the runtime and cuBLASLt.
+  find_package(CUDAToolkit REQUIRED)  # finds /usr/local/cuda without nvcc on PATH too
+  set(STRATA_HAVE_CUDA ON)
+  set(STRATA_CUDA_RUNTIME strata_cuda_emu)
+  set(STRATA_CUBLASLT strata_cuda_emu)
+elseif(STRATA_WITH_CUDA)
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
@@ -77,7 +87,7 @@ endif()
 # taken only from the CUDA toolkit or /usr/local — never from a pip wheel's nvidia/cudnn folder,
 # whose version need not match the headers we compile against.
 set(STRATA_HAVE_CUDNN OFF)
-if(STRATA_HAVE_CUDA)
+if(STRATA_HAVE_CUDA AND NOT STRATA_CUDA_EMULATION)
   set(STRATA_CUDA_ARCHS "80;90" CACHE STRING "CUDA architectures to build for")
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES ${STRATA_CUDA_ARCHS})
@@ -104,6 +114,21 @@ if(STRATA_HAVE_CUDA)
     message(STATUS "cuDNN not found next to the CUDA toolkit; attention uses Strata's own kernel")
   endif()
 endif()
+
+# Compiles every .cu source of `target` (the sources it has when called) as C++ for the emulator
+# (Note [CUDA emulator]): C++17 as under nvcc (Note [CUDA build] above), the device header
+# force-included, no FMA contraction (the device rounds every __f*_rn operation once). Does
+# nothing in the other builds, where nvcc compiles them.
+set(STRATA_EMULATED_CUDA_OPTIONS
+    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/tests/cuda_emu/device.h;-ffp-contract=off;-Wno-unknown-pragmas")
+function(strata_emulate_cuda_sources target)
+  if(STRATA_CUDA_EMULATION)
+    get_target_property(srcs ${target} SOURCES)
+    list(FILTER srcs INCLUDE REGEX "\\.cu$")
+    set_source_files_properties(${srcs} PROPERTIES LANGUAGE CXX
+                                COMPILE_OPTIONS "${STRATA_EMULATED_CUDA_OPTIONS}")
+  endif()
+endfunction()
 
 if(STRATA_BUILD_TESTS)
   find_package(GTest CONFIG QUIET)

@@ -1,0 +1,111 @@
+// Fused differentiable functions: a residual add with the norm after it, and GPT-2's MLP as one
+// node on the linear-epilogue ops. Forward and backward side by side; each is the composition of
+// plain functions it replaces, computed in fewer passes (Note [Fused residual norm] and
+// Note [Linear epilogues] in tensor/ops.h say where the bits agree and where they may not).
+#include "autograd/functions.h"
+#include "autograd/node.h"
+
+namespace strata::autograd {
+
+namespace tops = ::strata::tensor;
+
+namespace {
+
+bool needs(const Variable& v) {
+  return v.defined() && v.requires_grad();
+}
+
+// Wraps {s, y} (or {y} alone when !keep_sum) into a node whose backward maps (ds, dy) to the
+// inputs' gradients: `grads(dy, ds)` returns {dsum, dweight[, dbias]}; x and r both get dsum.
+template <typename Grads>
+std::pair<Variable, Variable> add_norm_outputs(const char* name, Tensor s, Tensor y,
+                                               const Variable& x, const Variable& r,
+                                               std::vector<Variable> params, bool keep_sum,
+                                               Grads grads) {
+  const bool nx = needs(x), nr = needs(r);
+  std::vector<Variable> inputs{x, r};
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  std::vector<Tensor> outs;
+  if (keep_sum) outs.push_back(s);
+  outs.push_back(y);
+  std::vector<Variable> v =
+      make_outputs(name, std::move(outs), inputs, [=](const std::vector<Tensor>& g) {
+        // Without keep_sum nobody can have used s: no ds, and no zeros to add.
+        const Tensor ds = keep_sum ? g[0] : Tensor();
+        std::vector<Tensor> d = grads(keep_sum ? g[1] : g[0], ds);
+        std::vector<Tensor> result{nx ? d[0] : Tensor(), nr ? d[0] : Tensor()};
+        result.insert(result.end(), d.begin() + 1, d.end());
+        return result;
+      });
+  if (keep_sum) return {v[0], v[1]};
+  return {Variable(), v[0]};
+}
+
+}  // namespace
+
+std::pair<Variable, Variable> add_layernorm(const Variable& x, const Variable& r,
+                                            const Variable& weight, const Variable& bias, float eps,
+                                            bool keep_sum) {
+  Tensor wd = weight.data();
+  tops::AddNormResult f = tops::add_layernorm(x.data(), r.data(), wd, bias.data(), eps);
+  Tensor s = f.s, mean = f.mean, rstd = f.rstd;
+  return add_norm_outputs("AddLayerNorm", f.s, f.y, x, r, {weight, bias}, keep_sum,
+                          [=](const Tensor& dy, const Tensor& ds) {
+                            tops::LayerNormGrads d =
+                                tops::add_layernorm_backward(dy, ds, s, wd, mean, rstd);
+                            return std::vector<Tensor>{d.dx, d.dweight, d.dbias};
+                          });
+}
+
+std::pair<Variable, Variable> add_rmsnorm(const Variable& x, const Variable& r,
+                                          const Variable& weight, float eps, bool keep_sum) {
+  Tensor wd = weight.data();
+  tops::AddNormResult f = tops::add_rmsnorm(x.data(), r.data(), wd, eps);
+  Tensor s = f.s, rstd = f.rstd;
+  return add_norm_outputs("AddRmsNorm", f.s, f.y, x, r, {weight}, keep_sum,
+                          [=](const Tensor& dy, const Tensor& ds) {
+                            tops::RmsNormGrads d = tops::add_rmsnorm_backward(dy, ds, s, wd, rstd);
+                            return std::vector<Tensor>{d.dx, d.dweight};
+                          });
+}
+
+Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& fc_bias,
+                  const Variable& proj_weight, const Variable& proj_bias) {
+  Tensor xd = x.data(), w1 = fc_weight.data(), w2 = proj_weight.data();
+  STRATA_CHECK(
+      w1.ndim() == 2 && w2.ndim() == 2 && w1.size(1) == xd.size(-1) && w2.size(1) == w1.size(0),
+      "mlp_gelu: weights {} and {} for input {}", w1.str(), w2.str(), xd.str());
+  const Tensor b1 = fc_bias.defined() ? fc_bias.data() : Tensor();
+  const Tensor b2 = proj_bias.defined() ? proj_bias.data() : Tensor();
+  // pre = x W1^T + b1 (kept for dgelu), h = gelu(pre) (kept for dW2), out = h W2^T + b2.
+  tops::LinearResult fc = tops::linear(xd, w1, b1, tops::Activation::Gelu, /*save_pre=*/true);
+  Tensor pre = fc.pre, h = fc.y;
+  Tensor out = tops::linear(h, w2, b2).y;
+  const bool nx = needs(x), nw1 = needs(fc_weight), nb1 = needs(fc_bias), nw2 = needs(proj_weight),
+             nb2 = needs(proj_bias);
+  std::vector<Variable> inputs{x, fc_weight, fc_bias, proj_weight, proj_bias};
+  return make_output("MlpGelu", out, inputs, [=](const std::vector<Tensor>& g) {
+    const Tensor& dout = g[0];
+    Tensor dw2, db2, dw1, db1, dx;
+    if (nw2) {
+      tops::LinearWeightGrads d = tops::linear_backward_weight(dout, h, nb2);
+      dw2 = d.dweight;
+      db2 = d.dbias;
+    } else if (nb2) {
+      db2 = tops::sum_to(dout.reshape({-1, dout.size(-1)}), {dout.size(-1)});
+    }
+    if (nx || nw1 || nb1) {
+      // dpre = (dout W2) * gelu'(pre), and db1 its column sums, from one GEMM.
+      tops::LinearGeluGrads d = tops::linear_backward_gelu(dout, w2, pre, nb1);
+      db1 = d.dbias;
+      if (nw1) dw1 = tops::linear_backward_weight(d.dpre, xd, false).dweight;
+      if (nx) {
+        Tensor dpre2 = d.dpre.reshape({-1, d.dpre.size(-1)});
+        dx = tops::matmul(dpre2, w1).view(xd.shape());
+      }
+    }
+    return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
+  });
+}
+
+}  // namespace strata::autograd

@@ -1,0 +1,117 @@
+// The unfused fallbacks of the linear epilogues (Note [CUDA linear epilogues] in
+// tensor/cuda/matmul.cpp): when cuBLASLt has no algorithm for an epilogue, or its constraints
+// (the GELU input's leading dimension a multiple of 8) do not hold, the GEMM writes its f32
+// product and these kernels finish the job with the semantics of Note [Linear epilogues]: bias
+// and GELU in f32, one rounding per output; bias gradients summed in f32 in a fixed chunk order
+// (no atomics), rounded once.
+#include "tensor/cuda/common.cuh"
+
+namespace strata::tensor::cuda {
+
+namespace {
+
+// GPT-2's tanh GELU and its derivative, the formulas of the unary kernels and of the CPU.
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCube = 0.044715f;
+
+__device__ __forceinline__ float gelu_f(float v) {
+  return 0.5f * v * (1.0f + tanhf(kGeluScale * (v + kGeluCube * v * v * v)));
+}
+
+__device__ __forceinline__ float gelu_grad_f(float v) {
+  const float t = tanhf(kGeluScale * (v + kGeluCube * v * v * v));
+  const float du = kGeluScale * (1.0f + 3.0f * kGeluCube * v * v);
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+}
+
+template <typename T>
+__global__ void bias_act(const float* acc, const T* bias, int act, T* y, T* pre, int64_t n,
+                         int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = acc[i] + (bias ? to_f32(bias[i % cols]) : 0.f);
+    if (pre) pre[i] = from_f32<T>(v);
+    y[i] = from_f32<T>(act == 1 ? gelu_f(v) : v);
+  }
+}
+
+template <typename T>
+__global__ void gelu_backward_f32(float* dh, const T* pre, T* dpre, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = dh[i] * gelu_grad_f(to_f32(pre[i]));
+    dh[i] = v;
+    dpre[i] = from_f32<T>(v);
+  }
+}
+
+// partial[chunk, j] = sum of x[r, j] over the chunk's rows, in row order.
+template <typename TX>
+__global__ void column_partials(const TX* x, float* partial, int64_t rows, int64_t cols) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (j >= cols) return;
+  const int64_t r0 = chunk * kNormRowChunk, r1 = min(rows, r0 + kNormRowChunk);
+  float acc = 0;
+  for (int64_t r = r0; r < r1; ++r) acc += to_f32(x[r * cols + j]);
+  partial[chunk * cols + j] = acc;
+}
+
+template <typename T>
+__global__ void sum_partials_rows(const float* partial, int64_t chunks, int64_t cols, T* out) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= cols) return;
+  float acc = 0;
+  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + j];
+  out[j] = from_f32<T>(acc);
+}
+
+#define STRATA_FLOAT_TYPE(tag) typename decltype(tag)::type
+
+}  // namespace
+
+bool launch_bias_act(int dt, const float* acc, const void* bias, int act, void* y, void* pre,
+                     int64_t rows, int64_t cols, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    const int64_t n = rows * cols;
+    if (n == 0) return;
+    STRATA_LAUNCH(blocks_for(n, 256), 256, 0, stream, bias_act<T>)
+    (acc, static_cast<const T*>(bias), act, static_cast<T*>(y), static_cast<T*>(pre), n, cols);
+  });
+}
+
+bool launch_gelu_backward_f32(int dt, float* dh, const void* pre, void* dpre, int64_t rows,
+                              int64_t cols, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    const int64_t n = rows * cols;
+    if (n == 0) return;
+    STRATA_LAUNCH(blocks_for(n, 256), 256, 0, stream, gelu_backward_f32<T>)
+    (dh, static_cast<const T*>(pre), static_cast<T*>(dpre), n);
+  });
+}
+
+bool launch_column_sums(int x_dt, const void* x, int out_dt, void* out, float* scratch,
+                        int64_t rows, int64_t cols, Stream stream) {
+  bool ok = false;
+  dispatch_float(x_dt, [&](auto xtag) {
+    using TX = STRATA_FLOAT_TYPE(xtag);
+    ok = dispatch_float(out_dt, [&](auto otag) {
+      using TO = STRATA_FLOAT_TYPE(otag);
+      if (cols == 0) return;
+      const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
+      const unsigned cg = static_cast<unsigned>((cols + 255) / 256);
+      if (chunks > 0)
+        STRATA_LAUNCH(dim3(cg, static_cast<unsigned>(chunks)), 256, 0, stream, column_partials<TX>)
+      (static_cast<const TX*>(x), scratch, rows, cols);
+      STRATA_LAUNCH(cg, 256, 0, stream, sum_partials_rows<TO>)
+      (scratch, chunks, cols, static_cast<TO*>(out));
+    });
+  });
+  return ok;
+}
+
+#undef STRATA_FLOAT_TYPE
+
+}  // namespace strata::tensor::cuda

@@ -1,0 +1,221 @@
+// CUDA residual add fused with layernorm / rmsnorm (Note [Fused residual norm] in tensor/ops.h).
+//
+// Note [CUDA fused residual norm]
+// One block per row, as the unfused norm kernels. When every row pointer is 16-byte aligned and
+// C is a multiple of the pack (8 bf16/f16 or 4 f32) each thread moves 128-bit packs, otherwise
+// single elements; the host picks the path, and both compute every element the same way.
+// Forward: pass 1 adds x + r in f32, rounds s ONCE to the compute dtype, stores it and sums it;
+// pass 2 re-reads that stored s (the thread's own writes) for the centred squares; pass 3 writes
+// y from s, w, b. The norm therefore reads the rounded s, as add then layernorm does. Backward:
+// dx is the unfused kernel's formula on s, rounded to the compute dtype, then added to ds and
+// rounded again (the unfused graph's two roundings), written as dsum in the same pass. All sums
+// are f32 through the fixed shuffle tree of block_sum, so no atomics and the same bits every run;
+// dweight/dbias reuse the chunked partials of reduce_norm.cu (launch_norm_param_grads).
+#include <initializer_list>
+
+#include "tensor/cuda/common.cuh"
+
+namespace strata::tensor::cuda {
+
+namespace {
+
+// P elements of T moved as one access: a 128-bit pack, or a single element (P = 1).
+template <typename T, int P>
+struct alignas(sizeof(T) * P) Vec {
+  T v[P];
+};
+
+template <typename T, int P>
+__device__ __forceinline__ Vec<T, P> load_vec(const T* p, int64_t k) {
+  return reinterpret_cast<const Vec<T, P>*>(p)[k];
+}
+
+template <typename T, int P>
+__device__ __forceinline__ void store_vec(T* p, int64_t k, const Vec<T, P>& v) {
+  reinterpret_cast<Vec<T, P>*>(p)[k] = v;
+}
+
+// s = round(x + r); y = layernorm(s) (LAYER) or rmsnorm(s). b and mean_out are null for rmsnorm.
+template <typename T, int P, bool LAYER>
+__global__ void add_norm_fwd(const T* x, const T* r, const T* w, const T* b, float eps, T* s, T* y,
+                             float* mean_out, float* rstd_out, int64_t c) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const int64_t units = c / P;
+  const T* xr = x + row * c;
+  const T* rr = r + row * c;
+  T* sr = s + row * c;
+  T* yr = y + row * c;
+  float acc = 0;
+  for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+    const Vec<T, P> a = load_vec<T, P>(xr, k), bv = load_vec<T, P>(rr, k);
+    Vec<T, P> out;
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      out.v[e] = from_f32<T>(to_f32(a.v[e]) + to_f32(bv.v[e]));
+      const float sv = to_f32(out.v[e]);
+      acc += LAYER ? sv : sv * sv;
+    }
+    store_vec<T, P>(sr, k, out);
+  }
+  float mean = 0, rstd;
+  if (LAYER) {
+    mean = block_sum(acc, sh) / static_cast<float>(c);
+    float v = 0;
+    for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+      const Vec<T, P> sv = load_vec<T, P>(sr, k);
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        const float d = to_f32(sv.v[e]) - mean;
+        v += d * d;
+      }
+    }
+    rstd = rsqrtf(block_sum(v, sh) / static_cast<float>(c) + eps);
+  } else {
+    rstd = rsqrtf(block_sum(acc, sh) / static_cast<float>(c) + eps);
+  }
+  for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+    const Vec<T, P> sv = load_vec<T, P>(sr, k), wv = load_vec<T, P>(w, k);
+    Vec<T, P> bv{};
+    if (LAYER) bv = load_vec<T, P>(b, k);
+    Vec<T, P> out;
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const float n = (to_f32(sv.v[e]) - mean) * rstd * to_f32(wv.v[e]);
+      out.v[e] = from_f32<T>(LAYER ? n + to_f32(bv.v[e]) : n);
+    }
+    store_vec<T, P>(yr, k, out);
+  }
+  if (threadIdx.x == 0) {
+    if (LAYER) mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+
+// dsum = round(ds + round(dx)) (ds null: round(dx)), dx the norm's input gradient at s.
+template <typename T, int P, bool LAYER>
+__global__ void add_norm_bwd(const T* dy, const T* ds, const T* s, const T* w, const float* mean,
+                             const float* rstd, T* dsum, int64_t c) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const int64_t units = c / P;
+  const T* gr = dy + row * c;
+  const T* sr = s + row * c;
+  const float mu = LAYER ? mean[row] : 0.f, rs = rstd[row];
+  float sg = 0, sgx = 0;
+  for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+    const Vec<T, P> gv = load_vec<T, P>(gr, k), sv = load_vec<T, P>(sr, k),
+                    wv = load_vec<T, P>(w, k);
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const float g = to_f32(gv.v[e]) * to_f32(wv.v[e]);
+      sg += g;
+      sgx += g * (to_f32(sv.v[e]) - mu) * rs;
+    }
+  }
+  const float mg = LAYER ? block_sum(sg, sh) / static_cast<float>(c) : 0.f;
+  const float mgx = block_sum(sgx, sh) / static_cast<float>(c);
+  const T* dsr = ds ? ds + row * c : nullptr;
+  T* out = dsum + row * c;
+  for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+    const Vec<T, P> gv = load_vec<T, P>(gr, k), sv = load_vec<T, P>(sr, k),
+                    wv = load_vec<T, P>(w, k);
+    Vec<T, P> dv{};
+    if (dsr) dv = load_vec<T, P>(dsr, k);
+    Vec<T, P> o;
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const float xhat = (to_f32(sv.v[e]) - mu) * rs;
+      const T dx = from_f32<T>(rs * (to_f32(gv.v[e]) * to_f32(wv.v[e]) - mg - xhat * mgx));
+      o.v[e] = dsr ? from_f32<T>(to_f32(dv.v[e]) + to_f32(dx)) : dx;
+    }
+    store_vec<T, P>(out, k, o);
+  }
+}
+
+// Threads per row for `units` accesses: a multiple of 32 (block_sum), at most 1024.
+int threads_for(int64_t units) {
+  return units >= 1024 ? 1024 : units >= 512 ? 512 : units >= 256 ? 256 : units >= 128 ? 128 : 64;
+}
+
+// Whether the rows take 128-bit packs of T (Note [CUDA fused residual norm]).
+template <typename T>
+bool packs_fit(int64_t c, std::initializer_list<const void*> ptrs) {
+  if (c % Pack<T>::kN != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && !aligned16(p)) return false;
+  return true;
+}
+
+#define STRATA_FLOAT_TYPE(tag) typename decltype(tag)::type
+
+template <bool LAYER>
+bool launch_forward(int dt, const void* x, const void* r, const void* w, const void* b, float eps,
+                    void* s, void* y, float* mean, float* rstd, int64_t n, int64_t c,
+                    Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0 || c == 0) return;
+    const T* px = static_cast<const T*>(x);
+    const T* pr = static_cast<const T*>(r);
+    const T* pw = static_cast<const T*>(w);
+    const T* pb = static_cast<const T*>(b);
+    T* ps = static_cast<T*>(s);
+    T* py = static_cast<T*>(y);
+    const unsigned grid = static_cast<unsigned>(n);
+    if (packs_fit<T>(c, {x, r, w, b, s, y})) {
+      constexpr int P = Pack<T>::kN;
+      STRATA_LAUNCH(grid, threads_for(c / P), 0, stream, add_norm_fwd<T, P, LAYER>)
+      (px, pr, pw, pb, eps, ps, py, mean, rstd, c);
+    } else {
+      STRATA_LAUNCH(grid, threads_for(c), 0, stream, add_norm_fwd<T, 1, LAYER>)
+      (px, pr, pw, pb, eps, ps, py, mean, rstd, c);
+    }
+  });
+}
+
+}  // namespace
+
+bool launch_add_layernorm_forward(int dt, const void* x, const void* r, const void* w,
+                                  const void* b, float eps, void* s, void* y, float* mean,
+                                  float* rstd, int64_t n, int64_t c, Stream stream) {
+  return launch_forward<true>(dt, x, r, w, b, eps, s, y, mean, rstd, n, c, stream);
+}
+
+bool launch_add_rmsnorm_forward(int dt, const void* x, const void* r, const void* w, float eps,
+                                void* s, void* y, float* rstd, int64_t n, int64_t c,
+                                Stream stream) {
+  return launch_forward<false>(dt, x, r, w, nullptr, eps, s, y, nullptr, rstd, n, c, stream);
+}
+
+bool launch_add_norm_backward(int dt, const void* dy, const void* ds, const void* s, const void* w,
+                              const float* mean, const float* rstd, void* dsum, int64_t n,
+                              int64_t c, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0 || c == 0) return;
+    const T* pdy = static_cast<const T*>(dy);
+    const T* pds = static_cast<const T*>(ds);
+    const T* psum = static_cast<const T*>(s);
+    const T* pw = static_cast<const T*>(w);
+    T* out = static_cast<T*>(dsum);
+    const unsigned grid = static_cast<unsigned>(n);
+    const bool packed = packs_fit<T>(c, {dy, ds, s, w, dsum});
+    constexpr int P = Pack<T>::kN;
+    if (mean != nullptr) {
+      if (packed) STRATA_LAUNCH(grid, threads_for(c / P), 0, stream, add_norm_bwd<T, P, true>)
+      (pdy, pds, psum, pw, mean, rstd, out, c);
+      else STRATA_LAUNCH(grid, threads_for(c), 0, stream, add_norm_bwd<T, 1, true>)(
+          pdy, pds, psum, pw, mean, rstd, out, c);
+    } else {
+      if (packed) STRATA_LAUNCH(grid, threads_for(c / P), 0, stream, add_norm_bwd<T, P, false>)
+      (pdy, pds, psum, pw, mean, rstd, out, c);
+      else STRATA_LAUNCH(grid, threads_for(c), 0, stream, add_norm_bwd<T, 1, false>)(
+          pdy, pds, psum, pw, mean, rstd, out, c);
+    }
+  });
+}
+
+#undef STRATA_FLOAT_TYPE
+
+}  // namespace strata::tensor::cuda

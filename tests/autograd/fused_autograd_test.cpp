@@ -1,0 +1,191 @@
+// The fused differentiable functions: gradients against finite differences, and the same bits as
+// the compositions they replace where Note [Fused residual norm] and Note [Linear epilogues]
+// promise them (every dtype for add + norm; f32 for linear and mlp_gelu), also under activation
+// checkpointing.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "autograd/checkpoint.h"
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "tensor/ops.h"
+#include "tests/support/gradcheck.h"
+
+namespace strata::autograd {
+namespace {
+
+namespace tops = ::strata::tensor;
+using testing::gradcheck;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+  Tensor ac = a.contiguous(), bc = b.contiguous();
+  return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.nbytes()) == 0;
+}
+
+Variable input(const Shape& s, uint64_t seed, DType dt = DType::F32, float lo = -1.f,
+               float hi = 1.f) {
+  return Variable(tops::uniform(s, {seed, 5}, lo, hi).to(dt), true);
+}
+
+// ---- against finite differences ----
+
+TEST(FusedGradcheck, AddLayerNorm) {
+  // x a transposed view: the op takes any layout.
+  Variable x(tops::randn({7, 4}, {1, 1}).transpose(0, 1), true);
+  std::vector<Variable> in{x, input({4, 7}, 2), input({7}, 3), input({7}, 4)};
+  auto both = [](const std::vector<Variable>& v) {
+    auto [s, y] = add_layernorm(v[0], v[1], v[2], v[3], 1e-5f);
+    return concat({s, y}, 0);
+  };
+  auto y_only = [](const std::vector<Variable>& v) {
+    return add_layernorm(v[0], v[1], v[2], v[3], 1e-5f, /*keep_sum=*/false).second;
+  };
+  EXPECT_EQ(gradcheck(both, in), "");
+  EXPECT_EQ(gradcheck(y_only, in), "");
+}
+
+TEST(FusedGradcheck, AddRmsNorm) {
+  std::vector<Variable> in{input({2, 3, 9}, 5), input({2, 3, 9}, 6), input({9}, 7)};
+  auto both = [](const std::vector<Variable>& v) {
+    auto [s, y] = add_rmsnorm(v[0], v[1], v[2], 1e-6f);
+    return concat({s, y}, 0);
+  };
+  auto y_only = [](const std::vector<Variable>& v) {
+    return add_rmsnorm(v[0], v[1], v[2], 1e-6f, /*keep_sum=*/false).second;
+  };
+  EXPECT_EQ(gradcheck(both, in), "");
+  EXPECT_EQ(gradcheck(y_only, in), "");
+}
+
+TEST(FusedGradcheck, MlpGelu) {
+  std::vector<Variable> in{input({2, 3, 5}, 8, DType::F32, -2.f, 2.f), input({8, 5}, 9),
+                           input({8}, 10), input({4, 8}, 11), input({4}, 12)};
+  auto with_bias = [](const std::vector<Variable>& v) {
+    return mlp_gelu(v[0], v[1], v[2], v[3], v[4]);
+  };
+  EXPECT_EQ(gradcheck(with_bias, in), "");
+  std::vector<Variable> nb{in[0], in[1], in[3]};
+  auto no_bias = [](const std::vector<Variable>& v) {
+    return mlp_gelu(v[0], v[1], Variable(), v[2], Variable());
+  };
+  EXPECT_EQ(gradcheck(no_bias, nb), "");
+}
+
+// ---- the same bits as the compositions ----
+
+struct Grads {
+  Tensor y, s;
+  std::vector<Tensor> g;
+};
+
+// A residual block's pattern: s = x + r feeds the norm and a later add (z = s + q), so the
+// gradient of s is the sum of two contributions; or (keep_sum = false) the norm only.
+Grads run_add_norm(bool fused, bool layer, bool keep_sum, DType dt, bool ckpt = false) {
+  std::vector<Variable> p{input({6, 24}, 21, dt, 1.f, 3.f), input({6, 24}, 22, dt),
+                          input({24}, 23, dt), input({24}, 24, dt), input({6, 24}, 25, dt)};
+  auto f = [&](const std::vector<Variable>& v) {
+    Variable s, y;
+    if (fused) {
+      std::tie(s, y) = layer ? add_layernorm(v[0], v[1], p[2], p[3], 1e-5f, keep_sum)
+                             : add_rmsnorm(v[0], v[1], p[2], 1e-5f, keep_sum);
+    } else {
+      s = add(v[0], v[1]);
+      y = layer ? layernorm(s, p[2], p[3], 1e-5f) : rmsnorm(s, p[2], 1e-5f);
+    }
+    if (!keep_sum) return std::vector<Variable>{y};
+    return std::vector<Variable>{y, add(s, p[4])};
+  };
+  std::vector<Variable> out = ckpt ? checkpoint(f, {p[0], p[1]}) : f({p[0], p[1]});
+  std::vector<Tensor> seeds;
+  for (size_t i = 0; i < out.size(); ++i)
+    seeds.push_back(tops::uniform(out[i].shape(), {31 + i, 5}, -1.f, 1.f).to(dt));
+  backward(out, seeds);
+  Grads r;
+  r.y = out[0].data();
+  if (keep_sum) r.s = out[1].data();
+  for (const Variable& v : p) r.g.push_back(v.grad());
+  return r;
+}
+
+TEST(FusedBitwise, AddNormEqualsAddThenNorm) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (bool layer : {true, false})
+      for (bool keep_sum : {true, false})
+        for (bool ckpt : {false, true}) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + (layer ? " layernorm" : " rmsnorm") +
+                       (keep_sum ? " +s" : " y only") + (ckpt ? " checkpointed" : ""));
+          const Grads f = run_add_norm(true, layer, keep_sum, dt, ckpt);
+          const Grads u = run_add_norm(false, layer, keep_sum, dt);
+          EXPECT_TRUE(same_bits(f.y, u.y));
+          EXPECT_TRUE(same_bits(f.s, u.s));
+          for (size_t i = 0; i < u.g.size(); ++i)
+            EXPECT_TRUE(same_bits(f.g[i], u.g[i])) << "gradient of input " << i;
+        }
+}
+
+// f32: mlp_gelu and linear are the unfused nodes' kernels on the same values.
+TEST(FusedBitwise, MlpGeluEqualsLinearGeluLinearInF32) {
+  for (bool ckpt : {false, true}) {
+    SCOPED_TRACE(ckpt ? "checkpointed" : "plain");
+    std::vector<Tensor> outs, grads;
+    for (bool fused : {true, false}) {
+      std::vector<Variable> p{input({3, 7, 16}, 41, DType::F32, -2.f, 2.f), input({64, 16}, 42),
+                              input({64}, 43), input({16, 64}, 44), input({16}, 45)};
+      auto f = [&](const std::vector<Variable>& v) {
+        Variable y = fused ? mlp_gelu(v[0], p[1], p[2], p[3], p[4])
+                           : linear(gelu(linear(v[0], p[1], p[2])), p[3], p[4]);
+        return std::vector<Variable>{y};
+      };
+      Variable y = (ckpt ? checkpoint(f, {p[0]}) : f({p[0]}))[0];
+      backward({y}, {tops::uniform(y.shape(), {46, 5}, -1.f, 1.f)});
+      outs.push_back(y.data());
+      for (const Variable& v : p) grads.push_back(v.grad());
+    }
+    EXPECT_TRUE(same_bits(outs[0], outs[1]));
+    for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(same_bits(grads[i], grads[i + 5])) << "input " << i;
+  }
+}
+
+TEST(FusedBitwise, LinearEqualsMatmulThenBiasAddInF32) {
+  Variable x = input({9, 12}, 51), w = input({20, 12}, 52), b = input({20}, 53);
+  Variable y = linear(x, w, b);
+  backward({y}, {tops::uniform(y.shape(), {54, 5}, -1.f, 1.f)});
+  Variable x2(x.data(), true), w2(w.data(), true), b2(b.data(), true);
+  Variable y2 = bias_add(matmul(x2, w2, false, true), b2);
+  backward({y2}, {tops::uniform(y2.shape(), {54, 5}, -1.f, 1.f)});
+  EXPECT_TRUE(same_bits(y.data(), y2.data()));
+  EXPECT_TRUE(same_bits(x.grad(), x2.grad()));
+  EXPECT_TRUE(same_bits(w.grad(), w2.grad()));
+  EXPECT_TRUE(same_bits(b.grad(), b2.grad()));
+}
+
+// bf16: one rounding instead of several, so close to the composition but not its bits.
+TEST(FusedNumerics, MlpGeluInBf16IsCloseToTheComposition) {
+  std::vector<Variable> p{
+      input({4, 5, 32}, 61, DType::BF16, -2.f, 2.f), input({128, 32}, 62, DType::BF16, -0.2f, 0.2f),
+      input({128}, 63, DType::BF16), input({32, 128}, 64, DType::BF16, -0.1f, 0.1f),
+      input({32}, 65, DType::BF16)};
+  std::vector<Variable> q;
+  for (const Variable& v : p) q.emplace_back(v.data(), true);
+  Variable y = mlp_gelu(p[0], p[1], p[2], p[3], p[4]);
+  Variable y2 = linear(gelu(linear(q[0], q[1], q[2])), q[3], q[4]);
+  const Tensor seed = tops::uniform(y.shape(), {66, 5}, -1.f, 1.f).to(DType::BF16);
+  backward({y}, {seed});
+  backward({y2}, {seed});
+  auto rel = [](const Tensor& a, const Tensor& b) {
+    const Tensor d = tops::sub(a.to(DType::F32), b.to(DType::F32));
+    return tops::l2_norm(d) / tops::l2_norm(b.to(DType::F32));
+  };
+  EXPECT_LT(rel(y.data(), y2.data()), 1e-2);
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(p[i].grad().dtype(), DType::BF16);
+    EXPECT_LT(rel(p[i].grad(), q[i].grad()), 2e-2) << "input " << i;
+  }
+}
+
+}  // namespace
+}  // namespace strata::autograd

@@ -1,0 +1,299 @@
+// CUDA attention on strided operands (Note [Strided attention operands] in tensor/backend.h):
+// q, k, v as views of one packed [B, T, 3, H, D] buffer, out as a [B, T, H, D] buffer, dq, dk, dv
+// as views of one packed gradient buffer, and rows with padding between them. The own kernel must
+// give the bits of its contiguous call and agree with the CPU backend; cuDNN (bf16/f16) must take
+// the packed views itself and agree with the CPU backend, and hand layouts it cannot describe to
+// the own kernel. Every test skips itself without a GPU (cuDNN ones also without cuDNN).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensor/backend.h"
+#include "tensor/cuda.h"
+#include "tensor/cuda/cudnn_sdpa.h"
+#include "tensor/ops.h"
+
+namespace strata::tensor::cuda {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+#define SKIP_WITHOUT_CUDNN() \
+  SKIP_WITHOUT_GPU();        \
+  if (std::string why_; !cudnn_loaded(&why_)) GTEST_SKIP() << "cuDNN: " << why_
+
+class ScopedAttentionMode {
+ public:
+  explicit ScopedAttentionMode(const char* value) {
+    if (const char* old = std::getenv("STRATA_ATTENTION")) old_ = old;
+    setenv("STRATA_ATTENTION", value, 1);
+  }
+  ~ScopedAttentionMode() {
+    if (old_)
+      setenv("STRATA_ATTENTION", old_->c_str(), 1);
+    else
+      unsetenv("STRATA_ATTENTION");
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+struct Problem {
+  int64_t b, h, tq, tk, d;
+  bool causal;
+};
+
+std::string name(DType dt, const Problem& p) {
+  return fmt::format("{} B={} H={} Tq={} Tk={} D={}{}", dtype_name(dt), p.b, p.h, p.tq, p.tk, p.d,
+                     p.causal ? " causal" : "");
+}
+
+enum class Layout {
+  Contiguous,
+  Packed,      // the slots of one [B, T, n, H, D] buffer (falls back to HeadsInner if Tq != Tk)
+  HeadsInner,  // a [B, T, H, D] buffer seen as [B, H, T, D]
+  WideRows,    // [B, H, T, D + 6] narrowed at offset 3: unaligned rows, cuDNN must refuse
+};
+
+// Views of the [B, H, T, D] shapes in `layout`, in NaN-filled buffers on `dev` (appended to
+// `buffers`).
+std::vector<Tensor> views_in(Layout layout, const std::vector<Shape>& shapes, DType dt, Device dev,
+                             std::vector<Tensor>& buffers) {
+  std::vector<Tensor> views;
+  bool same_t = true;
+  for (const Shape& s : shapes) same_t = same_t && s[2] == shapes[0][2];
+  if (layout == Layout::Packed && !same_t) layout = Layout::HeadsInner;
+  if (layout == Layout::Packed) {
+    const Shape& s = shapes[0];
+    const auto n = static_cast<int64_t>(shapes.size());
+    Tensor buf = full({s[0], s[2], n, s[1], s[3]}, NAN, dt, dev);
+    buffers.push_back(buf);
+    for (int64_t i = 0; i < n; ++i) views.push_back(buf.select(2, i).transpose(1, 2));
+    return views;
+  }
+  for (const Shape& s : shapes) {
+    Tensor buf;
+    if (layout == Layout::Contiguous) {
+      buf = full(s, NAN, dt, dev);
+      views.push_back(buf);
+    } else if (layout == Layout::HeadsInner) {
+      buf = full({s[0], s[2], s[1], s[3]}, NAN, dt, dev);
+      views.push_back(buf.transpose(1, 2));
+    } else {
+      buf = full({s[0], s[1], s[2], s[3] + 6}, NAN, dt, dev);
+      views.push_back(buf.narrow(3, 3, s[3]));
+    }
+    buffers.push_back(buf);
+  }
+  return views;
+}
+
+int64_t count_nan(const Tensor& t) {
+  int64_t n = 0;
+  for (float x : to_float_vector(t)) n += std::isnan(x) ? 1 : 0;
+  return n;
+}
+
+struct Outputs {
+  Tensor out, lse, dq, dk, dv;
+  AttentionPath forward_path = AttentionPath::None, backward_path = AttentionPath::None;
+};
+
+// Host inputs q, k, v, dout of problem p in dtype dt.
+std::vector<Tensor> host_inputs(const Problem& p, DType dt) {
+  auto make = [&](int64_t t, uint64_t stream) {
+    return uniform({p.b, p.h, t, p.d}, {17, stream}, -1.f, 1.f).to(dt);
+  };
+  return {make(p.tq, 1), make(p.tk, 2), make(p.tk, 3), make(p.tq, 4)};
+}
+
+// Forward and backward through `dev`'s backend with the inputs in layout `in` and the outputs in
+// layout `outl`; checks each output buffer was written inside its views only, and fully.
+Outputs run(Device dev, const Problem& p, DType dt, const std::vector<Tensor>& host, Layout in,
+            Layout outl) {
+  Backend& be = backend_for(dev);
+  const Shape qs{p.b, p.h, p.tq, p.d}, ks{p.b, p.h, p.tk, p.d};
+  std::vector<Tensor> in_bufs, out_bufs, grad_bufs;
+  std::vector<Tensor> qkv = views_in(in, {qs, ks, ks}, dt, dev, in_bufs);
+  Tensor dout = views_in(in, {qs}, dt, dev, in_bufs)[0];
+  for (int i = 0; i < 3; ++i) qkv[i].copy_(host[i]);
+  dout.copy_(host[3]);
+  const float scale = 1.f / std::sqrt(static_cast<float>(p.d));
+
+  Outputs r;
+  r.out = views_in(outl, {qs}, dt, dev, out_bufs)[0];
+  r.lse = Tensor::empty({p.b, p.h, p.tq}, DType::F32, dev);
+  set_last_attention_path(AttentionPath::None);
+  be.attention_forward(qkv[0], qkv[1], qkv[2], p.causal, scale, r.out, r.lse);
+  r.forward_path = last_attention_path();
+  std::vector<Tensor> d = views_in(outl, {qs, ks, ks}, dt, dev, grad_bufs);
+  r.dq = d[0], r.dk = d[1], r.dv = d[2];
+  set_last_attention_path(AttentionPath::None);
+  be.attention_backward(qkv[0], qkv[1], qkv[2], r.out, r.lse, dout, p.causal, scale, r.dq, r.dk,
+                        r.dv);
+  r.backward_path = last_attention_path();
+  int64_t nan = 0, total = 0;
+  for (const Tensor& b : out_bufs) nan += count_nan(b), total += b.numel();
+  EXPECT_EQ(nan, total - r.out.numel()) << "out written outside (or not all over) its view";
+  nan = total = 0;
+  for (const Tensor& b : grad_bufs) nan += count_nan(b), total += b.numel();
+  EXPECT_EQ(nan, total - r.dq.numel() - r.dk.numel() - r.dv.numel())
+      << "dq, dk, dv written outside (or not all over) their views";
+  return r;
+}
+
+// The CPU backend in f32 on the same (rounded) values: the reference.
+Outputs cpu_reference(const Problem& p, const std::vector<Tensor>& host) {
+  std::vector<Tensor> f32;
+  for (const Tensor& t : host) f32.push_back(t.to(DType::F32));
+  return run(Device::cpu(), p, DType::F32, f32, Layout::Contiguous, Layout::Contiguous);
+}
+
+// max |got - ref| <= tol * max |ref|, one number per tensor.
+void expect_close(const char* what, const Tensor& got, const Tensor& ref, double tol) {
+  const std::vector<float> a = to_float_vector(got), b = to_float_vector(ref);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(a[i])) << what << "[" << i << "] = " << a[i];
+    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  EXPECT_LE(err, tol * std::max(scale, 1e-6))
+      << what << ": max error " << err << " against max |ref| " << scale;
+}
+
+void expect_close(const Outputs& got, const Outputs& ref, double tol) {
+  expect_close("out", got.out, ref.out, tol);
+  expect_close("lse", got.lse, ref.lse, 1e-3);
+  expect_close("dq", got.dq, ref.dq, tol);
+  expect_close("dk", got.dk, ref.dk, tol);
+  expect_close("dv", got.dv, ref.dv, tol);
+}
+
+std::vector<float> bits_of(const Tensor& t) {
+  return to_float_vector(t);  // exact for every float dtype; compared with operator==
+}
+
+// Tolerance against the f32 CPU reference: the GPU rounds its outputs (and cuDNN P and dS) to dt.
+double tolerance(DType dt) {
+  return dt == DType::F32 ? 1e-4 : dt == DType::BF16 ? 2e-2 : 1e-2;
+}
+
+const std::vector<Problem> kOwnProblems = {
+    {2, 2, 33, 33, 16, true},
+    {2, 2, 33, 33, 16, false},
+    {1, 2, 24, 40, 64, true},
+};
+
+TEST(StridedAttentionCuda, OwnKernelOnViewsGivesItsContiguousBitsAndMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  ScopedAttentionMode m("own");
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (const Problem& p : kOwnProblems) {
+      SCOPED_TRACE(name(dt, p));
+      const std::vector<Tensor> host = host_inputs(p, dt);
+      const Outputs want = run(kGpu, p, dt, host, Layout::Contiguous, Layout::Contiguous);
+      EXPECT_EQ(want.forward_path, AttentionPath::Own);
+      expect_close(want, cpu_reference(p, host), tolerance(dt));
+      for (Layout in : {Layout::Packed, Layout::WideRows})
+        for (Layout outl : {Layout::Packed, Layout::HeadsInner, Layout::WideRows}) {
+          SCOPED_TRACE(fmt::format("layouts {} {}", static_cast<int>(in), static_cast<int>(outl)));
+          const Outputs got = run(kGpu, p, dt, host, in, outl);
+          // Only the addresses differ: the same arithmetic in the same order.
+          EXPECT_EQ(bits_of(got.out), bits_of(want.out));
+          EXPECT_EQ(bits_of(got.lse), bits_of(want.lse));
+          EXPECT_EQ(bits_of(got.dq), bits_of(want.dq));
+          EXPECT_EQ(bits_of(got.dk), bits_of(want.dk));
+          EXPECT_EQ(bits_of(got.dv), bits_of(want.dv));
+        }
+    }
+}
+
+// GPT-2's layout: q, k, v in one [B, T, 3, H, D] buffer, out [B, T, H, D], dq, dk, dv in one
+// [B, T, 3, H, D] buffer; cuDNN must run on these views itself.
+TEST(StridedAttentionCuda, CudnnTakesPackedQkvViewsAndMatchesTheCpu) {
+  SKIP_WITHOUT_CUDNN();
+  ScopedAttentionMode m("cudnn");
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const Problem& p : {Problem{2, 3, 128, 128, 64, true}, Problem{2, 4, 200, 200, 64, false},
+                             Problem{1, 2, 64, 64, 128, true}}) {
+      SCOPED_TRACE(name(dt, p));
+      const std::vector<Tensor> host = host_inputs(p, dt);
+      const Outputs ref = cpu_reference(p, host);
+      for (Layout outl : {Layout::Packed, Layout::HeadsInner}) {
+        const Outputs got = run(kGpu, p, dt, host, Layout::Packed, outl);
+        EXPECT_EQ(got.forward_path, AttentionPath::Cudnn);
+        EXPECT_EQ(got.backward_path, AttentionPath::Cudnn);
+        expect_close(got, ref, tolerance(dt));
+      }
+    }
+}
+
+// Rows that do not start 16-byte aligned cannot be described to cuDNN: auto falls back to the own
+// kernel (and gives its contiguous bits), and the refusal names the reason.
+TEST(StridedAttentionCuda, UnalignedViewsFallBackToTheOwnKernel) {
+  SKIP_WITHOUT_GPU();
+  const Problem p{1, 2, 64, 64, 64, true};
+  const DType dt = DType::BF16;
+  const std::vector<Tensor> host = host_inputs(p, dt);
+  Outputs own;
+  {
+    ScopedAttentionMode m("own");
+    own = run(kGpu, p, dt, host, Layout::Contiguous, Layout::Contiguous);
+  }
+  ScopedAttentionMode m("auto");
+  const Outputs got = run(kGpu, p, dt, host, Layout::WideRows, Layout::WideRows);
+  EXPECT_EQ(got.forward_path, AttentionPath::Own);
+  EXPECT_EQ(got.backward_path, AttentionPath::Own);
+  EXPECT_EQ(bits_of(got.out), bits_of(own.out));
+  EXPECT_EQ(bits_of(got.dq), bits_of(own.dq));
+
+  std::vector<Tensor> bufs;
+  const Shape s{p.b, p.h, p.tq, p.d};
+  std::vector<Tensor> v = views_in(Layout::WideRows, {s, s, s, s}, dt, kGpu, bufs);
+  Tensor lse = Tensor::empty({p.b, p.h, p.tq}, DType::F32, kGpu);
+  std::string why;
+  EXPECT_FALSE(cudnn_sdpa_forward(nullptr, v[0], v[1], v[2], true, 0.125f, v[3], lse, &why));
+  EXPECT_TRUE(why.find("16-byte aligned") != std::string::npos ||
+              why.find("multiple of 8") != std::string::npos)
+      << why;
+}
+
+// The op layer: views of a packed qkv go to the backend as they are, out comes back as a
+// [B, T, H, D] buffer, and attention_backward_into fills a packed dqkv.
+TEST(StridedAttentionCuda, OpsOnPackedQkvMatchTheCpuOps) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, T = 40, H = 2, D = 16;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor qkv_host = uniform({B, T, 3, H, D}, {23, 1}, -1.f, 1.f).to(dt);
+    const Tensor g_host = uniform({B, T, H, D}, {23, 2}, -1.f, 1.f).to(dt);
+    auto heads = [](const Tensor& packed, int i) { return packed.select(2, i).transpose(1, 2); };
+    auto grads = [&](Device dev) {
+      const Tensor qkv = qkv_host.to(dev), g = g_host.to(dev).transpose(1, 2);
+      AttentionResult r = attention(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), true);
+      EXPECT_TRUE(r.out.transpose(1, 2).is_contiguous());
+      Tensor dqkv = full({B, T, 3, H, D}, NAN, dt, dev);
+      attention_backward_into(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), r.out, r.lse, g, true,
+                              0.f, heads(dqkv, 0), heads(dqkv, 1), heads(dqkv, 2));
+      return std::vector<Tensor>{r.out, r.lse, dqkv};
+    };
+    const std::vector<Tensor> gpu = grads(kGpu), cpu = grads(Device::cpu());
+    EXPECT_EQ(count_nan(gpu[2]), 0);
+    expect_close("out", gpu[0], cpu[0], tolerance(dt));
+    expect_close("lse", gpu[1], cpu[1], 1e-3);
+    expect_close("dqkv", gpu[2], cpu[2], tolerance(dt));
+  }
+}
+
+}  // namespace
+}  // namespace strata::tensor::cuda

@@ -1,0 +1,279 @@
+// The fused CUDA ops against the CPU backend (the reference) and against the unfused ops on the
+// GPU: residual add + layernorm / rmsnorm (Note [CUDA fused residual norm]) on the packed and the
+// scalar paths, and linear with cuBLASLt epilogues (Note [CUDA linear epilogues]) on the epilogue
+// path and on the fallback kernels. Skips itself when no GPU is visible (CTest label `cuda`).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tensor/cuda.h"
+#include "tensor/ops.h"
+
+namespace strata::tensor {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+const Device kCpu = Device::cpu();
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
+
+// The tolerances of tests/cuda/cuda_ops_test.cpp: f32 kernels within rtol 1e-4 / atol 1e-5 of
+// the CPU; a BF16/F16 output within one ulp of the output dtype (rel 2^-7, 2^-10) plus the
+// rounding noise of a different summation order near 0.
+struct Tol {
+  double rtol, atol;
+};
+Tol tol(DType dt) {
+  return dt == DType::BF16  ? Tol{1.0 / 128, 1e-3}
+         : dt == DType::F16 ? Tol{1.0 / 1024, 1e-4}
+                            : Tol{1e-4, 1e-5};
+}
+
+// A compute-dtype copy of an f32 CPU tensor on device d.
+Tensor on(const Tensor& t, DType dt, Device d) {
+  return t.to(dt).to(d);
+}
+
+Tensor rnd(const Shape& s, uint64_t stream, float lo = -2.f, float hi = 2.f) {
+  return uniform(s, {77, stream}, lo, hi);
+}
+
+// The same values at an address 2 elements past a 16-byte boundary: the kernels' scalar path.
+Tensor unaligned(const Tensor& t) {
+  Tensor flat = t.reshape({t.numel()});
+  Tensor buf = concat({flat.narrow(0, 0, 2), flat}, 0);
+  return buf.narrow(0, 2, t.numel()).view(t.shape());
+}
+
+::testing::AssertionResult close(const Tensor& got, const Tensor& want, Tol t) {
+  if (!(got.shape() == want.shape())) return ::testing::AssertionFailure() << "shapes differ";
+  if (got.dtype() != want.dtype()) return ::testing::AssertionFailure() << "dtypes differ";
+  const Tensor g = got.to(kCpu).to(DType::F32), w = want.to(kCpu).to(DType::F32);
+  if (allclose(g, w, t.rtol, t.atol)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |diff| " << max_abs_diff(g, w);
+}
+
+// dsum = ds + round(dx) compared where ds and dx may cancel: a one-ulp difference of dx between
+// two kernels is allowed at dx's magnitude, |dx| <= |dsum| + |ds|.
+::testing::AssertionResult close_sum(const Tensor& got, const Tensor& want, const Tensor& ds,
+                                     Tol t) {
+  if (!ds.defined()) return close(got, want, t);
+  if (!(got.shape() == want.shape())) return ::testing::AssertionFailure() << "shapes differ";
+  const std::vector<float> g = to_float_vector(got.to(kCpu)), w = to_float_vector(want.to(kCpu)),
+                           d = to_float_vector(ds.to(kCpu));
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double bound = t.rtol * (std::fabs(w[i]) + std::fabs(d[i])) + t.atol;
+    if (!(std::fabs(static_cast<double>(g[i]) - w[i]) <= bound))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << g[i] << " vs " << w[i] << " (ds " << d[i] << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return max_abs_diff(a.to(kCpu).to(DType::F32), b.to(kCpu).to(DType::F32)) == 0.0;
+}
+
+// ---- residual add + norm ----
+
+struct NormCase {
+  int64_t rows, c;
+  bool misalign;  // operands 2 elements off a 16-byte boundary
+};
+// c = 96: 128-bit packs in every dtype; c = 17: the scalar path; c = 2048: 1024 threads per row.
+const NormCase kNormCases[] = {{37, 96, false}, {37, 96, true}, {5, 17, false}, {3, 2048, false}};
+
+TEST(CudaFusedNorm, AddLayerNormMatchesTheCpuAndTheUnfusedGpuOps) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : kDtypes)
+    for (const NormCase& nc : kNormCases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " c=" + std::to_string(nc.c) +
+                   (nc.misalign ? " unaligned" : ""));
+      const Shape s{nc.rows, nc.c};
+      const Tensor x = rnd(s, 1, 1.f, 3.f), r = rnd(s, 2), w = rnd({nc.c}, 3), b = rnd({nc.c}, 4),
+                   dy = rnd(s, 5), ds = rnd(s, 6);
+      auto dev = [&](const Tensor& t) {
+        Tensor g = on(t, dt, kGpu);
+        return nc.misalign ? unaligned(g) : g;
+      };
+      const Tol t = tol(dt);
+      AddNormResult cpu =
+          add_layernorm(on(x, dt, kCpu), on(r, dt, kCpu), on(w, dt, kCpu), on(b, dt, kCpu), 1e-5f);
+      AddNormResult gpu = add_layernorm(dev(x), dev(r), dev(w), dev(b), 1e-5f);
+      EXPECT_TRUE(close(gpu.s, cpu.s, Tol{0, 0})) << "s = x + r rounds once, exactly";
+      EXPECT_TRUE(close(gpu.y, cpu.y, t));
+      EXPECT_TRUE(close(gpu.mean, cpu.mean, tol(DType::F32)));
+      EXPECT_TRUE(close(gpu.rstd, cpu.rstd, tol(DType::F32)));
+      // Backward from the CPU's forward outputs on both devices: the same inputs.
+      for (bool with_ds : {true, false}) {
+        SCOPED_TRACE(with_ds ? "with ds" : "without ds");
+        const Tensor dsc = with_ds ? on(ds, dt, kCpu) : Tensor();
+        const Tensor dsg = with_ds ? dev(ds) : Tensor();
+        LayerNormGrads gc = add_layernorm_backward(on(dy, dt, kCpu), dsc, cpu.s, on(w, dt, kCpu),
+                                                   cpu.mean, cpu.rstd);
+        LayerNormGrads gg = add_layernorm_backward(dev(dy), dsg, cpu.s.to(kGpu), dev(w),
+                                                   cpu.mean.to(kGpu), cpu.rstd.to(kGpu));
+        EXPECT_TRUE(close_sum(gg.dx, gc.dx, dsc, t));
+        EXPECT_TRUE(close(gg.dweight, gc.dweight, t));
+        EXPECT_TRUE(close(gg.dbias, gc.dbias, t));
+        // The unfused ops on the GPU: layernorm_backward's dx, then the engine's ds + dx.
+        LayerNormGrads u = layernorm_backward(dev(dy), cpu.s.to(kGpu), dev(w), cpu.mean.to(kGpu),
+                                              cpu.rstd.to(kGpu));
+        EXPECT_TRUE(close_sum(gg.dx, with_ds ? add(dsg, u.dx) : u.dx, dsc, t));
+        EXPECT_TRUE(close(gg.dweight, u.dweight, t));
+        EXPECT_TRUE(close(gg.dbias, u.dbias, t));
+      }
+      NormResult u = layernorm(add(dev(x), dev(r)), dev(w), dev(b), 1e-5f);
+      EXPECT_TRUE(close(gpu.y, u.y, t));
+    }
+}
+
+TEST(CudaFusedNorm, AddRmsNormMatchesTheCpuAndTheUnfusedGpuOps) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : kDtypes)
+    for (const NormCase& nc : kNormCases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " c=" + std::to_string(nc.c) +
+                   (nc.misalign ? " unaligned" : ""));
+      const Shape s{nc.rows, nc.c};
+      const Tensor x = rnd(s, 11), r = rnd(s, 12), w = rnd({nc.c}, 13), dy = rnd(s, 15),
+                   ds = rnd(s, 16);
+      auto dev = [&](const Tensor& t) {
+        Tensor g = on(t, dt, kGpu);
+        return nc.misalign ? unaligned(g) : g;
+      };
+      const Tol t = tol(dt);
+      AddNormResult cpu = add_rmsnorm(on(x, dt, kCpu), on(r, dt, kCpu), on(w, dt, kCpu), 1e-6f);
+      AddNormResult gpu = add_rmsnorm(dev(x), dev(r), dev(w), 1e-6f);
+      EXPECT_TRUE(close(gpu.s, cpu.s, Tol{0, 0}));
+      EXPECT_TRUE(close(gpu.y, cpu.y, t));
+      EXPECT_TRUE(close(gpu.rstd, cpu.rstd, tol(DType::F32)));
+      RmsNormGrads gc = add_rmsnorm_backward(on(dy, dt, kCpu), on(ds, dt, kCpu), cpu.s,
+                                             on(w, dt, kCpu), cpu.rstd);
+      RmsNormGrads gg =
+          add_rmsnorm_backward(dev(dy), dev(ds), cpu.s.to(kGpu), dev(w), cpu.rstd.to(kGpu));
+      EXPECT_TRUE(close_sum(gg.dx, gc.dx, on(ds, dt, kCpu), t));
+      EXPECT_TRUE(close(gg.dweight, gc.dweight, t));
+      RmsNormGrads u = rmsnorm_backward(dev(dy), cpu.s.to(kGpu), dev(w), cpu.rstd.to(kGpu));
+      EXPECT_TRUE(close_sum(gg.dx, add(dev(ds), u.dx), on(ds, dt, kCpu), t));
+      EXPECT_TRUE(close(gpu.y, rmsnorm(add(dev(x), dev(r)), dev(w), 1e-6f).y, t));
+    }
+}
+
+TEST(CudaFusedNorm, SameInputsGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : kDtypes) {
+    const Tensor x = on(rnd({64, 96}, 21), dt, kGpu), r = on(rnd({64, 96}, 22), dt, kGpu),
+                 w = on(rnd({96}, 23), dt, kGpu), b = on(rnd({96}, 24), dt, kGpu),
+                 dy = on(rnd({64, 96}, 25), dt, kGpu);
+    auto run = [&] {
+      AddNormResult f = add_layernorm(x, r, w, b, 1e-5f);
+      LayerNormGrads g = add_layernorm_backward(dy, x, f.s, w, f.mean, f.rstd);
+      return std::vector<Tensor>{f.s, f.y, g.dx, g.dweight, g.dbias};
+    };
+    std::vector<Tensor> a = run(), c = run();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i], c[i])) << i;
+  }
+}
+
+// ---- linear with epilogues ----
+
+// Forces the fallback kernels (Note [CUDA linear epilogues]) for a scope.
+struct EpiloguesOff {
+  EpiloguesOff() { ::setenv("STRATA_LINEAR_EPILOGUE", "off", 1); }
+  ~EpiloguesOff() { ::unsetenv("STRATA_LINEAR_EPILOGUE"); }
+};
+
+struct LinearCase {
+  int64_t m, k, n, p;  // x [m, k], w [n, k]; backward: dz [m, p], w2 [p, n]
+};
+// n = 96: the GELU AUX leading dimension is a multiple of 8 (every epilogue runs); n = 20: it is
+// not, so the GELU epilogues with AUX fall back while BIAS and BGRADB still run.
+const LinearCase kLinearCases[] = {{37, 64, 96, 48}, {5, 24, 20, 16}};
+
+// Every output of linear and its backward pieces for inputs in dt on device d.
+std::vector<Tensor> linear_outputs(const LinearCase& lc, DType dt, Device d) {
+  // Small weights keep the GELU inputs where GELU bends (|x| < 3), where tanh and erf GELU differ.
+  const Tensor x = on(rnd({lc.m, lc.k}, 31), dt, d),
+               w = on(rnd({lc.n, lc.k}, 32, -0.3f, 0.3f), dt, d), b = on(rnd({lc.n}, 33), dt, d),
+               dy = on(rnd({lc.m, lc.n}, 34), dt, d), dz = on(rnd({lc.m, lc.p}, 35), dt, d),
+               w2 = on(rnd({lc.p, lc.n}, 36), dt, d),
+               pre = on(rnd({lc.m, lc.n}, 37, -3.f, 3.f), dt, d);
+  LinearResult g = linear(x, w, b, Activation::Gelu, true);
+  LinearWeightGrads wg = linear_backward_weight(dy, x, true);
+  LinearGeluGrads gg = linear_backward_gelu(dz, w2, pre, true);
+  return {g.y,
+          g.pre,
+          linear(x, w, b, Activation::Gelu).y,  // GELU_BIAS: no AUX
+          linear(x, w, b).y,                    // BIAS
+          linear(x, w, Tensor(), Activation::Gelu, true).y,
+          wg.dweight,
+          wg.dbias,
+          gg.dpre,
+          gg.dbias,
+          linear_backward_gelu(dz, w2, pre, false).dpre};  // DGELU
+}
+
+TEST(CudaLinear, EpiloguesAndFallbackMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : kDtypes)
+    for (const LinearCase& lc : kLinearCases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n=" + std::to_string(lc.n));
+      const std::vector<Tensor> want = linear_outputs(lc, dt, kCpu);
+      const std::vector<Tensor> got = linear_outputs(lc, dt, kGpu);
+      std::vector<Tensor> fallback;
+      {
+        EpiloguesOff off;
+        fallback = linear_outputs(lc, dt, kGpu);
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        SCOPED_TRACE("output " + std::to_string(i));
+        EXPECT_TRUE(close(got[i], want[i], tol(dt)));
+        EXPECT_TRUE(close(fallback[i], want[i], tol(dt)));
+        EXPECT_TRUE(close(got[i], fallback[i], tol(dt)));
+      }
+    }
+}
+
+// The epilogues against the unfused GPU ops (matmul, bias_add, gelu, unary_backward, sum_to): f32,
+// where both round only once.
+TEST(CudaLinear, EpiloguesMatchTheUnfusedGpuOpsInF32) {
+  SKIP_WITHOUT_GPU();
+  const LinearCase lc = kLinearCases[0];
+  const Tensor x = rnd({lc.m, lc.k}, 41).to(kGpu), w = rnd({lc.n, lc.k}, 42, -0.3f, 0.3f).to(kGpu),
+               b = rnd({lc.n}, 43).to(kGpu), dy = rnd({lc.m, lc.n}, 44).to(kGpu),
+               dz = rnd({lc.m, lc.p}, 45).to(kGpu), w2 = rnd({lc.p, lc.n}, 46).to(kGpu);
+  const Tol t = tol(DType::F32);
+  const Tensor pre = bias_add(matmul(x, w, false, true), b);
+  LinearResult f = linear(x, w, b, Activation::Gelu, true);
+  EXPECT_TRUE(close(f.pre, pre, t));
+  EXPECT_TRUE(close(f.y, gelu(pre), t));
+  LinearWeightGrads g = linear_backward_weight(dy, x, true);
+  EXPECT_TRUE(close(g.dweight, matmul(dy, x, true, false), t));
+  EXPECT_TRUE(close(g.dbias, sum_to(dy, {lc.n}), t));
+  LinearGeluGrads d = linear_backward_gelu(dz, w2, f.pre, true);
+  const Tensor dpre = unary_backward(UnaryOp::Gelu, f.pre, matmul(dz, w2));
+  EXPECT_TRUE(close(d.dpre, dpre, t));
+  EXPECT_TRUE(close(d.dbias, sum_to(dpre, {lc.n}), t));
+}
+
+TEST(CudaLinear, SameInputsGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : kDtypes)
+    for (bool off : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (off ? " fallback" : " epilogues"));
+      if (off) ::setenv("STRATA_LINEAR_EPILOGUE", "off", 1);
+      const std::vector<Tensor> a = linear_outputs(kLinearCases[0], dt, kGpu),
+                                c = linear_outputs(kLinearCases[0], dt, kGpu);
+      ::unsetenv("STRATA_LINEAR_EPILOGUE");
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i], c[i])) << i;
+    }
+}
+
+}  // namespace
+}  // namespace strata::tensor

@@ -1,0 +1,729 @@
+// cuBLASLt for the emulated device (Note [Emulated cuBLASLt]).
+//
+// Note [Emulated cuBLASLt]
+// The real library's column-major semantics: with op(X) = X or X^T per TRANSA/TRANSB,
+//   D = alpha * op(A) op(B) + beta * C            (C is not read when beta == 0)
+// for every batch (BATCH_COUNT, STRIDED_BATCH_OFFSET in elements; a stride of 0 reuses the
+// matrix), then the epilogue. A, B are F32, BF16 or F16 (the same type); C and D share a type,
+// A's or F32 (F32 only for F32 inputs); compute CUBLAS_COMPUTE_32F(_PEDANTIC), scale type F32,
+// host alpha/beta. Each D element is one f32 sum over k in order, alpha/beta/epilogue in f32,
+// rounded once (to nearest even) to D's type. Epilogues, as cublasLt.h documents them:
+//   BIAS            D = x + bias[row]                      (bias: D's type or F32; rows of D)
+//   GELU(_BIAS)     D = gelu(x (+ bias))
+//   GELU_AUX(_BIAS) the same, and aux[row, col] = the GELU input, in D's type
+//   DGELU           D = x * gelu'(aux[row, col])            (aux: the forward's GELU input)
+//   DGELU_BGRAD     the same, and bias[row] = sum over columns of that D (before rounding)
+//   BGRADA          bias[row] = sum over k of op(A)[row, k]  (length: rows of D)
+//   BGRADB          bias[col] = sum over k of op(B)[k, col]  (length: columns of D)
+// where x = alpha * op(A) op(B) + beta * C. GELU is the tanh approximation,
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): PyTorch's addmm falls back to
+// gelu(approximate="tanh") exactly where it cannot use this epilogue (aten/src/ATen/native/cuda/
+// Blas.cpp), and Strata's own GELU kernel is the same function, so fused and unfused agree.
+// The aux matrix has AUX_LD (>= rows, a multiple of 8) and AUX_BATCH_STRIDE. Where the real
+// library's behaviour is not documented well enough to emulate with confidence - bias-gradient
+// epilogues with alpha != 1 or a batch, DGELU with beta != 0, RELU epilogues, row-major or
+// tiled orders, device pointer modes, fp8 scaling - the emulator returns
+// CUBLAS_STATUS_NOT_SUPPORTED rather than a guess.
+// The heuristic returns one algorithm (no workspace) that remembers the preference's minimum
+// alignments; cublasLtMatmul with a less aligned pointer than the algorithm was chosen for
+// returns CUBLAS_STATUS_NOT_SUPPORTED, as an algorithm chosen for aligned data cannot run on
+// unaligned data. An operand outside device memory (or past the end of its allocation) aborts,
+// as a kernel reading there would fault.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "tests/cuda_emu/control.h"
+#include "tests/cuda_emu/device_memory.h"
+#include "tests/cuda_emu/simt.h"
+
+namespace strata::cuda_emu {
+
+namespace {
+
+constexpr uint32_t kHandleMagic = 0x4c744864;  // "LtHd"
+constexpr uint64_t kAlgoMagic = 0x5354524154414c47ull;
+
+struct Handle {
+  uint32_t magic = kHandleMagic;
+};
+
+struct Layout {
+  uint32_t type = CUDA_R_32F;
+  int32_t order = CUBLASLT_ORDER_COL;
+  uint64_t rows = 0;
+  uint64_t cols = 0;
+  int64_t ld = 0;
+  int32_t batch = 1;
+  int64_t stride = 0;
+  int64_t plane_offset = 0;
+  uint32_t batch_mode = 0;
+};
+
+struct Desc {
+  int32_t compute = CUBLAS_COMPUTE_32F;
+  int32_t scale = CUDA_R_32F;
+  int32_t pointer_mode = CUBLASLT_POINTER_MODE_HOST;
+  int32_t transa = CUBLAS_OP_N;
+  int32_t transb = CUBLAS_OP_N;
+  int32_t transc = CUBLAS_OP_N;
+  int32_t fill_mode = CUBLAS_FILL_MODE_FULL;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;
+  int64_t bias_batch_stride = 0;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+  int64_t aux_batch_stride = 0;
+  int64_t alpha_vector_batch_stride = 0;
+  int32_t sm_count_target = 0;
+  void* unsupported_pointer[8] = {};  // scale/amax pointers: any non-null one is not supported
+  int32_t aux_type = -1;
+  int8_t fast_accum = 0;
+  int32_t bias_type = -1;
+  int32_t scale_mode[6] = {};
+  void* emulation = nullptr;
+};
+
+struct Pref {
+  uint32_t search_mode = 0;
+  uint64_t max_workspace = 0;
+  uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
+  uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D
+  float max_waves = 0.f;
+  uint64_t impl_mask = ~uint64_t{0};
+};
+
+template <typename T>
+cublasStatus_t set_attr(T& field, const void* buf, size_t n) {
+  if (buf == nullptr || n != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(&field, buf, n);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+template <typename T>
+cublasStatus_t get_attr(const T& field, void* buf, size_t n, size_t* written) {
+  if (n == 0) {
+    if (written == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    *written = sizeof(T);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (buf == nullptr || n != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(buf, &field, sizeof(T));
+  if (written) *written = sizeof(T);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+bool float_type(uint32_t t) {
+  return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F;
+}
+
+size_t type_bytes(uint32_t t) {
+  return t == CUDA_R_32F ? 4 : 2;
+}
+
+float load(const void* p, uint32_t t, int64_t i) {
+  switch (t) {
+    case CUDA_R_32F:
+      return static_cast<const float*>(p)[i];
+    case CUDA_R_16BF:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return __half2float(static_cast<const __half*>(p)[i]);
+  }
+}
+
+void store(void* p, uint32_t t, int64_t i, float v) {
+  switch (t) {
+    case CUDA_R_32F:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case CUDA_R_16BF:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+  }
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCube = 0.044715f;
+
+float gelu(float v) {
+  return 0.5f * v * (1.0f + std::tanh(kGeluScale * (v + kGeluCube * v * v * v)));
+}
+
+float gelu_grad(float v) {
+  const float t = std::tanh(kGeluScale * (v + kGeluCube * v * v * v));
+  const float du = kGeluScale * (1.0f + 3.0f * kGeluCube * v * v);
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+}
+
+enum EpilogueBits : uint32_t {
+  kBias = 1,
+  kGelu = 2,
+  kAuxOut = 4,
+  kDGelu = 8,
+  kBgradD = 16,
+  kBgradA = 32,
+  kBgradB = 64,
+};
+
+// The epilogues of Note [Emulated cuBLASLt] as bits; 0 for one that is not supported.
+uint32_t epilogue_bits(uint32_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT:
+      return 128;  // nothing to do, but supported
+    case CUBLASLT_EPILOGUE_BIAS:
+      return kBias;
+    case CUBLASLT_EPILOGUE_GELU:
+      return kGelu;
+    case CUBLASLT_EPILOGUE_GELU_BIAS:
+      return kGelu | kBias;
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+      return kGelu | kAuxOut;
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+      return kGelu | kAuxOut | kBias;
+    case CUBLASLT_EPILOGUE_DGELU:
+      return kDGelu;
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD:
+      return kDGelu | kBgradD;
+    case CUBLASLT_EPILOGUE_BGRADA:
+      return kBgradA;
+    case CUBLASLT_EPILOGUE_BGRADB:
+      return kBgradB;
+    default:
+      return 0;
+  }
+}
+
+// A checked problem.
+struct Problem {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  uint32_t ta = CUDA_R_32F, tc = CUDA_R_32F;
+  uint32_t bits = 0;
+  uint32_t bias_type = CUDA_R_32F, aux_type = CUDA_R_32F;
+};
+
+cublasStatus_t check(const Desc* d, const Layout* a, const Layout* b, const Layout* c,
+                     const Layout* dd, Problem* p) {
+  if (d == nullptr || a == nullptr || b == nullptr || c == nullptr || dd == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_PEDANTIC)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d->scale != CUDA_R_32F || d->pointer_mode != CUBLASLT_POINTER_MODE_HOST)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if ((d->transa != CUBLAS_OP_N && d->transa != CUBLAS_OP_T) ||
+      (d->transb != CUBLAS_OP_N && d->transb != CUBLAS_OP_T) || d->transc != CUBLAS_OP_N ||
+      d->fill_mode != CUBLAS_FILL_MODE_FULL)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  for (void* q : d->unsupported_pointer)
+    if (q != nullptr) return CUBLAS_STATUS_NOT_SUPPORTED;
+  for (int32_t s : d->scale_mode)
+    if (s != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d->fast_accum != 0 || d->emulation != nullptr) return CUBLAS_STATUS_NOT_SUPPORTED;
+  for (const Layout* l : {a, b, c, dd}) {
+    if (l->order != CUBLASLT_ORDER_COL || l->plane_offset != 0 || l->batch_mode != 0)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!float_type(l->type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (l->ld < static_cast<int64_t>(l->rows) || l->ld < 1 || l->batch < 1 || l->stride < 0)
+      return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (a->type != b->type || c->type != dd->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (dd->type != a->type && dd->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool ta = d->transa == CUBLAS_OP_T, tb = d->transb == CUBLAS_OP_T;
+  p->m = static_cast<int64_t>(ta ? a->cols : a->rows);
+  p->k = static_cast<int64_t>(ta ? a->rows : a->cols);
+  const int64_t kb = static_cast<int64_t>(tb ? b->cols : b->rows);
+  p->n = static_cast<int64_t>(tb ? b->rows : b->cols);
+  if (kb != p->k || static_cast<int64_t>(dd->rows) != p->m ||
+      static_cast<int64_t>(dd->cols) != p->n || c->rows != dd->rows || c->cols != dd->cols)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (a->batch != dd->batch || b->batch != dd->batch || c->batch != dd->batch)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  p->batch = dd->batch;
+  p->ta = a->type;
+  p->tc = dd->type;
+  p->bits = epilogue_bits(d->epilogue);
+  if (p->bits == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool uses_bias = p->bits & (kBias | kBgradD | kBgradA | kBgradB);
+  if (uses_bias) {
+    if (d->bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    p->bias_type = d->bias_type == -1 ? dd->type : static_cast<uint32_t>(d->bias_type);
+    if (p->bias_type != dd->type && p->bias_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if ((p->bits & (kBgradD | kBgradA | kBgradB)) && p->batch > 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (p->bits & (kAuxOut | kDGelu)) {
+    if (d->aux == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    if (d->aux_ld < p->m || d->aux_ld % 8 != 0 || d->aux_batch_stride % 8 != 0)
+      return CUBLAS_STATUS_INVALID_VALUE;
+    p->aux_type = d->aux_type == -1 ? dd->type : static_cast<uint32_t>(d->aux_type);
+    if (p->aux_type != dd->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+uint32_t alignment_of(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+[[noreturn]] void fail(const char* fmt, const void* p, size_t bytes) {
+  std::fprintf(stderr, "strata CUDA emulator: cublasLtMatmul: ");
+  std::fprintf(stderr, fmt, p, bytes);
+  std::fprintf(stderr, "\n");
+  std::abort();
+}
+
+// Opens the allocation holding [p, p + bytes) for the matmul, or aborts as a kernel touching
+// memory outside device memory would fault.
+void open_operand(const char* name, const void* p, size_t bytes) {
+  DeviceMemory& mem = DeviceMemory::get();
+  if (mem.is_pinned(p, bytes)) return;
+  Allocation* a = mem.find(p, bytes);
+  if (a == nullptr) {
+    char fmt[160];
+    std::snprintf(fmt, sizeof(fmt),
+                  "%s: [%%p, +%%zu bytes) is not inside one device allocation (a kernel reading "
+                  "it would fault)",
+                  name);
+    fail(fmt, p, bytes);
+  }
+  mem.open(*a);
+}
+
+// Bytes a column-major matrix spans: the last element of the last batch, plus one.
+size_t extent(const Layout& l, size_t elem) {
+  if (l.rows == 0 || l.cols == 0) return 0;
+  const uint64_t last = (l.cols - 1) * static_cast<uint64_t>(l.ld) + l.rows +
+                        static_cast<uint64_t>(l.batch - 1) * static_cast<uint64_t>(l.stride);
+  return static_cast<size_t>(last) * elem;
+}
+
+}  // namespace
+
+}  // namespace strata::cuda_emu
+
+using namespace strata::cuda_emu;  // NOLINT: the C API below is global
+
+namespace {
+
+Handle* handle_of(cublasLtHandle_t h) {
+  auto* p = reinterpret_cast<Handle*>(h);
+  return p != nullptr && p->magic == kHandleMagic ? p : nullptr;
+}
+Desc* desc_of(cublasLtMatmulDesc_t d) {
+  return reinterpret_cast<Desc*>(d);
+}
+Layout* layout_of(cublasLtMatrixLayout_t l) {
+  return reinterpret_cast<Layout*>(l);
+}
+Pref* pref_of(cublasLtMatmulPreference_t p) {
+  return reinterpret_cast<Pref*>(p);
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *handle = reinterpret_cast<cublasLtHandle_t>(new Handle());
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  Handle* h = handle_of(handle);
+  if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->magic = 0;
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- matrix layouts ----
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  if (layout == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  auto* l = new Layout();
+  l->type = static_cast<uint32_t>(type);
+  l->rows = rows;
+  l->cols = cols;
+  l->ld = ld;
+  *layout = reinterpret_cast<cublasLtMatrixLayout_t>(l);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout_of(layout);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
+                                                cublasLtMatrixLayoutAttribute_t attr,
+                                                const void* buf, size_t n) {
+  Layout* l = layout_of(layout);
+  if (l == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATRIX_LAYOUT_TYPE:
+      return set_attr(l->type, buf, n);
+    case CUBLASLT_MATRIX_LAYOUT_ORDER:
+      return set_attr(l->order, buf, n);
+    case CUBLASLT_MATRIX_LAYOUT_ROWS:
+      return set_attr(l->rows, buf, n);
+    case CUBLASLT_MATRIX_LAYOUT_COLS:
+      return set_attr(l->cols, buf, n);
+    case CUBLASLT_MATRIX_LAYOUT_LD:
+      return set_attr(l->ld, buf, n);
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
+      return set_attr(l->batch, buf, n);
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+      return set_attr(l->stride, buf, n);
+    case CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET:
+      return set_attr(l->plane_offset, buf, n);
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_MODE:
+      return set_attr(l->batch_mode, buf, n);
+    default:
+      return CUBLAS_STATUS_INVALID_VALUE;
+  }
+}
+
+cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t layout,
+                                                cublasLtMatrixLayoutAttribute_t attr, void* buf,
+                                                size_t n, size_t* written) {
+  Layout* l = layout_of(layout);
+  if (l == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATRIX_LAYOUT_TYPE:
+      return get_attr(l->type, buf, n, written);
+    case CUBLASLT_MATRIX_LAYOUT_ORDER:
+      return get_attr(l->order, buf, n, written);
+    case CUBLASLT_MATRIX_LAYOUT_ROWS:
+      return get_attr(l->rows, buf, n, written);
+    case CUBLASLT_MATRIX_LAYOUT_COLS:
+      return get_attr(l->cols, buf, n, written);
+    case CUBLASLT_MATRIX_LAYOUT_LD:
+      return get_attr(l->ld, buf, n, written);
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
+      return get_attr(l->batch, buf, n, written);
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+      return get_attr(l->stride, buf, n, written);
+    default:
+      return CUBLAS_STATUS_INVALID_VALUE;
+  }
+}
+
+// ---- matmul descriptors ----
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+  if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  auto* d = new Desc();
+  d->compute = compute;
+  d->scale = scale;
+  *desc = reinterpret_cast<cublasLtMatmulDesc_t>(d);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc_of(desc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t n) {
+  Desc* d = desc_of(desc);
+  if (d == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
+      return set_attr(d->compute, buf, n);
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
+      return set_attr(d->scale, buf, n);
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE:
+      return set_attr(d->pointer_mode, buf, n);
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      return set_attr(d->transa, buf, n);
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      return set_attr(d->transb, buf, n);
+    case CUBLASLT_MATMUL_DESC_TRANSC:
+      return set_attr(d->transc, buf, n);
+    case CUBLASLT_MATMUL_DESC_FILL_MODE:
+      return set_attr(d->fill_mode, buf, n);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      return set_attr(d->epilogue, buf, n);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      return set_attr(d->bias, buf, n);
+    case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE:
+      return set_attr(d->bias_batch_stride, buf, n);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      return set_attr(d->aux, buf, n);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      return set_attr(d->aux_ld, buf, n);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE:
+      return set_attr(d->aux_batch_stride, buf, n);
+    case CUBLASLT_MATMUL_DESC_ALPHA_VECTOR_BATCH_STRIDE:
+      return set_attr(d->alpha_vector_batch_stride, buf, n);
+    case CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET:
+      return set_attr(d->sm_count_target, buf, n);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+      return set_attr(d->unsupported_pointer[0], buf, n);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+      return set_attr(d->unsupported_pointer[1], buf, n);
+    case CUBLASLT_MATMUL_DESC_C_SCALE_POINTER:
+      return set_attr(d->unsupported_pointer[2], buf, n);
+    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER:
+      return set_attr(d->unsupported_pointer[3], buf, n);
+    case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER:
+      return set_attr(d->unsupported_pointer[4], buf, n);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER:
+      return set_attr(d->unsupported_pointer[5], buf, n);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_AMAX_POINTER:
+      return set_attr(d->unsupported_pointer[6], buf, n);
+    case CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER:
+      return set_attr(d->unsupported_pointer[7], buf, n);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+      return set_attr(d->aux_type, buf, n);
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM:
+      return set_attr(d->fast_accum, buf, n);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+      return set_attr(d->bias_type, buf, n);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE:
+      return set_attr(d->scale_mode[0], buf, n);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE:
+      return set_attr(d->scale_mode[1], buf, n);
+    case CUBLASLT_MATMUL_DESC_C_SCALE_MODE:
+      return set_attr(d->scale_mode[2], buf, n);
+    case CUBLASLT_MATMUL_DESC_D_SCALE_MODE:
+      return set_attr(d->scale_mode[3], buf, n);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_MODE:
+      return set_attr(d->scale_mode[4], buf, n);
+    case CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE:
+      return set_attr(d->scale_mode[5], buf, n);
+    case CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR:
+      return set_attr(d->emulation, buf, n);
+    default:
+      return CUBLAS_STATUS_INVALID_VALUE;
+  }
+}
+
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, void* buf,
+                                              size_t n, size_t* written) {
+  Desc* d = desc_of(desc);
+  if (d == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
+      return get_attr(d->compute, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
+      return get_attr(d->scale, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      return get_attr(d->transa, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      return get_attr(d->transb, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      return get_attr(d->epilogue, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      return get_attr(d->bias, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      return get_attr(d->aux, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      return get_attr(d->aux_ld, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+      return get_attr(d->bias_type, buf, n, written);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+      return get_attr(d->aux_type, buf, n, written);
+    default:
+      return CUBLAS_STATUS_INVALID_VALUE;
+  }
+}
+
+// ---- preferences and the heuristic ----
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  if (pref == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *pref = reinterpret_cast<cublasLtMatmulPreference_t>(new Pref());
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref_of(pref);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t n) {
+  Pref* p = pref_of(pref);
+  if (p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_SEARCH_MODE:
+      return set_attr(p->search_mode, buf, n);
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      return set_attr(p->max_workspace, buf, n);
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+      return set_attr(p->reduction_mask, buf, n);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+      return set_attr(p->align[0], buf, n);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+      return set_attr(p->align[1], buf, n);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+      return set_attr(p->align[2], buf, n);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      return set_attr(p->align[3], buf, n);
+    case CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT:
+      return set_attr(p->max_waves, buf, n);
+    case CUBLASLT_MATMUL_PREF_IMPL_MASK:
+      return set_attr(p->impl_mask, buf, n);
+    default:
+      return CUBLAS_STATUS_INVALID_VALUE;
+  }
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t preference, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int* returned) {
+  if (handle_of(handle) == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (requested < 1 || results == nullptr || returned == nullptr || preference == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  *returned = 0;
+  Problem p;
+  const cublasStatus_t s =
+      check(desc_of(desc), layout_of(a), layout_of(b), layout_of(c), layout_of(d), &p);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  const Pref* pref = pref_of(preference);
+  // The algorithm keeps what it was chosen for (Note [Emulated cuBLASLt]).
+  cublasLtMatmulHeuristicResult_t r{};
+  r.algo.data[0] = kAlgoMagic;
+  for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->align[i];
+  r.algo.data[5] = p.ta | (uint64_t{p.tc} << 32);
+  r.workspaceSize = 0;
+  r.state = CUBLAS_STATUS_SUCCESS;
+  r.wavesCount = 1.f;
+  results[0] = r;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                              const void* alpha_p, const void* A, cublasLtMatrixLayout_t adesc,
+                              const void* B, cublasLtMatrixLayout_t bdesc, const void* beta_p,
+                              const void* C, cublasLtMatrixLayout_t cdesc, void* D,
+                              cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  (void)workspace;
+  (void)workspace_bytes;
+  if (handle_of(handle) == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (alpha_p == nullptr || beta_p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!strata::cuda_emu::valid_stream(stream)) return CUBLAS_STATUS_INVALID_VALUE;
+  const Desc* dsc = desc_of(desc);
+  const Layout *la = layout_of(adesc), *lb = layout_of(bdesc), *lc = layout_of(cdesc),
+               *ld = layout_of(ddesc);
+  Problem p;
+  const cublasStatus_t s = check(dsc, la, lb, lc, ld, &p);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  const float alpha = *static_cast<const float*>(alpha_p);
+  const float beta = *static_cast<const float*>(beta_p);
+  if ((p.bits & (kBgradD | kBgradA | kBgradB)) && alpha != 1.f) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if ((p.bits & kDGelu) && beta != 0.f) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (algo != nullptr) {
+    if (algo->data[0] != kAlgoMagic || algo->data[5] != (p.ta | (uint64_t{p.tc} << 32)))
+      return CUBLAS_STATUS_INVALID_VALUE;  // not from the heuristic, or for other types
+    const void* ptrs[4] = {A, B, C, D};
+    for (int i = 0; i < 4; ++i)
+      if (alignment_of(ptrs[i]) < algo->data[1 + i]) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const int64_t m = p.m, n = p.n, k = p.k;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+
+  DeviceOp op("cublasLtMatmul");
+  count_matmul();
+  const size_t ea = type_bytes(p.ta), ec = type_bytes(p.tc);
+  if (k > 0) {
+    open_operand("A", A, extent(*la, ea));
+    open_operand("B", B, extent(*lb, ea));
+  }
+  if (beta != 0.f) open_operand("C", C, extent(*lc, ec));
+  open_operand("D", D, extent(*ld, ec));
+  if (p.bits & (kBias | kBgradD)) {
+    const int64_t stride = (p.bits & kBias) ? dsc->bias_batch_stride : 0;
+    open_operand("bias", dsc->bias,
+                 static_cast<size_t>(m + (p.batch - 1) * stride) * type_bytes(p.bias_type));
+  }
+  if (p.bits & kBgradA)
+    open_operand("bias", dsc->bias, static_cast<size_t>(m) * type_bytes(p.bias_type));
+  if (p.bits & kBgradB)
+    open_operand("bias", dsc->bias, static_cast<size_t>(n) * type_bytes(p.bias_type));
+  if (p.bits & (kAuxOut | kDGelu)) {
+    const size_t last =
+        static_cast<size_t>((n - 1) * dsc->aux_ld + m + (p.batch - 1) * dsc->aux_batch_stride);
+    open_operand("aux", dsc->aux, last * type_bytes(p.aux_type));
+  }
+
+  const bool ta = dsc->transa == CUBLAS_OP_T, tb = dsc->transb == CUBLAS_OP_T;
+  std::vector<float> ap(static_cast<size_t>(m * k)), bp(static_cast<size_t>(k * n));
+  std::vector<float> acc(static_cast<size_t>(n)), bias_acc(static_cast<size_t>(m));
+  for (int64_t bt = 0; bt < p.batch; ++bt) {
+    const int64_t oa = bt * la->stride, ob = bt * lb->stride, oc = bt * lc->stride,
+                  od = bt * ld->stride;
+    // op(A) as f32 rows [m][k], op(B) as f32 rows [k][n]: the sums below then walk k in order
+    // for every output element.
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t q = 0; q < k; ++q)
+        ap[i * k + q] = load(A, p.ta, oa + (ta ? q + i * la->ld : i + q * la->ld));
+    for (int64_t q = 0; q < k; ++q)
+      for (int64_t j = 0; j < n; ++j)
+        bp[q * n + j] = load(B, p.ta, ob + (tb ? j + q * lb->ld : q + j * lb->ld));
+    std::fill(bias_acc.begin(), bias_acc.end(), 0.f);
+    for (int64_t i = 0; i < m; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t q = 0; q < k; ++q) {
+        const float av = ap[i * k + q];
+        const float* brow = bp.data() + q * n;
+        for (int64_t j = 0; j < n; ++j) acc[j] += av * brow[j];
+      }
+      const float bias_v =
+          (p.bits & kBias) ? load(dsc->bias, p.bias_type, bt * dsc->bias_batch_stride + i) : 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        float x = alpha * acc[j];
+        if (beta != 0.f) x += beta * load(C, p.tc, oc + i + j * lc->ld);
+        if (p.bits & kBias) x += bias_v;
+        const int64_t aux_i = bt * dsc->aux_batch_stride + i + j * dsc->aux_ld;
+        if (p.bits & kAuxOut) store(dsc->aux, p.aux_type, aux_i, x);
+        if (p.bits & kGelu) x = gelu(x);
+        if (p.bits & kDGelu) x = x * gelu_grad(load(dsc->aux, p.aux_type, aux_i));
+        if (p.bits & kBgradD) bias_acc[i] += x;
+        store(D, p.tc, od + i + j * ld->ld, x);
+      }
+    }
+    if (p.bits & kBgradD)
+      for (int64_t i = 0; i < m; ++i) store(dsc->bias, p.bias_type, i, bias_acc[i]);
+    if (p.bits & kBgradA) {
+      for (int64_t i = 0; i < m; ++i) {
+        float sum = 0.f;
+        for (int64_t q = 0; q < k; ++q) sum += ap[i * k + q];
+        store(dsc->bias, p.bias_type, i, sum);
+      }
+    }
+    if (p.bits & kBgradB) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t q = 0; q < k; ++q)
+        for (int64_t j = 0; j < n; ++j) acc[j] += bp[q * n + j];
+      for (int64_t j = 0; j < n; ++j) store(dsc->bias, p.bias_type, j, acc[j]);
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"

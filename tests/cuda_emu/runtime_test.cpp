@@ -1,0 +1,199 @@
+// The emulated CUDA runtime (tests/cuda_emu/runtime.cpp) and device memory (Note [Emulated device
+// memory]): the device it reports, copies checked against pointer kinds, the memory cap, poison,
+// streams and events, and the faults that replace silent host access to device memory.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tests/cuda_emu/control.h"
+
+namespace strata::cuda_emu {
+namespace {
+
+TEST(CudaEmuRuntime, ReportsOneHopperLikeDevice) {
+  int n = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  EXPECT_EQ(n, 1);
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(cudaSetDevice(1), cudaErrorInvalidDevice);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevice);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cudaDeviceProp p{};
+  ASSERT_EQ(cudaGetDeviceProperties(&p, 0), cudaSuccess);
+  EXPECT_STREQ(p.name, "Strata CUDA emulator");
+  EXPECT_EQ(p.major * 10 + p.minor, 90);
+  EXPECT_EQ(p.warpSize, 32);
+  EXPECT_EQ(p.maxThreadsPerBlock, 1024);
+  EXPECT_EQ(p.maxGridSize[1], 65535);
+  int v = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  EXPECT_EQ(v, p.multiProcessorCount);
+}
+
+TEST(CudaEmuRuntime, CopiesAreCheckedAgainstPointerKinds) {
+  void* d = nullptr;
+  void* d2 = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d2, 64), cudaSuccess);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(d) % 256, 0u);
+  std::vector<char> h(64, 3), back(64, 0);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), 64, cudaMemcpyHostToDevice), cudaSuccess);
+  // Each direction against the wrong kind of pointer.
+  EXPECT_EQ(cudaMemcpy(d2, d, 64, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(back.data(), h.data(), 64, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(back.data(), d, 64, cudaMemcpyDeviceToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), 64, cudaMemcpyHostToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  // Past the end of the allocation, and overlapping device ranges.
+  EXPECT_EQ(cudaMemcpy(d, h.data(), 65, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(static_cast<char*>(d) + 8, d, 16, cudaMemcpyDeviceToDevice),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemsetAsync(h.data(), 0, 8, nullptr), cudaErrorInvalidValue);
+  // What is right works, cudaMemcpyDefault included.
+  EXPECT_EQ(cudaMemcpyAsync(d2, d, 64, cudaMemcpyDefault, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(static_cast<char*>(d2) + 60, 9, 4, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(back.data(), d2, 64, cudaMemcpyDefault), cudaSuccess);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(back[i], i < 60 ? 3 : 9);
+  // Frees must name what was allocated.
+  EXPECT_EQ(cudaFree(static_cast<char*>(d) + 1), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFreeHost(d), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(cudaFree(d2), cudaSuccess);
+  cudaGetLastError();
+}
+
+TEST(CudaEmuRuntime, PinnedMemoryIsHostMemory) {
+  void* p = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&p, 4096, cudaHostAllocDefault), cudaSuccess);
+  std::memset(p, 7, 4096);  // the host may touch it
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 4096), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(d, p, 4096, cudaMemcpyHostToDevice, nullptr), cudaSuccess);
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, p), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeHost);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, d), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+  EXPECT_EQ(cudaFree(p), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFreeHost(p), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  cudaGetLastError();
+}
+
+TEST(CudaEmuRuntime, NewAllocationsHoldGarbageNotZeros) {
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 100), cudaSuccess);
+  std::vector<unsigned char> h(100, 0);
+  ASSERT_EQ(cudaMemcpy(h.data(), d, 100, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (unsigned char c : h) EXPECT_EQ(c, 0xff);  // NaN in every float format
+  cudaFree(d);
+}
+
+TEST(CudaEmuRuntime, TheMemoryCapGivesOutOfMemory) {
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  EXPECT_EQ(total, size_t{4096} << 20);  // STRATA_CUDA_EMU_MEMORY_MIB's default
+  void* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, total + 1), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  const Stats before = stats();
+  void* a = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, 1 << 20), cudaSuccess);
+  EXPECT_EQ(stats().device_allocations, before.device_allocations + 1);
+  EXPECT_EQ(stats().device_bytes, before.device_bytes + (1 << 20));
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  EXPECT_EQ(free_bytes, total - stats().device_bytes);
+  cudaFree(a);
+  EXPECT_EQ(cudaMalloc(&d, 0), cudaSuccess);
+  EXPECT_EQ(d, nullptr);
+}
+
+TEST(CudaEmuRuntime, StreamsAndEventsAreCheckedHandles) {
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t a, b, quiet;
+  ASSERT_EQ(cudaEventCreate(&a), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&quiet, cudaEventDisableTiming), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(a, s), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(b, s), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(quiet, s), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(b), cudaSuccess);  // work runs when it is enqueued
+  EXPECT_EQ(cudaStreamWaitEvent(s, a, 0), cudaSuccess);
+  float ms = -1.f;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+  EXPECT_GE(ms, 0.f);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, quiet), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(a), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(a), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaMemsetAsync(nullptr, 0, 0, s), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaEventDestroy(b), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(quiet), cudaSuccess);
+  cudaGetLastError();
+}
+
+// A kernel reaches memory through a pointer stored in device memory (not in its parameters):
+// the allocation is opened on first access.
+__global__ void follow_pointer(int* const* table, int n) {
+  int* p = table[0];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = i * 2;
+}
+
+TEST(CudaEmuRuntime, KernelsReachMemoryThroughStoredPointers) {
+  int* data = nullptr;
+  int** table = nullptr;
+  ASSERT_EQ(cudaMalloc(&data, 100 * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&table, sizeof(int*)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(table, &data, sizeof(int*), cudaMemcpyHostToDevice), cudaSuccess);
+  STRATA_LAUNCH(1, 64, 0, nullptr, follow_pointer)(table, 100);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<int> h(100);
+  ASSERT_EQ(cudaMemcpy(h.data(), data, 400, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(h[i], 2 * i);
+  cudaFree(data);
+  cudaFree(table);
+}
+
+__global__ void write_past_end(float* p, int n) {
+  if (threadIdx.x == 0) p[n + 16] = 1.f;  // in the guard page after the data
+}
+
+__global__ void write_through_null(float* p) {
+  p[threadIdx.x] = 1.f;
+}
+
+using CudaEmuRuntimeDeathTest = ::testing::Test;
+
+TEST(CudaEmuRuntimeDeathTest, HostCodeReadingDeviceMemoryAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 4096), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        volatile float x = d[3];
+        (void)x;
+      },
+      "host code accessed device memory at 0x[0-9a-f]+ \\(byte offset 12 of a 4096-byte "
+      "cudaMalloc allocation");
+  cudaFree(d);
+}
+
+TEST(CudaEmuRuntimeDeathTest, KernelsOutOfBoundsOrOnBadAddressesAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 4096), cudaSuccess);
+  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, write_past_end)(d, 1024),
+               "write_past_end .*block \\(0,0,0\\) thread \\(0,0,0\\): out-of-bounds access at "
+               "0x[0-9a-f]+, byte offset 4160 of a 4096-byte allocation");
+  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, write_through_null)(nullptr),
+               "write_through_null .*: invalid address \\(nil\\)");
+  cudaFree(d);
+}
+
+}  // namespace
+}  // namespace strata::cuda_emu

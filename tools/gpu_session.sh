@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# What a session with the GPU machine runs (docs/gpu.md, "Checking on the GPU machine"): the
+# binaries are built here, carried there in one tarball, and run there with the CUDA, cuDNN and
+# NCCL libraries that machine has. Device time is scarce (30 minutes a session, 10 per command),
+# so `check` does the whole first look in one command and writes everything under $OUT.
+#
+#   bash tools/gpu_session.sh pack          here: build-gpu for sm_90 (no oneDNN, no MPI), the
+#                                           Debian libraries the binaries need, .gpu/run.tgz
+#   bash tools/gpu_session.sh check         there (run with carry [".gpu"]): nvidia-smi, every
+#                                           test_cuda test, a gpt2-tiny-gpu training smoke run,
+#                                           and one short Strata-only step benchmark of GPT-2 124M
+#   bash tools/gpu_session.sh bench MODELS [ARGS...]
+#                                           there: tools/bench/run_gpt2_cuda.sh --fill for MODELS
+#                                           (comma-separated) against PyTorch eager and compile
+#
+# There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
+# smi.txt, test_cuda.log, train.log, bench.md (and bench-*.md from `bench`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-gpu}
+BINS=(test_cuda bench_gpt2_cuda train tokenize)
+
+# The libraries of the binaries there: the carried Debian ones first, then the toolkit's, then the
+# PyTorch virtual environment's nvidia-* wheels (cuDNN, NCCL, nvrtc live only there).
+device_env() {
+  [[ -n ${OUT:-} ]] || { echo "gpu_session: \$OUT is not set; run this through the device tool" >&2; exit 2; }
+  [[ -f .gpu/run.tgz ]] || { echo "gpu_session: .gpu/run.tgz missing: run 'pack' here and carry .gpu" >&2; exit 2; }
+  tar xzf .gpu/run.tgz
+  local venv_libs="" d
+  for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/*/lib; do
+    [[ -d $d ]] && venv_libs+="$d:"
+  done
+  export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:${venv_libs}${LD_LIBRARY_PATH:-}"
+}
+
+case ${1:-} in
+  pack)
+    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA_ARCHS=90 \
+      -DSTRATA_WITH_ONEDNN=OFF -DSTRATA_WITH_MPI=OFF
+    cmake --build "$BUILD" -j "$(nproc)" --target "${BINS[@]}"
+    rm -rf .devlibs && mkdir -p .gpu
+    paths=()
+    for b in "${BINS[@]}"; do paths+=("$BUILD/bin/$b"); done
+    bash ../shared/device/collect-libs.sh .devlibs "${paths[@]}"
+    tar czf .gpu/run.tgz .devlibs "${paths[@]}"
+    # The tarball travels as a carried (ignored) path; the device tool refuses over 64 MiB.
+    mkdir -p .git/info
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    size=$(stat -c %s .gpu/run.tgz)
+    echo "gpu_session: .gpu/run.tgz is $((size / 1048576)) MiB (the limit is 64 MiB with the tree)"
+    ;;
+  check)
+    device_env
+    set +e  # one failing step must not hide the others' results
+    nvidia-smi > "$OUT/smi.txt" 2>&1
+    "$BUILD/bin/test_cuda" > "$OUT/test_cuda.log" 2>&1
+    echo "test_cuda exit $?" | tee -a "$OUT/test_cuda.log"
+    data=$(mktemp -d)
+    "$BUILD/bin/tokenize" --tokenizer byte --format text --val-fraction 0.2 --output "$data" \
+      docs/*.md README.md > "$OUT/train.log" 2>&1
+    timeout 180 "$BUILD/bin/train" --config configs/gpt2-tiny-gpu.yaml \
+      --set "data.train=$data/train_*.bin" --set "data.val=$data/val_*.bin" \
+      --set run.dir="$data/run" >> "$OUT/train.log" 2>&1
+    echo "train exit $?" | tee -a "$OUT/train.log"
+    timeout 240 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 --steps 5 \
+      > "$OUT/bench.md" 2> "$OUT/bench.log"
+    echo "bench exit $?" | tee -a "$OUT/bench.log"
+    cat "$OUT/bench.md"
+    tail -5 "$OUT/test_cuda.log"
+    ;;
+  bench)
+    device_env
+    models=${2:?"usage: gpu_session.sh bench MODELS [ARGS...]"}
+    shift 2
+    tools/bench/run_gpt2_cuda.sh "$BUILD" --fill --models "$models" "$@" \
+      > "$OUT/bench-${models//,/_}.md" 2> "$OUT/bench-${models//,/_}.log"
+    cat "$OUT/bench-${models//,/_}.md"
+    ;;
+  *)
+    sed -n '2,17p' "$0" >&2
+    exit 2
+    ;;
+esac

@@ -7,12 +7,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
 #include "models/flat_params.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
+#include "optim/loss_scaler.h"
 #include "optim/sgd.h"
 #include "parallel/engine.h"
 #include "parallel/param_groups.h"
@@ -48,8 +50,9 @@ std::unique_ptr<models::gpt2::GPT2> gpu_model(const TrainSpec& s) {
 }
 
 // One engine step on the GPU: testing::engine_step with the batch copied to the device.
+// `loss_factor` multiplies the loss that backward starts from (an infinite one forces an overflow).
 double gpu_engine_step(parallel::Engine& engine, models::CausalLM& model, const TrainSpec& s,
-                       int step) {
+                       int step, parallel::StepResult* result = nullptr, float loss_factor = 1.f) {
   const int64_t G = s.micro * s.accum;
   double sum = 0;
   for (int64_t m = 0; m < s.accum; ++m) {
@@ -57,9 +60,11 @@ double gpu_engine_step(parallel::Engine& engine, models::CausalLM& model, const 
     testing::Batch b = testing::make_batch(step * G + m * s.micro, s.micro);
     autograd::Variable loss = model.loss(b.ids.to(kGpu), b.targets.to(kGpu));
     sum += loss.item();
-    engine.backward(s.accum == 1 ? loss : autograd::scale(loss, 1.f / static_cast<float>(s.accum)));
+    const float f = loss_factor / static_cast<float>(s.accum);
+    engine.backward(f == 1.f ? loss : autograd::scale(loss, f));
   }
-  engine.step(s.lr, s.max_norm);
+  const parallel::StepResult r = engine.step(s.lr, s.max_norm);
+  if (result) *result = r;
   return sum / static_cast<double>(s.accum);
 }
 
@@ -70,15 +75,19 @@ struct GpuRun {
 };
 
 // `steps` engine steps over the self communicator with the model on the GPU.
-GpuRun gpu_engine_run(const TrainSpec& s, DType dtype) {
+GpuRun gpu_engine_run(const TrainSpec& s, DType dtype, const parallel::ZeroConfig& zero = {},
+                      optim::LossScaler* scaler = nullptr) {
   auto model = gpu_model(s);
-  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"),
-                          parallel::ZeroConfig{}, testing::adamw_factory(), dtype);
+  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"), zero,
+                          testing::adamw_factory(), dtype);
+  engine.set_loss_scaler(scaler);
   EXPECT_TRUE(engine.optimizer().device().is_cuda());
   GpuRun run;
   for (int step = 0; step < s.steps; ++step)
     run.losses.push_back(gpu_engine_step(engine, *model, s, step));
-  for (const models::FlatUnit& u : model->flat_units()) run.params.push_back(host_bytes(u.params));
+  // Whole parameters at every stage (stage 3 gathers each unit for the call).
+  engine.for_each_gathered_unit(
+      [&](const models::FlatUnit& u) { run.params.push_back(host_bytes(u.params)); });
   for (const optim::ParamGroup& g : engine.optimizer().groups())
     run.masters.push_back(host_bytes(g.param));
   return run;
@@ -162,6 +171,78 @@ TEST(TrainGpu, SameSeedRunsAreBitwiseIdentical) {
     EXPECT_EQ(a.params, b.params);
     EXPECT_EQ(a.masters, b.masters);
   }
+}
+
+// ZeRO 1-3 with GPU memory, in a world of one: partitioned optimizer state, reduce-scattered
+// gradients, stage 3's per-unit gather and release through module hooks (storage released and
+// materialised on the device) must give stage 0's bits, as they do on the CPU
+// (EngineSelf.MatchesTheSingleProcessStepBitwise). Small buckets: several per unit.
+TEST(TrainGpu, EveryZeroStageGivesStageZerosBits) {
+  SKIP_WITHOUT_GPU();
+  TrainSpec s;
+  s.steps = 5;
+  s.accum = 2;
+  s.max_norm = 0.5;  // small enough to clip
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const GpuRun ref = gpu_engine_run(s, dtype);
+    for (int stage : {1, 2, 3}) {
+      SCOPED_TRACE(fmt::format("{} stage {}", dtype_name(dtype), stage));
+      parallel::ZeroConfig z;
+      z.stage = stage;
+      z.reduce_bucket_size = 1000;
+      z.allgather_bucket_size = 1000;
+      z.stage3_param_persistence_threshold = 0;  // partition every unit
+      z.stage3_prefetch_bucket_size = 20000;
+      const GpuRun run = gpu_engine_run(s, dtype, z);
+      ASSERT_EQ(run.losses.size(), ref.losses.size());
+      for (size_t i = 0; i < run.losses.size(); ++i)
+        EXPECT_EQ(run.losses[i], ref.losses[i]) << "step " << i;
+      EXPECT_EQ(run.params, ref.params);
+    }
+  }
+}
+
+// fp16 on the GPU with DeepSpeed's dynamic loss scaling (initial scale 2^16): the gradients are
+// computed scaled in f16, unscaled in f32 by the optimizer, and the run tracks fp32 within the
+// bf16 bar (2%) with no overflow at these magnitudes.
+TEST(TrainGpu, Fp16WithDynamicLossScalingTracksFp32) {
+  SKIP_WITHOUT_GPU();
+  TrainSpec s;
+  s.steps = 100;
+  s.micro = 4;
+  s.max_norm = 1.0;
+  const GpuRun fp32 = gpu_engine_run(s, DType::F32);
+  optim::LossScaler scaler;
+  const GpuRun fp16 = gpu_engine_run(s, DType::F16, {}, &scaler);
+  testing::expect_trajectory(fp16.losses, fp32.losses, 0.02);
+  EXPECT_EQ(scaler.skipped_steps(), 0);
+}
+
+// An infinite gradient on the GPU: the step is skipped, the masters keep their bits, the scale
+// halves (hysteresis 1), and the next step applies.
+TEST(TrainGpu, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
+  SKIP_WITHOUT_GPU();
+  TrainSpec s;
+  auto model = gpu_model(s);
+  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"),
+                          parallel::ZeroConfig{}, testing::adamw_factory(), DType::F16);
+  optim::LossScalerConfig c;
+  c.hysteresis = 1;
+  optim::LossScaler scaler(c);
+  engine.set_loss_scaler(&scaler);
+  const double scale = scaler.scale();
+  const std::vector<uint8_t> before = host_bytes(engine.optimizer().groups()[0].param);
+  parallel::StepResult r;
+  gpu_engine_step(engine, *model, s, 0, &r, std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(engine.optimizer().step_count(), 0);
+  EXPECT_EQ(scaler.scale(), scale / 2);
+  EXPECT_EQ(host_bytes(engine.optimizer().groups()[0].param), before);
+  gpu_engine_step(engine, *model, s, 1, &r);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_TRUE(std::isfinite(r.grad_norm));
+  EXPECT_EQ(engine.optimizer().step_count(), 1);
+  EXPECT_NE(host_bytes(engine.optimizer().groups()[0].param), before);
 }
 
 // Note [CUDA AdamW]: the optimizer's GPU path gives the CPU path's bits on the same groups.

@@ -21,7 +21,7 @@ elif ! compgen -G "/usr/local/cuda*/include/cuda_runtime_api.h" >/dev/null &&
   echo "test: no CUDA toolkit headers (cuda_runtime_api.h), the CUDA tests did not run on the emulator"
 else
   cmake -S . -B "$EMU_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA_EMULATION=ON
-  cmake --build "$EMU_BUILD_DIR" -j "$JOBS" --target test_cuda test_cuda_emu
+  cmake --build "$EMU_BUILD_DIR" -j "$JOBS" --target test_cuda test_cuda_emu bench_gpt2_cuda
   # Only the CUDA backend's tests and the emulator's own; everything else ran above.
   ctest --test-dir "$EMU_BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 900 -L '^cuda'
 fi

@@ -1,19 +1,42 @@
 #include "models/nn/fused_ops.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
+
+#include "core/error.h"
 
 namespace strata::models::nn {
 
 namespace {
-std::atomic<bool> g_fused{true};
+
+// STRATA_FUSED_OPS: unset, empty or "on" -> true; "off" -> false; anything else is a UserError.
+bool from_environment() {
+  const char* v = std::getenv("STRATA_FUSED_OPS");
+  const std::string_view s = v ? v : "";
+  if (s.empty() || s == "on") return true;
+  if (s == "off") return false;
+  user_error(
+      "environment variable STRATA_FUSED_OPS={} is not a setting; use on (the default: fused "
+      "residual norms and GPT-2's fused MLP) or off (the unfused compositions, Note [Fused ops in "
+      "models])",
+      s);
 }
 
+// Read at the first use, so an invalid value is reported where fused ops are first asked for.
+std::atomic<bool>& flag() {
+  static std::atomic<bool> fused{from_environment()};
+  return fused;
+}
+
+}  // namespace
+
 bool fused_ops_enabled() {
-  return g_fused.load(std::memory_order_relaxed);
+  return flag().load(std::memory_order_relaxed);
 }
 
 void set_fused_ops(bool on) {
-  g_fused.store(on, std::memory_order_relaxed);
+  flag().store(on, std::memory_order_relaxed);
 }
 
 }  // namespace strata::models::nn

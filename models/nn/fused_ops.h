@@ -11,12 +11,14 @@
 // of several). The unfused path stays available as the reference the tests compare against and
 // for benchmarks. The switch is process-wide and read at each forward (not per module), and a
 // change takes effect at the next forward; never flip it between a forward and its backward.
+// Its initial value comes from the environment: STRATA_FUSED_OPS=off starts with the unfused
+// compositions (in `train`, the benchmarks, anything), on or unset with the fused ops.
 //
 // Under activation checkpointing a block completes its own last add, so that the checkpoint keeps
 // one tensor per block (the block's input) and not two; only the add inside the block is fused.
 namespace strata::models::nn {
 
-bool fused_ops_enabled();  // true unless switched off
+bool fused_ops_enabled();  // STRATA_FUSED_OPS (on unless "off") until set_fused_ops
 void set_fused_ops(bool on);
 
 // Switches fused ops on or off for a scope (tests, benchmarks).

@@ -24,6 +24,9 @@
 // caching allocator's UserError (Note [GPU caching allocator]); after one the model and engine
 // are dropped and built again, since the failed step may have stopped anywhere inside them.
 //
+// STRATA_FUSED_OPS=off (Note [Fused ops in models]) times the unfused compositions instead of the
+// fused residual norms and GPT-2's fused MLP; the impl column then says strata-unfused.
+//
 // --device cpu runs the same program on the host (no --fill): a smoke test of it on a machine
 // without a GPU, with a small model (--models gpt2-tiny --T 64); its numbers mean nothing.
 //
@@ -41,6 +44,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "models/nn/fused_ops.h"
 #include "models/registry.h"
 #include "offload/gpu_allocator.h"
 #include "offload/memory_stats.h"
@@ -287,6 +291,8 @@ int main(int argc, char** argv) {
     if (o.fill && o.on_cpu) user_error("--fill needs the GPU (it probes for out-of-memory)");
     if (!o.on_cpu) tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
     auto world = parallel::init_world("self", o.device(), std::chrono::seconds(60));
+    // Note [Fused ops in models]: STRATA_FUSED_OPS=off measures the unfused compositions.
+    const std::string impl = models::nn::fused_ops_enabled() ? "strata" : "strata-unfused";
     print_header();
     for (size_t i = 0; i < o.models.size(); ++i) {
       const std::string& name = o.models[i];
@@ -297,15 +303,15 @@ int main(int argc, char** argv) {
         const double mfu = tools::training_flops_per_token(shapes[i], o.seq_len) * tokens_s /
                            (o.peak_tflops * 1e12);
         fmt::print(
-            "| strata | {} | {:.0f}M | {} | {} | {} | {:.0f} | {:.1f} | {:.1f}% | {:.1f} GiB "
+            "| {} | {} | {:.0f}M | {} | {} | {} | {:.0f} | {:.1f} | {:.1f}% | {:.1f} GiB "
             "| {:.4f} |\n",
-            name, params, r.batch, o.seq_len, o.dtype, tokens_s, r.step_s * 1e3, 100.0 * mfu,
+            impl, name, params, r.batch, o.seq_len, o.dtype, tokens_s, r.step_s * 1e3, 100.0 * mfu,
             static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0 * 1024.0), r.loss);
       } catch (const UserError& e) {
         if (!is_oom(e)) throw;
         fmt::print(stderr, "{}: {}\n", name, e.what());
-        fmt::print("| strata | {} | {:.0f}M | {} | {} | {} | OOM | - | - | - | - |\n", name, params,
-                   o.batch > 0 ? o.batch : default_batch(name), o.seq_len, o.dtype);
+        fmt::print("| {} | {} | {:.0f}M | {} | {} | {} | OOM | - | - | - | - |\n", impl, name,
+                   params, o.batch > 0 ? o.batch : default_batch(name), o.seq_len, o.dtype);
       }
       std::fflush(stdout);
       release_gpu_cache(o.device());

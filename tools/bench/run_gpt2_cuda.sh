@@ -46,6 +46,8 @@ awk -F'|' '
   {
     impl = trim($2); m = trim($3)
     if (m == "" || m == "model" || m ~ /^-+$/) next
+    # "strata-unfused" (STRATA_FUSED_OPS=off) is Strata too; its model cell says so.
+    if (impl ~ /^strata/) { label[m] = impl == "strata" ? m : m " (" impl ")"; impl = "strata" }
     tok[impl, m] = trim($8); mfu[impl, m] = trim($10)
     if (impl == "strata") { order[++n] = m; batch[m] = trim($5); dtype[m] = trim($7) }
   }
@@ -55,7 +57,7 @@ awk -F'|' '
     print "|---|---|---|---|---|---|---|---|---|---|"
     for (i = 1; i <= n; ++i) {
       m = order[i]; s = tok["strata", m]; e = tok["torch eager", m]; c = tok["torch compile", m]
-      printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", m, batch[m], dtype[m], s,
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label[m], batch[m], dtype[m], s,
              dash(e), dash(c), ratio(s, e), ratio(s, c), mfu["strata", m],
              dash(mfu["torch compile", m])
     }

@@ -1,7 +1,9 @@
-// CUDA residual add fused with layernorm / rmsnorm (Note [Fused residual norm] in tensor/ops.h).
+// CUDA layernorm / rmsnorm, plain or with the residual add fused in (Note [Fused residual norm]
+// in tensor/ops.h).
 //
 // Note [CUDA fused residual norm]
-// One block per row, as the unfused norm kernels. When every row pointer is 16-byte aligned and
+// One block per row. The plain norms are the same kernels with no residual (r null: the row is x,
+// no s is written) and no ds. When every row pointer is 16-byte aligned and
 // C is a multiple of the pack (8 bf16/f16 or 4 f32) each thread moves 128-bit packs, otherwise
 // single elements; the host picks the path, and both compute every element the same way.
 // Forward: pass 1 adds x + r in f32, rounds s ONCE to the compute dtype, stores it and sums it;
@@ -36,6 +38,7 @@ __device__ __forceinline__ void store_vec(T* p, int64_t k, const Vec<T, P>& v) {
 }
 
 // s = round(x + r); y = layernorm(s) (LAYER) or rmsnorm(s). b and mean_out are null for rmsnorm.
+// With r null (the plain norm) the row is x itself and s is neither needed nor written.
 template <typename T, int P, bool LAYER>
 __global__ void add_norm_fwd(const T* x, const T* r, const T* w, const T* b, float eps, T* s, T* y,
                              float* mean_out, float* rstd_out, int64_t c) {
@@ -43,21 +46,35 @@ __global__ void add_norm_fwd(const T* x, const T* r, const T* w, const T* b, flo
   const int64_t row = blockIdx.x;
   const int64_t units = c / P;
   const T* xr = x + row * c;
-  const T* rr = r + row * c;
-  T* sr = s + row * c;
   T* yr = y + row * c;
   float acc = 0;
-  for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
-    const Vec<T, P> a = load_vec<T, P>(xr, k), bv = load_vec<T, P>(rr, k);
-    Vec<T, P> out;
+  if (r != nullptr) {
+    const T* rr = r + row * c;
+    T* out_row = s + row * c;
+    for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+      const Vec<T, P> a = load_vec<T, P>(xr, k), bv = load_vec<T, P>(rr, k);
+      Vec<T, P> out;
 #pragma unroll
-    for (int e = 0; e < P; ++e) {
-      out.v[e] = from_f32<T>(to_f32(a.v[e]) + to_f32(bv.v[e]));
-      const float sv = to_f32(out.v[e]);
-      acc += LAYER ? sv : sv * sv;
+      for (int e = 0; e < P; ++e) {
+        out.v[e] = from_f32<T>(to_f32(a.v[e]) + to_f32(bv.v[e]));
+        const float sv = to_f32(out.v[e]);
+        acc += LAYER ? sv : sv * sv;
+      }
+      store_vec<T, P>(out_row, k, out);
     }
-    store_vec<T, P>(sr, k, out);
+  } else {
+    for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+      const Vec<T, P> a = load_vec<T, P>(xr, k);
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        const float sv = to_f32(a.v[e]);
+        acc += LAYER ? sv : sv * sv;
+      }
+    }
   }
+  // The normalised row: the stored (rounded) sum, or x. Each thread re-reads only the packs it
+  // wrote itself, so no barrier is needed before block_sum's own.
+  const T* sr = r != nullptr ? s + row * c : xr;
   float mean = 0, rstd;
   if (LAYER) {
     mean = block_sum(acc, sh) / static_cast<float>(c);
@@ -214,6 +231,34 @@ bool launch_add_norm_backward(int dt, const void* dy, const void* ds, const void
           pdy, pds, psum, pw, mean, rstd, out, c);
     }
   });
+}
+
+// ---- the plain norms: the same kernels with no residual (and no ds) ----
+
+bool launch_layernorm_forward(int dt, const void* x, const void* w, const void* b, float eps,
+                              void* y, float* mean, float* rstd, int64_t n, int64_t c,
+                              Stream stream) {
+  return launch_forward<true>(dt, x, nullptr, w, b, eps, nullptr, y, mean, rstd, n, c, stream);
+}
+
+bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, void* y, float* rstd,
+                            int64_t n, int64_t c, Stream stream) {
+  return launch_forward<false>(dt, x, nullptr, w, nullptr, eps, nullptr, y, nullptr, rstd, n, c,
+                               stream);
+}
+
+bool launch_layernorm_backward(int dt, const void* dy, const void* x, const void* w,
+                               const float* mean, const float* rstd, void* dx, void* dw, void* db,
+                               float* scratch, int64_t n, int64_t c, Stream stream) {
+  return launch_add_norm_backward(dt, dy, nullptr, x, w, mean, rstd, dx, n, c, stream) &&
+         launch_norm_param_grads(dt, dy, x, mean, rstd, dw, db, scratch, n, c, stream);
+}
+
+bool launch_rmsnorm_backward(int dt, const void* dy, const void* x, const void* w,
+                             const float* rstd, void* dx, void* dw, float* scratch, int64_t n,
+                             int64_t c, Stream stream) {
+  return launch_add_norm_backward(dt, dy, nullptr, x, w, nullptr, rstd, dx, n, c, stream) &&
+         launch_norm_param_grads(dt, dy, x, nullptr, rstd, dw, nullptr, scratch, n, c, stream);
 }
 
 #undef STRATA_FLOAT_TYPE

@@ -72,6 +72,9 @@ void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, c
 inline constexpr int kSumSquaresBlocks = 256;
 void launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
                         Stream stream);
+// The norms (layernorm, rmsnorm) live in fused_norm.cu, as the residual-free case of the fused
+// kernels (Note [CUDA fused residual norm]): 128-bit packs when the rows allow; their dweight and
+// dbias are launch_norm_param_grads here.
 // x, w, b, y of dtype dt; mean, rstd F32.
 bool launch_layernorm_forward(int dt, const void* x, const void* w, const void* b, float eps,
                               void* y, float* mean, float* rstd, int64_t n, int64_t c,
@@ -121,7 +124,7 @@ inline constexpr int64_t kColumnSumRows = 64;
 bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double* scratch, void* out,
                        int out_dtype, Stream stream);
 
-// ---- fused_norm.cu (Note [CUDA fused residual norm]) ----
+// ---- fused_norm.cu (Note [CUDA fused residual norm]): also the plain norms above ----
 // x, r, s, y [n, c], w, b [c] of dtype dt; mean, rstd F32 [n]. s = x + r, y = norm(s).
 bool launch_add_layernorm_forward(int dt, const void* x, const void* r, const void* w,
                                   const void* b, float eps, void* s, void* y, float* mean,

@@ -1,4 +1,5 @@
-// CUDA reductions, normalisations, softmax, embedding and the fused softmax + cross-entropy.
+// CUDA reductions, the norms' weight and bias gradients (the norms themselves are in
+// fused_norm.cu), softmax, embedding and the fused softmax + cross-entropy.
 //
 // Note [CUDA reduction determinism]
 // No reduction uses atomics. A sum is split the same way on every run: each thread accumulates a
@@ -19,7 +20,7 @@
 // kernel first did, was 768 threads for GPT-2: milliseconds of a latency-bound loop per step).
 // Untouched rows are never written.
 //
-// The norm, softmax, cross-entropy and embedding kernels are templates on the element type
+// The norm-gradient, softmax, cross-entropy and embedding kernels are templates on the element type
 // (Note [CUDA low-precision kernels] in common.cuh); mean/rstd/lse/losses/dloss and every partial
 // sum stay f32.
 #include <cmath>
@@ -134,54 +135,6 @@ __global__ void column_sum_finish(const double* partial, int64_t chunks, int64_t
   store_float(out, out_dtype, j, static_cast<float>(s));
 }
 
-template <typename T>
-__global__ void layernorm_fwd(const T* x, const T* w, const T* b, float eps, T* y, float* mean_out,
-                              float* rstd_out, int64_t c) {
-  __shared__ float sh[32];
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * c;
-  float s = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += to_f32(xr[j]);
-  const float mean = block_sum(s, sh) / static_cast<float>(c);
-  float v = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float d = to_f32(xr[j]) - mean;
-    v += d * d;
-  }
-  const float rstd = rsqrtf(block_sum(v, sh) / static_cast<float>(c) + eps);
-  T* yr = y + row * c;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-    yr[j] = from_f32<T>((to_f32(xr[j]) - mean) * rstd * to_f32(w[j]) + to_f32(b[j]));
-  if (threadIdx.x == 0) {
-    mean_out[row] = mean;
-    rstd_out[row] = rstd;
-  }
-}
-
-// dx of layernorm (w != null) or rmsnorm (mean == null).
-template <typename T>
-__global__ void norm_bwd_dx(const T* dy, const T* x, const T* w, const float* mean,
-                            const float* rstd, T* dx, int64_t c) {
-  __shared__ float sh[32];
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * c;
-  const T* gr = dy + row * c;
-  const float mu = mean ? mean[row] : 0.f, rs = rstd[row];
-  float sg = 0, sgx = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float g = to_f32(gr[j]) * to_f32(w[j]);
-    sg += g;
-    sgx += g * (to_f32(xr[j]) - mu) * rs;
-  }
-  const float mg = mean ? block_sum(sg, sh) / static_cast<float>(c) : 0.f;
-  const float mgx = block_sum(sgx, sh) / static_cast<float>(c);
-  T* dr = dx + row * c;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float xhat = (to_f32(xr[j]) - mu) * rs;
-    dr[j] = from_f32<T>(rs * (to_f32(gr[j]) * to_f32(w[j]) - mg - xhat * mgx));
-  }
-}
-
 // partial_w[chunk, j] = sum over the chunk's rows of dy * xhat; partial_b likewise of dy (f32).
 template <typename T>
 __global__ void norm_bwd_partials(const T* dy, const T* x, const float* mean, const float* rstd,
@@ -209,23 +162,6 @@ __global__ void sum_chunks(const float* partial, int64_t chunks, int64_t c, T* o
   float s = 0;
   for (int64_t k = 0; k < chunks; ++k) s += partial[k * c + j];
   out[j] = from_f32<T>(s);
-}
-
-template <typename T>
-__global__ void rmsnorm_fwd(const T* x, const T* w, float eps, T* y, float* rstd_out, int64_t c) {
-  __shared__ float sh[32];
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * c;
-  float s = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float xv = to_f32(xr[j]);
-    s += xv * xv;
-  }
-  const float rstd = rsqrtf(block_sum(s, sh) / static_cast<float>(c) + eps);
-  T* yr = y + row * c;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-    yr[j] = from_f32<T>(to_f32(xr[j]) * rstd * to_f32(w[j]));
-  if (threadIdx.x == 0) rstd_out[row] = rstd;
 }
 
 template <typename T>
@@ -452,66 +388,6 @@ bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double*
       STRATA_LAUNCH(dim3(cb, static_cast<unsigned>(chunks)), 256, 0, stream, column_sum_partials<T>)
     (static_cast<const T*>(x), n, c, scratch);
     STRATA_LAUNCH(cb, 256, 0, stream, column_sum_finish)(scratch, chunks, c, out, out_dtype);
-  });
-}
-
-bool launch_layernorm_forward(int dt, const void* x, const void* w, const void* b, float eps,
-                              void* y, float* mean, float* rstd, int64_t n, int64_t c,
-                              Stream stream) {
-  return dispatch_float(dt, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    if (n == 0) return;
-    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, layernorm_fwd<T>)
-    (static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), eps,
-     static_cast<T*>(y), mean, rstd, c);
-  });
-}
-
-bool launch_layernorm_backward(int dt, const void* dy, const void* x, const void* w,
-                               const float* mean, const float* rstd, void* dx, void* dw, void* db,
-                               float* scratch, int64_t n, int64_t c, Stream stream) {
-  return dispatch_float(dt, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    const T* pdy = static_cast<const T*>(dy);
-    const T* px = static_cast<const T*>(x);
-    const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-    if (n > 0) STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, norm_bwd_dx<T>)
-    (pdy, px, static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), c);
-    const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
-    if (chunks > 0) STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
-    (pdy, px, mean, rstd, scratch, scratch + chunks * c, n, c);
-    const unsigned cg = static_cast<unsigned>((c + 255) / 256);
-    STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)(scratch, chunks, c, static_cast<T*>(dw));
-    STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)
-    (scratch + chunks * c, chunks, c, static_cast<T*>(db));
-  });
-}
-
-bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, void* y, float* rstd,
-                            int64_t n, int64_t c, Stream stream) {
-  return dispatch_float(dt, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    if (n == 0) return;
-    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, rmsnorm_fwd<T>)
-    (static_cast<const T*>(x), static_cast<const T*>(w), eps, static_cast<T*>(y), rstd, c);
-  });
-}
-
-bool launch_rmsnorm_backward(int dt, const void* dy, const void* x, const void* w,
-                             const float* rstd, void* dx, void* dw, float* scratch, int64_t n,
-                             int64_t c, Stream stream) {
-  return dispatch_float(dt, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    const T* pdy = static_cast<const T*>(dy);
-    const T* px = static_cast<const T*>(x);
-    const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-    if (n > 0) STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, norm_bwd_dx<T>)
-    (pdy, px, static_cast<const T*>(w), nullptr, rstd, static_cast<T*>(dx), c);
-    const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
-    if (chunks > 0) STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
-    (pdy, px, nullptr, rstd, scratch, nullptr, n, c);
-    STRATA_LAUNCH(static_cast<unsigned>((c + 255) / 256), 256, 0, stream, sum_chunks<T>)
-    (scratch, chunks, c, static_cast<T*>(dw));
   });
 }
 

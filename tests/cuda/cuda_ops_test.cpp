@@ -184,6 +184,22 @@ std::vector<Case> cases(DType dt) {
                  return std::vector<Tensor>{r.y,       r.rstd, g.dx,
                                             g.dweight, s,      softmax_backward(sc, on(dy, d))};
                }});
+  // The norms on rows of 17 (no 128-bit packs: the one-element path of the same kernels, Note
+  // [CUDA fused residual norm]); the 96-wide rows above take the packed one.
+  c.push_back({"norms_odd_width", [=](Device d) {
+                 const Tensor xo = on(a, d).reshape({-1, 17}), go = on(pos, d).reshape({-1, 17});
+                 const Tensor wo = on(b.select(0, 1), d), bo = on(b.select(0, 2), d);
+                 NormResult l = layernorm(xo, wo, bo, 1e-5f);
+                 const Tensor xc = on(a, cpu).reshape({-1, 17});
+                 NormResult lc =
+                     layernorm(xc, on(b.select(0, 1), cpu), on(b.select(0, 2), cpu), 1e-5f);
+                 LayerNormGrads lg = layernorm_backward(go, xo, wo, lc.mean.to(d), lc.rstd.to(d));
+                 NormResult r = rmsnorm(xo, wo, 1e-6f);
+                 NormResult rc = rmsnorm(xc, on(b.select(0, 1), cpu), 1e-6f);
+                 RmsNormGrads rg = rmsnorm_backward(go, xo, wo, rc.rstd.to(d));
+                 return std::vector<Tensor>{l.y,      l.mean, l.rstd, lg.dx, lg.dweight,
+                                            lg.dbias, r.y,    r.rstd, rg.dx, rg.dweight};
+               }});
   for (bool causal : {false, true}) {
     c.push_back({std::string("attention_") + (causal ? "causal" : "full"), [=](Device d) {
                    AttentionResult r = attention(on(q, d), on(k, d), on(v, d), causal, 0.f);

@@ -14,7 +14,7 @@
 // tensor/backend.h): q, k, v may be views of one packed qkv buffer, out a [B, T, H, D] buffer.
 #include <cmath>
 
-#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/attention_common.cuh"
 
 namespace strata::tensor::cuda {
 
@@ -22,11 +22,6 @@ namespace {
 
 constexpr int kPer = kAttentionMaxHeadDim / 32;  // elements per lane
 constexpr int kWarpsPerBlock = 4;
-
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 template <typename T>
 __device__ inline void load_row(const T* p, int64_t d, int lane, float (&r)[kPer]) {
@@ -45,19 +40,7 @@ __device__ inline float dot_row(const float (&a)[kPer], const T* p, int64_t d, i
     const int64_t k = lane + 32 * e;
     if (k < d) s += a[e] * to_f32(p[k]);
   }
-  return warp_sum(s);
-}
-
-// Offset of row t of head (b, h) of an operand with strides st.
-__device__ inline int64_t row_at(const AttentionStrides& st, int64_t b, int64_t h, int64_t t) {
-  return b * st.b + h * st.h + t * st.t;
-}
-
-// Last key query i may see (-1: none).
-__device__ inline int64_t last_key(bool causal, int64_t i, int64_t tq, int64_t tk) {
-  if (!causal) return tk - 1;
-  const int64_t j = i + (tk - tq);
-  return j < tk - 1 ? j : tk - 1;
+  return attn_warp_sum(s);
 }
 
 template <typename T>

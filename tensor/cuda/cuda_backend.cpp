@@ -607,9 +607,13 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
         "attention head_dim {} is larger than the CUDA kernel's limit {}; use a smaller "
         "head size (n_embd / n_head)",
         d, kAttentionMaxHeadDim);
-  launched(launch_attention_forward(compute_dt("attention", q, k, v, out), q.data_ptr(),
-                                    k.data_ptr(), v.data_ptr(), causal, scale, out.data_ptr(),
-                                    lse.data<float>(), attention_shape(q, k, v, out), stream_),
+  const int dt = compute_dt("attention", q, k, v, out);
+  // Note [CUDA tensor-core attention]: the own kernel on the tensor cores where it is built for.
+  const bool tc = attention_mode() != AttentionMode::Simt && attention_tc_fits(dt, d);
+  if (tc) set_last_attention_path(AttentionPath::OwnTensorCore);
+  const auto launch = tc ? &launch_attention_tc_forward : &launch_attention_forward;
+  launched(launch(dt, q.data_ptr(), k.data_ptr(), v.data_ptr(), causal, scale, out.data_ptr(),
+                  lse.data<float>(), attention_shape(q, k, v, out), stream_),
            "attention_forward");
 }
 
@@ -626,11 +630,13 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   shape.dout = strides_of(dout), shape.dq = strides_of(dq), shape.dk = strides_of(dk),
   shape.dv = strides_of(dv);
   Tensor s = scratch(bh * tq * 4);
-  launched(launch_attention_backward(
-               compute_dt("attention_backward", q, k, v, out, dout, dq, dk, dv), q.data_ptr(),
-               k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data<float>(), dout.data_ptr(),
-               causal, scale, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-               static_cast<float*>(s.data_ptr()), shape, stream_),
+  const int dt = compute_dt("attention_backward", q, k, v, out, dout, dq, dk, dv);
+  const bool tc = attention_mode() != AttentionMode::Simt && attention_tc_fits(dt, d);
+  if (tc) set_last_attention_path(AttentionPath::OwnTensorCore);
+  const auto launch = tc ? &launch_attention_tc_backward : &launch_attention_backward;
+  launched(launch(dt, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data<float>(),
+                  dout.data_ptr(), causal, scale, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                  static_cast<float*>(s.data_ptr()), shape, stream_),
            "attention_backward");
 }
 

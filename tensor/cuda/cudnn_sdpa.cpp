@@ -234,10 +234,12 @@ AttentionMode attention_mode() {
   if (s.empty() || s == "auto") return AttentionMode::Auto;
   if (s == "own") return AttentionMode::Own;
   if (s == "cudnn") return AttentionMode::Cudnn;
+  if (s == "simt") return AttentionMode::Simt;
   user_error(
       "environment variable STRATA_ATTENTION={} is not an attention path; use own (Strata's "
-      "kernel), cudnn (cuDNN flash attention, an error where it cannot run) or auto (the "
-      "default: cuDNN where it can run, else the own kernel)",
+      "kernels: tensor cores for bf16/f16 with head dim 64 or 128, else the SIMT kernel), simt "
+      "(Strata's SIMT kernel only), cudnn (cuDNN flash attention, an error where it cannot run) "
+      "or auto (the default: cuDNN where it can run, else the own kernels)",
       s);
 }
 
@@ -255,6 +257,8 @@ const char* attention_path_name(AttentionPath path) {
       return "none";
     case AttentionPath::Own:
       return "own";
+    case AttentionPath::OwnTensorCore:
+      return "own-tc";
     case AttentionPath::Cudnn:
       return "cudnn";
   }
@@ -312,7 +316,7 @@ bool try_cudnn_attention_forward(CUstream_st* stream, const Tensor& q, const Ten
                                  const Tensor& v, bool causal, float scale, Tensor& out,
                                  Tensor& lse) {
   const AttentionMode mode = attention_mode();
-  if (mode == AttentionMode::Own) {
+  if (mode == AttentionMode::Own || mode == AttentionMode::Simt) {
     set_last_attention_path(AttentionPath::Own);
     return false;
   }
@@ -326,7 +330,7 @@ bool try_cudnn_attention_backward(CUstream_st* stream, const Tensor& q, const Te
                                   const Tensor& dout, bool causal, float scale, Tensor& dq,
                                   Tensor& dk, Tensor& dv) {
   const AttentionMode mode = attention_mode();
-  if (mode == AttentionMode::Own) {
+  if (mode == AttentionMode::Own || mode == AttentionMode::Simt) {
     set_last_attention_path(AttentionPath::Own);
     return false;
   }

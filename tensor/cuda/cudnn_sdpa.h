@@ -14,16 +14,18 @@ struct CUstream_st;
 
 namespace strata::tensor::cuda {
 
-// STRATA_ATTENTION=own|cudnn|auto (unset or empty: auto). auto tries cuDNN and falls back to the
-// own kernel; own never tries cuDNN; cudnn makes any case cuDNN cannot run a UserError (tests and
-// benchmarks use it to be sure which path they measure). Read on every call, so a test may change
-// it; any other value is a UserError naming the variable.
-enum class AttentionMode { Auto, Own, Cudnn };
+// STRATA_ATTENTION=own|simt|cudnn|auto (unset or empty: auto). auto tries cuDNN and falls back to
+// the own kernels; own never tries cuDNN; simt never tries cuDNN nor the own tensor-core kernel
+// (Note [CUDA tensor-core attention]); cudnn makes any case cuDNN cannot run a UserError (tests
+// and benchmarks use it to be sure which path they measure). Read on every call, so a test may
+// change it; any other value is a UserError naming the variable.
+enum class AttentionMode { Auto, Own, Cudnn, Simt };
 AttentionMode attention_mode();
 
 // The implementation the last attention_forward / attention_backward on this thread ran (None
 // before the first). Tests check it to know that what they compared was cuDNN's result.
-enum class AttentionPath { None, Own, Cudnn };
+// Own is the SIMT kernel (attention.cu), OwnTensorCore the tensor-core one (attention_tc.cu).
+enum class AttentionPath { None, Own, OwnTensorCore, Cudnn };
 AttentionPath last_attention_path();
 void set_last_attention_path(AttentionPath path);
 const char* attention_path_name(AttentionPath path);

@@ -174,4 +174,16 @@ bool launch_attention_backward(int dt, const void* q, const void* k, const void*
                                void* dq, void* dk, void* dv, float* scratch,
                                const AttentionShape& s, Stream stream);
 
+// ---- attention_tc.cu (Note [CUDA tensor-core attention]) ----
+// The own kernel on the tensor cores, for dt BF16/F16 with D 64 or 128 (attention_tc_fits); the
+// contract, arguments and scratch of the two above. Other dtypes and head dims return false.
+bool attention_tc_fits(int dt, int64_t d);
+bool launch_attention_tc_forward(int dt, const void* q, const void* k, const void* v, bool causal,
+                                 float scale, void* out, float* lse, const AttentionShape& s,
+                                 Stream stream);
+bool launch_attention_tc_backward(int dt, const void* q, const void* k, const void* v,
+                                  const void* out, const float* lse, const void* dout, bool causal,
+                                  float scale, void* dq, void* dk, void* dv, float* scratch,
+                                  const AttentionShape& s, Stream stream);
+
 }  // namespace strata::tensor::cuda

@@ -1,7 +1,8 @@
 // CUDA attention on strided operands (Note [Strided attention operands] in tensor/backend.h):
 // q, k, v as views of one packed [B, T, 3, H, D] buffer, out as a [B, T, H, D] buffer, dq, dk, dv
-// as views of one packed gradient buffer, and rows with padding between them. The own kernel must
-// give the bits of its contiguous call and agree with the CPU backend; cuDNN (bf16/f16) must take
+// as views of one packed gradient buffer, and rows with padding between them. The own kernels
+// (SIMT, and tensor cores for bf16/f16 with D 64 or 128) must give the bits of their contiguous
+// call and agree with the CPU backend; cuDNN (bf16/f16) must take
 // the packed views itself and agree with the CPU backend, and hand layouts it cannot describe to
 // the own kernel. Every test skips itself without a GPU (cuDNN ones also without cuDNN).
 #include <gtest/gtest.h>
@@ -157,12 +158,17 @@ Outputs cpu_reference(const Problem& p, const std::vector<Tensor>& host) {
   return run(Device::cpu(), p, DType::F32, f32, Layout::Contiguous, Layout::Contiguous);
 }
 
-// max |got - ref| <= tol * max |ref|, one number per tensor.
+// max |got - ref| <= tol * max |ref|, one number per tensor. An infinite reference value (the
+// lse -inf of a causal row with no key, Tq > Tk) must be matched exactly.
 void expect_close(const char* what, const Tensor& got, const Tensor& ref, double tol) {
   const std::vector<float> a = to_float_vector(got), b = to_float_vector(ref);
   ASSERT_EQ(a.size(), b.size()) << what;
   double err = 0, scale = 0;
   for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(b[i])) {
+      ASSERT_EQ(a[i], b[i]) << what << "[" << i << "]";
+      continue;
+    }
     ASSERT_TRUE(std::isfinite(a[i])) << what << "[" << i << "] = " << a[i];
     err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
@@ -188,11 +194,20 @@ double tolerance(DType dt) {
   return dt == DType::F32 ? 1e-4 : dt == DType::BF16 ? 2e-2 : 1e-2;
 }
 
+// The SIMT kernel's shapes (f32 always, and head dims the tensor-core kernel is not built for),
+// then the tensor-core kernel's (bf16/f16 with D 64 or 128, Note [CUDA tensor-core attention]):
+// tails in every tile, fewer queries than keys, and more (causal rows that see no key).
 const std::vector<Problem> kOwnProblems = {
-    {2, 2, 33, 33, 16, true},
-    {2, 2, 33, 33, 16, false},
-    {1, 2, 24, 40, 64, true},
+    {2, 2, 33, 33, 16, true},   {2, 2, 33, 33, 16, false}, {1, 2, 24, 40, 64, true},
+    {2, 3, 100, 100, 64, true}, {1, 2, 70, 70, 64, false}, {1, 2, 40, 100, 64, false},
+    {1, 2, 48, 20, 64, true},   {1, 2, 40, 40, 128, true},
 };
+
+// The own kernel attention takes for dtype dt and head dim d (STRATA_ATTENTION=own).
+AttentionPath own_path(DType dt, int64_t d) {
+  return dt != DType::F32 && (d == 64 || d == 128) ? AttentionPath::OwnTensorCore
+                                                   : AttentionPath::Own;
+}
 
 TEST(StridedAttentionCuda, OwnKernelOnViewsGivesItsContiguousBitsAndMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
@@ -202,7 +217,8 @@ TEST(StridedAttentionCuda, OwnKernelOnViewsGivesItsContiguousBitsAndMatchesTheCp
       SCOPED_TRACE(name(dt, p));
       const std::vector<Tensor> host = host_inputs(p, dt);
       const Outputs want = run(kGpu, p, dt, host, Layout::Contiguous, Layout::Contiguous);
-      EXPECT_EQ(want.forward_path, AttentionPath::Own);
+      EXPECT_EQ(want.forward_path, own_path(dt, p.d));
+      EXPECT_EQ(want.backward_path, own_path(dt, p.d));
       expect_close(want, cpu_reference(p, host), tolerance(dt));
       for (Layout in : {Layout::Packed, Layout::WideRows})
         for (Layout outl : {Layout::Packed, Layout::HeadsInner, Layout::WideRows}) {
@@ -215,6 +231,32 @@ TEST(StridedAttentionCuda, OwnKernelOnViewsGivesItsContiguousBitsAndMatchesTheCp
           EXPECT_EQ(bits_of(got.dk), bits_of(want.dk));
           EXPECT_EQ(bits_of(got.dv), bits_of(want.dv));
         }
+    }
+}
+
+// The tensor-core kernel against the SIMT kernel on the same device and inputs (STRATA_ATTENTION
+// own vs simt): both within the reference tolerance of each other, and simt really is the SIMT
+// path.
+TEST(StridedAttentionCuda, TensorCoreKernelAgreesWithTheSimtKernel) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const Problem& p :
+         {Problem{2, 3, 100, 100, 64, true}, Problem{1, 2, 40, 40, 128, false}}) {
+      SCOPED_TRACE(name(dt, p));
+      const std::vector<Tensor> host = host_inputs(p, dt);
+      Outputs tc, simt;
+      {
+        ScopedAttentionMode m("own");
+        tc = run(kGpu, p, dt, host, Layout::Packed, Layout::HeadsInner);
+      }
+      {
+        ScopedAttentionMode m("simt");
+        simt = run(kGpu, p, dt, host, Layout::Packed, Layout::HeadsInner);
+      }
+      EXPECT_EQ(tc.forward_path, AttentionPath::OwnTensorCore);
+      EXPECT_EQ(simt.forward_path, AttentionPath::Own);
+      EXPECT_EQ(simt.backward_path, AttentionPath::Own);
+      expect_close(tc, simt, tolerance(dt));
     }
 }
 
@@ -252,8 +294,8 @@ TEST(StridedAttentionCuda, UnalignedViewsFallBackToTheOwnKernel) {
   }
   ScopedAttentionMode m("auto");
   const Outputs got = run(kGpu, p, dt, host, Layout::WideRows, Layout::WideRows);
-  EXPECT_EQ(got.forward_path, AttentionPath::Own);
-  EXPECT_EQ(got.backward_path, AttentionPath::Own);
+  EXPECT_EQ(got.forward_path, own_path(dt, p.d));
+  EXPECT_EQ(got.backward_path, own_path(dt, p.d));
   EXPECT_EQ(bits_of(got.out), bits_of(own.out));
   EXPECT_EQ(bits_of(got.dq), bits_of(own.dq));
 

@@ -9,7 +9,8 @@
 // one: blocks run one at a time, so one copy per kernel is the block's shared memory), defines
 // threadIdx/blockIdx/blockDim/gridDim as the emulator's per-thread state, the barriers and warp
 // intrinsics as calls into the scheduler, exact host versions of the device math intrinsics, and
-// STRATA_LAUNCH (Note [Kernel launches] in tensor/cuda/launch.cuh) as a launch on the emulator.
+// STRATA_LAUNCH (Note [Kernel launches] in tensor/cuda/launch.cuh) as a launch on the emulator,
+// and nvcuda::wmma (tests/cuda_emu/wmma.h).
 //
 // Compile with -ffp-contract=off: a device `a * b + c` is two rounded operations unless nvcc
 // contracts it, and the __f*_rn intrinsics promise exactly one rounding each.
@@ -360,3 +361,6 @@ class Launcher {
       ::strata::cuda_emu::LaunchConfig{dim3(grid), dim3(block), static_cast<size_t>(smem), \
                                        (stream), #__VA_ARGS__, __FILE__, __LINE__},        \
       [&](auto&... strata_emu_params) { __VA_ARGS__(strata_emu_params...); })
+
+// ---- warp matrix functions (mma.h): Note [Emulated WMMA] ----
+#include "tests/cuda_emu/wmma.h"

@@ -89,10 +89,14 @@ TEST(CudnnAttention, ModeComesFromTheEnvironment) {
     ScopedAttentionMode m("cudnn");
     EXPECT_EQ(attention_mode(), AttentionMode::Cudnn);
   }
+  {
+    ScopedAttentionMode m("simt");
+    EXPECT_EQ(attention_mode(), AttentionMode::Simt);
+  }
   ScopedAttentionMode m("flash");
   const std::string msg = user_error_of([] { attention_mode(); });
   EXPECT_NE(msg.find("STRATA_ATTENTION=flash"), std::string::npos) << msg;
-  for (const char* choice : {"use own", "cudnn (", "auto ("})
+  for (const char* choice : {"use own", "simt (", "cudnn (", "auto ("})
     EXPECT_NE(msg.find(choice), std::string::npos) << msg;
 }
 

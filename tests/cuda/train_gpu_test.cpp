@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "parallel/param_groups.h"
 #include "parallel/self_communicator.h"
 #include "tensor/cuda.h"
+#include "tensor/cuda/cudnn_sdpa.h"
 #include "tests/parallel/engine_test_util.h"
 #include "tests/tools/tool_test_util.h"
 #include "tools/common/train_config.h"
@@ -171,6 +173,41 @@ TEST(TrainGpu, SameSeedRunsAreBitwiseIdentical) {
     EXPECT_EQ(a.params, b.params);
     EXPECT_EQ(a.masters, b.masters);
   }
+}
+
+// GPT-2 with 64-wide heads (n_embd 128, 2 heads) in bf16 trains on Strata's tensor-core attention
+// (Note [CUDA tensor-core attention]; STRATA_ATTENTION=own keeps cuDNN out) and tracks the fp32
+// run (whose attention is the SIMT kernel) within the bf16 bar of 2%.
+TEST(TrainGpu, Bf16OnTheTensorCoreAttentionTracksFp32) {
+  SKIP_WITHOUT_GPU();
+  const char* old = std::getenv("STRATA_ATTENTION");
+  const std::string saved = old ? old : "";
+  setenv("STRATA_ATTENTION", "own", 1);
+  TrainSpec s;
+  s.steps = 60;
+  s.micro = 4;
+  s.max_norm = 1.0;
+  auto run = [&](DType dtype) {
+    models::gpt2::GPT2Config c = testing::tiny_config(s);
+    c.n_embd = 128;
+    c.n_head = 2;
+    models::gpt2::GPT2 model(c, s.seed);
+    models::move_flat_units(model.flat_units(), kGpu);
+    parallel::Engine engine(model, std::make_shared<parallel::SelfCommunicator>("dp"),
+                            parallel::ZeroConfig{}, testing::adamw_factory(), dtype);
+    std::vector<double> losses;
+    for (int step = 0; step < s.steps; ++step)
+      losses.push_back(gpu_engine_step(engine, model, s, step));
+    return losses;
+  };
+  const std::vector<double> fp32 = run(DType::F32);
+  const std::vector<double> bf16 = run(DType::BF16);
+  EXPECT_EQ(tensor::cuda::last_attention_path(), tensor::cuda::AttentionPath::OwnTensorCore);
+  if (old)
+    setenv("STRATA_ATTENTION", saved.c_str(), 1);
+  else
+    unsetenv("STRATA_ATTENTION");
+  testing::expect_trajectory(bf16, fp32, 0.02);
 }
 
 // ZeRO 1-3 with GPU memory, in a world of one: partitioned optimizer state, reduce-scattered

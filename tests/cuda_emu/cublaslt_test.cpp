@@ -276,7 +276,9 @@ TEST(CudaEmuCublasLt, BiasAndGeluEpilogues) {
             double pre = ab[i + j * e.m] + (has_bias ? bias[i] : 0.0);
             const double want = (epi & CUBLASLT_EPILOGUE_GELU) ? gelu_ref(pre) : pre;
             EXPECT_NEAR(got[i + j * e.m], want, tol * (1 + std::fabs(want))) << i << "," << j;
-            if (has_aux) EXPECT_EQ(aux[i + j * aux_ld], round_to(static_cast<float>(pre), t));
+            if (has_aux) {
+              EXPECT_EQ(aux[i + j * aux_ld], round_to(static_cast<float>(pre), t));
+            }
           }
         cublasLtMatmulDescDestroy(op);
         for (auto l : {la, lb, ld}) cublasLtMatrixLayoutDestroy(l);

@@ -101,6 +101,17 @@ __device__ inline void load_rows(T* tile, const T* base, int64_t ts, int64_t r0,
   }
 }
 
+// Keys [j0, j0 + BC) of head (hb, hh): K rows into ks, V rows into vs, between block barriers
+// (the previous tile is no longer read; the new one is complete when this returns).
+template <typename T, int D, int BC>
+__device__ inline void load_kv_tile(T* ks, T* vs, const T* k, const T* v, const AttentionShape& s,
+                                    int64_t hb, int64_t hh, int64_t j0, unsigned packed) {
+  __syncthreads();
+  load_rows<T, D>(ks, k + row_at(s.k, hb, hh, 0), s.k.t, j0, BC, s.tk, packed & kPackK);
+  load_rows<T, D>(vs, v + row_at(s.v, hb, hh, 0), s.v.t, j0, BC, s.tk, packed & kPackV);
+  __syncthreads();
+}
+
 // out[16 x 16 * nb..] = a (16 x D, row-major at a, ldm D) times the transpose of the 16 rows of
 // b starting at b (row-major, ldm D): one 16 x 16 tile of A B^T into acc.
 template <typename T, int D>
@@ -161,10 +172,7 @@ __global__ void __launch_bounds__(Tc<D>::kThreads)
   const int64_t rows_end = q0 + BR < tq ? q0 + BR : tq;
   const int64_t key_end = last_key(causal, rows_end - 1, tq, tk) + 1;
   for (int64_t j0 = 0; j0 < key_end; j0 += BC) {
-    __syncthreads();  // the previous tile's K and V are no longer read
-    load_rows<T, D>(ks, k + row_at(s.k, hb, hh, 0), s.k.t, j0, BC, tk, packed & kPackK);
-    load_rows<T, D>(vs, v + row_at(s.v, hb, hh, 0), s.v.t, j0, BC, tk, packed & kPackV);
-    __syncthreads();
+    load_kv_tile<T, D, BC>(ks, vs, k, v, s, hb, hh, j0, packed);
 #pragma unroll
     for (int nb = 0; nb < BC / 16; ++nb) {
       FragC acc;
@@ -273,10 +281,7 @@ __global__ void __launch_bounds__(Tc<D>::kThreads)
   const int64_t rows_end = q0 + BR < tq ? q0 + BR : tq;
   const int64_t key_end = last_key(causal, rows_end - 1, tq, tk) + 1;
   for (int64_t j0 = 0; j0 < key_end; j0 += BC) {
-    __syncthreads();
-    load_rows<T, D>(ks, k + row_at(s.k, hb, hh, 0), s.k.t, j0, BC, tk, packed & kPackK);
-    load_rows<T, D>(vs, v + row_at(s.v, hb, hh, 0), s.v.t, j0, BC, tk, packed & kPackV);
-    __syncthreads();
+    load_kv_tile<T, D, BC>(ks, vs, k, v, s, hb, hh, j0, packed);
 #pragma unroll
     for (int nb = 0; nb < BC / 16; ++nb) {
       FragC t;

@@ -28,6 +28,15 @@ void check_cuda(cudaError_t rc, const char* what) {
     user_error("{} failed: CUDA error {}: {}", what, static_cast<int>(rc), cudaGetErrorString(rc));
 }
 
+// True once the event's work has finished. cudaErrorNotReady is also left as this thread's last
+// error, which the next launch check would report as a failure: cleared here. Another error is
+// "not done" too: the watchdog's timeout and ncclCommGetAsyncError report what went wrong.
+bool event_done(cudaEvent_t e) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) cudaGetLastError();
+  return r == cudaSuccess;
+}
+
 // Reductions use the element type; ops that only move data move bytes, so every dtype moves.
 ncclDataType_t nccl_type(DType d) {
   switch (d) {
@@ -105,13 +114,13 @@ struct NcclState {
   void poll() {
     while (!inflight.empty()) {
       OpRecord& op = *inflight.front();
-      if (cudaEventQuery(op.done) == cudaSuccess) {
+      if (event_done(op.done)) {
         op.completed = true;
         release(op);
         inflight.pop_front();
         continue;
       }
-      if (!op.started_at && cudaEventQuery(op.start) == cudaSuccess) op.started_at = Clock::now();
+      if (!op.started_at && event_done(op.start)) op.started_at = Clock::now();
       return;
     }
   }

@@ -65,9 +65,14 @@ struct Strided32 {
   uint32_t strides[kMaxDims];
 };
 
+// Unrolled over every possible dim with a guard, so shape and strides are indexed by constants
+// and stay in the parameter space (a loop bounded by v.ndim made ptxas copy both arrays to local
+// memory: a 136-byte stack frame per thread).
 __device__ __forceinline__ uint32_t offset32(const Strided32& v, uint32_t i) {
   uint32_t off = 0;
-  for (int d = v.ndim - 1; d >= 0; --d) {
+#pragma unroll
+  for (int d = kMaxDims - 1; d >= 0; --d) {
+    if (d >= v.ndim) continue;
     const uint32_t s = v.shape[d];
     off += (i % s) * v.strides[d];
     i /= s;

@@ -28,6 +28,16 @@ void check_cuda(int status, const char* what) {
                                             cudaGetErrorString(static_cast<cudaError_t>(status))));
 }
 
+bool event_completed(CUevent_st* event, const char* what) {
+  const cudaError_t r = cudaEventQuery(event);
+  if (r == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  check_cuda(r, what);
+  return true;
+}
+
 namespace {
 
 void check_launch(const char* what) {
@@ -53,10 +63,7 @@ class CudaMemoryApi final : public offload::DeviceMemoryApi {
     return e;
   }
   bool event_completed(offload::EventHandle event) override {
-    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(event));
-    if (r == cudaErrorNotReady) return false;
-    check_cuda(r, "cudaEventQuery");
-    return true;
+    return cuda::event_completed(static_cast<cudaEvent_t>(event), "cudaEventQuery");
   }
   void destroy_event(offload::EventHandle event) override {
     cudaEventDestroy(static_cast<cudaEvent_t>(event));

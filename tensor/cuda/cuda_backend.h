@@ -142,4 +142,10 @@ class CudaBackend final : public Backend {
 // Aborts with an InternalError naming the call when a CUDA runtime call failed.
 void check_cuda(int status, const char* what);
 
+// cudaEventQuery as a bool: true when the work before the event's record has finished. A
+// cudaErrorNotReady answer is also left as the host thread's last error, where the next
+// cudaGetLastError (the launch check after a kernel) would report it as a failure; this clears
+// it. Other errors throw as check_cuda does.
+bool event_completed(CUevent_st* event, const char* what);
+
 }  // namespace strata::tensor::cuda

@@ -21,6 +21,7 @@ struct Stats {
   uint64_t matmuls = 0;             // cublasLtMatmul calls run
   uint64_t device_allocations = 0;  // live cudaMalloc allocations
   uint64_t device_bytes = 0;        // bytes they hold
+  uint64_t host_waits = 0;          // times the host waited for pending work (streams.h)
 };
 Stats stats();
 

@@ -43,6 +43,7 @@
 #include "tests/cuda_emu/control.h"
 #include "tests/cuda_emu/device_memory.h"
 #include "tests/cuda_emu/simt.h"
+#include "tests/cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
 
@@ -647,82 +648,90 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const int64_t m = p.m, n = p.n, k = p.k;
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
 
-  DeviceOp op("cublasLtMatmul");
-  count_matmul();
-  const size_t ea = type_bytes(p.ta), ec = type_bytes(p.tc);
-  if (k > 0) {
-    open_operand("A", A, extent(*la, ea));
-    open_operand("B", B, extent(*lb, ea));
-  }
-  if (beta != 0.f) open_operand("C", C, extent(*lc, ec));
-  open_operand("D", D, extent(*ld, ec));
-  if (p.bits & (kBias | kBgradD)) {
-    const int64_t stride = (p.bits & kBias) ? dsc->bias_batch_stride : 0;
-    open_operand("bias", dsc->bias,
-                 static_cast<size_t>(m + (p.batch - 1) * stride) * type_bytes(p.bias_type));
-  }
-  if (p.bits & kBgradA)
-    open_operand("bias", dsc->bias, static_cast<size_t>(m) * type_bytes(p.bias_type));
-  if (p.bits & kBgradB)
-    open_operand("bias", dsc->bias, static_cast<size_t>(n) * type_bytes(p.bias_type));
-  if (p.bits & (kAuxOut | kDGelu)) {
-    const size_t last =
-        static_cast<size_t>((n - 1) * dsc->aux_ld + m + (p.batch - 1) * dsc->aux_batch_stride);
-    open_operand("aux", dsc->aux, last * type_bytes(p.aux_type));
-  }
+  // Everything the matmul reads from the descriptors is copied now: the call is enqueued on
+  // `stream` (Note [Emulated streams]) and the caller may change or destroy them meanwhile.
+  auto run = [dv = *dsc, av = *la, bv = *lb, cv = *lc, dd = *ld, p, m, n, k, alpha, beta, A, B, C,
+              D] {
+    const Desc* dsc = &dv;
+    const Layout *la = &av, *lb = &bv, *lc = &cv, *ld = &dd;
+    DeviceOp op("cublasLtMatmul");
+    count_matmul();
+    const size_t ea = type_bytes(p.ta), ec = type_bytes(p.tc);
+    if (k > 0) {
+      open_operand("A", A, extent(*la, ea));
+      open_operand("B", B, extent(*lb, ea));
+    }
+    if (beta != 0.f) open_operand("C", C, extent(*lc, ec));
+    open_operand("D", D, extent(*ld, ec));
+    if (p.bits & (kBias | kBgradD)) {
+      const int64_t stride = (p.bits & kBias) ? dsc->bias_batch_stride : 0;
+      open_operand("bias", dsc->bias,
+                   static_cast<size_t>(m + (p.batch - 1) * stride) * type_bytes(p.bias_type));
+    }
+    if (p.bits & kBgradA)
+      open_operand("bias", dsc->bias, static_cast<size_t>(m) * type_bytes(p.bias_type));
+    if (p.bits & kBgradB)
+      open_operand("bias", dsc->bias, static_cast<size_t>(n) * type_bytes(p.bias_type));
+    if (p.bits & (kAuxOut | kDGelu)) {
+      const size_t last =
+          static_cast<size_t>((n - 1) * dsc->aux_ld + m + (p.batch - 1) * dsc->aux_batch_stride);
+      open_operand("aux", dsc->aux, last * type_bytes(p.aux_type));
+    }
 
-  const bool ta = dsc->transa == CUBLAS_OP_T, tb = dsc->transb == CUBLAS_OP_T;
-  std::vector<float> ap(static_cast<size_t>(m * k)), bp(static_cast<size_t>(k * n));
-  std::vector<float> acc(static_cast<size_t>(n)), bias_acc(static_cast<size_t>(m));
-  for (int64_t bt = 0; bt < p.batch; ++bt) {
-    const int64_t oa = bt * la->stride, ob = bt * lb->stride, oc = bt * lc->stride,
-                  od = bt * ld->stride;
-    // op(A) as f32 rows [m][k], op(B) as f32 rows [k][n]: the sums below then walk k in order
-    // for every output element.
-    for (int64_t i = 0; i < m; ++i)
+    const bool ta = dsc->transa == CUBLAS_OP_T, tb = dsc->transb == CUBLAS_OP_T;
+    std::vector<float> ap(static_cast<size_t>(m * k)), bp(static_cast<size_t>(k * n));
+    std::vector<float> acc(static_cast<size_t>(n)), bias_acc(static_cast<size_t>(m));
+    for (int64_t bt = 0; bt < p.batch; ++bt) {
+      const int64_t oa = bt * la->stride, ob = bt * lb->stride, oc = bt * lc->stride,
+                    od = bt * ld->stride;
+      // op(A) as f32 rows [m][k], op(B) as f32 rows [k][n]: the sums below then walk k in order
+      // for every output element.
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t q = 0; q < k; ++q)
+          ap[i * k + q] = load(A, p.ta, oa + (ta ? q + i * la->ld : i + q * la->ld));
       for (int64_t q = 0; q < k; ++q)
-        ap[i * k + q] = load(A, p.ta, oa + (ta ? q + i * la->ld : i + q * la->ld));
-    for (int64_t q = 0; q < k; ++q)
-      for (int64_t j = 0; j < n; ++j)
-        bp[q * n + j] = load(B, p.ta, ob + (tb ? j + q * lb->ld : q + j * lb->ld));
-    std::fill(bias_acc.begin(), bias_acc.end(), 0.f);
-    for (int64_t i = 0; i < m; ++i) {
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t q = 0; q < k; ++q) {
-        const float av = ap[i * k + q];
-        const float* brow = bp.data() + q * n;
-        for (int64_t j = 0; j < n; ++j) acc[j] += av * brow[j];
-      }
-      const float bias_v =
-          (p.bits & kBias) ? load(dsc->bias, p.bias_type, bt * dsc->bias_batch_stride + i) : 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        float x = alpha * acc[j];
-        if (beta != 0.f) x += beta * load(C, p.tc, oc + i + j * lc->ld);
-        if (p.bits & kBias) x += bias_v;
-        const int64_t aux_i = bt * dsc->aux_batch_stride + i + j * dsc->aux_ld;
-        if (p.bits & kAuxOut) store(dsc->aux, p.aux_type, aux_i, x);
-        if (p.bits & kGelu) x = gelu(x);
-        if (p.bits & kDGelu) x = x * gelu_grad(load(dsc->aux, p.aux_type, aux_i));
-        if (p.bits & kBgradD) bias_acc[i] += x;
-        store(D, p.tc, od + i + j * ld->ld, x);
-      }
-    }
-    if (p.bits & kBgradD)
-      for (int64_t i = 0; i < m; ++i) store(dsc->bias, p.bias_type, i, bias_acc[i]);
-    if (p.bits & kBgradA) {
+        for (int64_t j = 0; j < n; ++j)
+          bp[q * n + j] = load(B, p.ta, ob + (tb ? j + q * lb->ld : q + j * lb->ld));
+      std::fill(bias_acc.begin(), bias_acc.end(), 0.f);
       for (int64_t i = 0; i < m; ++i) {
-        float sum = 0.f;
-        for (int64_t q = 0; q < k; ++q) sum += ap[i * k + q];
-        store(dsc->bias, p.bias_type, i, sum);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t q = 0; q < k; ++q) {
+          const float av = ap[i * k + q];
+          const float* brow = bp.data() + q * n;
+          for (int64_t j = 0; j < n; ++j) acc[j] += av * brow[j];
+        }
+        const float bias_v =
+            (p.bits & kBias) ? load(dsc->bias, p.bias_type, bt * dsc->bias_batch_stride + i) : 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          float x = alpha * acc[j];
+          if (beta != 0.f) x += beta * load(C, p.tc, oc + i + j * lc->ld);
+          if (p.bits & kBias) x += bias_v;
+          const int64_t aux_i = bt * dsc->aux_batch_stride + i + j * dsc->aux_ld;
+          if (p.bits & kAuxOut) store(dsc->aux, p.aux_type, aux_i, x);
+          if (p.bits & kGelu) x = gelu(x);
+          if (p.bits & kDGelu) x = x * gelu_grad(load(dsc->aux, p.aux_type, aux_i));
+          if (p.bits & kBgradD) bias_acc[i] += x;
+          store(D, p.tc, od + i + j * ld->ld, x);
+        }
+      }
+      if (p.bits & kBgradD)
+        for (int64_t i = 0; i < m; ++i) store(dsc->bias, p.bias_type, i, bias_acc[i]);
+      if (p.bits & kBgradA) {
+        for (int64_t i = 0; i < m; ++i) {
+          float sum = 0.f;
+          for (int64_t q = 0; q < k; ++q) sum += ap[i * k + q];
+          store(dsc->bias, p.bias_type, i, sum);
+        }
+      }
+      if (p.bits & kBgradB) {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t q = 0; q < k; ++q)
+          for (int64_t j = 0; j < n; ++j) acc[j] += bp[q * n + j];
+        for (int64_t j = 0; j < n; ++j) store(dsc->bias, p.bias_type, j, acc[j]);
       }
     }
-    if (p.bits & kBgradB) {
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t q = 0; q < k; ++q)
-        for (int64_t j = 0; j < n; ++j) acc[j] += bp[q * n + j];
-      for (int64_t j = 0; j < n; ++j) store(dsc->bias, p.bias_type, j, acc[j]);
-    }
-  }
+  };
+  strata::cuda_emu::enqueue(stream, std::move(run));
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -429,11 +429,13 @@ TEST(CudaEmuCublasLtDeathTest, AnOperandOutsideDeviceMemoryAborts) {
   auto l4 = layout(CUDA_R_32F, 4, 4, 4);
   cublasLtMatmulDesc_t op;
   cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  EXPECT_DEATH(run(lt, op, 1.f, host.data(), l4, b.p, l4, 0.f, d.p, l4, d.p, l4, 4),
+  EXPECT_DEATH((run(lt, op, 1.f, host.data(), l4, b.p, l4, 0.f, d.p, l4, d.p, l4, 4),
+                cudaDeviceSynchronize()),
                "cublasLtMatmul: A: \\[0x[0-9a-f]+, \\+64 bytes\\) is not inside one device "
                "allocation");
-  EXPECT_DEATH(run(lt, op, 1.f, small.p, l4, b.p, l4, 0.f, d.p, l4, d.p, l4, 4),
-               "cublasLtMatmul: A: .* is not inside one device allocation");
+  EXPECT_DEATH(
+      (run(lt, op, 1.f, small.p, l4, b.p, l4, 0.f, d.p, l4, d.p, l4, 4), cudaDeviceSynchronize()),
+      "cublasLtMatmul: A: .* is not inside one device allocation");
   cublasLtMatmulDescDestroy(op);
   cublasLtMatrixLayoutDestroy(l4);
 }

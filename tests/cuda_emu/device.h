@@ -323,8 +323,9 @@ inline T atomicCAS(T* p, T compare, T v) {
 // ---- launches (Note [Kernel launches]) ----
 // STRATA_LAUNCH(grid, block, smem, stream, kernel)(args...): the kernel is named inside a generic
 // lambda, so a template kernel deduces its arguments from the call as a triple-chevron launch
-// does; the arguments are copied once (the parameter block) and every emulated thread calls the
-// kernel with them, by value.
+// does; the arguments are copied once (the parameter block, kept with the lambda until the
+// kernel runs: Note [Emulated streams]) and every emulated thread calls the kernel with them, by
+// value.
 namespace strata::cuda_emu {
 
 template <typename K>
@@ -335,18 +336,16 @@ class Launcher {
   template <typename... A>
   void operator()(A&&... args) {
     using Params = std::tuple<std::decay_t<A>...>;
-    Params params(std::forward<A>(args)...);
-    struct Closure {
-      K* kernel;
-      Params* params;
-    } closure{&kernel_, &params};
-    launch(
-        config_,
-        [](void* c) {
-          auto* cl = static_cast<Closure*>(c);
-          std::apply(*cl->kernel, *cl->params);
-        },
-        &closure, &params, sizeof(params));
+    struct Job final : KernelJob {
+      Job(K k, Params p) : kernel(std::move(k)), args(std::move(p)) {
+        params = &args;
+        params_bytes = sizeof(Params);
+      }
+      void run_thread() override { std::apply(kernel, args); }
+      K kernel;
+      Params args;
+    };
+    launch(config_, std::make_shared<Job>(kernel_, Params(std::forward<A>(args)...)));
   }
 
  private:
@@ -356,11 +355,12 @@ class Launcher {
 
 }  // namespace strata::cuda_emu
 
+// The lambda captures by copy: it runs after the launching function has returned.
 #define STRATA_LAUNCH(grid, block, smem, stream, ...)                                      \
   ::strata::cuda_emu::Launcher(                                                            \
       ::strata::cuda_emu::LaunchConfig{dim3(grid), dim3(block), static_cast<size_t>(smem), \
                                        (stream), #__VA_ARGS__, __FILE__, __LINE__},        \
-      [&](auto&... strata_emu_params) { __VA_ARGS__(strata_emu_params...); })
+      [=](auto&... strata_emu_params) { __VA_ARGS__(strata_emu_params...); })
 
 // ---- warp matrix functions (mma.h): Note [Emulated WMMA] ----
 #include "tests/cuda_emu/wmma.h"

@@ -1,41 +1,24 @@
 // The CUDA runtime API of the emulated device (Note [CUDA emulator] in simt.h): one device,
-// "Strata CUDA emulator" with sm_90's numbers; streams and events are handles that are checked,
-// and every operation runs at once, when it is enqueued (so an event is complete as soon as it
-// is recorded). Memory follows Note [Emulated device memory]. The definitions take their
+// "Strata CUDA emulator" with sm_90's numbers. Memory follows Note [Emulated device memory];
+// streams and events (streams.cpp) Note [Emulated streams]. The definitions take their
 // signatures from the real cuda_runtime_api.h, which maps versioned names for us.
 #include <cuda_runtime_api.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
-#include <unordered_map>
-#include <unordered_set>
+#include <vector>
 
 #include "tests/cuda_emu/control.h"
 #include "tests/cuda_emu/device_memory.h"
+#include "tests/cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
 
 namespace {
 
 thread_local cudaError_t t_last_error = cudaSuccess;
-
-struct Stream {
-  unsigned flags = 0;
-  int priority = 0;
-};
-
-struct Event {
-  unsigned flags = 0;
-  bool recorded = false;
-  std::chrono::steady_clock::time_point when;
-};
-
-// Handles, guarded by their own mutex (created and destroyed from any host thread).
-std::mutex g_handles_mu;
-std::unordered_set<Stream*> g_streams;
-std::unordered_set<Event*> g_events;
 
 cudaError_t ret(cudaError_t e) {
   if (e != cudaSuccess) record_error(e);
@@ -50,67 +33,99 @@ int visible_devices() {
   return n > 0 ? 1 : 0;
 }
 
-bool valid_event(cudaEvent_t e) {
-  std::lock_guard<std::mutex> lock(g_handles_mu);
-  return g_events.count(reinterpret_cast<Event*>(e)) > 0;
-}
-
 bool overlap(const void* a, const void* b, size_t n) {
   const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return x < y + n && y < x + n;
 }
 
+// Opens the allocation (if any) holding [p, p + n) for the running device operation.
+void open_if_device(const void* p, size_t n) {
+  DeviceMemory& mem = DeviceMemory::get();
+  if (Allocation* a = mem.find(p, n)) mem.open(*a);
+}
+
 // A copy checked the way the real runtime would reject it (directions against pointer kinds,
-// ranges inside one allocation), then done on the "device".
+// ranges inside one allocation), then enqueued on `s` (Note [Emulated streams]); `synchronous`
+// for cudaMemcpy, which the host waits for unless it is device to device.
 cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t s,
-                 const char* what) {
+                 const char* what, bool synchronous) {
   if (!valid_stream(s)) return ret(cudaErrorInvalidResourceHandle);
   if (count == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return ret(cudaErrorInvalidValue);
-  DeviceOp op(what);
-  DeviceMemory& mem = DeviceMemory::get();
-  const bool dst_dev = mem.find_mapping(dst) != nullptr;
-  const bool src_dev = mem.find_mapping(src) != nullptr;
-  if (kind == cudaMemcpyDefault)
-    kind = src_dev ? (dst_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
-                   : (dst_dev ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
-  bool want_src_dev = false, want_dst_dev = false;
-  switch (kind) {
-    case cudaMemcpyHostToHost:
-      break;
-    case cudaMemcpyHostToDevice:
-      want_dst_dev = true;
-      break;
-    case cudaMemcpyDeviceToHost:
-      want_src_dev = true;
-      break;
-    case cudaMemcpyDeviceToDevice:
-      want_src_dev = want_dst_dev = true;
-      break;
-    default:
-      return ret(cudaErrorInvalidMemcpyDirection);
+  bool dst_dev = false, src_dev = false, dst_pinned = false, src_pinned = false;
+  {
+    DeviceMemory& mem = DeviceMemory::get();
+    std::lock_guard<std::mutex> lock(mem.mutex());
+    dst_dev = mem.find_mapping(dst) != nullptr;
+    src_dev = mem.find_mapping(src) != nullptr;
+    if (kind == cudaMemcpyDefault)
+      kind = src_dev ? (dst_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                     : (dst_dev ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+    bool want_src_dev = false, want_dst_dev = false;
+    switch (kind) {
+      case cudaMemcpyHostToHost:
+        break;
+      case cudaMemcpyHostToDevice:
+        want_dst_dev = true;
+        break;
+      case cudaMemcpyDeviceToHost:
+        want_src_dev = true;
+        break;
+      case cudaMemcpyDeviceToDevice:
+        want_src_dev = want_dst_dev = true;
+        break;
+      default:
+        return ret(cudaErrorInvalidMemcpyDirection);
+    }
+    if (src_dev != want_src_dev || dst_dev != want_dst_dev) return ret(cudaErrorInvalidValue);
+    if ((dst_dev && mem.find(dst, count) == nullptr) ||
+        (src_dev && mem.find(src, count) == nullptr))
+      return ret(cudaErrorInvalidValue);
+    // Overlapping ranges are undefined for cudaMemcpy; a copy that needs them is a bug.
+    if (src_dev == dst_dev && overlap(dst, src, count)) return ret(cudaErrorInvalidValue);
+    dst_pinned = !dst_dev && mem.is_pinned(dst, count);
+    src_pinned = !src_dev && mem.is_pinned(src, count);
   }
-  if (src_dev != want_src_dev || dst_dev != want_dst_dev) return ret(cudaErrorInvalidValue);
-  Allocation* d = dst_dev ? mem.find(dst, count) : nullptr;
-  Allocation* r = src_dev ? mem.find(src, count) : nullptr;
-  if ((dst_dev && d == nullptr) || (src_dev && r == nullptr)) return ret(cudaErrorInvalidValue);
-  // Overlapping ranges are undefined for cudaMemcpy; a copy that needs them is a bug.
-  if (src_dev == dst_dev && overlap(dst, src, count)) return ret(cudaErrorInvalidValue);
-  if (d) mem.open(*d);
-  if (r) mem.open(*r);
-  std::memcpy(dst, src, count);
+  if (!src_dev && !src_pinned && dst_dev && !synchronous) {
+    // From pageable memory: the runtime stages the source before returning.
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + count);
+    enqueue(s, [dst, staged, count, what] {
+      DeviceOp op(what);
+      open_if_device(dst, count);
+      std::memcpy(dst, staged->data(), count);
+    });
+    return cudaSuccess;
+  }
+  auto run = [dst, src, count, what] {
+    DeviceOp op(what);
+    open_if_device(dst, count);
+    open_if_device(src, count);
+    std::memcpy(dst, src, count);
+  };
+  // Synchronous per the runtime's documentation: cudaMemcpy unless device to device, and any
+  // copy into pageable host memory or between host buffers.
+  const bool wait = synchronous ? !(src_dev && dst_dev) : (!dst_dev && !dst_pinned);
+  if (wait)
+    enqueue_and_wait(s, run);
+  else
+    enqueue(s, run);
   return cudaSuccess;
 }
 
 cudaError_t set(void* dst, int value, size_t count, cudaStream_t s, const char* what) {
   if (!valid_stream(s)) return ret(cudaErrorInvalidResourceHandle);
   if (count == 0) return cudaSuccess;
-  DeviceOp op(what);
-  DeviceMemory& mem = DeviceMemory::get();
-  Allocation* d = mem.find(dst, count);
-  if (d == nullptr) return ret(cudaErrorInvalidValue);
-  mem.open(*d);
-  std::memset(dst, value, count);
+  {
+    DeviceMemory& mem = DeviceMemory::get();
+    std::lock_guard<std::mutex> lock(mem.mutex());
+    if (mem.find(dst, count) == nullptr) return ret(cudaErrorInvalidValue);
+  }
+  enqueue(s, [dst, value, count, what] {
+    DeviceOp op(what);
+    open_if_device(dst, count);
+    std::memset(dst, value, count);
+  });
   return cudaSuccess;
 }
 
@@ -118,12 +133,6 @@ cudaError_t set(void* dst, int value, size_t count, cudaStream_t s, const char* 
 
 void record_error(cudaError_t e) {
   t_last_error = e;
-}
-
-bool valid_stream(cudaStream_t s) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
-  std::lock_guard<std::mutex> lock(g_handles_mu);
-  return g_streams.count(reinterpret_cast<Stream*>(s)) > 0;
 }
 
 }  // namespace strata::cuda_emu
@@ -304,10 +313,6 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   }
 }
 
-cudaError_t cudaDeviceSynchronize(void) {
-  return cudaSuccess;  // every operation ran when it was enqueued
-}
-
 cudaError_t cudaRuntimeGetVersion(int* version) {
   if (version == nullptr) return ret(cudaErrorInvalidValue);
   *version = CUDART_VERSION;
@@ -330,6 +335,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 }
 
 cudaError_t cudaFree(void* ptr) {
+  drain_all();  // the real cudaFree synchronizes the device
   DeviceMemory& mem = DeviceMemory::get();
   std::lock_guard<std::mutex> lock(mem.mutex());
   return ret(mem.free(ptr));
@@ -348,6 +354,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+  drain_all();  // pending copies may still read or write it
   DeviceMemory& mem = DeviceMemory::get();
   std::lock_guard<std::mutex> lock(mem.mutex());
   return ret(mem.host_free(ptr));
@@ -382,12 +389,12 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* pt
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
-  return copy(dst, src, count, kind, nullptr, "cudaMemcpy");
+  return copy(dst, src, count, kind, nullptr, "cudaMemcpy", true);
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream) {
-  return copy(dst, src, count, kind, stream, "cudaMemcpyAsync");
+  return copy(dst, src, count, kind, stream, "cudaMemcpyAsync", false);
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
@@ -396,105 +403,6 @@ cudaError_t cudaMemset(void* ptr, int value, size_t count) {
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   return set(ptr, value, count, stream, "cudaMemsetAsync");
-}
-
-// ---- streams ----
-
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
-  if (stream == nullptr || (flags & ~unsigned{cudaStreamNonBlocking}) != 0)
-    return ret(cudaErrorInvalidValue);
-  auto* s = new Stream{flags, priority};
-  std::lock_guard<std::mutex> lock(g_handles_mu);
-  g_streams.insert(s);
-  *stream = reinterpret_cast<cudaStream_t>(s);
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
-  return cudaStreamCreateWithPriority(stream, flags, 0);
-}
-
-cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  return cudaStreamCreateWithPriority(stream, 0, 0);
-}
-
-cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(g_handles_mu);
-  auto* s = reinterpret_cast<Stream*>(stream);
-  if (g_streams.erase(s) == 0) return ret(cudaErrorInvalidResourceHandle);
-  delete s;
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return valid_stream(stream) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
-}
-
-cudaError_t cudaStreamQuery(cudaStream_t stream) {
-  return valid_stream(stream) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
-}
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
-  (void)flags;
-  if (!valid_stream(stream) || !valid_event(event)) return ret(cudaErrorInvalidResourceHandle);
-  return cudaSuccess;
-}
-
-cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
-  if (least) *least = 0;
-  if (greatest) *greatest = -5;
-  return cudaSuccess;
-}
-
-// ---- events ----
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-  if (event == nullptr) return ret(cudaErrorInvalidValue);
-  auto* e = new Event{};
-  e->flags = flags;
-  std::lock_guard<std::mutex> lock(g_handles_mu);
-  g_events.insert(e);
-  *event = reinterpret_cast<cudaEvent_t>(e);
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t* event) {
-  return cudaEventCreateWithFlags(event, cudaEventDefault);
-}
-
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  std::lock_guard<std::mutex> lock(g_handles_mu);
-  auto* e = reinterpret_cast<Event*>(event);
-  if (g_events.erase(e) == 0) return ret(cudaErrorInvalidResourceHandle);
-  delete e;
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  if (!valid_stream(stream) || !valid_event(event)) return ret(cudaErrorInvalidResourceHandle);
-  auto* e = reinterpret_cast<Event*>(event);
-  e->recorded = true;
-  e->when = std::chrono::steady_clock::now();
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return valid_event(event) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return valid_event(event) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
-}
-
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (ms == nullptr) return ret(cudaErrorInvalidValue);
-  if (!valid_event(start) || !valid_event(end)) return ret(cudaErrorInvalidResourceHandle);
-  auto* a = reinterpret_cast<Event*>(start);
-  auto* b = reinterpret_cast<Event*>(end);
-  if ((a->flags | b->flags) & cudaEventDisableTiming) return ret(cudaErrorInvalidResourceHandle);
-  if (!a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
-  return cudaSuccess;
 }
 
 }  // extern "C"

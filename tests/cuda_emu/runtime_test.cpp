@@ -1,6 +1,6 @@
 // The emulated CUDA runtime (tests/cuda_emu/runtime.cpp) and device memory (Note [Emulated device
 // memory]): the device it reports, copies checked against pointer kinds, the memory cap, poison,
-// streams and events, and the faults that replace silent host access to device memory.
+// and the faults that replace silent host access to device memory. Streams: streams_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -110,33 +110,6 @@ TEST(CudaEmuRuntime, TheMemoryCapGivesOutOfMemory) {
   EXPECT_EQ(d, nullptr);
 }
 
-TEST(CudaEmuRuntime, StreamsAndEventsAreCheckedHandles) {
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  cudaEvent_t a, b, quiet;
-  ASSERT_EQ(cudaEventCreate(&a), cudaSuccess);
-  ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
-  ASSERT_EQ(cudaEventCreateWithFlags(&quiet, cudaEventDisableTiming), cudaSuccess);
-  EXPECT_EQ(cudaEventRecord(a, s), cudaSuccess);
-  EXPECT_EQ(cudaEventRecord(b, s), cudaSuccess);
-  EXPECT_EQ(cudaEventRecord(quiet, s), cudaSuccess);
-  EXPECT_EQ(cudaEventQuery(b), cudaSuccess);  // work runs when it is enqueued
-  EXPECT_EQ(cudaStreamWaitEvent(s, a, 0), cudaSuccess);
-  float ms = -1.f;
-  EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
-  EXPECT_GE(ms, 0.f);
-  EXPECT_EQ(cudaEventElapsedTime(&ms, a, quiet), cudaErrorInvalidResourceHandle);
-  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  EXPECT_EQ(cudaEventDestroy(a), cudaSuccess);
-  EXPECT_EQ(cudaEventQuery(a), cudaErrorInvalidResourceHandle);
-  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
-  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorInvalidResourceHandle);
-  EXPECT_EQ(cudaMemsetAsync(nullptr, 0, 0, s), cudaErrorInvalidResourceHandle);
-  EXPECT_EQ(cudaEventDestroy(b), cudaSuccess);
-  EXPECT_EQ(cudaEventDestroy(quiet), cudaSuccess);
-  cudaGetLastError();
-}
-
 // A kernel reaches memory through a pointer stored in device memory (not in its parameters):
 // the allocation is opened on first access.
 __global__ void follow_pointer(int* const* table, int n) {
@@ -187,11 +160,12 @@ TEST(CudaEmuRuntimeDeathTest, KernelsOutOfBoundsOrOnBadAddressesAbort) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   float* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, 4096), cudaSuccess);
-  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, write_past_end)(d, 1024),
+  EXPECT_DEATH((STRATA_LAUNCH(1, 32, 0, nullptr, write_past_end)(d, 1024), cudaDeviceSynchronize()),
                "write_past_end .*block \\(0,0,0\\) thread \\(0,0,0\\): out-of-bounds access at "
                "0x[0-9a-f]+, byte offset 4160 of a 4096-byte allocation");
-  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, write_through_null)(nullptr),
-               "write_through_null .*: invalid address \\(nil\\)");
+  EXPECT_DEATH(
+      (STRATA_LAUNCH(1, 32, 0, nullptr, write_through_null)(nullptr), cudaDeviceSynchronize()),
+      "write_through_null .*: invalid address \\(nil\\)");
   cudaFree(d);
 }
 

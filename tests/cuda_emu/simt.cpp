@@ -14,6 +14,7 @@
 #include "tests/cuda_emu/control.h"
 #include "tests/cuda_emu/device_memory.h"
 #include "tests/cuda_emu/fiber.h"
+#include "tests/cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
 
@@ -324,8 +325,39 @@ Thread& current_thread(const char* what) {
 
 }  // namespace
 
-void launch(const LaunchConfig& config, void (*body)(void*), void* closure, const void* params,
-            size_t params_bytes) {
+namespace {
+
+void run_launch(const LaunchConfig& config, KernelJob& job, BlockOrder order) {
+  DeviceOp op(config.kernel);
+  DeviceMemory::get().open_pointed_to(job.params, job.params_bytes);
+  const int n = static_cast<int>(config.block.x * config.block.y * config.block.z);
+  while (static_cast<int>(g_stacks.size()) < n)
+    g_stacks.push_back(std::make_unique<FiberStack>(stack_bytes()));
+
+  g_block.config = &config;
+  g_block.body = [](void* j) { static_cast<KernelJob*>(j)->run_thread(); };
+  g_block.closure = &job;
+  g_block.n = n;
+  g_block_dim = u3(config.block.x, config.block.y, config.block.z);
+  g_grid_dim = u3(config.grid.x, config.grid.y, config.grid.z);
+  g_in_kernel = true;
+  set_fault_context(&describe_fault);
+  ++g_stats.launches;
+
+  const uint64_t gx = config.grid.x, gy = config.grid.y, gz = config.grid.z;
+  const uint64_t blocks = gx * gy * gz;
+  for (uint64_t k = 0; k < blocks; ++k) {
+    const uint64_t b = order == BlockOrder::Reverse ? blocks - 1 - k : k;
+    run_block(u3(static_cast<unsigned>(b % gx), static_cast<unsigned>((b / gx) % gy),
+                 static_cast<unsigned>(b / (gx * gy))));
+  }
+  set_fault_context(nullptr);
+  g_in_kernel = false;
+}
+
+}  // namespace
+
+void launch(const LaunchConfig& config, std::shared_ptr<KernelJob> job) {
   if (g_in_kernel)
     fail(where() + ": launches kernel " + config.kernel +
          " from device code (dynamic parallelism is not emulated)");
@@ -337,32 +369,9 @@ void launch(const LaunchConfig& config, void (*body)(void*), void* closure, cons
          std::to_string(config.shared_bytes) +
          " bytes of dynamic shared memory, which the emulator does not provide (Strata's "
          "kernels use static __shared__ arrays)");
-
-  DeviceOp op(config.kernel);
-  DeviceMemory::get().open_pointed_to(params, params_bytes);
-  const int n = static_cast<int>(config.block.x * config.block.y * config.block.z);
-  while (static_cast<int>(g_stacks.size()) < n)
-    g_stacks.push_back(std::make_unique<FiberStack>(stack_bytes()));
-
-  g_block.config = &config;
-  g_block.body = body;
-  g_block.closure = closure;
-  g_block.n = n;
-  g_block_dim = u3(config.block.x, config.block.y, config.block.z);
-  g_grid_dim = u3(config.grid.x, config.grid.y, config.grid.z);
-  g_in_kernel = true;
-  set_fault_context(&describe_fault);
-  ++g_stats.launches;
-
-  const uint64_t gx = config.grid.x, gy = config.grid.y, gz = config.grid.z;
-  const uint64_t blocks = gx * gy * gz;
-  for (uint64_t k = 0; k < blocks; ++k) {
-    const uint64_t b = g_order == BlockOrder::Reverse ? blocks - 1 - k : k;
-    run_block(u3(static_cast<unsigned>(b % gx), static_cast<unsigned>((b / gx) % gy),
-                 static_cast<unsigned>(b / (gx * gy))));
-  }
-  set_fault_context(nullptr);
-  g_in_kernel = false;
+  // The block order in force at the launch, which is when the program chose it.
+  enqueue(config.stream,
+          [config, job = std::move(job), order = g_order] { run_launch(config, *job, order); });
 }
 
 int block_barrier(BlockOp op, int value) {
@@ -496,6 +505,7 @@ void count_matmul() {
 
 Stats stats() {
   Stats s = g_stats;
+  s.host_waits = host_waits();
   DeviceMemory& m = DeviceMemory::get();
   std::lock_guard<std::mutex> lock(m.mutex());
   s.device_allocations = m.count();

@@ -7,7 +7,8 @@
 // C++ with device.h force-included, and libstrata_cuda_emu stands in for libcudart and
 // libcublasLt. What runs is the kernels' own code, so indexing, reductions, shuffles and launch
 // configurations are checked as written.
-//   - A launch runs synchronously on the calling thread, blocks one after another (in reverse
+//   - A launch is enqueued on its stream (Note [Emulated streams]); when it runs, it runs on the
+//     host thread that waits for it, blocks one after another (in reverse
 //     order when asked, to expose code that assumes an order between blocks). The threads of a
 //     block are fibers on their own stacks, scheduled cooperatively: a thread runs until it
 //     reaches a barrier or returns, then the next ready thread of the block runs. The context
@@ -30,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace strata::cuda_emu {
 
@@ -51,10 +53,20 @@ struct LaunchConfig {
   int line;
 };
 
-// Validates `config` and runs body(closure) once per thread of every block. `params` is the
-// kernel's parameter block (device pointers found in it are made accessible up front).
-void launch(const LaunchConfig& config, void (*body)(void*), void* closure, const void* params,
-            size_t params_bytes);
+// A launched kernel with its arguments, kept until it runs (Note [Emulated streams]).
+class KernelJob {
+ public:
+  virtual ~KernelJob() = default;
+  // One emulated thread's run of the kernel.
+  virtual void run_thread() = 0;
+  // The parameter block (device pointers found in it are made accessible up front).
+  const void* params = nullptr;
+  size_t params_bytes = 0;
+};
+
+// Validates `config` and enqueues the kernel on its stream: when it runs, job->run_thread() runs
+// once per thread of every block.
+void launch(const LaunchConfig& config, std::shared_ptr<KernelJob> job);
 
 enum class BlockOp : int { Sync, Count, And, Or };
 // __syncthreads and its reducing forms; returns the reduction (0 for Sync).

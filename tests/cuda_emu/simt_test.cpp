@@ -293,16 +293,19 @@ using CudaEmuDeathTest = ::testing::Test;
 TEST(CudaEmuDeathTest, ABarrierThatCannotCompleteAbortsNamingTheKernel) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   DeviceVector<int> out(64);
-  EXPECT_DEATH(STRATA_LAUNCH(1, 64, 0, nullptr, half_block_syncs)(out.get()),
-               "half_block_syncs.*exited while 32 other threads wait for it at __syncthreads");
-  EXPECT_DEATH(STRATA_LAUNCH(1, 64, 0, nullptr, exit_then_sync)(out.get()),
-               "exit_then_sync.*reached __syncthreads after [0-9]+ threads of the block exited");
+  EXPECT_DEATH(
+      (STRATA_LAUNCH(1, 64, 0, nullptr, half_block_syncs)(out.get()), cudaDeviceSynchronize()),
+      "half_block_syncs.*exited while 32 other threads wait for it at __syncthreads");
+  EXPECT_DEATH(
+      (STRATA_LAUNCH(1, 64, 0, nullptr, exit_then_sync)(out.get()), cudaDeviceSynchronize()),
+      "exit_then_sync.*reached __syncthreads after [0-9]+ threads of the block exited");
 }
 
 TEST(CudaEmuDeathTest, AShuffleNamingAnExitedLaneAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   DeviceVector<int> out(32);
-  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, shuffle_with_exited_lane)(out.get()),
+  EXPECT_DEATH((STRATA_LAUNCH(1, 32, 0, nullptr, shuffle_with_exited_lane)(out.get()),
+                cudaDeviceSynchronize()),
                "shuffle_with_exited_lane.*(exited while lane [0-9]+ waits for it|which have "
                "exited)");
 }
@@ -310,19 +313,22 @@ TEST(CudaEmuDeathTest, AShuffleNamingAnExitedLaneAborts) {
 TEST(CudaEmuDeathTest, ADeadlockAbortsWithWhatEveryThreadWaitsFor) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   DeviceVector<int> out(32);
-  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, shuffle_vs_barrier)(out.get()),
-               "shuffle_vs_barrier.*deadlock, no thread can proceed:.*1 of 32 threads wait at "
-               "__syncthreads.*warp 0 lanes 0-30 wait at __shfl_xor_sync\\(mask 0xffffffff\\); "
-               "lane 31 is at __syncthreads");
+  EXPECT_DEATH(
+      (STRATA_LAUNCH(1, 32, 0, nullptr, shuffle_vs_barrier)(out.get()), cudaDeviceSynchronize()),
+      "shuffle_vs_barrier.*deadlock, no thread can proceed:.*1 of 32 threads wait at "
+      "__syncthreads.*warp 0 lanes 0-30 wait at __shfl_xor_sync\\(mask 0xffffffff\\); "
+      "lane 31 is at __syncthreads");
 }
 
 TEST(CudaEmuDeathTest, LanesThatDisagreeOrMasksBeyondTheBlockAbort) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   DeviceVector<int> out(32);
-  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, mismatched_collectives)(out.get()),
+  EXPECT_DEATH((STRATA_LAUNCH(1, 32, 0, nullptr, mismatched_collectives)(out.get()),
+                cudaDeviceSynchronize()),
                "mismatched_collectives.*meets lane [0-9]+ at");
-  EXPECT_DEATH(STRATA_LAUNCH(1, 16, 0, nullptr, mask_beyond_block)(out.get()),
-               "mask_beyond_block.*names lanes 16-31, which do not exist");
+  EXPECT_DEATH(
+      (STRATA_LAUNCH(1, 16, 0, nullptr, mask_beyond_block)(out.get()), cudaDeviceSynchronize()),
+      "mask_beyond_block.*names lanes 16-31, which do not exist");
 }
 
 }  // namespace

@@ -126,8 +126,10 @@ TEST(CudaEmuWmmaDeathTest, ALaneMissingFromAnMmaOrAMisalignedOperandAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   DeviceVector<__half> a(512, __float2half_rn(1.f));
   DeviceVector<float> d(256);
-  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, missing_lane)(a.get(), d.get()), "missing_lane");
-  EXPECT_DEATH(STRATA_LAUNCH(1, 32, 0, nullptr, misaligned)(a.get()),
+  EXPECT_DEATH(
+      (STRATA_LAUNCH(1, 32, 0, nullptr, missing_lane)(a.get(), d.get()), cudaDeviceSynchronize()),
+      "missing_lane");
+  EXPECT_DEATH((STRATA_LAUNCH(1, 32, 0, nullptr, misaligned)(a.get()), cudaDeviceSynchronize()),
                "load_matrix_sync: pointer is not 32-byte aligned");
 }
 

@@ -1,0 +1,54 @@
+// The CUDA backend beside a second stream: what the caching allocator (Note [GPU caching
+// allocator]) does when a block another stream used is freed while that stream's work is pending.
+// On the emulator's deferred streams (Note [Emulated streams]) the work stays pending until the
+// host waits for it, so the "not ready" paths run every time; on a GPU they run when the side
+// stream is still busy.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "tensor/backend.h"
+#include "tensor/cuda.h"
+#include "tensor/cuda/cuda_backend.h"
+#include "tensor/ops.h"
+
+namespace strata::tensor {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+TEST(CudaStreams, ABlockHeldForAnotherStreamIsNotReusedAndItsPollingFailsNoLaunch) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  auto& be = dynamic_cast<cuda::CudaBackend&>(backend_for(kGpu));
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  offload::GpuCachingAllocator& alloc = be.allocator();
+  [[maybe_unused]] void* held = nullptr;
+  {
+    Tensor t = zeros({1 << 18}, DType::F32, kGpu);
+    held = t.data_ptr();
+    // The side stream writes t after the compute stream has zeroed it.
+    cudaEvent_t zeroed = nullptr;
+    ASSERT_EQ(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(zeroed, be.stream()), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(side, zeroed, 0), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(t.data_ptr(), 0, t.nbytes(), side), cudaSuccess);
+    ASSERT_EQ(cudaEventDestroy(zeroed), cudaSuccess);
+    alloc.record_stream(t.data_ptr(), side);
+  }  // freed: held back until an event recorded on `side` completes
+  // The same request again polls that event (cudaEventQuery). While the side stream's memset is
+  // pending the block must not come back, and the kernels launched next must not see the
+  // query's cudaErrorNotReady as a launch failure.
+  Tensor again = zeros({1 << 18}, DType::F32, kGpu);
+#ifdef STRATA_CUDA_EMULATION
+  // Deferred streams: the memset had not run when the allocator polled (on a GPU it may have).
+  EXPECT_NE(again.data_ptr(), held) << "reused while the side stream's work was pending";
+#endif
+  Tensor x = full({256}, 1.5, DType::F32, kGpu);
+  Tensor y = add(x, x).to(Device::cpu());
+  for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.data<float>()[i], 3.f) << i;
+  ASSERT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace strata::tensor

@@ -45,6 +45,21 @@ std::string g_load_error;
 void load_once() {
   static std::once_flag once;
   std::call_once(once, [] {
+#if STRATA_CUDA_EMULATION
+    // The CUDA emulator's cuDNN (Note [Emulated cuDNN], tests/cuda_emu/cudnn.cpp) is linked in.
+    g_api = new Api{&::cudnnGetVersion,
+                    &::cudnnCreate,
+                    &::cudnnSetStream,
+                    &::cudnnGetErrorString,
+                    &::cudnnGetLastErrorString,
+                    &::cudnnBackendCreateDescriptor,
+                    &::cudnnBackendDestroyDescriptor,
+                    &::cudnnBackendSetAttribute,
+                    &::cudnnBackendGetAttribute,
+                    &::cudnnBackendFinalize,
+                    &::cudnnBackendExecute};
+    return;
+#endif
     void* lib = nullptr;
     std::string tried;
     for (const char* name : {"libcudnn.so.9", "libcudnn.so"}) {

@@ -113,6 +113,14 @@ if(STRATA_HAVE_CUDA AND NOT STRATA_CUDA_EMULATION)
   else()
     message(STATUS "cuDNN not found next to the CUDA toolkit; attention uses Strata's own kernel")
   endif()
+elseif(STRATA_CUDA_EMULATION)
+  # The emulator provides cuDNN's graph API (Note [Emulated cuDNN], tests/cuda_emu/cudnn.cpp):
+  # only the headers are needed.
+  find_path(CUDNN_INCLUDE_DIR cudnn_graph.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/include
+            NO_DEFAULT_PATH)
+  if(CUDNN_INCLUDE_DIR)
+    set(STRATA_HAVE_CUDNN ON)
+  endif()
 endif()
 
 # Compiles every .cu source of `target` (the sources it has when called) as C++ for the emulator

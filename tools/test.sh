@@ -2,7 +2,7 @@
 # Installs what is missing, builds Strata (Release), and runs the whole test suite.
 # Tests labelled `cuda` skip themselves without a GPU; a second build then runs them on the CPU
 # emulator of the CUDA device (Note [CUDA emulator] in tests/cuda_emu/simt.h), so the kernels, the
-# cuBLASLt calls and GPU training are exercised without one.
+# cuBLASLt and cuDNN calls and GPU training are exercised without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -24,4 +24,8 @@ else
   cmake --build "$EMU_BUILD_DIR" -j "$JOBS" --target test_cuda test_cuda_emu bench_gpt2_cuda
   # Only the CUDA backend's tests and the emulator's own; everything else ran above.
   ctest --test-dir "$EMU_BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 900 -L '^cuda'
+  # Again with a block's threads and a grid's blocks in reverse order: a missing __syncthreads or
+  # an assumed order between blocks shows in one of the two runs (simt.h, control.h).
+  STRATA_CUDA_EMU_THREAD_ORDER=reverse STRATA_CUDA_EMU_BLOCK_ORDER=reverse \
+    ctest --test-dir "$EMU_BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 900 -L '^cuda$'
 fi

@@ -12,6 +12,9 @@ namespace strata::cuda_emu {
 enum class BlockOrder { Forward, Reverse };
 void set_block_order(BlockOrder order);
 BlockOrder block_order();
+// STRATA_CUDA_EMU_THREAD_ORDER=reverse: a block's threads start and wake from barriers from the
+// highest index down (exposes a missing __syncthreads; forward order exposes the other half).
+void set_thread_order(BlockOrder order);
 
 struct Stats {
   uint64_t launches = 0;            // kernels run

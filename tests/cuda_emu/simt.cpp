@@ -95,6 +95,17 @@ BlockOrder initial_order() {
 }
 BlockOrder g_order = initial_order();
 
+// STRATA_CUDA_EMU_THREAD_ORDER=reverse: the threads of a block start, and wake from barriers and
+// warp collectives, from the highest index down. A missing __syncthreads between one thread's
+// shared-memory write and another's read shows in one of the two orders: forward, when the
+// reader has the lower index; reverse, when it has the higher one.
+BlockOrder initial_thread_order() {
+  const char* v = std::getenv("STRATA_CUDA_EMU_THREAD_ORDER");
+  return v != nullptr && std::strcmp(v, "reverse") == 0 ? BlockOrder::Reverse : BlockOrder::Forward;
+}
+BlockOrder g_thread_order = initial_thread_order();
+BlockOrder g_running_thread_order = BlockOrder::Forward;  // the running launch's
+
 const char* op_name(WarpOp op) {
   switch (op) {
     case WarpOp::ShflIdx:
@@ -297,13 +308,15 @@ void run_block(uint3 block_idx) {
   for (int w = 0; w < kMaxWarps; ++w) g_block.warp_waiting[w] = g_block.warp_exited[w] = 0;
   g_block.ready_head = 0;
   g_block.ready_count = 0;
-  for (int i = 1; i < n; ++i) make_ready(i);
-  g_block.current = 0;
-  g_threads[0].state = State::Running;
-  g_thread_idx = g_threads[0].tid;
+  const bool reverse = g_running_thread_order == BlockOrder::Reverse;
+  const int first = reverse ? n - 1 : 0;
+  for (int k = 1; k < n; ++k) make_ready(reverse ? n - 1 - k : k);
+  g_block.current = first;
+  g_threads[first].state = State::Running;
+  g_thread_idx = g_threads[first].tid;
   ++g_stats.blocks;
   g_stats.threads += static_cast<uint64_t>(n);
-  fiber_switch(g_block.scheduler, g_threads[0].ctx);
+  fiber_switch(g_block.scheduler, g_threads[first].ctx);
 }
 
 cudaError_t validate(const LaunchConfig& c) {
@@ -327,8 +340,10 @@ Thread& current_thread(const char* what) {
 
 namespace {
 
-void run_launch(const LaunchConfig& config, KernelJob& job, BlockOrder order) {
+void run_launch(const LaunchConfig& config, KernelJob& job, BlockOrder order,
+                BlockOrder thread_order) {
   DeviceOp op(config.kernel);
+  g_running_thread_order = thread_order;
   DeviceMemory::get().open_pointed_to(job.params, job.params_bytes);
   const int n = static_cast<int>(config.block.x * config.block.y * config.block.z);
   while (static_cast<int>(g_stacks.size()) < n)
@@ -369,9 +384,10 @@ void launch(const LaunchConfig& config, std::shared_ptr<KernelJob> job) {
          std::to_string(config.shared_bytes) +
          " bytes of dynamic shared memory, which the emulator does not provide (Strata's "
          "kernels use static __shared__ arrays)");
-  // The block order in force at the launch, which is when the program chose it.
-  enqueue(config.stream,
-          [config, job = std::move(job), order = g_order] { run_launch(config, *job, order); });
+  // The orders in force at the launch, which is when the program chose them.
+  enqueue(config.stream, [config, job = std::move(job), order = g_order, threads = g_thread_order] {
+    run_launch(config, *job, order, threads);
+  });
 }
 
 int block_barrier(BlockOp op, int value) {
@@ -399,7 +415,9 @@ int block_barrier(BlockOp op, int value) {
                                           : 0;
   g_block.at_barrier = 0;
   const int self = static_cast<int>(&me - g_threads);
-  for (int i = 0; i < g_block.n; ++i) {
+  const bool reverse = g_running_thread_order == BlockOrder::Reverse;
+  for (int k = 0; k < g_block.n; ++k) {
+    const int i = reverse ? g_block.n - 1 - k : k;
     g_threads[i].bar_result = result;
     if (i != self) make_ready(i);
   }
@@ -477,8 +495,10 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
       t.out = (mask >> src & 1u) ? warp[src].in : ~uint64_t{0};  // undefined read: all ones
   }
   g_block.warp_waiting[w] &= ~mask;
-  for (int l = 0; l < kWarp; ++l)
+  for (int k = 0; k < kWarp; ++k) {
+    const int l = g_running_thread_order == BlockOrder::Reverse ? kWarp - 1 - k : k;
     if ((mask >> l & 1u) && l != lane) make_ready(w * kWarp + l);
+  }
   me.state = State::Running;
   return me.out;
 }
@@ -489,6 +509,10 @@ unsigned active_mask() {
   const int warp_lanes = std::min(kWarp, g_block.n - w * kWarp);
   const unsigned exists = warp_lanes == kWarp ? ~0u : (1u << warp_lanes) - 1u;
   return exists & ~g_block.warp_exited[w];
+}
+
+void set_thread_order(BlockOrder order) {
+  g_thread_order = order;
 }
 
 void set_block_order(BlockOrder order) {

@@ -199,6 +199,43 @@ TEST(CudaEmu, PartialMasksAndUndefinedLanes) {
   for (int t = 16; t < 32; ++t) EXPECT_EQ(h[t], t == 20 ? -2 : -1) << "lane 20 is outside the mask";
 }
 
+// Each thread reads its neighbour's (t ^ 1) shared-memory write, with or without a barrier
+// between; `salt` makes every launch's values new, so a stale value from an earlier one shows.
+__global__ void neighbour_read(int* out, int salt, bool barrier) {
+  __shared__ int s[64];
+  s[threadIdx.x] = static_cast<int>(threadIdx.x) + salt;
+  if (barrier) __syncthreads();
+  out[threadIdx.x] = s[threadIdx.x ^ 1u];
+}
+
+TEST(CudaEmu, EachThreadOrderExposesHalfOfAMissingBarrier) {
+  DeviceVector<int> out(64);
+  int salt = 1000;
+  // Which threads read a value not yet written, in each order.
+  auto stale = [&](BlockOrder order, bool barrier) {
+    set_thread_order(order);
+    salt += 1000;
+    STRATA_LAUNCH(1, 64, 0, nullptr, neighbour_read)(out.get(), salt, barrier);
+    set_thread_order(BlockOrder::Forward);
+    const std::vector<int> h = out.host();
+    std::vector<int> bad;
+    for (int t = 0; t < 64; ++t)
+      if (h[t] != (t ^ 1) + salt) bad.push_back(t);
+    return bad;
+  };
+  const std::vector<int> none;
+  EXPECT_EQ(stale(BlockOrder::Forward, true), none);
+  EXPECT_EQ(stale(BlockOrder::Reverse, true), none);
+  const std::vector<int> fwd = stale(BlockOrder::Forward, false);
+  const std::vector<int> rev = stale(BlockOrder::Reverse, false);
+  ASSERT_EQ(fwd.size(), 32u);  // the even threads read ahead of their neighbour
+  ASSERT_EQ(rev.size(), 32u);  // the odd ones
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(fwd[i], 2 * i);
+    EXPECT_EQ(rev[i], 2 * i + 1);
+  }
+}
+
 TEST(CudaEmu, BlocksRunForwardOrReversed) {
   DeviceVector<int> order(5), next(1, 0);
   STRATA_LAUNCH(5, 32, 0, nullptr, block_order_probe)(order.get(), next.get());

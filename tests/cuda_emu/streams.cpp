@@ -2,6 +2,8 @@
 // streams.h) and the runtime API calls on them.
 #include "tests/cuda_emu/streams.h"
 
+#include <execinfo.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -84,6 +86,27 @@ StreamMode initial_mode() {
 StreamMode g_mode = initial_mode();
 
 uint64_t g_host_waits = 0;
+
+// STRATA_CUDA_EMU_TRACE_WAITS=1: each host wait for pending work prints the host's stack, to
+// find where a step synchronizes (Stats::host_waits counts them).
+bool trace_waits() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_CUDA_EMU_TRACE_WAITS");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// Callers hold g_sched_mu.
+void count_wait(const char* what) {
+  ++g_host_waits;
+  if (!trace_waits()) return;
+  std::fprintf(stderr, "strata CUDA emulator: host wait #%llu (%s) at:\n",
+               static_cast<unsigned long long>(g_host_waits), what);
+  void* frames[16];
+  const int n = backtrace(frames, 16);
+  backtrace_symbols_fd(frames + 1, n - 1, 2);
+}
 
 // Callers hold g_sched_mu.
 void init_default_queues() {
@@ -199,7 +222,7 @@ void enqueue_and_wait(cudaStream_t s, std::function<void()> op) {
   std::shared_ptr<Queue> q = queue_of(s);
   if (!q) return;
   const uint64_t seq = push(*q, {}, std::move(op));
-  ++g_host_waits;
+  count_wait("a synchronous copy");
   advance(*q, seq);
 }
 
@@ -207,7 +230,7 @@ void drain_all() {
   if (t_running) return;
   std::lock_guard<std::mutex> lock(g_sched_mu);
   init_default_queues();
-  if (pending_anywhere()) ++g_host_waits;
+  if (pending_anywhere()) count_wait("the device");
   drain_all_locked();
 }
 
@@ -279,7 +302,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   init_default_queues();
   std::shared_ptr<Queue> q = queue_of(stream);
   if (!q) return ret(cudaErrorInvalidResourceHandle);
-  if (q->completed < q->enqueued) ++g_host_waits;
+  if (q->completed < q->enqueued) count_wait("cudaStreamSynchronize");
   advance(*q, q->enqueued);
   return cudaSuccess;
 }
@@ -377,7 +400,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (e == nullptr || t_running) return ret(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> lock(g_sched_mu);
   if (e->rec && !record_done(*e->rec)) {
-    ++g_host_waits;
+    count_wait("cudaEventSynchronize");
     advance(*e->rec->q, e->rec->seq);
   }
   return cudaSuccess;

@@ -21,6 +21,8 @@
 //   - cudaEventQuery and cudaStreamQuery of unfinished work return cudaErrorNotReady (which, as
 //     on the device, is also what the next cudaGetLastError returns) and then run that work, so
 //     a polling loop ends and both answers are exercised.
+//   - Stats::host_waits counts the host waits for pending work; STRATA_CUDA_EMU_TRACE_WAITS=1
+//     prints the host stack at each.
 //   - The queue belongs to the device, not to a host thread: whichever host thread waits runs
 //     the work (holding the scheduler's mutex, one operation at a time).
 // STRATA_CUDA_EMU_STREAMS=immediate runs everything when it is enqueued, as a device that is

@@ -184,8 +184,9 @@ std::vector<Case> cases(DType dt) {
                  return std::vector<Tensor>{r.y,       r.rstd, g.dx,
                                             g.dweight, s,      softmax_backward(sc, on(dy, d))};
                }});
-  // The norms on rows of 17 (no 128-bit packs: the one-element path of the same kernels, Note
-  // [CUDA fused residual norm]); the 96-wide rows above take the packed one.
+  // The norms and softmax on rows of 17 (no 128-bit packs: the one-element path of the same
+  // kernels, Note [CUDA fused residual norm], Note [CUDA softmax]); the 96-wide rows above take
+  // the packed one.
   c.push_back({"norms_odd_width", [=](Device d) {
                  const Tensor xo = on(a, d).reshape({-1, 17}), go = on(pos, d).reshape({-1, 17});
                  const Tensor wo = on(b.select(0, 1), d), bo = on(b.select(0, 2), d);
@@ -197,8 +198,10 @@ std::vector<Case> cases(DType dt) {
                  NormResult r = rmsnorm(xo, wo, 1e-6f);
                  NormResult rc = rmsnorm(xc, on(b.select(0, 1), cpu), 1e-6f);
                  RmsNormGrads rg = rmsnorm_backward(go, xo, wo, rc.rstd.to(d));
-                 return std::vector<Tensor>{l.y,      l.mean, l.rstd, lg.dx, lg.dweight,
-                                            lg.dbias, r.y,    r.rstd, rg.dx, rg.dweight};
+                 // Softmax on the same rows: its one-element path (Note [CUDA softmax]).
+                 const Tensor so = softmax(xo), sg = softmax_backward(softmax(xc).to(d), go);
+                 return std::vector<Tensor>{l.y, l.mean, l.rstd, lg.dx,      lg.dweight, lg.dbias,
+                                            r.y, r.rstd, rg.dx,  rg.dweight, so,         sg};
                }});
   for (bool causal : {false, true}) {
     c.push_back({std::string("attention_") + (causal ? "causal" : "full"), [=](Device d) {

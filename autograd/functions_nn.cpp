@@ -170,15 +170,16 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ig
                        int64_t classes) {
   Tensor ld = logits.data();
   tops::CrossEntropyResult r = tops::cross_entropy(ld, targets, ignore_index, classes);
-  const int64_t count = r.count;
-  Tensor loss = tops::sum_all(r.losses);
-  if (count > 0) loss = tops::scale(loss, 1.f / static_cast<float>(count));
+  // The mean over the counted rows, on the loss's device (no wait for a GPU): sum * (1 / m),
+  // m = max(1, count) (with no counted row the sum is 0 either way).
+  const Tensor m = r.norm.narrow(0, 0, 1).reshape({});
+  const Tensor inv_m = r.norm.narrow(0, 1, 1).reshape({});
+  Tensor loss = tops::mul(tops::sum_all(r.losses), inv_m);
   Tensor lse = r.lse;
   int64_t rows = r.losses.size(0);
   return make_output("CrossEntropy", loss, {logits}, [=](const std::vector<Tensor>& g) {
-    // d mean / d loss_row = g / count for every counted row (ignored rows are zeroed by the op).
-    float per_row = count > 0 ? g[0].item<float>() / static_cast<float>(count) : 0.f;
-    Tensor dloss = tops::full({rows}, per_row, DType::F32, ld.device());
+    // d mean / d loss_row = g / m for every counted row (ignored rows are zeroed by the op).
+    Tensor dloss = tops::div(g[0], m).reshape({1}).expand(Shape{rows});
     return std::vector<Tensor>{
         tops::cross_entropy_backward(ld, targets, lse, dloss, ignore_index, classes)
             .view(ld.shape())};

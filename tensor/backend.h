@@ -162,7 +162,9 @@ class Backend {
                       Tensor& out) = 0;
 
   // ---- embedding and loss ----
-  // ids [N] (I32 or I64); weight [V, C]; out [N, C]. Out-of-range ids are a UserError.
+  // ids [N] (I32 or I64); weight [V, C]; out [N, C]. Out-of-range ids are a UserError (on a
+  // GPU, raised at the next wait for the device: Note [Deferred device checks] in
+  // tensor/cuda/cuda_backend.h).
   virtual void embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) = 0;
   // dweight [V, C] += scatter of dout [N, C] by ids, deterministically (ACCUMULATES).
   virtual void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) = 0;
@@ -174,6 +176,9 @@ class Backend {
   virtual void cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                      int64_t ignore_index, int64_t classes, Tensor& losses,
                                      Tensor& lse) = 0;
+  // out (F32 [2]) = {m, 1 / m}, m = max(1, the number of targets [N] not equal to ignore_index):
+  // the divisor of the mean loss, computed where the targets are (no wait for a device).
+  virtual void cross_entropy_norm(const Tensor& targets, int64_t ignore_index, Tensor& out) = 0;
   // dlogits [N, V] = (softmax(logits) - onehot(target)) * dloss[row] over the first `classes`
   // columns, 0 in the rest; rows with ignore_index get 0. dloss [N] is the gradient of the total
   // objective w.r.t. each row's loss.

@@ -641,7 +641,8 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   r.losses = Tensor::empty({t.size(0)}, DType::F32, logits.device());
   r.lse = Tensor::empty({t.size(0)}, DType::F32, logits.device());
   be(logits).cross_entropy_forward(l2, t, ignore_index, classes, r.losses, r.lse);
-  r.count = count_valid(t, ignore_index);
+  r.norm = Tensor::empty({2}, DType::F32, logits.device());
+  be(logits).cross_entropy_norm(t, ignore_index, r.norm);
   return r;
 }
 
@@ -659,12 +660,6 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   be(logits).cross_entropy_backward(l2, t, lse.contiguous(), dloss.contiguous(), ignore_index,
                                     classes, d2);
   return dlogits;
-}
-
-int64_t count_valid(const Tensor& targets, int64_t ignore_index) {
-  int64_t n = 0;
-  for (int64_t t : to_int_vector(targets)) n += t != ignore_index;
-  return n;
 }
 
 Tensor concat(const std::vector<Tensor>& xs, int dim) {

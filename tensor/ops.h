@@ -211,7 +211,10 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight);
 struct CrossEntropyResult {
   Tensor losses;  // [N]
   Tensor lse;     // [N]
-  int64_t count;  // rows whose target is not ignore_index
+  // F32 [2] on the logits' device: {m, 1 / m}, m = max(1, rows whose target is not
+  // ignore_index). The mean loss is sum(losses) * norm[1]; reading no count on the host keeps a
+  // GPU step free of waits for the device.
+  Tensor norm;
 };
 // logits [N, V] (or [..., V], flattened), targets [N] (or [...]). `classes` (default: all V)
 // restricts the softmax to the first `classes` columns; the backward then writes 0 into the
@@ -222,8 +225,6 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               const Tensor& dloss, int64_t ignore_index = -100,
                               int64_t classes = -1);
-// Number of targets not equal to ignore_index.
-int64_t count_valid(const Tensor& targets, int64_t ignore_index);
 
 // ---- shape ----
 Tensor concat(const std::vector<Tensor>& xs, int dim);

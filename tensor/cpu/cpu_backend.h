@@ -83,6 +83,7 @@ class CpuBackend final : public Backend {
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) override;
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                              int64_t classes, Tensor& losses, Tensor& lse) override;
+  void cross_entropy_norm(const Tensor& targets, int64_t ignore_index, Tensor& out) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               const Tensor& dloss, int64_t ignore_index, int64_t classes,
                               Tensor& dlogits) override;

@@ -128,6 +128,16 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
   });
 }
 
+void CpuBackend::cross_entropy_norm(const Tensor& targets, int64_t ignore_index, Tensor& out) {
+  int64_t count = 0;
+  with_ids(targets, [&](const auto* t) {
+    for (int64_t r = 0; r < targets.numel(); ++r) count += t[r] != ignore_index;
+  });
+  const float m = static_cast<float>(std::max<int64_t>(count, 1));
+  out.data<float>()[0] = m;
+  out.data<float>()[1] = 1.f / m;
+}
+
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& lse, const Tensor& dloss,
                                         int64_t ignore_index, int64_t classes, Tensor& dlogits) {

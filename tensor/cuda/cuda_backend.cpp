@@ -153,6 +153,7 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::synchronize() {
   check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  raise_device_checks();
 }
 
 Tensor CudaBackend::scratch(int64_t bytes) {
@@ -160,12 +161,42 @@ Tensor CudaBackend::scratch(int64_t bytes) {
   return Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::U8, device());
 }
 
-void CudaBackend::check_flag(const Tensor& flag, const char* what) {
-  int bad = 0;
-  check_cuda(cudaMemcpyAsync(&bad, flag.data_ptr(), sizeof(int), cudaMemcpyDeviceToHost, stream_),
-             "cudaMemcpyAsync");
-  synchronize();
-  if (bad) user_error("{}", what);
+// Note [Deferred device checks] (cuda_backend.h).
+int* CudaBackend::checked_launch(std::string message) {
+  std::unique_lock<std::mutex> lock(checks_mu_);
+  if (check_flags_ == nullptr) {
+    void* host = nullptr;
+    check_cuda(cudaHostAlloc(&host, kDeviceChecks * sizeof(int), cudaHostAllocMapped),
+               "cudaHostAlloc (device check flags)");
+    std::memset(host, 0, kDeviceChecks * sizeof(int));
+    void* dev = nullptr;
+    check_cuda(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
+    check_flags_ = static_cast<int*>(host);
+    check_flags_dev_ = static_cast<int*>(dev);
+  }
+  if (checks_used_ == kDeviceChecks) {
+    lock.unlock();
+    synchronize();  // frees every slot (or raises)
+    lock.lock();
+  }
+  STRATA_CHECK(checks_used_ < kDeviceChecks, "device check slots still full after a wait");
+  check_messages_[static_cast<size_t>(checks_used_)] = std::move(message);
+  return check_flags_dev_ + checks_used_++;
+}
+
+void CudaBackend::raise_device_checks() {
+  // Called right after a wait for the stream: every kernel given a flag so far has finished.
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(checks_mu_);
+    const volatile int* flags = check_flags_;
+    for (int i = 0; i < checks_used_; ++i) {
+      if (error.empty() && flags[i] != 0) error = check_messages_[static_cast<size_t>(i)];
+      check_flags_[i] = 0;
+    }
+    checks_used_ = 0;
+  }
+  if (!error.empty()) user_error("{}", error);
 }
 
 // ---- memory ----
@@ -652,64 +683,34 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
 void CudaBackend::embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) {
   const int64_t n = ids.numel();
   if (n == 0) return;
-  Tensor flag = scratch(sizeof(int));
-  check_cuda(cudaMemsetAsync(flag.data_ptr(), 0, sizeof(int), stream_), "cudaMemsetAsync");
-  launch_embedding_forward(weight.data_ptr(), ids.data_ptr(), ids.dtype() == DType::I64,
-                           out.data_ptr(), n, weight.size(0),
-                           weight.size(1) * static_cast<int64_t>(weight.element_size()),
-                           static_cast<int*>(flag.data_ptr()), stream_);
+  int* bad = checked_launch(fmt::format(
+      "embedding: a token id is outside [0, {}); the data does not fit this model's vocab_size "
+      "(check the tokenizer and the dataset)",
+      weight.size(0)));
+  launch_embedding_forward(
+      weight.data_ptr(), ids.data_ptr(), ids.dtype() == DType::I64, out.data_ptr(), n,
+      weight.size(0), weight.size(1) * static_cast<int64_t>(weight.element_size()), bad, stream_);
   check_launch("embedding_forward");
-  check_flag(flag, fmt::format("embedding: a token id is outside [0, {}); the data does not fit "
-                               "this model's vocab_size (check the tokenizer and the dataset)",
-                               weight.size(0))
-                       .c_str());
 }
 
+// Note [CUDA embedding backward] (reduce_norm.cu): sorted on the device, no host wait.
 void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
   const int64_t n = ids.numel(), vocab = dweight.size(0);
   if (n == 0) return;
-  // The ids were checked by the forward on the same data, but a bad one here would write out of
-  // bounds, so check again on the host (ids are small next to dout).
-  const std::vector<int64_t> host_ids = to_int_vector(ids);
-  for (int64_t id : host_ids)
-    if (id < 0 || id >= vocab)
-      user_error(
-          "embedding_backward: token id {} is outside [0, {}); the data does not fit this "
-          "model's vocab_size",
-          id, vocab);
-  // Note [CUDA embedding backward] (reduce_norm.cu): the distinct ids in first-appearance order,
-  // then offsets and rows grouped by id (a stable counting sort keeps each group in row order).
-  // The GPU waits while this runs (the ids were just copied back), so it must be quick: a dense
-  // id -> slot table (kept between calls, all -1 outside this loop) instead of a hash map.
-  std::vector<int64_t> slot(static_cast<size_t>(n));
-  std::vector<int64_t> uniq;
-  if (static_cast<int64_t>(id_slot_.size()) < vocab)
-    id_slot_.resize(static_cast<size_t>(vocab), -1);
-  for (int64_t r = 0; r < n; ++r) {
-    int64_t& where = id_slot_[static_cast<size_t>(host_ids[r])];
-    if (where < 0) {
-      where = static_cast<int64_t>(uniq.size());
-      uniq.push_back(host_ids[r]);
-    }
-    slot[r] = where;
-  }
-  for (int64_t id : uniq) id_slot_[static_cast<size_t>(id)] = -1;
-  const int64_t u = static_cast<int64_t>(uniq.size());
-  std::vector<int64_t> lists(static_cast<size_t>(2 * u + 1 + n), 0);  // [uniq | offsets | rows]
-  std::copy(uniq.begin(), uniq.end(), lists.begin());
-  int64_t* offsets = lists.data() + u;
-  for (int64_t r = 0; r < n; ++r) ++offsets[slot[r] + 1];
-  for (int64_t s = 0; s < u; ++s) offsets[s + 1] += offsets[s];
-  std::vector<int64_t> fill(offsets, offsets + u);
-  int64_t* rows = offsets + u + 1;
-  for (int64_t r = 0; r < n; ++r) rows[fill[slot[r]]++] = r;
-  const size_t bytes = lists.size() * sizeof(int64_t);
-  Tensor dev_lists = scratch(static_cast<int64_t>(bytes));
-  copy_from_host(lists.data(), dev_lists.data_ptr(), bytes);
-  launched(launch_embedding_backward(static_cast<const int64_t*>(dev_lists.data_ptr()), u,
-                                     dout.data_ptr(), compute_dt("embedding_backward", dout),
-                                     dweight.data_ptr(), compute_dt("embedding_backward", dweight),
-                                     dweight.size(1), stream_),
+  STRATA_CHECK(n <= (int64_t{1} << 32) && vocab < (int64_t{1} << 32) - 1,
+               "CUDA embedding_backward: {} rows of a vocabulary of {}; the sort keys hold at "
+               "most 2^32 of each",
+               n, vocab);
+  Tensor keys = scratch(embedding_sort_keys(n) * static_cast<int64_t>(sizeof(uint64_t)));
+  int* bad = checked_launch(
+      fmt::format("embedding_backward: a token id is outside [0, {}); the data does not fit this "
+                  "model's vocab_size",
+                  vocab));
+  launched(launch_embedding_backward(ids.data_ptr(), ids.dtype() == DType::I64, n, vocab,
+                                     static_cast<uint64_t*>(keys.data_ptr()), dout.data_ptr(),
+                                     compute_dt("embedding_backward", dout), dweight.data_ptr(),
+                                     compute_dt("embedding_backward", dweight), dweight.size(1),
+                                     bad, stream_),
            "embedding_backward");
 }
 
@@ -718,17 +719,21 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
                                         Tensor& lse) {
   const int64_t n = logits.size(0), v = logits.size(1);
   if (n == 0) return;
-  Tensor flag = scratch(sizeof(int));
-  check_cuda(cudaMemsetAsync(flag.data_ptr(), 0, sizeof(int), stream_), "cudaMemsetAsync");
+  int* bad = checked_launch(fmt::format(
+      "cross_entropy: a target is outside [0, {}) and is not the ignore_index {}; check the "
+      "dataset against vocab_size",
+      classes, ignore_index));
   launched(launch_cross_entropy_forward(compute_dt("cross_entropy", logits), logits.data_ptr(),
                                         targets.data_ptr(), targets.dtype() == DType::I64,
                                         ignore_index, losses.data<float>(), lse.data<float>(), n, v,
-                                        classes, static_cast<int*>(flag.data_ptr()), stream_),
+                                        classes, bad, stream_),
            "cross_entropy_forward");
-  check_flag(flag, fmt::format("cross_entropy: a target is outside [0, {}) and is not the "
-                               "ignore_index {}; check the dataset against vocab_size",
-                               classes, ignore_index)
-                       .c_str());
+}
+
+void CudaBackend::cross_entropy_norm(const Tensor& targets, int64_t ignore_index, Tensor& out) {
+  launch_cross_entropy_norm(targets.data_ptr(), targets.dtype() == DType::I64, targets.numel(),
+                            ignore_index, out.data<float>(), stream_);
+  check_launch("cross_entropy_norm");
 }
 
 void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,

@@ -22,9 +22,23 @@
 // the batch copies of a training step, and the embedding backward's id lists, never stall the
 // GPU. Copies above kPinnedStagingMax (checkpoint loads) go straight across and wait. The pinned
 // buffers grow to the largest copy seen (at least 64 KiB each) and live as long as the backend.
+//
+// Note [Deferred device checks]
+// A kernel that finds bad input (a token id outside the vocabulary, a target outside the
+// classes) must not make the host wait to find out: those waits, several per micro-batch, each
+// left the GPU idle. Instead each such launch takes its own flag (checked_launch(message)) in
+// pinned host memory mapped into the device; the kernel stays in bounds (it skips or zeroes what
+// it cannot compute) and sets its flag, and the host looks at the flags after every wait for the
+// compute stream (synchronize(), so after every copy to the host as well): a set flag raises the
+// UserError with that launch's message and clears them all. A training step waits at least once
+// (the gradient norm, the loss it logs), so bad data is reported in the step that used it, and
+// the data loader has already checked every token on the host (tools/common/data_loader.cpp).
+// With kDeviceChecks launches pending, the next checked launch waits first.
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "offload/gpu_allocator.h"
@@ -111,6 +125,7 @@ class CudaBackend final : public Backend {
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) override;
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                              int64_t classes, Tensor& losses, Tensor& lse) override;
+  void cross_entropy_norm(const Tensor& targets, int64_t ignore_index, Tensor& out) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               const Tensor& dloss, int64_t ignore_index, int64_t classes,
                               Tensor& dlogits) override;
@@ -118,7 +133,9 @@ class CudaBackend final : public Backend {
  private:
   void copy_on_device(const Tensor& src, Tensor& dst);
   Tensor scratch(int64_t bytes);  // workspace bytes on this device
-  void check_flag(const Tensor& flag, const char* what);
+  // Note [Deferred device checks]: the device pointer of a fresh flag for one launch.
+  int* checked_launch(std::string message);
+  void raise_device_checks();
   // Note [Pinned staging]: enqueues dst (device) <- src (host) on the compute stream.
   void copy_from_host(const void* src, void* dst, size_t bytes);
 
@@ -130,7 +147,12 @@ class CudaBackend final : public Backend {
   };
   std::array<PinnedSlot, 4> pinned_{};
   int next_pinned_ = 0;
-  std::vector<int64_t> id_slot_;  // embedding_backward's id -> slot table, all -1 between calls
+  static constexpr int kDeviceChecks = 64;
+  int* check_flags_ = nullptr;      // pinned and mapped: the host's view
+  int* check_flags_dev_ = nullptr;  // the device's view of the same ints
+  std::mutex checks_mu_;  // the slots and messages (ops are issued from one thread, but be safe)
+  int checks_used_ = 0;
+  std::array<std::string, kDeviceChecks> check_messages_;
 
   int device_;
   CUstream_st* stream_ = nullptr;

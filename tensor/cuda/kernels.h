@@ -102,16 +102,21 @@ bool launch_softmax_backward(int dt, const void* y, const void* dy, void* dx, in
 // [0, v).
 void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64, void* out,
                               int64_t n, int64_t v, int64_t row_bytes, int* bad, Stream stream);
-// dweight[v, c] += dout rows by id, deterministically (Note [CUDA embedding backward] in
-// reduce_norm.cu). `lists` (I64, on the device) is [uniq (u) | offsets (u + 1) | rows (n)]: the
-// distinct ids in first-appearance order, and for the s-th of them the rows that carry it,
-// rows[offsets[s] .. offsets[s + 1]), in increasing order. dout and dweight are F32/BF16/F16.
-bool launch_embedding_backward(const int64_t* lists, int64_t u, const void* dout, int dout_dtype,
-                               void* dweight, int dw_dtype, int64_t c, Stream stream);
+// dweight[v, c] += dout rows by id, deterministically, on the device alone (Note [CUDA embedding
+// backward] in reduce_norm.cu). ids (n, I32 or I64) below `vocab`; a bad one is skipped and sets
+// *bad. `keys` is device scratch of embedding_sort_keys(n) 64-bit words. dout and dweight are
+// F32/BF16/F16.
+int64_t embedding_sort_keys(int64_t n);
+bool launch_embedding_backward(const void* ids, bool ids_i64, int64_t n, int64_t vocab,
+                               uint64_t* keys, const void* dout, int dout_dtype, void* dweight,
+                               int dw_dtype, int64_t c, int* bad, Stream stream);
 // logits [n, ld] of dtype dt of which the first v columns take part; losses, lse F32.
 bool launch_cross_entropy_forward(int dt, const void* logits, const void* targets, bool targets_i64,
                                   int64_t ignore_index, float* losses, float* lse, int64_t n,
                                   int64_t ld, int64_t v, int* bad, Stream stream);
+// out (F32, 2) = {m, 1 / m}, m = max(1, number of the n targets not equal to ignore_index).
+void launch_cross_entropy_norm(const void* targets, bool targets_i64, int64_t n,
+                               int64_t ignore_index, float* out, Stream stream);
 // logits, dlogits [n, ld] of dtype dt (columns from v on get 0); lse, dloss F32.
 bool launch_cross_entropy_backward(int dt, const void* logits, const void* targets,
                                    bool targets_i64, const float* lse, const float* dloss,

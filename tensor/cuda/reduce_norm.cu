@@ -12,17 +12,24 @@
 //
 // Note [CUDA embedding backward]
 // dweight += scatter(dout) must add each id's rows in row order (the CPU's order, so the f32 bits
-// agree) and, for a BF16/F16 dweight, round once per element (Note [Low-precision ops]). The host
-// (which checks the ids anyway) lists the distinct ids in first-appearance order and, for each,
-// the rows that carry it in increasing order. One thread per (distinct id, column) starts from
-// the old dweight value, adds that id's dout rows in order in f32, and stores once: no atomics,
-// no f32 scratch, and u * c threads of work (a thread per column walking all B*T rows, as this
-// kernel first did, was 768 threads for GPT-2: milliseconds of a latency-bound loop per step).
-// Untouched rows are never written.
-//
+// agree) and, for a BF16/F16 dweight, round once per element (Note [Low-precision ops]). It runs
+// on the device alone, so the host never waits for it (it used to copy the ids back and group
+// them on the host, a wait per step and a stall of the GPU while the host worked):
+//   1. keys: row r with id i becomes the 64-bit key (i << 32 | r); a bad id, and the padding up
+//      to a power of two, become kNoKey (all ones), which sorts last and is skipped.
+//   2. a bitonic sort of the keys (kSortTile keys per block in shared memory, then for each
+//      larger merge stage global compare-exchange passes down to the tile, then the tile's
+//      passes in shared memory again). Keys are distinct (rows are), so the sorted order is
+//      fixed: the rows of each id in increasing order, ids in increasing order.
+//   3. a thread per (column, segment start) starts from the old dweight value, adds that id's
+//      dout rows in order in f32 and stores once: no atomics, no f32 scratch. The walk reads
+//      kEmbedUnroll keys and rows at a time (independent loads), then adds the matching ones in
+//      order, so a frequent token's long run is not one dependent load after another.
+// Untouched rows are never written. Ids are below 2^32 - 1 and rows below 2^32 (checked).
 // The norm-gradient, softmax, cross-entropy and embedding kernels are templates on the element type
 // (Note [CUDA low-precision kernels] in common.cuh); mean/rstd/lse/losses/dloss and every partial
 // sum stay f32.
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 
@@ -256,12 +263,13 @@ __global__ void embedding_fwd(const char* w, const void* ids, bool i64, char* ou
                               int64_t row_bytes, int* bad) {
   const int64_t row = blockIdx.x;
   const int64_t id = load_id(ids, i64, row);
-  if (id < 0 || id >= v) {
+  char* dst = out + row * row_bytes;
+  if (id < 0 || id >= v) {  // reported later (Note [Deferred device checks]); the row reads 0
     if (threadIdx.x == 0) *bad = 1;
+    for (int64_t k = threadIdx.x; k < row_bytes; k += blockDim.x) dst[k] = 0;
     return;
   }
   const char* src = w + id * row_bytes;
-  char* dst = out + row * row_bytes;
   if (row_bytes % 16 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 &&
       (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
     for (int64_t k = threadIdx.x; k < row_bytes / 16; k += blockDim.x)
@@ -272,16 +280,93 @@ __global__ void embedding_fwd(const char* w, const void* ids, bool i64, char* ou
 }
 
 // Note [CUDA embedding backward].
+constexpr uint64_t kNoKey = ~uint64_t{0};
+constexpr int kSortTile = 2048;  // keys sorted per block in shared memory (two per thread)
+constexpr int kEmbedUnroll = 8;
+constexpr int64_t kEmbedStartsPerBlock = 16;
+
+__global__ void embedding_keys(const void* ids, bool i64, int64_t n, int64_t vocab, uint64_t* keys,
+                               int64_t padded, int* bad) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < padded;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t key = kNoKey;
+    if (r < n) {
+      const int64_t id = load_id(ids, i64, r);
+      if (id >= 0 && id < vocab)
+        key = static_cast<uint64_t>(id) << 32 | static_cast<uint64_t>(r);
+      else
+        *bad = 1;
+    }
+    keys[r] = key;
+  }
+}
+
+__device__ __forceinline__ void order_pair(uint64_t& a, uint64_t& b, bool ascending) {
+  if ((a > b) == ascending) {
+    const uint64_t t = a;
+    a = b;
+    b = t;
+  }
+}
+
+// Stage k of the bitonic network orders position i with i + j ascending when (i & k) == 0.
+// merge_k == 0: sorts each tile of `tile` keys (stages 2 .. tile). merge_k > tile: the strides
+// below the tile of stage merge_k (the larger ones were done by bitonic_pass).
+__global__ void bitonic_tile(uint64_t* keys, int tile, int64_t merge_k) {
+  __shared__ uint64_t s[kSortTile];
+  const int64_t base = blockIdx.x * int64_t{tile};
+  for (int t = threadIdx.x; t < tile; t += blockDim.x) s[t] = keys[base + t];
+  __syncthreads();
+  const int64_t k_first = merge_k > 0 ? merge_k : 2, k_last = merge_k > 0 ? merge_k : tile;
+  for (int64_t k = k_first; k <= k_last; k <<= 1) {
+    for (int j = static_cast<int>(merge_k > 0 ? tile : k) / 2; j > 0; j /= 2) {
+      for (int t = threadIdx.x; t < tile / 2; t += blockDim.x) {
+        const int i = (t / j) * 2 * j + t % j;
+        order_pair(s[i], s[i + j], ((base + i) & k) == 0);
+      }
+      __syncthreads();
+    }
+  }
+  for (int t = threadIdx.x; t < tile; t += blockDim.x) keys[base + t] = s[t];
+}
+
+// One compare-exchange pass of stride j (>= the tile) of stage k over all padded keys.
+__global__ void bitonic_pass(uint64_t* keys, int64_t padded, int64_t j, int64_t k) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < padded / 2;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = (t / j) * 2 * j + t % j;
+    order_pair(keys[i], keys[i + j], (i & k) == 0);
+  }
+}
+
 template <typename TD, typename TW>
-__global__ void embedding_bwd(const int64_t* uniq, const int64_t* offsets, const int64_t* rows,
-                              int64_t u, const TD* dout, TW* dw, int64_t c) {
+__global__ void embedding_bwd(const uint64_t* keys, int64_t n, const TD* dout, TW* dw, int64_t c) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= c) return;
-  for (int64_t s = blockIdx.y; s < u; s += gridDim.y) {
-    TW* w = dw + uniq[s] * c + j;
-    float acc = to_f32(*w);
-    for (int64_t k = offsets[s]; k < offsets[s + 1]; ++k) acc += to_f32(dout[rows[k] * c + j]);
-    *w = from_f32<TW>(acc);
+  for (int64_t first = blockIdx.y * kEmbedStartsPerBlock; first < n;
+       first += int64_t{gridDim.y} * kEmbedStartsPerBlock) {
+    const int64_t last = first + kEmbedStartsPerBlock < n ? first + kEmbedStartsPerBlock : n;
+    for (int64_t s = first; s < last; ++s) {
+      const uint64_t id = keys[s] >> 32;
+      if (keys[s] == kNoKey || (s > 0 && keys[s - 1] >> 32 == id)) continue;  // not a start
+      TW* w = dw + static_cast<int64_t>(id) * c + j;
+      float acc = to_f32(*w);
+      for (int64_t k = s;; k += kEmbedUnroll) {
+        float v[kEmbedUnroll];
+        bool hit[kEmbedUnroll];
+#pragma unroll
+        for (int e = 0; e < kEmbedUnroll; ++e) {
+          const uint64_t key = k + e < n ? keys[k + e] : kNoKey;
+          hit[e] = key >> 32 == id;
+          v[e] = hit[e] ? to_f32(dout[static_cast<int64_t>(key & 0xffffffffu) * c + j]) : 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < kEmbedUnroll; ++e)
+          if (hit[e]) acc += v[e];
+        if (!hit[kEmbedUnroll - 1]) break;  // sorted: the run ended within these keys
+      }
+      *w = from_f32<TW>(acc);
+    }
   }
 }
 
@@ -407,6 +492,21 @@ __global__ void ce_bwd(const T* x, const void* targets, bool i64, const float* l
     dr[j] = from_f32<T>(ce_grad<T>(to_f32(xr[j]), j, t, vv, l, g));
 }
 
+// out = {m, 1 / m}, m = max(1, number of targets not equal to `ignore`): the mean's divisor of
+// the cross-entropy loss, left on the device (Backend::cross_entropy_norm). One block; the count
+// is an integer sum, so exact and the same in any order.
+__global__ void ce_norm(const void* targets, bool i64, int64_t n, int64_t ignore, float* out) {
+  __shared__ long long sh[32];
+  long long count = 0;
+  for (int64_t r = threadIdx.x; r < n; r += blockDim.x) count += load_id(targets, i64, r) != ignore;
+  count = block_sum(count, sh);
+  if (threadIdx.x == 0) {
+    const float m = static_cast<float>(count > 0 ? count : 1);
+    out[0] = m;
+    out[1] = 1.f / m;
+  }
+}
+
 int row_threads(int64_t c) {
   return c >= 1024 ? 1024 : c >= 512 ? 512 : c >= 256 ? 256 : c >= 128 ? 128 : 64;
 }
@@ -508,19 +608,40 @@ void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64,
   (static_cast<const char*>(weight), ids, ids_i64, static_cast<char*>(out), v, row_bytes, bad);
 }
 
-bool launch_embedding_backward(const int64_t* lists, int64_t u, const void* dout, int dout_dtype,
-                               void* dweight, int dw_dtype, int64_t c, Stream stream) {
-  bool ok = false;
-  if (u == 0 || c == 0) return true;
+int64_t embedding_sort_keys(int64_t n) {
+  int64_t padded = 2;
+  while (padded < n) padded *= 2;
+  return padded;
+}
+
+bool launch_embedding_backward(const void* ids, bool ids_i64, int64_t n, int64_t vocab,
+                               uint64_t* keys, const void* dout, int dout_dtype, void* dweight,
+                               int dw_dtype, int64_t c, int* bad, Stream stream) {
+  if (n == 0 || c == 0) return true;
+  const int64_t padded = embedding_sort_keys(n);
+  const int tile = static_cast<int>(padded < kSortTile ? padded : kSortTile);
+  const auto blocks = [](int64_t threads) {
+    return static_cast<unsigned>(std::min<int64_t>((threads + 255) / 256, 4096));
+  };
+  STRATA_LAUNCH(blocks(padded), 256, 0, stream, embedding_keys)
+  (ids, ids_i64, n, vocab, keys, padded, bad);
+  const auto tiles = static_cast<unsigned>(padded / tile);
+  STRATA_LAUNCH(tiles, tile / 2, 0, stream, bitonic_tile)(keys, tile, 0);
+  for (int64_t k = 2 * int64_t{tile}; k <= padded; k *= 2) {
+    for (int64_t j = k / 2; j >= tile; j /= 2)
+      STRATA_LAUNCH(blocks(padded / 2), 256, 0, stream, bitonic_pass)(keys, padded, j, k);
+    STRATA_LAUNCH(tiles, tile / 2, 0, stream, bitonic_tile)(keys, tile, k);
+  }
+  const int64_t groups = (n + kEmbedStartsPerBlock - 1) / kEmbedStartsPerBlock;
   const dim3 grid(static_cast<unsigned>((c + 127) / 128),
-                  static_cast<unsigned>(u < 65535 ? u : 65535));
+                  static_cast<unsigned>(groups < 65535 ? groups : 65535));
+  bool ok = false;
   dispatch_float(dout_dtype, [&](auto dtag) {
     using TD = STRATA_FLOAT_TYPE(dtag);
     ok = dispatch_float(dw_dtype, [&](auto wtag) {
       using TW = STRATA_FLOAT_TYPE(wtag);
       STRATA_LAUNCH(grid, 128, 0, stream, embedding_bwd<TD, TW>)
-      (lists, lists + u, lists + 2 * u + 1, u, static_cast<const TD*>(dout),
-       static_cast<TW*>(dweight), c);
+      (keys, n, static_cast<const TD*>(dout), static_cast<TW*>(dweight), c);
     });
   });
   return ok;
@@ -535,6 +656,11 @@ bool launch_cross_entropy_forward(int dt, const void* logits, const void* target
     STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(v), 0, stream, ce_fwd<T>)
     (static_cast<const T*>(logits), targets, targets_i64, ignore_index, losses, lse, ld, v, bad);
   });
+}
+
+void launch_cross_entropy_norm(const void* targets, bool targets_i64, int64_t n,
+                               int64_t ignore_index, float* out, Stream stream) {
+  STRATA_LAUNCH(1, 1024, 0, stream, ce_norm)(targets, targets_i64, n, ignore_index, out);
 }
 
 bool launch_cross_entropy_backward(int dt, const void* logits, const void* targets,

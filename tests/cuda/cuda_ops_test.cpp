@@ -228,7 +228,11 @@ std::vector<Case> cases(DType dt) {
                  CrossEntropyResult ce = cross_entropy(on(logits, d), on_ids(targets, d), -100);
                  CrossEntropyResult cc = cross_entropy(on(logits, cpu), targets, -100);
                  return std::vector<Tensor>{
-                     dw, dw2, ce.losses, ce.lse,
+                     dw,
+                     dw2,
+                     ce.losses,
+                     ce.lse,
+                     ce.norm,
                      cross_entropy_backward(on(logits, d), on_ids(targets, d), cc.lse.to(d),
                                             on32(dloss, d), -100)};
                }});
@@ -353,13 +357,107 @@ TEST(CudaOps, PackedAndScalarPathsAgree) {
   }
 }
 
-TEST(CudaOps, BadTokenIdsAreUserErrors) {
+// Note [CUDA embedding backward]: the device sort (tiles of 2048 keys, global merge passes above
+// that) must give each id its rows in row order, so the sums are the CPU's bits: f32, and bf16
+// rounded once from the same f32 sums. Sizes around the tile and past two merge stages, ids from
+// a small vocabulary (runs of hundreds of rows: the unrolled walk), I32 and I64 ids, a dweight
+// that is not zero, and widths of one and two column blocks.
+TEST(CudaOps, EmbeddingBackwardSortsOnTheDeviceWithTheCpusBits) {
   SKIP_WITHOUT_GPU();
-  Tensor w = zeros({10, 4}, DType::F32, kGpu);
-  EXPECT_THROW(embedding(w, from_ints({1, 10}, {2}).to(kGpu)), UserError);
-  EXPECT_THROW(
-      cross_entropy(zeros({2, 10}, DType::F32, kGpu), from_ints({1, 12}, {2}).to(kGpu), -100),
-      UserError);
+  for (int64_t n : {1, 3, 2047, 2048, 2049, 5000}) {
+    for (int64_t c : {24, 200}) {
+      for (DType dt : {DType::F32, DType::BF16}) {
+        for (DType it : {DType::I64, DType::I32}) {
+          SCOPED_TRACE(::testing::Message() << "n " << n << " c " << c << " " << dtype_tag(dt)
+                                            << (it == DType::I32 ? " i32" : " i64"));
+          const int64_t vocab = 37;
+          std::vector<int64_t> ids(static_cast<size_t>(n));
+          uint64_t x = 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(n * 131 + c);
+          for (int64_t& id : ids) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            // Skewed: id 5 about half the time (one long run), the rest spread.
+            id = (x >> 40) % 2 == 0 ? 5 : static_cast<int64_t>((x >> 33) % vocab);
+          }
+          const Tensor cpu_ids = from_ints(ids, {n}, it);
+          const Tensor dout = rnd({n, c}, 40).to(dt);
+          const Tensor start = rnd({vocab, c}, 41).to(dt);
+          Tensor want = start.clone();
+          embedding_backward(cpu_ids, dout, want);
+          Tensor got = start.to(kGpu);
+          embedding_backward(cpu_ids.to(kGpu), dout.to(kGpu), got);
+          EXPECT_EQ(max_abs_diff(got.to(Device::cpu()).to(DType::F32), want.to(DType::F32)), 0.0);
+        }
+      }
+    }
+  }
+}
+
+// Note [Deferred device checks]: a bad id or target is reported at the next wait for the device
+// (here a copy to the host) with the message of the op that met it, the kernels stay in bounds,
+// and the next wait after the error is clean.
+TEST(CudaOps, BadTokenIdsAreUserErrorsAtTheNextWait) {
+  SKIP_WITHOUT_GPU();
+  const auto message = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "(no UserError)";
+  };
+  const auto has = [](const std::string& text, const char* part) {
+    return text.find(part) != std::string::npos;
+  };
+  const Tensor cpu_w = arange(40).reshape({10, 4});
+  const Tensor w = cpu_w.to(kGpu);
+  const Tensor bad_ids = from_ints({1, 10}, {2}).to(kGpu);
+  Tensor looked_up;
+  EXPECT_PRED2(has, message([&] {
+                 looked_up = embedding(w, bad_ids);
+                 looked_up.to(Device::cpu());
+               }),
+               "embedding: a token id is outside [0, 10)");
+  // The good row is still looked up, the bad one reads 0.
+  const Tensor host = looked_up.to(Device::cpu());
+  for (int64_t c = 0; c < 4; ++c) {
+    EXPECT_EQ(host.data<float>()[c], cpu_w.data<float>()[4 + c]);
+    EXPECT_EQ(host.data<float>()[4 + c], 0.f);
+  }
+  EXPECT_PRED2(has, message([&] {
+                 cross_entropy(zeros({2, 10}, DType::F32, kGpu), from_ints({1, 12}, {2}).to(kGpu),
+                               -100)
+                     .losses.to(Device::cpu());
+               }),
+               "cross_entropy: a target is outside [0, 10)");
+  Tensor dw = zeros({10, 4}, DType::F32, kGpu);
+  EXPECT_PRED2(has, message([&] {
+                 embedding_backward(bad_ids, ones({2, 4}, DType::F32, kGpu), dw);
+                 dw.to(Device::cpu());
+               }),
+               "embedding_backward: a token id is outside [0, 10)");
+  const Tensor dw_host = dw.to(Device::cpu());  // the good id's row was added, nothing else
+  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(dw_host.data<float>()[i], i / 4 == 1 ? 1.f : 0.f);
+  // Two bad launches before one wait: the first one's message.
+  EXPECT_PRED2(has, message([&] {
+                 embedding(w, bad_ids);
+                 cross_entropy(zeros({2, 10}, DType::F32, kGpu), from_ints({1, 12}, {2}).to(kGpu),
+                               -100)
+                     .losses.to(Device::cpu());
+               }),
+               "embedding: a token id");
+  // Nothing is left over for the next wait.
+  EXPECT_NO_THROW(embedding(w, from_ints({3, 9}, {2}).to(kGpu)).to(Device::cpu()));
+  // Flags for 64 launches: with a bad one among them and no wait, the 65th launch waits first
+  // and raises.
+  const Tensor good_ids = from_ints({3, 9}, {2}).to(kGpu);
+  int launches = 0;
+  EXPECT_PRED2(has, message([&] {
+                 embedding(w, bad_ids);
+                 for (launches = 1; launches < 100; ++launches) embedding(w, good_ids);
+               }),
+               "embedding: a token id is outside [0, 10)");
+  EXPECT_EQ(launches, 64);
+  EXPECT_NO_THROW(embedding(w, good_ids).to(Device::cpu()));
 }
 
 TEST(CudaOps, WithoutADeviceInitFailsClearly) {

@@ -28,6 +28,10 @@
 #include "tools/common/train_config.h"
 #include "tools/common/trainer.h"
 
+#if defined(STRATA_CUDA_EMULATION)
+#include "tests/cuda_emu/control.h"
+#endif
+
 namespace strata {
 namespace {
 
@@ -448,6 +452,55 @@ TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
         << ua[u].name << " master";
   }
   EXPECT_FALSE(a.sample_text().empty());
+}
+
+// Note [Training on the GPU]: a steady-state `train` step lets the device run dry twice, when the
+// host waits for its micro-batches' losses (read together) and for the gradient norm, however
+// many micro-batches it has. Nothing in a forward or backward waits for the device: not the id
+// and target checks (Note [Deferred device checks]), the loss's mean or the embedding backward
+// (Note [CUDA embedding backward]). Counted by the CUDA emulator: Stats::idle_waits are the host
+// waits after which no work was left queued (the pinned staging ring's waits for copies a few
+// micro-batches old only pace the host). A run of 6 steps minus a run of 2 leaves 4
+// steady-state steps; setup, the final evaluation and checkpoint are the same in both, and a
+// first run warms what is built once per process (cuBLASLt and cuDNN plans).
+TEST(TrainGpu, ATrainStepWaitsForTheDeviceTwice) {
+  SKIP_WITHOUT_GPU();
+#if !defined(STRATA_CUDA_EMULATION)
+  GTEST_SKIP() << "counts the host's waits with the CUDA emulator's counters";
+#else
+  tools::testing::ScratchDir tmp;
+  const std::string data = tmp / "data";
+  tools::testing::write_raw_shard(data + "/train_000000.bin",
+                                  {tools::testing::pattern_tokens(8000, 200, 1)});
+  for (int accum : {1, 4}) {
+    SCOPED_TRACE(fmt::format("grad_accum_steps {}", accum));
+    int runs = 0;
+    auto waits_of_a_run = [&](int64_t steps) {
+      const std::string name = fmt::format("w{}_{}", accum, runs++);  // a fresh run directory
+      tools::testing::write_text(
+          tmp / (name + ".yaml"),
+          fmt::format(R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16}}
+model:
+  name: gpt2-tiny
+  config: {{n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32}}
+data: {{train: "{data}/train_*.bin", tokenizer: byte}}
+batch: {{micro_batch_size: 2, grad_accum_steps: {accum}, seq_len: 32}}
+optimizer: {{name: adamw, lr: 1.0e-3, grad_clip: 1.0}}
+training: {{steps: {steps}, eval_every: 0, sample_every: 0, checkpoint_every: 0, progress: lines}}
+)",
+                      fmt::arg("run", tmp / name), fmt::arg("data", data), fmt::arg("accum", accum),
+                      fmt::arg("steps", steps)));
+      const uint64_t before = cuda_emu::stats().idle_waits;
+      tools::Trainer t(tools::load_train_config(tmp / (name + ".yaml")));
+      EXPECT_EQ(t.run(), tools::Trainer::Outcome::Finished);
+      return cuda_emu::stats().idle_waits - before;
+    };
+    waits_of_a_run(2);
+    const uint64_t short_run = waits_of_a_run(2), long_run = waits_of_a_run(6);
+    EXPECT_EQ(long_run - short_run, 4u * 2u)
+        << short_run << " idle waits in 2 steps, " << long_run << " in 6";
+  }
+#endif
 }
 
 }  // namespace

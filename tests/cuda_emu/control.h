@@ -25,6 +25,7 @@ struct Stats {
   uint64_t device_allocations = 0;  // live cudaMalloc allocations
   uint64_t device_bytes = 0;        // bytes they hold
   uint64_t host_waits = 0;          // times the host waited for pending work (streams.h)
+  uint64_t idle_waits = 0;          // those that left no work queued: the device would idle
 };
 Stats stats();
 

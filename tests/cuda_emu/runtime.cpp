@@ -349,6 +349,17 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
   return ret(mem.host_alloc(ptr, size));
 }
 
+// Pinned memory is ordinary host memory here, so the device's view of it is the same pointer
+// (as under unified addressing on a real device).
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned int flags) {
+  if (dev == nullptr || host == nullptr || flags != 0) return ret(cudaErrorInvalidValue);
+  DeviceMemory& mem = DeviceMemory::get();
+  std::lock_guard<std::mutex> lock(mem.mutex());
+  if (!mem.is_pinned(host)) return ret(cudaErrorInvalidValue);
+  *dev = host;
+  return cudaSuccess;
+}
+
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
   return cudaHostAlloc(ptr, size, cudaHostAllocDefault);
 }

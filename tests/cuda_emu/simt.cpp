@@ -530,6 +530,7 @@ void count_matmul() {
 Stats stats() {
   Stats s = g_stats;
   s.host_waits = host_waits();
+  s.idle_waits = idle_waits();
   DeviceMemory& m = DeviceMemory::get();
   std::lock_guard<std::mutex> lock(m.mutex());
   s.device_allocations = m.count();

@@ -86,6 +86,7 @@ StreamMode initial_mode() {
 StreamMode g_mode = initial_mode();
 
 uint64_t g_host_waits = 0;
+uint64_t g_idle_waits = 0;
 
 // STRATA_CUDA_EMU_TRACE_WAITS=1: each host wait for pending work prints the host's stack, to
 // find where a step synchronizes (Stats::host_waits counts them).
@@ -106,6 +107,16 @@ void count_wait(const char* what) {
   void* frames[16];
   const int n = backtrace(frames, 16);
   backtrace_symbols_fd(frames + 1, n - 1, 2);
+}
+
+// Callers hold g_sched_mu; after the work a counted wait on queue q waited for has run. Nothing
+// left queued on q: on a GPU, q's stream now idles until the host enqueues more
+// (Stats::idle_waits). Other streams are not looked at: the emulator defers their work until
+// someone waits for it, where a device would have run it long before.
+void count_if_idle(const Queue& q) {
+  if (q.completed < q.enqueued) return;
+  ++g_idle_waits;
+  if (trace_waits()) std::fprintf(stderr, "strata CUDA emulator: (it left the device idle)\n");
 }
 
 // Callers hold g_sched_mu.
@@ -224,19 +235,27 @@ void enqueue_and_wait(cudaStream_t s, std::function<void()> op) {
   const uint64_t seq = push(*q, {}, std::move(op));
   count_wait("a synchronous copy");
   advance(*q, seq);
+  count_if_idle(*q);
 }
 
 void drain_all() {
   if (t_running) return;
   std::lock_guard<std::mutex> lock(g_sched_mu);
   init_default_queues();
-  if (pending_anywhere()) count_wait("the device");
+  const bool waits = pending_anywhere();
+  if (waits) count_wait("the device");
   drain_all_locked();
+  if (waits) count_if_idle(*g_legacy);
 }
 
 uint64_t host_waits() {
   std::lock_guard<std::mutex> lock(g_sched_mu);
   return g_host_waits;
+}
+
+uint64_t idle_waits() {
+  std::lock_guard<std::mutex> lock(g_sched_mu);
+  return g_idle_waits;
 }
 
 bool valid_stream(cudaStream_t s) {
@@ -302,8 +321,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   init_default_queues();
   std::shared_ptr<Queue> q = queue_of(stream);
   if (!q) return ret(cudaErrorInvalidResourceHandle);
-  if (q->completed < q->enqueued) count_wait("cudaStreamSynchronize");
+  const bool waits = q->completed < q->enqueued;
+  if (waits) count_wait("cudaStreamSynchronize");
   advance(*q, q->enqueued);
+  if (waits) count_if_idle(*q);
   return cudaSuccess;
 }
 
@@ -402,6 +423,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (e->rec && !record_done(*e->rec)) {
     count_wait("cudaEventSynchronize");
     advance(*e->rec->q, e->rec->seq);
+    count_if_idle(*e->rec->q);
   }
   return cudaSuccess;
 }

@@ -21,8 +21,11 @@
 //   - cudaEventQuery and cudaStreamQuery of unfinished work return cudaErrorNotReady (which, as
 //     on the device, is also what the next cudaGetLastError returns) and then run that work, so
 //     a polling loop ends and both answers are exercised.
-//   - Stats::host_waits counts the host waits for pending work; STRATA_CUDA_EMU_TRACE_WAITS=1
-//     prints the host stack at each.
+//   - Stats::host_waits counts the host waits for pending work, Stats::idle_waits those after
+//     which nothing was left queued on the stream waited for (on a GPU, that stream then idles
+//     until the host enqueues more; a wait for old work with more queued behind it only paces
+//     the host).
+//     STRATA_CUDA_EMU_TRACE_WAITS=1 prints the host stack at each.
 //   - The queue belongs to the device, not to a host thread: whichever host thread waits runs
 //     the work (holding the scheduler's mutex, one operation at a time).
 // STRATA_CUDA_EMU_STREAMS=immediate runs everything when it is enqueued, as a device that is
@@ -48,5 +51,7 @@ void enqueue_and_wait(cudaStream_t s, std::function<void()> op);
 void drain_all();
 // How many times the host has waited for pending work (Stats::host_waits, control.h).
 uint64_t host_waits();
+// How many of them left nothing queued (Stats::idle_waits).
+uint64_t idle_waits();
 
 }  // namespace strata::cuda_emu

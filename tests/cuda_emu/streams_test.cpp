@@ -77,6 +77,26 @@ TEST_F(CudaEmuStreams, WorkRunsWhenTheHostWaitsForIt) {
   for (int i = 0; i < 64; ++i) ASSERT_EQ(h.p[i], 7);
 }
 
+// Stats::idle_waits: a wait for an event with more work queued behind it paces the host but
+// leaves the device busy; a wait that runs everything queued leaves it idle.
+TEST_F(CudaEmuStreams, AWaitLeavesTheDeviceIdleOnlyWhenNothingIsQueuedBehindIt) {
+  Stream st;
+  DeviceVector<int> d(64, 0);
+  cudaEvent_t e;
+  ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  const Stats before = stats();
+  STRATA_LAUNCH(1, 32, 0, st.s, fill_with)(d.get(), 64, 1);
+  ASSERT_EQ(cudaEventRecord(e, st.s), cudaSuccess);
+  STRATA_LAUNCH(1, 32, 0, st.s, fill_with)(d.get(), 64, 2);
+  ASSERT_EQ(cudaEventSynchronize(e), cudaSuccess);
+  EXPECT_EQ(stats().host_waits, before.host_waits + 1);
+  EXPECT_EQ(stats().idle_waits, before.idle_waits);
+  ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+  EXPECT_EQ(stats().host_waits, before.host_waits + 2);
+  EXPECT_EQ(stats().idle_waits, before.idle_waits + 1);
+  ASSERT_EQ(cudaEventDestroy(e), cudaSuccess);
+}
+
 TEST_F(CudaEmuStreams, AStreamWaitsForAnotherOnlyThroughAnEvent) {
   Stream producer, consumer;
   DeviceVector<int> d(32, 0);

@@ -110,7 +110,9 @@ TEST(Trainer, ResumeIsBitwiseIdenticalToAnUninterruptedRun) {
     EXPECT_EQ(ra.grad_norm, rb.grad_norm);
     EXPECT_EQ(ra.lr, rb.lr);
     EXPECT_EQ(ra.val_loss.has_value(), rb.val_loss.has_value());
-    if (ra.val_loss) EXPECT_EQ(*ra.val_loss, *rb.val_loss);
+    if (ra.val_loss && rb.val_loss) {
+      EXPECT_EQ(*ra.val_loss, *rb.val_loss);
+    }
   }
   auto pa = flat_params(a.model()), pb = flat_params(b.model());
   ASSERT_EQ(pa.size(), pb.size());

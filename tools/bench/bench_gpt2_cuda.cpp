@@ -6,9 +6,9 @@
 // units on the GPU, and a parallel::Engine over a world of one (the self communicator, ZeRO
 // stage 0) owns it with param_dtype BF16 (Note [Mixed precision] in parallel/engine.h: bf16
 // parameters and gradients, fp32 masters and moments) or F32. One step is Trainer::train_step
-// with one micro-batch: ids and targets copied from the host, the loss forward, loss.item(),
-// engine.backward, engine.step (global gradient norm, clipping to 1.0, the fused AdamW kernel
-// with lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices). Tokens are random
+// with one micro-batch: ids and targets copied from the host, the loss forward,
+// engine.backward, loss.item(), engine.step (global gradient norm, clipping to 1.0, the fused AdamW
+// kernel with lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices). Tokens are random
 // (fixed seed); targets are the ids shifted by one, as the data loader gives them.
 //
 // `--warmup` steps (cuBLASLt heuristics, cuDNN plans, the caching allocator's segments) are not
@@ -149,8 +149,8 @@ class Bench {
   float step(const Tokens& x) {
     engine_->begin_micro_batch(true);
     autograd::Variable loss = model_->loss(x.ids.to(device_), x.targets.to(device_));
-    const float value = loss.item();
     engine_->backward(loss);
+    const float value = loss.item();  // after the backward, as Trainer reads it
     engine_->step(kLr, kGradClip);
     return value;
   }

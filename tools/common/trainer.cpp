@@ -314,15 +314,21 @@ void Trainer::train_step(StepRecord& record) {
   const int64_t M = b.micro_batch_size, A = b.grad_accum_steps, G = b.global_batch_size;
   Stopwatch watch;
   autograd::GeneratorScope rng_scope(generator_);
-  double loss_sum = 0.0;
   const int64_t base = step_ * G + static_cast<int64_t>(rank_) * M * A;
+  std::vector<tensor::Tensor> losses;
   for (int64_t m = 0; m < A; ++m) {
     engine_->begin_micro_batch(m == A - 1);
     Batch batch = train_data_->batch(base + m * M, M);
     autograd::Variable loss = model_->loss(batch.ids.to(device_), batch.targets.to(device_));
-    loss_sum += static_cast<double>(loss.item());
+    losses.push_back(loss.data().reshape({1}));
     engine_->backward(A == 1 ? loss : autograd::scale(loss, 1.0f / static_cast<float>(A)));
   }
+  // The micro-batches' losses are read once, after the last backward (Note [Training on the
+  // GPU]).
+  const tensor::Tensor host_losses =
+      (A == 1 ? losses.front() : tensor::concat(losses, 0)).to(Device::cpu());
+  double loss_sum = 0.0;
+  for (int64_t m = 0; m < A; ++m) loss_sum += static_cast<double>(host_losses.data<float>()[m]);
   const double lr = schedule_->lr(step_);
   const parallel::StepResult result = engine_->step(lr, config_.optimizer.grad_clip);
   ++step_;

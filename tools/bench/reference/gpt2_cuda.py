@@ -7,13 +7,13 @@ of the product. tools/bench/run_gpt2_cuda.sh runs it per model with the B Strata
 The step is PyTorch's usual one: fp32 parameters, the forward under torch.autocast(bfloat16) with
 --dtype bf16 (plain fp32 with --dtype fp32), the LM head tied to wte over the padded vocabulary
 50304 and the cross entropy over the first 50257 logits (Strata's Note [Padded vocabulary]),
-loss.item(), backward, clip_grad_norm_(1.0), torch.optim.AdamW(fused=True) with lr 6e-4, betas
-(0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices and embeddings and 0 on biases and norm
-weights (as Strata's segments), zero_grad. No TF32, since Strata's GEMMs accumulate in fp32
-without it. Ids and targets (random with a fixed seed; targets are the ids shifted by one) are
-copied from the host every step, as `train` does. --warmup untimed steps (with torch.compile
-they include the compilation), then --steps steps, each ended by torch.cuda.synchronize(); the
-median is reported. MFU uses Strata's count, training_flops_per_token (Note [MFU] in
+backward, loss.item() (after the backward, where Strata's step reads it), clip_grad_norm_(1.0),
+torch.optim.AdamW(fused=True) with lr 6e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
+matrices and embeddings and 0 on biases and norm weights (as Strata's segments), zero_grad. No
+TF32, since Strata's GEMMs accumulate in fp32 without it. Ids and targets (random with a fixed
+seed; targets are the ids shifted by one) are copied from the host every step, as `train` does.
+--warmup untimed steps (with torch.compile they include the compilation), then --steps steps, each
+ended by torch.cuda.synchronize(); the median is reported. MFU uses Strata's count, training_flops_per_token (Note [MFU] in
 tools/common/trainer.h); peak GPU memory is torch.cuda.max_memory_allocated over the timed steps.
 
 usage: gpt2_cuda.py [--dtype bf16|fp32] [--models a,b] [--B n] [--T n] [--warmup n] [--steps n]
@@ -111,8 +111,8 @@ def measure(name, mode, batch, a):
         x, y = x_host.to("cuda"), y_host.to("cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             loss = fwd(x, y)
-        value = loss.item()
         loss.backward()
+        value = loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)

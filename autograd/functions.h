@@ -35,9 +35,12 @@ Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool
 Variable linear(const Variable& x, const Variable& weight, const Variable& bias);
 // GPT-2's MLP as one node: gelu(x fc_weight^T + fc_bias) proj_weight^T + proj_bias, the GELU in
 // the first GEMM's epilogue and dgelu plus the bias gradient in a backward GEMM's (Note [Linear
-// epilogues]). Saves what the three unfused nodes save: x, the GELU input and its output.
+// epilogues]). Saves what the three unfused nodes save: x, the GELU input and its output; with
+// `recompute_gelu` only x and the GELU input, and backward recomputes the output for proj's
+// weight gradient (Note [GELU recompute]).
 Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& fc_bias,
-                  const Variable& proj_weight, const Variable& proj_bias);
+                  const Variable& proj_weight, const Variable& proj_bias,
+                  bool recompute_gelu = false);
 
 // ---- normalisation (last dim) ----
 Variable layernorm(const Variable& x, const Variable& weight, const Variable& bias, float eps);

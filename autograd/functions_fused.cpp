@@ -69,8 +69,18 @@ std::pair<Variable, Variable> add_rmsnorm(const Variable& x, const Variable& r,
                           });
 }
 
+// Note [GELU recompute]
+// The MLP's GELU output h [.., 4C] is as large as its input `pre` and is kept only for proj's
+// weight gradient (dW2 = dout^T h). With recompute_gelu the node keeps pre alone and backward
+// computes h = gelu(pre) again (one elementwise pass over 4C per token), which frees 4C values
+// per token per layer (a quarter of a GPT-2 block's activations) for a few percent of backward
+// memory traffic. The recomputed h is bitwise the forward's in f32 on the CPU (the same gelu of
+// the same f32 value); in bf16/f16 it is gelu of the rounded pre, rounded, where the forward
+// rounded gelu of the unrounded value (Note [Linear epilogues]), and on the GPU cuBLASLt's GELU
+// epilogue is NVIDIA's code, not ours: there dW2 may differ from the kept-h one by an ulp of h
+// in places. Forward values and the other gradients do not change.
 Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& fc_bias,
-                  const Variable& proj_weight, const Variable& proj_bias) {
+                  const Variable& proj_weight, const Variable& proj_bias, bool recompute_gelu) {
   Tensor xd = x.data(), w1 = fc_weight.data(), w2 = proj_weight.data();
   STRATA_CHECK(
       w1.ndim() == 2 && w2.ndim() == 2 && w1.size(1) == xd.size(-1) && w2.size(1) == w1.size(0),
@@ -79,8 +89,10 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
   const Tensor b2 = proj_bias.defined() ? proj_bias.data() : Tensor();
   // pre = x W1^T + b1 (kept for dgelu), h = gelu(pre) (kept for dW2), out = h W2^T + b2.
   tops::LinearResult fc = tops::linear(xd, w1, b1, tops::Activation::Gelu, /*save_pre=*/true);
-  Tensor pre = fc.pre, h = fc.y;
-  Tensor out = tops::linear(h, w2, b2).y;
+  Tensor pre = fc.pre;
+  Tensor out = tops::linear(fc.y, w2, b2).y;
+  // Note [GELU recompute]: the closure keeps h only when it is not recomputed.
+  const Tensor h = recompute_gelu ? Tensor() : fc.y;
   const bool nx = needs(x), nw1 = needs(fc_weight), nb1 = needs(fc_bias), nw2 = needs(proj_weight),
              nb2 = needs(proj_bias);
   std::vector<Variable> inputs{x, fc_weight, fc_bias, proj_weight, proj_bias};
@@ -88,7 +100,8 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
     const Tensor& dout = g[0];
     Tensor dw2, db2, dw1, db1, dx;
     if (nw2) {
-      tops::LinearWeightGrads d = tops::linear_backward_weight(dout, h, nb2);
+      tops::LinearWeightGrads d =
+          tops::linear_backward_weight(dout, recompute_gelu ? tops::gelu(pre) : h, nb2);
       dw2 = d.dweight;
       db2 = d.dbias;
     } else if (nb2) {

@@ -115,11 +115,13 @@ GPT2Config with_overrides(GPT2Config c, const std::map<std::string, std::string>
       c.layer_norm_epsilon = parse_number<float>(key, value);
     } else if (key == "activation_checkpointing") {
       c.activation_checkpointing = parse_bool(key, value);
+    } else if (key == "recompute_gelu") {
+      c.recompute_gelu = parse_bool(key, value);
     } else {
       user_error(
           "unknown GPT-2 config key '{}'; known keys: vocab_size, padded_vocab_size, n_positions "
           "(or block_size), n_embd, n_layer, n_head, dropout, layer_norm_epsilon, "
-          "activation_checkpointing",
+          "activation_checkpointing, recompute_gelu",
           key);
     }
   }

@@ -29,6 +29,9 @@ struct GPT2Config {
   float dropout = 0.f;  // embeddings, attention output and MLP output (not attention probs)
   float layer_norm_epsilon = 1e-5f;
   bool activation_checkpointing = false;  // recompute each block in backward
+  // MLP keeps only the GELU input; backward recomputes its output (Note [GELU recompute] in
+  // autograd/functions_fused.cpp). Fused ops only (the default).
+  bool recompute_gelu = false;
 
   // strata::user_error on an inconsistent config (e.g. n_embd not divisible by n_head).
   void validate() const;

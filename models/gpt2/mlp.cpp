@@ -7,7 +7,7 @@
 
 namespace strata::models::gpt2 {
 
-MLP::MLP(const GPT2Config& config) {
+MLP::MLP(const GPT2Config& config) : recompute_gelu_(config.recompute_gelu) {
   c_fc_ = &add_module<nn::Linear>("c_fc", config.n_embd, 4 * config.n_embd);
   c_proj_ = &add_module<nn::Linear>("c_proj", 4 * config.n_embd, config.n_embd);
   // Residual projection: see CausalSelfAttention.
@@ -18,8 +18,8 @@ MLP::MLP(const GPT2Config& config) {
 Variable MLP::forward(const Variable& x) {
   if (!nn::fused_ops_enabled()) return (*dropout_)((*c_proj_)(autograd::gelu((*c_fc_)(x))));
   // One node (Note [Fused ops in models]): the child linears' own hooks do not run.
-  return (*dropout_)(
-      autograd::mlp_gelu(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(), c_proj_->bias()));
+  return (*dropout_)(autograd::mlp_gelu(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(),
+                                        c_proj_->bias(), recompute_gelu_));
 }
 
 }  // namespace strata::models::gpt2

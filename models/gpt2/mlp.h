@@ -2,7 +2,8 @@
 // GPT-2 feed-forward: c_fc (C -> 4C), GELU (tanh approximation), c_proj (4C -> C), dropout.
 // With fused ops on (Note [Fused ops in models]) the three run as one autograd::mlp_gelu node
 // with the GELU and the biases in the GEMMs' epilogues; c_fc and c_proj then hold the parameters
-// but are not called, so hooks on them (rather than on the block) do not run.
+// but are not called, so hooks on them (rather than on the block) do not run. config.recompute_gelu
+// makes that node keep the GELU input alone (Note [GELU recompute]).
 #include "models/gpt2/config.h"
 #include "models/nn/dropout.h"
 #include "models/nn/linear.h"
@@ -25,6 +26,7 @@ class MLP : public nn::Module {
   nn::Linear* c_fc_;
   nn::Linear* c_proj_;
   nn::Dropout* dropout_;
+  bool recompute_gelu_;  // Note [GELU recompute]
 };
 
 }  // namespace strata::models::gpt2

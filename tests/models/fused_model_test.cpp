@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "models/nn/fused_ops.h"
 #include "models/registry.h"
+#include "offload/memory_stats.h"
 #include "tensor/ops.h"
 
 namespace strata::models {
@@ -37,6 +38,7 @@ struct ModelRun {
   tensor::Tensor logits, eval_logits;
   float loss = 0;
   std::vector<tensor::Tensor> grads;
+  int64_t activation_peak = 0;  // host activation bytes at the peak of loss + backward
 };
 
 // Rebinds every parameter to a `dt` copy and unbinds its gradient from the flat f32 buffer, so
@@ -63,8 +65,15 @@ ModelRun run(const std::string& preset, bool fused,
   autograd::GeneratorScope scope(gen);
   r.logits = m->forward(ids).data();
   m->zero_grad();
+  auto& stats = offload::MemoryStats::global();
+  const auto activations = [&] {
+    return stats.usage(offload::Tier::Host, offload::Category::Activation);
+  };
+  const int64_t before = activations().current;
+  stats.reset_peaks();
   autograd::Variable loss = m->loss(ids, targets);
   loss.backward();
+  r.activation_peak = activations().peak - before;
   r.loss = loss.item();
   for (auto& p : m->parameters()) r.grads.push_back(p.grad());
   m->eval();
@@ -113,6 +122,36 @@ TEST(FusedModels, Gpt2TinyBf16IsCloseToTheUnfusedModel) {
     const double scale = std::max(tensor::l2_norm(b), 1e-6);
     EXPECT_LT(tensor::l2_norm(tensor::sub(a, b)) / scale, 5e-2) << "gradient " << i;
   }
+}
+
+// Note [GELU recompute]: keeping only the GELU input changes no forward value; in f32 the
+// recomputed output is the forward's bits, so every gradient is too; in bf16 proj's weight
+// gradient may move by an ulp of h in places. The activation peak (at the end of the forward)
+// drops by every layer's GELU output: B T 4C values each, 2 layers of n_embd 64 here.
+TEST(FusedModels, Gpt2RecomputedGeluKeepsTheBitsAndLessMemory) {
+  const Overrides recompute{{"recompute_gelu", "true"}};
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const ModelRun r = run("gpt2-tiny", true, recompute, dt), k = run("gpt2-tiny", true, {}, dt);
+    EXPECT_TRUE(same_bits(r.logits, k.logits));
+    EXPECT_EQ(std::memcmp(&r.loss, &k.loss, sizeof(float)), 0) << r.loss << " vs " << k.loss;
+    ASSERT_EQ(r.grads.size(), k.grads.size());
+    for (size_t i = 0; i < r.grads.size(); ++i) {
+      if (dt == DType::F32) {
+        EXPECT_TRUE(same_bits(r.grads[i], k.grads[i])) << "gradient " << i;
+      } else {
+        const tensor::Tensor a = r.grads[i].to(DType::F32), b = k.grads[i].to(DType::F32);
+        const double scale = std::max(tensor::l2_norm(b), 1e-6);
+        EXPECT_LT(tensor::l2_norm(tensor::sub(a, b)) / scale, 1e-2) << "gradient " << i;
+      }
+    }
+    const int64_t h_bytes = 2 * 20 * 4 * 64 * static_cast<int64_t>(dtype_size(dt));
+    EXPECT_EQ(k.activation_peak - r.activation_peak, 2 * h_bytes)
+        << k.activation_peak << " bytes kept, " << r.activation_peak << " recomputed";
+  }
+  // The unfused model has no such node: the key is accepted there and changes nothing.
+  expect_same(run("gpt2-tiny", false, recompute, DType::F32),
+              run("gpt2-tiny", false, {}, DType::F32));
 }
 
 TEST(FusedModels, TheFinalNormRunsItsHooks) {

@@ -53,7 +53,9 @@ TEST(EngineMixed, LossStaysWithinTwoPercentOfFp32Over200Steps) {
         "%.4f vs fp32 %.4f\n",
         dtype_name(d).data(), s.steps, worst, mixed.back(), fp32.back());
     strata::testing::expect_trajectory(mixed, fp32, 0.02);
-    if (d == DType::F16) EXPECT_EQ(scaler.skipped_steps(), 0);
+    if (d == DType::F16) {
+      EXPECT_EQ(scaler.skipped_steps(), 0);
+    }
   }
 }
 

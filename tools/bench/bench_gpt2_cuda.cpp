@@ -26,6 +26,8 @@
 //
 // STRATA_FUSED_OPS=off (Note [Fused ops in models]) times the unfused compositions instead of the
 // fused residual norms and GPT-2's fused MLP; the impl column then says strata-unfused.
+// --recompute-gelu sets the GPT-2 config key recompute_gelu (Note [GELU recompute]): with --fill
+// it shows what the freed activations buy (impl strata+recompute-gelu).
 //
 // --device cpu runs the same program on the host (no --fill): a smoke test of it on a machine
 // without a GPU, with a small model (--models gpt2-tiny --T 64); its numbers mean nothing.
@@ -64,6 +66,7 @@ constexpr double kGradClip = 1.0;
 
 struct Options {
   std::string dtype = "bf16";
+  bool recompute_gelu = false;  // Note [GELU recompute]
   double peak_tflops = 989.0;
   int warmup = 3;
   int steps = 10;
@@ -127,6 +130,7 @@ class Bench {
       : device_(o.device()) {
     models::ModelOptions mo;
     mo.seed = o.seed;
+    if (o.recompute_gelu) mo.overrides["recompute_gelu"] = "true";
     model_ = models::ModelRegistry::global().create(name, mo);
     models::move_flat_units(model_->flat_units(), device_);
     optim::AdamWConfig ac;
@@ -257,6 +261,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fill", o.fill,
                "use the largest power-of-two micro-batch that fits (starting from --B or the "
                "default)");
+  app.add_flag("--recompute-gelu", o.recompute_gelu,
+               "the GPT-2 config key recompute_gelu: the MLP keeps only the GELU input (less "
+               "activation memory, one more pass in backward); impl says strata+recompute-gelu");
   app.add_option("--T", o.seq_len, "sequence length")->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed steps first")
       ->check(CLI::Range(0, 1000))
@@ -292,7 +299,9 @@ int main(int argc, char** argv) {
     if (!o.on_cpu) tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
     auto world = parallel::init_world("self", o.device(), std::chrono::seconds(60));
     // Note [Fused ops in models]: STRATA_FUSED_OPS=off measures the unfused compositions.
-    const std::string impl = models::nn::fused_ops_enabled() ? "strata" : "strata-unfused";
+    const std::string impl =
+        std::string(models::nn::fused_ops_enabled() ? "strata" : "strata-unfused") +
+        (o.recompute_gelu ? "+recompute-gelu" : "");
     print_header();
     for (size_t i = 0; i < o.models.size(); ++i) {
       const std::string& name = o.models[i];

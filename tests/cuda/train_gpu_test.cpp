@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "models/flat_params.h"
+#include "offload/memory_stats.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/loss_scaler.h"
@@ -452,6 +453,51 @@ TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
         << ua[u].name << " master";
   }
   EXPECT_FALSE(a.sample_text().empty());
+}
+
+// Note [GELU recompute] on the GPU: the same loss bits, the gradients within f32 noise (cuBLASLt's
+// GELU epilogue made the forward's h, Strata's gelu kernel the recomputed one), and the GPU's
+// activation peak lower by at least every layer's GELU output (B T 4C f32 values).
+TEST(TrainGpu, RecomputedGeluKeepsTheLossAndFreesTheGeluOutputs) {
+  SKIP_WITHOUT_GPU();
+  TrainSpec s;
+  struct Run {
+    float loss = 0;
+    std::vector<Tensor> grads;
+    int64_t peak = 0;
+  };
+  auto run = [&](bool recompute) {
+    models::gpt2::GPT2Config c = testing::tiny_config(s);
+    c.recompute_gelu = recompute;
+    models::gpt2::GPT2 model(c, s.seed);
+    models::move_flat_units(model.flat_units(), kGpu);
+    const testing::Batch b = testing::make_batch(0, s.micro);
+    auto& stats = offload::MemoryStats::global();
+    const auto activations = [&] {
+      return stats.usage(offload::Tier::Gpu, offload::Category::Activation);
+    };
+    const int64_t before = activations().current;
+    stats.reset_peaks();
+    autograd::Variable loss = model.loss(b.ids.to(kGpu), b.targets.to(kGpu));
+    loss.backward();
+    Run r;
+    r.loss = loss.item();
+    r.peak = activations().peak - before;
+    for (auto& p : model.parameters()) r.grads.push_back(p.grad().to(Device::cpu()));
+    return r;
+  };
+  const Run kept = run(false), recomputed = run(true);
+  EXPECT_EQ(std::memcmp(&kept.loss, &recomputed.loss, sizeof(float)), 0)
+      << kept.loss << " vs " << recomputed.loss;
+  ASSERT_EQ(kept.grads.size(), recomputed.grads.size());
+  for (size_t i = 0; i < kept.grads.size(); ++i) {
+    const double scale = std::max(tensor::l2_norm(kept.grads[i]), 1e-12);
+    EXPECT_LT(tensor::l2_norm(tensor::sub(recomputed.grads[i], kept.grads[i])) / scale, 1e-5)
+        << "gradient " << i;
+  }
+  const int64_t h_bytes = s.micro * TrainSpec::kSeq * 4 * 32 * int64_t{4};
+  EXPECT_GE(kept.peak - recomputed.peak, s.n_layer * h_bytes)
+      << kept.peak << " bytes kept, " << recomputed.peak << " recomputed";
 }
 
 // Note [Training on the GPU]: a steady-state `train` step lets the device run dry twice, when the

@@ -149,6 +149,10 @@ TEST(FusedModels, Gpt2RecomputedGeluKeepsTheBitsAndLessMemory) {
     EXPECT_EQ(k.activation_peak - r.activation_peak, 2 * h_bytes)
         << k.activation_peak << " bytes kept, " << r.activation_peak << " recomputed";
   }
+  // Inside checkpointed blocks (whose backward runs the forward again) too.
+  expect_same(run("gpt2-tiny", true,
+                  {{"recompute_gelu", "true"}, {"activation_checkpointing", "true"}}, DType::F32),
+              run("gpt2-tiny", true, {{"activation_checkpointing", "true"}}, DType::F32));
   // The unfused model has no such node: the key is accepted there and changes nothing.
   expect_same(run("gpt2-tiny", false, recompute, DType::F32),
               run("gpt2-tiny", false, {}, DType::F32));

@@ -4,6 +4,7 @@
 // signatures from the real cuda_runtime_api.h, which maps versioned names for us.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -25,12 +26,22 @@ cudaError_t ret(cudaError_t e) {
   return e;
 }
 
+// STRATA_CUDA_EMU_DEVICES=N (default 1; 0: no device): the devices a process sees. It uses one
+// of them, the first it sets (Strata runs one process per GPU), so several processes of an
+// mpirun job on one machine can each take the device of their local rank (Note [Emulated NCCL]).
 int visible_devices() {
   static const int n = [] {
     const char* v = std::getenv("STRATA_CUDA_EMU_DEVICES");
-    return v != nullptr && *v != '\0' ? static_cast<int>(std::strtol(v, nullptr, 10)) : 1;
+    const long k = v != nullptr && *v != '\0' ? std::strtol(v, nullptr, 10) : 1;
+    return static_cast<int>(k < 0 ? 0 : k > 64 ? 64 : k);
   }();
-  return n > 0 ? 1 : 0;
+  return n;
+}
+
+std::atomic<int> g_device{-1};  // the device this process uses, once set
+
+bool valid_device(int device) {
+  return device >= 0 && device < visible_devices();
 }
 
 bool overlap(const void* a, const void* b, size_t n) {
@@ -217,20 +228,24 @@ cudaError_t cudaGetDeviceCount(int* count) {
 
 cudaError_t cudaSetDevice(int device) {
   if (visible_devices() == 0) return ret(cudaErrorNoDevice);
-  return device == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
+  int expected = -1;
+  if (g_device.compare_exchange_strong(expected, device) || expected == device) return cudaSuccess;
+  return ret(cudaErrorInvalidDevice);  // the emulator holds one device per process
 }
 
 cudaError_t cudaGetDevice(int* device) {
   if (device == nullptr) return ret(cudaErrorInvalidValue);
   if (visible_devices() == 0) return ret(cudaErrorNoDevice);
-  *device = 0;
+  const int d = g_device.load();
+  *device = d < 0 ? 0 : d;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (prop == nullptr) return ret(cudaErrorInvalidValue);
   if (visible_devices() == 0) return ret(cudaErrorNoDevice);
-  if (device != 0) return ret(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof(*prop));
   std::strncpy(prop->name, "Strata CUDA emulator", sizeof(prop->name) - 1);
   prop->totalGlobalMem = DeviceMemory::get().cap();
@@ -269,7 +284,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (value == nullptr) return ret(cudaErrorInvalidValue);
-  if (device != 0 || visible_devices() == 0) return ret(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrMaxThreadsPerBlock:
     case cudaDevAttrMaxBlockDimX:

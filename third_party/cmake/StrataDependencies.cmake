@@ -122,6 +122,15 @@ elseif(STRATA_CUDA_EMULATION)
     set(STRATA_HAVE_CUDNN ON)
   endif()
 endif()
+# The emulator also provides NCCL's collectives between the processes of an mpirun job (Note
+# [Emulated NCCL], tests/cuda_emu/nccl.cpp): only nccl.h is needed.
+set(STRATA_EMULATED_NCCL OFF)
+if(STRATA_CUDA_EMULATION)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  if(NCCL_INCLUDE_DIR)
+    set(STRATA_EMULATED_NCCL ON)
+  endif()
+endif()
 
 # Compiles every .cu source of `target` (the sources it has when called) as C++ for the emulator
 # (Note [CUDA emulator]): C++17 as under nvcc (Note [CUDA build] above), the device header

@@ -16,7 +16,9 @@
 // - A rank that waits longer than STRATA_CUDA_EMU_NCCL_TIMEOUT_S (default 300) for the others, or
 //   whose communicator was aborted by a peer, stops waiting: the op leaves its output as it is
 //   and ncclCommGetAsyncError reports ncclRemoteError, as a real communicator does after a peer
-//   dies. ncclCommAbort marks the segment aborted, which frees the peers' waits.
+//   dies. ncclCommAbort marks the segment aborted, which frees the peers' waits. The host thread
+//   that runs the op waits with it, so on the emulator this limit, not Strata's watchdog (Note
+//   [Failed ranks]), ends a wait for a missing rank.
 // - Point-to-point: each ordered pair of ranks has a mailbox of kPairBytes in the segment. A
 //   send writes a chunk, posts it and waits until the receiver has taken it before writing the
 //   next; a receive waits for each posted chunk. Sends and receives between a pair match in
@@ -71,13 +73,11 @@ struct Mailbox {
 constexpr size_t kPairBytes = size_t{64} << 10;
 constexpr size_t kPairStride = 64 + kPairBytes;  // the counters, then the data
 
+// Read at each wait, so a test can shorten it for one op.
 std::chrono::seconds wait_limit() {
-  static const std::chrono::seconds s = [] {
-    const char* v = std::getenv("STRATA_CUDA_EMU_NCCL_TIMEOUT_S");
-    const long n = v != nullptr && *v != '\0' ? std::strtol(v, nullptr, 10) : 300;
-    return std::chrono::seconds(n > 0 ? n : 300);
-  }();
-  return s;
+  const char* v = std::getenv("STRATA_CUDA_EMU_NCCL_TIMEOUT_S");
+  const long n = v != nullptr && *v != '\0' ? std::strtol(v, nullptr, 10) : 300;
+  return std::chrono::seconds(n > 0 ? n : 300);
 }
 
 }  // namespace
@@ -94,7 +94,7 @@ struct ncclComm {
   uint64_t barriers = 0;  // barriers this rank has passed (device side, in stream order)
   char* pairs = nullptr;  // nranks * nranks mailboxes, [from][to]
   std::vector<uint64_t> sent, received;  // chunks per peer (device side)
-  std::mutex mu;          // the fields below: set by ops on the device, read by the host
+  std::mutex mu;  // the fields below: set by ops on the device, read by the host
   ncclResult_t async = ncclSuccess;
   std::string last_error;
 };

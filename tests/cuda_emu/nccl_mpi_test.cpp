@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "models/flat_params.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/self_communicator.h"
@@ -146,6 +149,32 @@ TEST(EmulatedNccl, EveryZeroStageOnTheGpuReproducesOneProcess) {
           << "step " << i << ": " << actual[i] << " vs one process " << expected[i];
     EXPECT_LT(expected.back(), expected.front()) << "the reference did not train";
   }
+}
+
+// A rank that never joins: the others' op gives up after STRATA_CUDA_EMU_NCCL_TIMEOUT_S, and the
+// communicator reports it as NCCL's asynchronous error (a UserError naming the communicator),
+// after which it refuses new ops. Its own communicator, so the others stay usable.
+TEST(EmulatedNccl, AMissingRankIsAnErrorNotAHang) {
+  auto w = strata::testing::test_world();
+  if (w->size() < 2) GTEST_SKIP() << "needs two ranks";
+  ::setenv("STRATA_CUDA_EMU_NCCL_TIMEOUT_S", "2", 1);
+  {
+    auto c = make_nccl_communicator(w, kGpu, "lonely", std::chrono::seconds(120));
+    if (w->rank() == 0) {
+      Tensor t = tensor::ones({1000}, DType::F32, kGpu);
+      try {
+        c->allreduce(t)->wait();
+        ADD_FAILURE() << "the allreduce finished without rank 1";
+      } catch (const UserError& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("'lonely' (nccl, rank 0 of"), std::string::npos) << m;
+        EXPECT_NE(m.find("NCCL failed"), std::string::npos) << m;
+      }
+      EXPECT_THROW(c->allreduce(t), UserError);
+    }
+    w->barrier();
+  }
+  ::unsetenv("STRATA_CUDA_EMU_NCCL_TIMEOUT_S");
 }
 
 }  // namespace

@@ -160,23 +160,41 @@ TEST_F(TrainMpi, EveryStageReproducesOneProcessAndResumesAcrossDpSizes) {
   EXPECT_TRUE(whole.contains("wte.weight"));
 }
 
+// fp32 at stage 2; bf16 at stage 3, whose per-rank model files hold the bf16 parameters beside
+// the fp32 masters in the optimizer files.
 TEST_F(TrainMpi, ResumeOnTheSameRanksIsBitwise) {
-  const std::string full = config("full", 6), parts = config("parts", 6);
-  CommandResult a = train(2, full, {"zero_optimization.stage=2"});
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
-  CommandResult b1 = train(2, parts, {"zero_optimization.stage=2", "training.steps=3"});
-  ASSERT_EQ(b1.exit_code, 0) << describe(b1);
-  CommandResult b2 = train(2, parts, {"zero_optimization.stage=2"});
-  ASSERT_EQ(b2.exit_code, 0) << describe(b2);
-  const std::vector<double> x = losses("full"), y = losses("parts");
-  ASSERT_EQ(x.size(), 6u);
-  ASSERT_EQ(y.size(), 6u);
-  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], y[i]) << "step " << i + 1;
-  auto pa = tensor::load_safetensors(tmp_ / "full/checkpoints/step_00000006/model.safetensors");
-  auto pb = tensor::load_safetensors(tmp_ / "parts/checkpoints/step_00000006/model.safetensors");
-  ASSERT_EQ(pa.size(), pb.size());
-  for (auto& [name, t] : pa)
-    EXPECT_EQ(std::memcmp(t.data_ptr(), pb.at(name).data_ptr(), t.nbytes()), 0) << name;
+  for (const auto& [tag, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"z2", {"zero_optimization.stage=2"}},
+           {"z3bf16", {"zero_optimization.stage=3", "run.dtype=bf16"}}}) {
+    SCOPED_TRACE(tag);
+    const std::string full = config(tag + "full", 6), parts = config(tag + "parts", 6);
+    CommandResult a = train(2, full, sets);
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    std::vector<std::string> first = sets;
+    first.push_back("training.steps=3");
+    CommandResult b1 = train(2, parts, first);
+    ASSERT_EQ(b1.exit_code, 0) << describe(b1);
+    CommandResult b2 = train(2, parts, sets);
+    ASSERT_EQ(b2.exit_code, 0) << describe(b2);
+    const std::vector<double> x = losses(tag + "full"), y = losses(tag + "parts");
+    ASSERT_EQ(x.size(), 6u);
+    ASSERT_EQ(y.size(), 6u);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], y[i]) << "step " << i + 1;
+    const std::vector<std::string> files =
+        tag == "z2" ? std::vector<std::string>{"model.safetensors"}
+                    : std::vector<std::string>{"model.rank00000-of-00002.safetensors",
+                                               "model.rank00001-of-00002.safetensors"};
+    for (const std::string& f : files) {
+      auto pa = tensor::load_safetensors(tmp_ / (tag + "full/checkpoints/step_00000006/" + f));
+      auto pb = tensor::load_safetensors(tmp_ / (tag + "parts/checkpoints/step_00000006/" + f));
+      ASSERT_EQ(pa.size(), pb.size()) << f;
+      for (auto& [name, t] : pa) {
+        EXPECT_EQ(t.dtype(), tag == "z2" ? DType::F32 : DType::BF16) << f << " " << name;
+        EXPECT_EQ(std::memcmp(t.data_ptr(), pb.at(name).data_ptr(), t.nbytes()), 0)
+            << f << " " << name;
+      }
+    }
+  }
 }
 
 // The pids of `train` processes (not mpirun) whose command line mentions `needle`.

@@ -31,8 +31,12 @@ void save_flat_shards(const std::string& path, const models::CausalLM& model,
   std::vector<std::pair<std::string, Tensor>> tensors;
   json index = json::object();
   for (const FlatShard& s : shards) {
-    STRATA_CHECK(s.data.dtype() == DType::F32 && s.data.ndim() == 1, "shard {} of unit {} is {}",
-                 s.key, s.unit, s.data.str());
+    // Optimizer states and masters are f32; a mixed-precision run's ZeRO-3 "param" shards are its
+    // bf16/f16 parameters, which FlatShardIndex accepts back (Note [Mixed precision]).
+    const bool low_param =
+        s.key == "param" && (s.data.dtype() == DType::BF16 || s.data.dtype() == DType::F16);
+    STRATA_CHECK((s.data.dtype() == DType::F32 || low_param) && s.data.ndim() == 1,
+                 "shard {} of unit {} is {}", s.key, s.unit, s.data.str());
     auto e = extent.find(s.unit);
     STRATA_CHECK(e != extent.end(), "shard of unknown unit {}", s.unit);
     const int64_t keep = std::min<int64_t>(s.data.numel(), e->second - s.begin);

@@ -57,10 +57,11 @@ ncclDataType_t nccl_type(DType d) {
   STRATA_UNREACHABLE("{} does not reduce (check_reducible)", dtype_name(d));
 }
 
-// NCCL's description of the last error on `comm` (empty before NCCL 2.13).
+// NCCL's description of the last error (empty before NCCL 2.13). `comm` may be null, as before
+// ncclCommInitRank succeeded: NCCL keeps the message per process, not per communicator.
 const char* last_error(ncclComm_t comm) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
-  return comm ? ncclGetLastError(comm) : "";
+  return ncclGetLastError(comm);
 #else
   return "";
 #endif

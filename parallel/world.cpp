@@ -126,6 +126,14 @@ std::shared_ptr<Communicator> init_world(const std::string& backend, Device devi
     STRATA_USER_CHECK(tensor::cuda_available(),
                       "backend 'nccl' needs a GPU, but none is visible to this process; check "
                       "nvidia-smi and CUDA_VISIBLE_DEVICES, or use backend mpi");
+    // NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); say so before it does.
+    const int gpus = tensor::cuda_device_count();
+    STRATA_USER_CHECK(launch.local_size <= gpus,
+                      "backend 'nccl' needs a GPU per rank, but {} started {} ranks on this node, "
+                      "which has {} visible GPU{}; start at most {} rank{} per node (mpirun "
+                      "-npernode {}), or use backend mpi, whose ranks may share a GPU",
+                      launch.launcher, launch.local_size, gpus, gpus == 1 ? "" : "s", gpus,
+                      gpus == 1 ? "" : "s", gpus);
     std::shared_ptr<Communicator> bootstrap;
     if (mpi_built() && (launch.size > 1 || launch.launcher != "none")) {
       bootstrap = make_mpi_world("world-bootstrap", timeout);

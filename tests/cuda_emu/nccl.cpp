@@ -4,7 +4,9 @@
 // Note [Emulated NCCL]
 // - ncclGetUniqueId names a shared-memory segment; ncclCommInitRank maps it (created zeroed by
 //   whichever rank comes first), waits for every rank, and rank 0 then unlinks the name, so
-//   nothing is left in /dev/shm once the communicator exists.
+//   nothing is left in /dev/shm once the communicator exists. As in real NCCL, two ranks on the
+//   same device are refused (ncclInvalidUsage, "Duplicate GPU detected"): the processes share
+//   one machine's STRATA_CUDA_EMU_DEVICES devices, so ranks must take different indices.
 // - A collective is enqueued on its stream like a kernel (Note [Emulated streams]) and runs when
 //   the host waits for it. It moves the data through one slot of kSlotBytes per rank, a chunk at
 //   a time: every rank writes its chunk, a barrier, every rank reads what it needs, a barrier.
@@ -61,10 +63,12 @@ constexpr char kIdMagic[] = "strata-emu-nccl";
 struct Segment {
   std::atomic<uint64_t> arrived;  // barrier arrivals, all barriers together
   std::atomic<int> aborted;
+  int device[kMaxRanks];  // each rank's device + 1, written before the first barrier
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
               "the barrier's atomics are shared between processes");
 constexpr size_t kHeaderBytes = 4096;
+static_assert(sizeof(Segment) <= kHeaderBytes);
 
 struct Mailbox {
   std::atomic<uint64_t> posted;  // chunks the sender has written
@@ -368,11 +372,24 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
   c->seg = static_cast<Segment*>(p);
   c->slots = static_cast<char*>(p) + kHeaderBytes;
   c->pairs = c->slots + static_cast<size_t>(nranks) * kSlotBytes;
-  const bool joined = barrier(*c);  // everyone has mapped it
+  int device = 0;
+  cudaGetDevice(&device);
+  c->seg->device[rank] = device + 1;
+  const bool joined = barrier(*c);  // everyone has mapped it and written its device
   if (rank == 0) ::shm_unlink(c->name.c_str());
   if (!joined) {
     ::munmap(p, c->map_bytes);
     return fail(nullptr, ncclSystemError, "emulated NCCL: the other ranks did not join");
+  }
+  // Real NCCL (2.5 on) refuses two ranks on one GPU. The processes of an emulated job share one
+  // machine and its STRATA_CUDA_EMU_DEVICES devices, so the same index is the same GPU.
+  for (int i = 0; i < nranks; ++i) {
+    if (i != rank && c->seg->device[i] == device + 1) {
+      ::munmap(p, c->map_bytes);
+      return fail(nullptr, ncclInvalidUsage,
+                  "Duplicate GPU detected : rank " + std::to_string(rank) + " and rank " +
+                      std::to_string(i) + " both on CUDA device " + std::to_string(device));
+    }
   }
   *out = c.release();
   return ncclSuccess;

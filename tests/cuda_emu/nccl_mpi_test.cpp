@@ -15,6 +15,7 @@
 #include "models/flat_params.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/self_communicator.h"
+#include "parallel/world.h"
 #include "tensor/cuda.h"
 #include "tensor/ops.h"
 #include "tests/parallel/engine_test_util.h"
@@ -24,7 +25,9 @@ namespace strata::parallel {
 namespace {
 
 using tensor::Tensor;
-const Device kGpu = Device::cuda(0);
+// Each rank takes the GPU of its local rank (run with STRATA_CUDA_EMU_DEVICES >= ranks): NCCL
+// refuses two ranks on one GPU, and so does the emulator.
+const Device kGpu = launch_device(Device::cuda(0), detect_launch());
 
 std::shared_ptr<Communicator> nccl_world() {
   static std::shared_ptr<Communicator> w = make_nccl_communicator(
@@ -175,6 +178,26 @@ TEST(EmulatedNccl, AMissingRankIsAnErrorNotAHang) {
     w->barrier();
   }
   ::unsetenv("STRATA_CUDA_EMU_NCCL_TIMEOUT_S");
+}
+
+// Two ranks on one GPU: ncclCommInitRank fails on every rank with NCCL's own words, as real
+// NCCL's does, instead of running. Its own ctest (EmulatedNccl.SharedGpu.np2) sets
+// STRATA_TEST_SHARED_GPU=1 and one device, so every rank takes device 0.
+TEST(EmulatedNccl, TwoRanksOnOneGpuAreRefused) {
+  if (std::getenv("STRATA_TEST_SHARED_GPU") == nullptr)
+    GTEST_SKIP() << "runs as EmulatedNccl.SharedGpu.np2 (STRATA_TEST_SHARED_GPU=1)";
+  auto w = strata::testing::test_world();
+  ASSERT_GE(w->size(), 2);
+  try {
+    make_nccl_communicator(w, Device::cuda(0), "shared", std::chrono::seconds(120));
+    ADD_FAILURE() << "two ranks on cuda:0 made a communicator";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'shared' (nccl, rank"), std::string::npos) << m;
+    EXPECT_NE(m.find("ncclCommInitRank failed"), std::string::npos) << m;
+    EXPECT_NE(m.find("Duplicate GPU detected"), std::string::npos) << m;
+  }
+  w->barrier();  // no rank is left waiting inside NCCL
 }
 
 }  // namespace

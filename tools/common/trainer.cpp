@@ -152,8 +152,9 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   }
   if (c.run.device == "cuda") {
     // Note [Training on the GPU]: one process per GPU, the local rank's (modulo the visible
-    // devices, so a node with fewer GPUs than ranks still runs, sharing them). init_cuda fails
-    // with a clear message when the build has no CUDA backend or no device is visible.
+    // devices: with backend mpi ranks may share a GPU; nccl refuses that, and init_world says so
+    // first). init_cuda fails with a clear message when the build has no CUDA backend or no
+    // device is visible.
     const int count = tensor::cuda_device_count();
     const int index = count > 0 ? launch.local_rank % count : 0;
     with_config_context(c, "run.device", [&] { tensor::init_cuda(index); });

@@ -33,19 +33,20 @@
 //
 // Note [Training on the GPU]
 // run.device: cuda makes the process's GPU cuda:<local rank mod visible devices> (init_cuda)
-// and starts the world on it (nccl under a launcher, else self). The model zoo builds on the
-// host; the flat units then move to the GPU (models::move_flat_units) before the Engine is
-// made, so the optimizer's groups, masters and states are all on the GPU and AdamW takes its
-// fused CUDA path (Note [Optimizer devices]). Each batch's ids and targets are copied to the
-// GPU. A step waits for the device twice: once for all its micro-batches' losses, read together
-// after the last backward, and once in Engine::step for the gradient norm (the embedding
-// backward, the loss's mean and the checks of ids and targets stay on the device: Note [CUDA
-// embedding backward], Note [Deferred device checks]). Evaluation and sampling run there too.
+// and starts the world on it (nccl under a launcher, else self). nccl needs a GPU per rank of a
+// node (init_world says so before NCCL would refuse); with backend mpi ranks may share one. The
+// model zoo builds on the host; the flat units then move to the GPU (models::move_flat_units)
+// before the Engine is made, so the optimizer's groups, masters and states are all on the GPU and
+// AdamW takes its fused CUDA path (Note [Optimizer devices]). Each batch's ids and targets are
+// copied to the GPU. A step waits for the device twice: once for all its micro-batches' losses,
+// read together after the last backward, and once in Engine::step for the gradient norm (the
+// embedding backward, the loss's mean and the checks of ids and targets stay on the device: Note
+// [CUDA embedding backward], Note [Deferred device checks]). Evaluation and sampling run there too.
 // Checkpoints are written from host copies (save_safetensors copies) and read back into the GPU
 // buffers with copy_, in the same files and layout as a CPU run's, so a run can move between CPU
 // and GPU. Small control tensors (the stop flag, the memory report, checkpoint agreement) travel on
-// the run's device. The memory report reads Tier::Gpu. run.dtype stays fp32 unless the config says
-// otherwise; the GPU presets say bf16 (DESIGN.md decision 7).
+// the run's device. The memory report reads Tier::Gpu. run.dtype auto is bf16 on the GPU (fp32
+// masters and moments; DESIGN.md decision 7) and fp32 on the CPU.
 #include <cstdint>
 #include <memory>
 #include <string>

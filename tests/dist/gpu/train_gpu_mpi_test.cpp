@@ -1,0 +1,227 @@
+// `train` on GPUs under mpirun, end to end through the real binary (label cuda): every ZeRO stage
+// over nccl reproduces one GPU's losses, a bf16 ZeRO-3 checkpoint written by two GPU ranks
+// resumes bitwise on two and continues on one GPU and on the CPU, ranks share one GPU over mpi,
+// and nccl with more ranks than GPUs stops with a clear error. Each test skips without the GPUs
+// it needs; the emulation build runs them on emulated GPUs, one per process (Note [Emulated
+// NCCL]; its ctest sets STRATA_CUDA_EMU_DEVICES=2). On one real GPU only the mpi and the error
+// cases run.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "../../tools/tool_test_util.h"
+#include "tensor/cuda.h"
+#include "tensor/safetensors.h"
+
+namespace strata::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::ScratchDir;
+
+const std::string kBin = STRATA_BINARY_DIR;
+
+std::string config_text(const std::string& run, const std::string& data, int steps) {
+  return fmt::format(R"(run:
+  dir: {run}
+  seed: 5
+  device: cuda
+model:
+  name: gpt2-tiny
+  config:
+    n_layer: 2
+    n_embd: 32
+    n_head: 2
+    n_positions: 32
+data:
+  train: "{data}/train_*.bin"
+  val: "{data}/val_*.bin"
+  tokenizer: byte
+batch:
+  micro_batch_size: 2
+  global_batch_size: 8
+  seq_len: 16
+optimizer:
+  name: adamw
+  lr: 3.0e-3
+  grad_clip: 1.0
+schedule:
+  name: constant  # the rate must not depend on training.steps: runs stop early to be resumed
+  warmup_steps: 1
+training:
+  steps: {steps}
+  eval_every: 3
+  eval_batches: 2
+  keep_checkpoints: 0
+  progress: lines
+distributed:
+  timeout_s: 60
+zero_optimization:
+  reduce_bucket_size: 3000
+  allgather_bucket_size: 5000
+  stage3_prefetch_bucket_size: 20000
+  stage3_param_persistence_threshold: 1000
+)",
+                     fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps));
+}
+
+std::string describe(const CommandResult& r) {
+  return fmt::format("exit {}\n--- stdout\n{}\n--- stderr\n{}", r.exit_code, r.out, r.err);
+}
+
+class TrainGpuMpi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    gpus_ = tensor::cuda_device_count();
+    testing::write_raw_shard(tmp_ / "data/train_000000.bin",
+                             {testing::pattern_tokens(4000, 200, 1)});
+    testing::write_raw_shard(tmp_ / "data/val_000000.bin", {testing::pattern_tokens(600, 200, 2)});
+  }
+
+  std::string config(const std::string& name, int steps) {
+    std::string path = tmp_ / (name + ".yaml");
+    testing::write_text(path, config_text(tmp_ / name, tmp_ / "data", steps));
+    return path;
+  }
+
+  // np == 0: a plain process, no launcher.
+  CommandResult train(int np, const std::string& cfg, const std::vector<std::string>& sets) {
+    std::vector<std::string> argv;
+    if (np > 0)
+      argv = {"/usr/bin/mpirun", "--oversubscribe", "--allow-run-as-root", "-np",
+              std::to_string(np)};
+    argv.push_back(kBin + "/train");
+    argv.push_back("--config");
+    argv.push_back(cfg);
+    for (const std::string& s : sets) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+    return testing::run_command(argv, std::chrono::seconds(300));
+  }
+
+  std::vector<double> losses(const std::string& name) {
+    std::vector<double> out;
+    std::istringstream in(testing::read_text(tmp_ / (name + "/metrics.jsonl")));
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  }
+
+  int gpus_ = 0;
+  ScratchDir tmp_;
+};
+
+#define NEED_GPUS(n) \
+  if (gpus_ < (n)) GTEST_SKIP() << "needs " << (n) << " visible GPU(s), this machine has " << gpus_
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::abs(got[i] - want[i]), rel * std::abs(want[i]))
+        << what << ": step " << i + 1 << " loss " << got[i] << " vs " << want[i];
+}
+
+TEST_F(TrainGpuMpi, EveryZeroStageOverNcclReproducesOneGpu) {
+  NEED_GPUS(2);
+  const int kSteps = 6;
+  CommandResult one = train(0, config("one", kSteps), {"run.dtype=fp32"});
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  const std::vector<double> want = losses("one");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(want.back(), want.front()) << "the one-GPU run did not train";
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string name = fmt::format("stage{}", stage);
+    CommandResult r = train(2, config(name, kSteps),
+                            {"run.dtype=fp32", fmt::format("zero_optimization.stage={}", stage)});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("| cuda | 2 ranks (nccl)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank 1: model states"), std::string::npos) << r.out;
+    expect_close(losses(name), want, 1e-5, name);
+  }
+}
+
+// bf16 (the GPU default): ZeRO-3's shards hold the bf16 parameters beside the fp32 masters.
+TEST_F(TrainGpuMpi, Bf16ZeroThreeResumesBitwiseOnTwoGpusAndMovesToOneGpuAndTheCpu) {
+  NEED_GPUS(2);
+  const std::vector<std::string> z3 = {"zero_optimization.stage=3"};
+  CommandResult full = train(2, config("full", 6), z3);
+  ASSERT_EQ(full.exit_code, 0) << describe(full);
+  const std::string parts = config("parts", 6);
+  std::vector<std::string> first = z3;
+  first.push_back("training.steps=3");
+  CommandResult a = train(2, parts, first);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  const std::string ckpt3 = tmp_ / "parts/checkpoints/step_00000003";
+  ASSERT_TRUE(fs::exists(ckpt3 + "/model.rank00001-of-00002.safetensors")) << describe(a);
+  CommandResult b = train(2, parts, z3);
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+
+  const std::vector<double> x = losses("full"), y = losses("parts");
+  ASSERT_EQ(x.size(), 6u);
+  ASSERT_EQ(y.size(), 6u);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], y[i]) << "step " << i + 1;
+  for (int r = 0; r < 2; ++r) {
+    const std::string file = fmt::format("model.rank{:05d}-of-00002.safetensors", r);
+    auto pa = tensor::load_safetensors(tmp_ / ("full/checkpoints/step_00000006/" + file));
+    auto pb = tensor::load_safetensors(tmp_ / ("parts/checkpoints/step_00000006/" + file));
+    ASSERT_EQ(pa.size(), pb.size()) << file;
+    for (auto& [name, t] : pa) {
+      EXPECT_EQ(t.dtype(), DType::BF16) << file << " " << name;
+      EXPECT_EQ(std::memcmp(t.data_ptr(), pb.at(name).data_ptr(), t.nbytes()), 0)
+          << file << " " << name;
+    }
+  }
+
+  // The step-3 checkpoint of two GPU ranks, continued by one GPU (ZeRO-0) and by the CPU.
+  const std::vector<double> tail(x.begin() + 3, x.end());
+  for (const std::string& where : {std::string("gpu"), std::string("cpu")}) {
+    const std::string name = "moved_" + where;
+    CommandResult r = train(0, config(name, 6),
+                            {"run.device=" + std::string(where == "gpu" ? "cuda" : "cpu"),
+                             "run.dtype=bf16", "training.resume=" + ckpt3});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+    // One GPU adds the ranks' gradients in another order; the CPU's kernels differ more.
+    expect_close(losses(name), tail, where == "gpu" ? 1e-3 : 2e-2, name);
+  }
+}
+
+// Backend mpi stages GPU tensors through the host, so ranks may share a GPU (NCCL's may not).
+TEST_F(TrainGpuMpi, RanksShareOneGpuOverMpi) {
+  NEED_GPUS(1);
+  ::setenv("STRATA_CUDA_EMU_DEVICES", "1", 1);  // the emulator's GPUs; a real GPU ignores it
+  CommandResult one = train(0, config("one", 4), {"run.dtype=fp32"});
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  CommandResult two =
+      train(2, config("two", 4),
+            {"run.dtype=fp32", "distributed.backend=mpi", "zero_optimization.stage=2"});
+  ::setenv("STRATA_CUDA_EMU_DEVICES", std::to_string(gpus_).c_str(), 1);
+  ASSERT_EQ(two.exit_code, 0) << describe(two);
+  EXPECT_NE(two.out.find("| cuda | 2 ranks (mpi)"), std::string::npos) << two.out;
+  expect_close(losses("two"), losses("one"), 1e-5, "2 ranks on one GPU over mpi");
+}
+
+TEST_F(TrainGpuMpi, NcclWithMoreRanksThanGpusIsAClearError) {
+  NEED_GPUS(1);
+  const int np = gpus_ + 1;
+  CommandResult r = train(np, config("crowded", 2), {});
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("backend 'nccl' needs a GPU per rank"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find(fmt::format("started {} ranks on this node", np)), std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.err.find("use backend mpi"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("crowded.yaml"), std::string::npos) << describe(r);
+  EXPECT_FALSE(fs::exists(tmp_ / "crowded/checkpoints"));
+}
+
+}  // namespace
+}  // namespace strata::tools

@@ -208,13 +208,21 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
 
-    // Rank 0 makes the id; the bootstrap communicator carries it to the others.
-    ncclUniqueId id{};
-    if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    tensor::Tensor id_bytes =
-        tensor::Tensor::from_blob(&id, {static_cast<int64_t>(sizeof(id))}, DType::U8);
-    bootstrap_->broadcast(id_bytes, 0)->wait();
-    check_nccl(ncclCommInitRank(&st_->comm, size_, id, rank_), "ncclCommInitRank");
+    try {
+      // Rank 0 makes the id; the bootstrap communicator carries it to the others.
+      ncclUniqueId id{};
+      if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      tensor::Tensor id_bytes =
+          tensor::Tensor::from_blob(&id, {static_cast<int64_t>(sizeof(id))}, DType::U8);
+      bootstrap_->broadcast(id_bytes, 0)->wait();
+      check_nccl(ncclCommInitRank(&st_->comm, size_, id, rank_), "ncclCommInitRank");
+    } catch (...) {
+      // No destructor runs for a constructor that throws (a refused communicator, e.g. two
+      // ranks on one GPU, may be caught and the process go on).
+      cudaEventDestroy(ready_);
+      cudaStreamDestroy(stream_);
+      throw;
+    }
     st_->label = detail::describe(*this);
     st_->timeout = timeout;
   }

@@ -25,7 +25,16 @@ echo "- args: ${*:-(defaults)}"
 echo
 "$BUILD/bin/bench_gpt2_cuda" "$@" | tee "$STRATA"
 
-if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+ON_CPU=0
+prev=""
+for arg in "$@"; do
+  [[ $arg == --device=cpu || ( $prev == --device && $arg == cpu ) ]] && ON_CPU=1
+  prev=$arg
+done
+if [[ $ON_CPU == 1 ]]; then
+  echo
+  echo "(--device cpu: Strata on the CPU has its own reference, run_gpt2_cpu.sh; PyTorch skipped)"
+elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   # Columns: | impl | model | params | B | T | dtype | tokens/s | ...
   awk -F'|' '$2 ~ /strata/ { gsub(/ /, "", $3); gsub(/ /, "", $5); print $3, $5 }' "$STRATA" |
     while read -r model batch; do

@@ -18,6 +18,8 @@ tools/common/trainer.h); peak GPU memory is torch.cuda.max_memory_allocated over
 
 usage: gpt2_cuda.py [--dtype bf16|fp32] [--models a,b] [--B n] [--T n] [--warmup n] [--steps n]
                     [--peak-tflops X] [--modes eager,compile] [--seed n]
+(--fill, --recompute-gelu and --device cuda are accepted and ignored, so run_gpt2_cuda.sh can pass
+bench_gpt2_cuda's arguments to both.)
 """
 import argparse
 import gc
@@ -150,6 +152,11 @@ def main():
     p.add_argument("--fill", action="store_true",
                    help="ignored: run_gpt2_cuda.sh passes the B Strata's --fill found as --B")
     p.add_argument("--no-header", action="store_true", help="rows only (run_gpt2_cuda.sh)")
+    # bench_gpt2_cuda's other flags, which run_gpt2_cuda.sh passes to both programs.
+    p.add_argument("--recompute-gelu", action="store_true",
+                   help="ignored: Strata's GELU recompute; PyTorch's step keeps its usual tensors")
+    p.add_argument("--device", default="cuda", choices=["cuda"],
+                   help="the GPU only (bench_gpt2_cuda --device cpu has no PyTorch reference here)")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -42,6 +42,13 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
                   const Variable& proj_weight, const Variable& proj_bias,
                   bool recompute_gelu = false);
 
+// LLaMA's MLP as one node: (silu(x gate^T) * (x up^T)) down^T, no biases. The same tensor ops
+// as the five unfused nodes, forward and backward, so the same bits; it keeps x, the gate and up
+// projections and their product h, not silu(gate) (recomputed in backward); with
+// `recompute_swiglu` not h either (Note [SwiGLU recompute]).
+Variable mlp_swiglu(const Variable& x, const Variable& gate_weight, const Variable& up_weight,
+                    const Variable& down_weight, bool recompute_swiglu = false);
+
 // ---- normalisation (last dim) ----
 Variable layernorm(const Variable& x, const Variable& weight, const Variable& bias, float eps);
 Variable rmsnorm(const Variable& x, const Variable& weight, float eps);

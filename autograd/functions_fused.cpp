@@ -121,4 +121,66 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
   });
 }
 
+// Note [SwiGLU recompute]
+// Unfused, LLaMA's MLP keeps five tensors per token: x (for both projections' weight gradients),
+// g = x Wg^T (for silu's backward), s = silu(g) and u = x Wu^T (for the product's backward) and
+// h = s * u (for down_proj's weight gradient): C + 4F values. mlp_swiglu keeps x, g, u and h and
+// recomputes s in backward (C + 3F); with recompute_swiglu it keeps x, g and u and recomputes h
+// too (C + 2F), one more elementwise pass. Every recomputed value is the same op on the same
+// stored inputs as in forward, so the bits are the forward's in every dtype and on every backend,
+// and backward runs the unfused nodes' ops in their order: the gradients are the unfused model's
+// bits. (x's gradient is the sum of two GEMMs, as the autograd engine adds the two projections'
+// contributions; two terms add to the same bits in either order.)
+Variable mlp_swiglu(const Variable& x, const Variable& gate_weight, const Variable& up_weight,
+                    const Variable& down_weight, bool recompute_swiglu) {
+  const Tensor xd = x.data(), wg = gate_weight.data(), wu = up_weight.data(),
+               wd = down_weight.data();
+  const int64_t C = xd.size(-1), F = wg.size(0);
+  STRATA_CHECK(wg.ndim() == 2 && wg.size(1) == C && wu.ndim() == 2 && wu.size(0) == F &&
+                   wu.size(1) == C && wd.ndim() == 2 && wd.size(1) == F,
+               "mlp_swiglu: weights {}, {} and {} for input {}", wg.str(), wu.str(), wd.str(),
+               xd.str());
+  const Tensor x2 = xd.reshape({-1, C});
+  Tensor g = tops::linear(x2, wg, Tensor()).y;
+  Tensor u = tops::linear(x2, wu, Tensor()).y;
+  Tensor h = tops::mul(tops::silu(g), u);
+  Shape ys = xd.shape();
+  ys[ys.ndim() - 1] = wd.size(0);
+  const Tensor out = tops::linear(h, wd, Tensor()).y.view(ys);
+  // Note [SwiGLU recompute]: s is never kept; h only without recompute_swiglu.
+  if (recompute_swiglu) h = Tensor();
+  const bool nx = needs(x), nwg = needs(gate_weight), nwu = needs(up_weight),
+             nwd = needs(down_weight);
+  // Mutable: backward drops each kept tensor after its last use, as the unfused nodes' would
+  // be dropped node by node (the engine calls a node's backward once, then releases it).
+  return make_output(
+      "MlpSwiGLU", out, {x, gate_weight, up_weight, down_weight},
+      [=](const std::vector<Tensor>& grads) mutable {
+        const Tensor dout = grads[0].reshape({-1, wd.size(0)});
+        Tensor dx, dwg, dwu, dwd;
+        Tensor s = tops::silu(g);
+        if (nwd) {
+          const Tensor hh = h.defined() ? h : tops::mul(s, u);
+          h = Tensor();
+          dwd = tops::linear_backward_weight(dout, hh, false).dweight;
+        }
+        h = Tensor();
+        if (nx || nwg || nwu) {
+          Tensor dh = tops::matmul(dout, wd);
+          const Tensor du = tops::mul(dh, s);
+          s = Tensor();
+          Tensor ds = tops::mul(dh, u);
+          dh = Tensor();
+          u = Tensor();
+          const Tensor dg = tops::unary_backward(tensor::UnaryOp::Silu, g, ds);
+          ds = Tensor();
+          g = Tensor();
+          if (nwg) dwg = tops::linear_backward_weight(dg, x2, false).dweight;
+          if (nwu) dwu = tops::linear_backward_weight(du, x2, false).dweight;
+          if (nx) dx = tops::add(tops::matmul(dg, wg), tops::matmul(du, wu)).view(xd.shape());
+        }
+        return std::vector<Tensor>{dx, dwg, dwu, dwd};
+      });
+}
+
 }  // namespace strata::autograd

@@ -141,13 +141,15 @@ LlamaConfig with_overrides(LlamaConfig c, const std::map<std::string, std::strin
       c.initializer_range = parse_number<float>(key, value);
     } else if (key == "activation_checkpointing") {
       c.activation_checkpointing = parse_bool(key, value);
+    } else if (key == "recompute_swiglu") {
+      c.recompute_swiglu = parse_bool(key, value);
     } else {
       user_error(
           "unknown LLaMA config key '{}'; known keys: vocab_size, padded_vocab_size, "
           "max_position_embeddings (or block_size), hidden_size (or n_embd), intermediate_size, "
           "num_hidden_layers (or n_layer), num_attention_heads (or n_head), num_key_value_heads "
           "(or n_kv_head), rms_norm_eps, rope_theta, tie_word_embeddings, initializer_range, "
-          "activation_checkpointing",
+          "activation_checkpointing, recompute_swiglu",
           key);
     }
   }

@@ -36,6 +36,7 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;       // LM head = embed_tokens (no lm_head parameter)
   float initializer_range = 0.02f;        // std of the normal init of every matrix
   bool activation_checkpointing = false;  // recompute each decoder layer in backward
+  bool recompute_swiglu = false;  // the fused MLP recomputes silu(g) * u (Note [SwiGLU recompute])
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // strata::user_error on an inconsistent config (e.g. heads not divisible by k/v heads).

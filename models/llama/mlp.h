@@ -1,6 +1,10 @@
 #pragma once
 // LLaMA feed-forward, SwiGLU (Shazeer 2020): down_proj(silu(gate_proj(x)) * up_proj(x)), all
-// three projections bias-free, C -> F -> C with F = intermediate_size. HF: LlamaMLP.
+// three projections bias-free, C -> F -> C with F = intermediate_size. HF: LlamaMLP. With fused
+// ops on (Note [Fused ops in models]) the five ops run as one autograd::mlp_swiglu node with the
+// unfused bits and less kept (Note [SwiGLU recompute]); the projections then hold the parameters
+// but are not called, so hooks on them (rather than on the layer) do not run.
+// config.recompute_swiglu makes the node recompute the product for down_proj's weight gradient.
 #include "models/llama/config.h"
 #include "models/nn/linear.h"
 
@@ -23,6 +27,7 @@ class MLP : public nn::Module {
   nn::Linear* gate_proj_;
   nn::Linear* up_proj_;
   nn::Linear* down_proj_;
+  bool recompute_swiglu_;  // Note [SwiGLU recompute]
 };
 
 }  // namespace strata::models::llama

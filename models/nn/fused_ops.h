@@ -6,9 +6,10 @@
 // tensor/ops.h): block i leaves its MLP output un-added and block i+1 adds it to the residual
 // stream inside its first norm (the last block's, inside ln_f / norm), so a block maps (residual,
 // pending branch) to (residual, pending branch). GPT-2's MLP runs as one node on the
-// linear-epilogue ops (Note [Linear epilogues]). On the CPU every fused path gives the unfused
-// bits in f32; the residual fusion does in bf16/f16 too, the MLP does not (one rounding instead
-// of several). The unfused path stays available as the reference the tests compare against and
+// linear-epilogue ops (Note [Linear epilogues]); LLaMA's SwiGLU MLP as one node on the unfused
+// ops that keeps less (Note [SwiGLU recompute]). On the CPU every fused path gives the unfused
+// bits in f32; the residual fusion and LLaMA's MLP do in bf16/f16 too, GPT-2's MLP does not (one
+// rounding instead of several). The unfused path stays available as the reference the tests compare against and
 // for benchmarks. The switch is process-wide and read at each forward (not per module), and a
 // change takes effect at the next forward; never flip it between a forward and its backward.
 // Its initial value comes from the environment: STRATA_FUSED_OPS=off starts with the unfused

@@ -1,7 +1,8 @@
 // The zoo's fused ops (Note [Fused ops in models]) against the unfused composition on the CPU:
 // gpt2-tiny and llama-tiny logits, losses and every gradient are the same bits in f32 (with
-// dropout and with activation checkpointing too); llama-tiny also in bf16, where only the
-// residual adds are fused; gpt2-tiny in bf16 is close but not bitwise (its MLP rounds once).
+// dropout and with activation checkpointing too); llama-tiny also in bf16 (its fused residual
+// adds and SwiGLU MLP run the unfused ops); gpt2-tiny in bf16 is close but not bitwise (its MLP
+// rounds once).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -39,6 +40,7 @@ struct ModelRun {
   float loss = 0;
   std::vector<tensor::Tensor> grads;
   int64_t activation_peak = 0;  // host activation bytes at the peak of loss + backward
+  int64_t activation_kept = 0;  // host activation bytes held for backward when loss returns
 };
 
 // Rebinds every parameter to a `dt` copy and unbinds its gradient from the flat f32 buffer, so
@@ -72,6 +74,7 @@ ModelRun run(const std::string& preset, bool fused,
   const int64_t before = activations().current;
   stats.reset_peaks();
   autograd::Variable loss = m->loss(ids, targets);
+  r.activation_kept = activations().current - before;
   loss.backward();
   r.activation_peak = activations().peak - before;
   r.loss = loss.item();
@@ -156,6 +159,36 @@ TEST(FusedModels, Gpt2RecomputedGeluKeepsTheBitsAndLessMemory) {
   // The unfused model has no such node: the key is accepted there and changes nothing.
   expect_same(run("gpt2-tiny", false, recompute, DType::F32),
               run("gpt2-tiny", false, {}, DType::F32));
+}
+
+// Note [SwiGLU recompute]: the fused MLP keeps neither silu(g) nor, with recompute_swiglu, the
+// product h; recomputing them gives the forward's bits in every dtype, so the logits, loss and
+// every gradient are the kept-h model's (which LlamaTinyIsBitwiseTheUnfusedModel... holds to the
+// unfused model). What the forward leaves for backward drops by every layer's h with the key, and
+// by every layer's s from unfused to fused: B T F values each, 2 layers of intermediate_size 176
+// here. The step's peak (here in backward, where this tiny model's temporaries rival a layer's
+// activations) must not grow either.
+TEST(FusedModels, LlamaRecomputedSwigluKeepsTheBitsAndLessMemory) {
+  const Overrides recompute{{"recompute_swiglu", "true"}};
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const ModelRun r = run("llama-tiny", true, recompute, dt), k = run("llama-tiny", true, {}, dt),
+                   u = run("llama-tiny", false, {}, dt);
+    expect_same(r, k);
+    const int64_t f_bytes = 2 * 20 * 176 * static_cast<int64_t>(dtype_size(dt));
+    EXPECT_EQ(k.activation_kept - r.activation_kept, 2 * f_bytes)
+        << k.activation_kept << " bytes kept, " << r.activation_kept << " with recompute";
+    EXPECT_EQ(u.activation_kept - k.activation_kept, 2 * f_bytes)
+        << u.activation_kept << " bytes unfused, " << k.activation_kept << " fused";
+    EXPECT_LE(r.activation_peak, k.activation_peak);
+    EXPECT_LE(k.activation_peak, u.activation_peak);
+  }
+  // Inside checkpointed layers too, and the unfused model accepts the key and ignores it.
+  expect_same(run("llama-tiny", true,
+                  {{"recompute_swiglu", "true"}, {"activation_checkpointing", "true"}}, DType::F32),
+              run("llama-tiny", true, {{"activation_checkpointing", "true"}}, DType::F32));
+  expect_same(run("llama-tiny", false, recompute, DType::F32),
+              run("llama-tiny", false, {}, DType::F32));
 }
 
 TEST(FusedModels, TheFinalNormRunsItsHooks) {

@@ -150,24 +150,27 @@ TEST(TrainGpu, Fp32GradientsMatchTheCpu) {
 // The LLaMA family on the GPU: RMSNorm (fused with the residual add), rotary embeddings, SwiGLU,
 // grouped-query attention (4 query heads over 2 key/value heads), untied head. fp32 with the same
 // tolerance as GPT-2; bf16 parameters (cuDNN or the tensor-core attention, the bf16 kernels) to
-// 2e-2 of each tensor's largest gradient, against the same bf16 model on the CPU.
+// 2e-2 of each tensor's largest gradient, against the same bf16 model on the CPU. The GPU model
+// also runs with recompute_swiglu (Note [SwiGLU recompute]), against the CPU's kept product.
 TEST(TrainGpu, LlamaGradientsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (DType dtype : {DType::F32, DType::BF16}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    models::ModelOptions o;
-    o.seed = 11;
-    const auto& registry = models::ModelRegistry::global();
-    auto cpu = registry.create("llama-tiny", o);
-    auto gpu = registry.create("llama-tiny", o);
-    if (dtype != DType::F32) {
-      models::cast_flat_units(cpu->flat_units(), dtype);
-      models::cast_flat_units(gpu->flat_units(), dtype);
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (bool recompute : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (recompute ? " recompute_swiglu" : ""));
+      models::ModelOptions o;
+      o.seed = 11;
+      const auto& registry = models::ModelRegistry::global();
+      auto cpu = registry.create("llama-tiny", o);
+      if (recompute) o.overrides["recompute_swiglu"] = "true";
+      auto gpu = registry.create("llama-tiny", o);
+      if (dtype != DType::F32) {
+        models::cast_flat_units(cpu->flat_units(), dtype);
+        models::cast_flat_units(gpu->flat_units(), dtype);
+      }
+      models::move_flat_units(gpu->flat_units(), kGpu);
+      expect_gradients_match(*cpu, *gpu, testing::make_batch(3, 4),
+                             dtype == DType::F32 ? 1e-4 : 2e-2);
     }
-    models::move_flat_units(gpu->flat_units(), kGpu);
-    expect_gradients_match(*cpu, *gpu, testing::make_batch(3, 4),
-                           dtype == DType::F32 ? 1e-4 : 2e-2);
-  }
 }
 
 // DESIGN.md decision 7 on the GPU: bf16 params and grads with fp32 masters track fp32 training.

@@ -16,12 +16,26 @@ BlockOrder block_order();
 // highest index down (exposes a missing __syncthreads; forward order exposes the other half).
 void set_thread_order(BlockOrder order);
 
+// Note [Emulator dry run]
+// STRATA_CUDA_EMU_DRY_RUN=1 (read once, at the first device operation): the device does no work.
+// Launches, cuBLASLt matmuls and cuDNN graph executions are enqueued, ordered, waited for and
+// counted as always, but when their turn comes they return at once; so do memsets and every copy
+// into device memory. Copies from the device to the host still run (they read zeros), so the host
+// code takes its usual path: losses and gradient norms come back finite. Allocations are not
+// poisoned, and since nothing writes device memory its pages are never touched: a run can ask for
+// the 80 GB of an H100 on a machine with a fraction of that (STRATA_CUDA_EMU_MEMORY_MIB sets the
+// cap). What such a run measures is the host's side of a step, the runtime calls included, and
+// how much device memory the step takes; nothing it computes means anything.
+// tools/bench/run_host_overhead.sh runs bench_gpt2_cuda this way.
+bool dry_run();
+
 struct Stats {
   uint64_t launches = 0;            // kernels run
   uint64_t blocks = 0;              // blocks run
   uint64_t threads = 0;             // emulated threads run
   uint64_t switches = 0;            // fiber switches
   uint64_t matmuls = 0;             // cublasLtMatmul calls run
+  uint64_t graph_runs = 0;          // cudnnBackendExecute calls run
   uint64_t device_allocations = 0;  // live cudaMalloc allocations
   uint64_t device_bytes = 0;        // bytes they hold
   uint64_t host_waits = 0;          // times the host waited for pending work (streams.h)

@@ -654,8 +654,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
               D] {
     const Desc* dsc = &dv;
     const Layout *la = &av, *lb = &bv, *lc = &cv, *ld = &dd;
-    DeviceOp op("cublasLtMatmul");
     count_matmul();
+    if (strata::cuda_emu::dry_run()) return;  // Note [Emulator dry run]
+    DeviceOp op("cublasLtMatmul");
     const size_t ea = type_bytes(p.ta), ec = type_bytes(p.tc);
     if (k > 0) {
       open_operand("A", A, extent(*la, ea));

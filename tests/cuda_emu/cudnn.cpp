@@ -41,6 +41,7 @@
 
 #include "tests/cuda_emu/control.h"
 #include "tests/cuda_emu/device_memory.h"
+#include "tests/cuda_emu/simt.h"
 #include "tests/cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
@@ -919,6 +920,8 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
       return bad(CUDNN_STATUS_BAD_PARAM, "execute: the workspace is missing or too small");
   }
   enqueue(stream, [graph, ptr, scalar] {
+    count_graph_run();
+    if (dry_run()) return;  // Note [Emulator dry run]
     DeviceOp op("cudnnBackendExecute");
     Run r{graph.get(), {}, ptr, scalar};
     r.virt.resize(graph->tensors.size());

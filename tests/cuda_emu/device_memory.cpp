@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "tests/cuda_emu/control.h"
+
 namespace strata::cuda_emu {
 
 namespace {
@@ -163,7 +165,8 @@ DeviceMemory& DeviceMemory::get() {
 
 DeviceMemory::DeviceMemory() {
   cap_ = env_size("STRATA_CUDA_EMU_MEMORY_MIB", 4096) << 20;
-  poison_ = env_size("STRATA_CUDA_EMU_POISON", 1) != 0;
+  // Note [Emulator dry run]: poison would touch every page the run asks for.
+  poison_ = env_size("STRATA_CUDA_EMU_POISON", 1) != 0 && !dry_run();
 }
 
 cudaError_t DeviceMemory::allocate(void** ptr, size_t bytes) {

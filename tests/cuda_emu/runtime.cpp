@@ -102,13 +102,15 @@ cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, 
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                       static_cast<const char*>(src) + count);
     enqueue(s, [dst, staged, count, what] {
+      if (dry_run()) return;  // Note [Emulator dry run]: nothing is written to the device
       DeviceOp op(what);
       open_if_device(dst, count);
       std::memcpy(dst, staged->data(), count);
     });
     return cudaSuccess;
   }
-  auto run = [dst, src, count, what] {
+  auto run = [dst, src, count, what, dst_dev] {
+    if (dst_dev && dry_run()) return;  // Note [Emulator dry run]: nothing is written to the device
     DeviceOp op(what);
     open_if_device(dst, count);
     open_if_device(src, count);
@@ -133,6 +135,7 @@ cudaError_t set(void* dst, int value, size_t count, cudaStream_t s, const char* 
     if (mem.find(dst, count) == nullptr) return ret(cudaErrorInvalidValue);
   }
   enqueue(s, [dst, value, count, what] {
+    if (dry_run()) return;  // Note [Emulator dry run]
     DeviceOp op(what);
     open_if_device(dst, count);
     std::memset(dst, value, count);

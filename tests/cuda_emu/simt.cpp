@@ -342,6 +342,10 @@ namespace {
 
 void run_launch(const LaunchConfig& config, KernelJob& job, BlockOrder order,
                 BlockOrder thread_order) {
+  if (dry_run()) {  // Note [Emulator dry run]
+    ++g_stats.launches;
+    return;
+  }
   DeviceOp op(config.kernel);
   g_running_thread_order = thread_order;
   DeviceMemory::get().open_pointed_to(job.params, job.params_bytes);
@@ -525,6 +529,18 @@ BlockOrder block_order() {
 
 void count_matmul() {
   ++g_stats.matmuls;
+}
+
+void count_graph_run() {
+  ++g_stats.graph_runs;
+}
+
+bool dry_run() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_CUDA_EMU_DRY_RUN");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
 }
 
 Stats stats() {

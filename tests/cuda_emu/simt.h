@@ -82,5 +82,6 @@ unsigned active_mask();
 
 // Counts a cublasLtMatmul for Stats (control.h).
 void count_matmul();
+void count_graph_run();
 
 }  // namespace strata::cuda_emu

@@ -29,6 +29,16 @@
 // --recompute-gelu sets the GPT-2 config key recompute_gelu (Note [GELU recompute]): with --fill
 // it shows what the freed activations buy (impl strata+recompute-gelu).
 //
+// In a STRATA_CUDA_EMULATION build run with STRATA_CUDA_EMU_DRY_RUN=1 (Note [Emulator dry run] in
+// tests/cuda_emu/control.h; tools/bench/run_host_overhead.sh) the device does no work, so a step's
+// time is the host's side of it: the work the host does to enqueue the step, the emulated runtime
+// calls included. The table then has other columns: host ms per step beside the GPU time the step
+// would take at 50% MFU (its FLOPs over half of --peak-tflops), so host share above 100% would
+// mean the host cannot keep that GPU busy; and per step the kernels launched, cuBLASLt matmuls,
+// cuDNN graph executions and the host's waits for an idle device (the bench's own end-of-step copy
+// is one of them). --fill and peak GPU memory work as on a GPU, against the emulated device's
+// capacity (STRATA_CUDA_EMU_MEMORY_MIB).
+//
 // --device cpu runs the same program on the host (no --fill): a smoke test of it on a machine
 // without a GPU, with a small model (--models gpt2-tiny --T 64); its numbers mean nothing.
 //
@@ -56,6 +66,10 @@
 #include "tensor/cuda.h"
 #include "tensor/storage.h"
 #include "tools/common/trainer.h"
+
+#if defined(STRATA_CUDA_EMULATION)
+#include "tests/cuda_emu/control.h"
+#endif
 
 using namespace strata;
 
@@ -88,6 +102,32 @@ int64_t default_batch(const std::string& model) {
   if (model == "gpt2-large") return 4;
   if (model == "gpt2-xl") return 2;
   return 8;
+}
+
+// Note [Emulator dry run]: the device does no work; steps time the host alone.
+bool dry_run() {
+#if defined(STRATA_CUDA_EMULATION)
+  return strata::cuda_emu::dry_run();
+#else
+  return false;
+#endif
+}
+
+// What the emulator counts (zeros on a GPU): totals since the process started.
+struct DeviceCounts {
+  uint64_t launches = 0, matmuls = 0, graph_runs = 0, idle_waits = 0;
+};
+
+DeviceCounts device_counts() {
+  DeviceCounts c;
+#if defined(STRATA_CUDA_EMULATION)
+  const strata::cuda_emu::Stats s = strata::cuda_emu::stats();
+  c.launches = s.launches;
+  c.matmuls = s.matmuls;
+  c.graph_runs = s.graph_runs;
+  c.idle_waits = s.idle_waits;
+#endif
+  return c;
 }
 
 bool is_oom(const UserError& e) {
@@ -175,6 +215,7 @@ struct Row {
   double step_s = 0.0;
   float loss = 0.f;
   int64_t peak_bytes = 0;
+  DeviceCounts per_step;  // over the timed steps, divided by their number (emulator only)
 };
 
 Row measure(Bench& bench, int64_t batch, const Options& o) {
@@ -186,12 +227,19 @@ Row measure(Bench& bench, int64_t batch, const Options& o) {
   std::vector<double> times;
   Row row;
   row.batch = batch;
+  const DeviceCounts before = device_counts();
   for (int i = 0; i < o.steps; ++i) {
     Stopwatch watch;
     row.loss = bench.step(x);
     bench.synchronize();
     times.push_back(watch.seconds());
   }
+  const DeviceCounts after = device_counts();
+  const auto steps = static_cast<uint64_t>(o.steps);
+  row.per_step = {(after.launches - before.launches) / steps,
+                  (after.matmuls - before.matmuls) / steps,
+                  (after.graph_runs - before.graph_runs) / steps,
+                  (after.idle_waits - before.idle_waits) / steps};
   row.step_s = median(times);
   row.peak_bytes = stats.tier_usage(o.on_cpu ? offload::Tier::Host : offload::Tier::Gpu).peak;
   return row;
@@ -238,6 +286,13 @@ Row run_model(const std::string& name, const Options& o,
 }
 
 void print_header() {
+  if (dry_run()) {
+    fmt::print(
+        "| impl | model | params | B | T | dtype | host ms/step | GPU ms/step at 50% MFU | host "
+        "share | kernels/step | cuBLASLt/step | cuDNN/step | idle waits/step | peak GPU mem |\n");
+    fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    return;
+  }
   fmt::print(
       "| impl | model | params | B | T | dtype | tokens/s | step ms | MFU | peak GPU mem | "
       "loss |\n");
@@ -301,7 +356,11 @@ int main(int argc, char** argv) {
     // Note [Fused ops in models]: STRATA_FUSED_OPS=off measures the unfused compositions.
     const std::string impl =
         std::string(models::nn::fused_ops_enabled() ? "strata" : "strata-unfused") +
-        (o.recompute_gelu ? "+recompute-gelu" : "");
+        (o.recompute_gelu ? "+recompute-gelu" : "") + (dry_run() ? " (dry run)" : "");
+    if (dry_run())
+      fmt::print(stderr,
+                 "bench_gpt2_cuda: the emulator's dry run: the device does no work, so step "
+                 "times are the host's alone and losses are meaningless\n");
     print_header();
     for (size_t i = 0; i < o.models.size(); ++i) {
       const std::string& name = o.models[i];
@@ -309,18 +368,31 @@ int main(int argc, char** argv) {
       try {
         const Row r = run_model(name, o, world);
         const double tokens_s = static_cast<double>(r.batch * o.seq_len) / r.step_s;
-        const double mfu = tools::training_flops_per_token(shapes[i], o.seq_len) * tokens_s /
-                           (o.peak_tflops * 1e12);
-        fmt::print(
-            "| {} | {} | {:.0f}M | {} | {} | {} | {:.0f} | {:.1f} | {:.1f}% | {:.1f} GiB "
-            "| {:.4f} |\n",
-            impl, name, params, r.batch, o.seq_len, o.dtype, tokens_s, r.step_s * 1e3, 100.0 * mfu,
-            static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0 * 1024.0), r.loss);
+        const double flops_per_token = tools::training_flops_per_token(shapes[i], o.seq_len);
+        const double mfu = flops_per_token * tokens_s / (o.peak_tflops * 1e12);
+        const double gib = static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0 * 1024.0);
+        if (dry_run()) {
+          const double gpu_s = flops_per_token * static_cast<double>(r.batch * o.seq_len) /
+                               (0.5 * o.peak_tflops * 1e12);
+          fmt::print(
+              "| {} | {} | {:.0f}M | {} | {} | {} | {:.2f} | {:.1f} | {:.2f}% | {} | {} | {} | {} "
+              "| {:.1f} GiB |\n",
+              impl, name, params, r.batch, o.seq_len, o.dtype, r.step_s * 1e3, gpu_s * 1e3,
+              100.0 * r.step_s / gpu_s, r.per_step.launches, r.per_step.matmuls,
+              r.per_step.graph_runs, r.per_step.idle_waits, gib);
+        } else {
+          fmt::print(
+              "| {} | {} | {:.0f}M | {} | {} | {} | {:.0f} | {:.1f} | {:.1f}% | {:.1f} GiB "
+              "| {:.4f} |\n",
+              impl, name, params, r.batch, o.seq_len, o.dtype, tokens_s, r.step_s * 1e3,
+              100.0 * mfu, gib, r.loss);
+        }
       } catch (const UserError& e) {
         if (!is_oom(e)) throw;
         fmt::print(stderr, "{}: {}\n", name, e.what());
-        fmt::print("| {} | {} | {:.0f}M | {} | {} | {} | OOM | - | - | - | - |\n", impl, name,
-                   params, o.batch > 0 ? o.batch : default_batch(name), o.seq_len, o.dtype);
+        fmt::print("| {} | {} | {:.0f}M | {} | {} | {} | OOM |{}\n", impl, name, params,
+                   o.batch > 0 ? o.batch : default_batch(name), o.seq_len, o.dtype,
+                   dry_run() ? " - | - | - | - | - | - | - |" : " - | - | - | - |");
       }
       std::fflush(stdout);
       release_gpu_cache(o.device());

@@ -3,6 +3,7 @@
 // plain functions it replaces, computed in fewer passes (Note [Fused residual norm] and
 // Note [Linear epilogues] in tensor/ops.h say where the bits agree and where they may not).
 #include "autograd/functions.h"
+#include "autograd/grad_sink.h"
 #include "autograd/node.h"
 
 namespace strata::autograd {
@@ -13,6 +14,11 @@ namespace {
 
 bool needs(const Variable& v) {
   return v.defined() && v.requires_grad();
+}
+
+// v when it is a leaf that requires grad, else none (Note [Weight gradients into their buffer]).
+Variable leaf_or_none(const Variable& v) {
+  return needs(v) && v.is_leaf() ? v : Variable();
 }
 
 // Wraps {s, y} (or {y} alone when !keep_sum) into a node whose backward maps (ds, dy) to the
@@ -95,13 +101,15 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
   const Tensor h = recompute_gelu ? Tensor() : fc.y;
   const bool nx = needs(x), nw1 = needs(fc_weight), nb1 = needs(fc_bias), nw2 = needs(proj_weight),
              nb2 = needs(proj_bias);
+  // Note [Weight gradients into their buffer]: leaves' gradients may take the products.
+  const Variable w1_leaf = leaf_or_none(fc_weight), w2_leaf = leaf_or_none(proj_weight);
   std::vector<Variable> inputs{x, fc_weight, fc_bias, proj_weight, proj_bias};
   return make_output("MlpGelu", out, inputs, [=](const std::vector<Tensor>& g) {
     const Tensor& dout = g[0];
     Tensor dw2, db2, dw1, db1, dx;
     if (nw2) {
       tops::LinearWeightGrads d =
-          tops::linear_backward_weight(dout, recompute_gelu ? tops::gelu(pre) : h, nb2);
+          weight_gradients(w2_leaf, dout, recompute_gelu ? tops::gelu(pre) : h, nb2);
       dw2 = d.dweight;
       db2 = d.dbias;
     } else if (nb2) {
@@ -111,7 +119,7 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
       // dpre = (dout W2) * gelu'(pre), and db1 its column sums, from one GEMM.
       tops::LinearGeluGrads d = tops::linear_backward_gelu(dout, w2, pre, nb1);
       db1 = d.dbias;
-      if (nw1) dw1 = tops::linear_backward_weight(d.dpre, xd, false).dweight;
+      if (nw1) dw1 = weight_gradients(w1_leaf, d.dpre, xd, false).dweight;
       if (nx) {
         Tensor dpre2 = d.dpre.reshape({-1, d.dpre.size(-1)});
         dx = tops::matmul(dpre2, w1).view(xd.shape());
@@ -151,6 +159,9 @@ Variable mlp_swiglu(const Variable& x, const Variable& gate_weight, const Variab
   if (recompute_swiglu) h = Tensor();
   const bool nx = needs(x), nwg = needs(gate_weight), nwu = needs(up_weight),
              nwd = needs(down_weight);
+  // Note [Weight gradients into their buffer]: leaves' gradients may take the products.
+  const Variable wg_leaf = leaf_or_none(gate_weight), wu_leaf = leaf_or_none(up_weight),
+                 wd_leaf = leaf_or_none(down_weight);
   // Mutable: backward drops each kept tensor after its last use, as the unfused nodes' would
   // be dropped node by node (the engine calls a node's backward once, then releases it).
   return make_output(
@@ -162,7 +173,7 @@ Variable mlp_swiglu(const Variable& x, const Variable& gate_weight, const Variab
         if (nwd) {
           const Tensor hh = h.defined() ? h : tops::mul(s, u);
           h = Tensor();
-          dwd = tops::linear_backward_weight(dout, hh, false).dweight;
+          dwd = weight_gradients(wd_leaf, dout, hh, false).dweight;
         }
         h = Tensor();
         if (nx || nwg || nwu) {
@@ -175,8 +186,8 @@ Variable mlp_swiglu(const Variable& x, const Variable& gate_weight, const Variab
           const Tensor dg = tops::unary_backward(tensor::UnaryOp::Silu, g, ds);
           ds = Tensor();
           g = Tensor();
-          if (nwg) dwg = tops::linear_backward_weight(dg, x2, false).dweight;
-          if (nwu) dwu = tops::linear_backward_weight(du, x2, false).dweight;
+          if (nwg) dwg = weight_gradients(wg_leaf, dg, x2, false).dweight;
+          if (nwu) dwu = weight_gradients(wu_leaf, du, x2, false).dweight;
           if (nx) dx = tops::add(tops::matmul(dg, wg), tops::matmul(du, wu)).view(xd.shape());
         }
         return std::vector<Tensor>{dx, dwg, dwu, dwd};

@@ -2,6 +2,7 @@
 #include <array>
 
 #include "autograd/functions.h"
+#include "autograd/grad_sink.h"
 #include "autograd/node.h"
 
 namespace strata::autograd {
@@ -24,6 +25,8 @@ Tensor sum_batch(const Tensor& t, int keep_dims) {
 Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb) {
   Tensor ad = a.data(), bd = b.data();
   bool na = needs(a), nb = needs(b);
+  // Note [Weight gradients into their buffer]: only a leaf's gradient can take the product.
+  const Variable b_leaf = nb && b.is_leaf() ? b : Variable();
   return make_output(
       "Matmul", tops::matmul(ad, bd, ta, tb), {a, b}, [=](const std::vector<Tensor>& gs) {
         const Tensor& g = gs[0];
@@ -34,11 +37,20 @@ Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb) {
           if (ta) ga = ga.transpose(-1, -2).contiguous();
         }
         if (nb) {
-          if (bd.ndim() == 2 && ad.ndim() > 2 && !ta) {
+          if (bd.ndim() == 2 && ad.ndim() >= 2 && !ta) {
             // Shared b: fold the batch into rows so one GEMM sums over it.
             Tensor a2 = ad.reshape({-1, ad.size(-1)});
             Tensor g2 = g.reshape({-1, g.size(-1)});
-            gb = tb ? tops::matmul(g2, a2, true, false) : tops::matmul(a2, g2, true, false);
+            // Note [Weight gradients into their buffer]: e.g. GPT-2's tied head.
+            Tensor sink = gradient_sink(b_leaf, g.dtype());
+            if (sink.defined() && ad.dtype() == g.dtype()) {
+              if (tb)
+                tops::matmul_out(g2, a2, sink, true, false, 1.f, 1.f);
+              else
+                tops::matmul_out(a2, g2, sink, true, false, 1.f, 1.f);
+            } else {
+              gb = tb ? tops::matmul(g2, a2, true, false) : tops::matmul(a2, g2, true, false);
+            }
           } else {
             gb = tb ? tops::matmul(g, ad, true, ta) : tops::matmul(ad, g, !ta, false);
             if (bd.ndim() == 2) gb = sum_batch(gb, 2);
@@ -59,6 +71,8 @@ Variable linear(const Variable& x, const Variable& weight, const Variable& bias)
   ys[ys.ndim() - 1] = out_features;
   Tensor y = tops::linear(x2, wd, bias.defined() ? bias.data() : Tensor()).y.view(ys);
   bool nx = needs(x), nw = needs(weight), nb = needs(bias);
+  // Note [Weight gradients into their buffer]: only a leaf's gradient can take the product.
+  const Variable w_leaf = nw && weight.is_leaf() ? weight : Variable();
   std::vector<Variable> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
   return make_output("Linear", y, inputs, [=](const std::vector<Tensor>& gs) {
@@ -67,7 +81,8 @@ Variable linear(const Variable& x, const Variable& weight, const Variable& bias)
     grads.push_back(nx ? tops::matmul(g2, wd).view(xd.shape()) : Tensor());
     Tensor dw, db;
     if (nw) {
-      tops::LinearWeightGrads d = tops::linear_backward_weight(g2, x2, nb);
+      // Note [Weight gradients into their buffer]: dw is undefined when it went there.
+      tops::LinearWeightGrads d = weight_gradients(w_leaf, g2, x2, nb);
       dw = d.dweight;
       db = d.dbias;
     } else if (nb) {
@@ -158,8 +173,16 @@ Variable embedding(const Variable& weight, const Tensor& ids) {
   Shape ws = weight.shape();
   DType wt = weight.dtype();
   Device dev = weight.device();
+  // Note [Weight gradients into their buffer]: the scatter adds into the table's gradient
+  // buffer itself (embedding_backward accumulates), with no zeroed table and no add after.
+  const Variable w_leaf = needs(weight) && weight.is_leaf() ? weight : Variable();
   return make_output("Embedding", tops::embedding(weight.data(), ids), {weight},
                      [=](const std::vector<Tensor>& g) {
+                       Tensor sink = gradient_sink(w_leaf, g[0].dtype());
+                       if (sink.defined()) {
+                         tops::embedding_backward(ids, g[0], sink);
+                         return std::vector<Tensor>{Tensor()};
+                       }
                        Tensor dw = tops::zeros(ws, wt, dev);
                        tops::embedding_backward(ids, g[0], dw);
                        return std::vector<Tensor>{dw};

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "autograd/functions.h"
+#include "autograd/grad_sink.h"
 #include "offload/memory_stats.h"
 #include "optim/grad_clip.h"
 #include "parallel/param_groups.h"
@@ -168,6 +169,11 @@ void Engine::backward(const autograd::Variable& loss) {
                     "Engine::backward without begin_micro_batch: call begin_micro_batch(last) "
                     "before each micro-batch's forward");
   in_backward_ = true;
+  // Note [Weight gradients into their buffer]: GEMMs add into the buffers only while they hold
+  // nothing from an earlier micro-batch, so accumulated gradients keep the bits of ZeRO stages 2
+  // and 3, which add each micro-batch's rounded gradient into their partitions.
+  const autograd::GradIntoBufferGuard into_buffer(grads_zero_);
+  grads_zero_ = false;
   try {
     if (scaler_ != nullptr) {
       autograd::scale(loss, static_cast<float>(scaler_->scale())).backward();
@@ -270,6 +276,7 @@ StepResult Engine::step(double lr, double max_norm) {
       units[u].grads.zero_();
     }
   }
+  grads_zero_ = true;
   last_micro_batch_ = false;
   return result;
 }

@@ -178,6 +178,9 @@ class Engine {
   bool in_backward_ = false;
   bool in_micro_batch_ = false;
   bool last_micro_batch_ = false;
+  // No backward since the last step (or construction): the gradient buffers hold zeros
+  // (Note [Weight gradients into their buffer] in autograd/grad_sink.h).
+  bool grads_zero_ = true;
   std::function<void(const std::string&)> trace_;
 };
 

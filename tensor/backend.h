@@ -92,10 +92,11 @@ class Backend {
   // act = Gelu, when backward needs it) receives x @ weight^T + bias, the activation's input.
   virtual void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                               Activation act, Tensor& y, Tensor& pre) = 0;
-  // dweight [N, K] = dy [M, N]^T @ x [M, K]; dbias [N] (skipped when undefined) = the column
+  // dweight [N, K] = dy [M, N]^T @ x [M, K] (accumulate: dweight + dy^T @ x, the old value added
+  // to the f32 product before the one rounding); dbias [N] (skipped when undefined) = the column
   // sums of dy, accumulated in f32 or wider and rounded once.
   virtual void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
-                                      Tensor& dbias) = 0;
+                                      Tensor& dbias, bool accumulate) = 0;
   // The gradient through a GELU epilogue: dpre [M, N] = (dz [M, P] @ weight [P, N]) * gelu'(pre),
   // in f32 and rounded once; dbias [N] (skipped when undefined) = the column sums of that f32
   // dpre (before its rounding), accumulated in f32 or wider and rounded once.

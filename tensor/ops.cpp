@@ -310,20 +310,46 @@ LinearResult linear(const Tensor& x, const Tensor& weight, const Tensor& bias, A
   return r;
 }
 
-LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias) {
+namespace {
+
+// linear_backward_weight and linear_backward_weight_into: dweight given (accumulated into) or
+// made.
+LinearWeightGrads weight_grads(const Tensor& dy, const Tensor& x, bool with_bias,
+                               Tensor* accumulate_into) {
+  const char* op = accumulate_into ? "linear_backward_weight_into" : "linear_backward_weight";
   STRATA_CHECK(dy.ndim() >= 1 && x.ndim() >= 1 &&
                    dy.numel() / std::max<int64_t>(dy.size(-1), 1) ==
                        x.numel() / std::max<int64_t>(x.size(-1), 1),
-               "linear_backward_weight: dy {} and x {} differ in rows", dy.str(), x.str());
-  same_device(dy, x, "linear_backward_weight");
-  const DType dt = compute_dtype("linear_backward_weight", {&dy, &x});
+               "{}: dy {} and x {} differ in rows", op, dy.str(), x.str());
+  same_device(dy, x, op);
+  const DType dt = compute_dtype(op, {&dy, &x});
   const int64_t n = dy.size(-1), k = x.size(-1);
   LinearWeightGrads g;
-  g.dweight = Tensor::empty({n, k}, dt, x.device());
+  if (accumulate_into) {
+    Tensor& w = *accumulate_into;
+    same_device(w, x, op);
+    STRATA_CHECK(
+        w.dtype() == dt && w.is_contiguous() && w.ndim() == 2 && w.size(0) == n && w.size(1) == k,
+        "{}: dweight {} is not a contiguous {} [{}, {}]", op, w.str(), dtype_name(dt), n, k);
+    g.dweight = w;  // a handle to the caller's buffer
+  } else {
+    g.dweight = Tensor::empty({n, k}, dt, x.device());
+  }
   if (with_bias) g.dbias = Tensor::empty({n}, dt, x.device());
   be(x).linear_backward_weight(dy.contiguous().view({-1, n}), x.contiguous().view({-1, k}),
-                               g.dweight, g.dbias);
+                               g.dweight, g.dbias, accumulate_into != nullptr);
   return g;
+}
+
+}  // namespace
+
+LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias) {
+  return weight_grads(dy, x, with_bias, nullptr);
+}
+
+Tensor linear_backward_weight_into(const Tensor& dy, const Tensor& x, Tensor& dweight,
+                                   bool with_bias) {
+  return weight_grads(dy, x, with_bias, &dweight).dbias;
 }
 
 LinearGeluGrads linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,

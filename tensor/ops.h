@@ -115,6 +115,12 @@ struct LinearWeightGrads {
 };
 // dy [..., N], x [..., K] (the same leading dims): dweight = dy^T x over all rows.
 LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias);
+// The same product added into `dweight` in place ([N, K], contiguous, the compute dtype):
+// dweight = round(dweight + dy^T x), the old value added to the f32 product before the one
+// rounding, so a gradient buffer takes a weight's gradient without a pass of its own (Note
+// [Weight gradients into their buffer] in autograd/grad_sink.h). Returns dbias when with_bias.
+Tensor linear_backward_weight_into(const Tensor& dy, const Tensor& x, Tensor& dweight,
+                                   bool with_bias);
 struct LinearGeluGrads {
   Tensor dpre;   // [..., N]
   Tensor dbias;  // [N], when asked for

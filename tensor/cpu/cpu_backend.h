@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
   void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
                       Tensor& y, Tensor& pre) override;
   void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
-                              Tensor& dbias) override;
+                              Tensor& dbias, bool accumulate) override;
   void linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre, Tensor& dpre,
                             Tensor& dbias) override;
 

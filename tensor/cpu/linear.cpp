@@ -40,9 +40,10 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& weight, const Ten
 }
 
 void CpuBackend::linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
-                                        Tensor& dbias) {
-  matmul(dy, x, dweight, true, false, 1.f, 0.f);  // f32 accumulation, one rounding
-  if (dbias.defined()) sum_to(dy, dbias);         // double sums, one rounding
+                                        Tensor& dbias, bool accumulate) {
+  // f32 accumulation (the old value included when accumulating), one rounding.
+  matmul(dy, x, dweight, true, false, 1.f, accumulate ? 1.f : 0.f);
+  if (dbias.defined()) sum_to(dy, dbias);  // double sums, one rounding
 }
 
 void CpuBackend::linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,

@@ -362,18 +362,20 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& weight, const Te
 }
 
 void CudaBackend::linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
-                                         Tensor& dbias) {
+                                         Tensor& dbias, bool accumulate) {
   check_linear_dtypes("linear_backward_weight", {&dweight, &dy, &x, &dbias});
   const int64_t rows = dy.size(0), n = dy.size(1), k = x.size(1);
-  if (!dbias.defined()) return matmul(dy, x, dweight, true, false, 1.f, 0.f);
+  // accumulate: beta = 1, C = D = dweight (Note [Weight gradients into their buffer]).
+  const float beta = accumulate ? 1.f : 0.f;
+  if (!dbias.defined()) return matmul(dy, x, dweight, true, false, 1.f, beta);
   Epilogue e;
   e.kind = CUBLASLT_EPILOGUE_BGRADB;
   e.bias = dbias.data_ptr();
   if (dweight.numel() > 0 && rows > 0 && epilogues_enabled() &&
-      run_gemm(lt_, matmul_workspace_, stream_, dy, x, dweight, true, false, 1.f, 0.f, e))
+      run_gemm(lt_, matmul_workspace_, stream_, dy, x, dweight, true, false, 1.f, beta, e))
     return;
   if (dweight.numel() > 0 && rows > 0) note_fallback(e.kind, "linear weight gradient", n, k, rows);
-  matmul(dy, x, dweight, true, false, 1.f, 0.f);
+  matmul(dy, x, dweight, true, false, 1.f, beta);
   const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(std::max<int64_t>(chunks, 1) * n * 4);
   check_kernel(launch_column_sums(static_cast<int>(dy.dtype()), dy.data_ptr(),

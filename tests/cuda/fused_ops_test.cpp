@@ -207,7 +207,15 @@ std::vector<Tensor> linear_outputs(const LinearCase& lc, DType dt, Device d) {
   LinearResult g = linear(x, w, b, Activation::Gelu, true);
   LinearWeightGrads wg = linear_backward_weight(dy, x, true);
   LinearGeluGrads gg = linear_backward_gelu(dz, w2, pre, true);
-  return {g.y,
+  // Note [Weight gradients into their buffer]: added to an old value (beta = 1, C = D).
+  Tensor into = on(rnd({lc.n, lc.k}, 38), dt, d);
+  const Tensor into_db = linear_backward_weight_into(dy, x, into, true);
+  Tensor into_nb = on(rnd({lc.n, lc.k}, 39), dt, d);
+  linear_backward_weight_into(dy, x, into_nb, false);
+  return {into,
+          into_db,
+          into_nb,
+          g.y,
           g.pre,
           linear(x, w, b, Activation::Gelu).y,  // GELU_BIAS: no AUX
           linear(x, w, b).y,                    // BIAS

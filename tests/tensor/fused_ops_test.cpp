@@ -225,6 +225,14 @@ TEST(Linear, F32IsBitwiseTheUnfusedOps) {
   LinearWeightGrads g = linear_backward_weight(dy, x, true);
   EXPECT_TRUE(same_bits(g.dweight, matmul(dy, x, true, false)));
   EXPECT_TRUE(same_bits(g.dbias, sum_to(dy, {n})));
+  // Into a buffer (Note [Weight gradients into their buffer]): old + product, one rounding; into
+  // zeros, the returned gradient's bits.
+  const Tensor old = rand({n, k}, 77);
+  Tensor into = old.clone(), into_zero = zeros({n, k}, DType::F32);
+  EXPECT_TRUE(same_bits(linear_backward_weight_into(dy, x, into, true), g.dbias));
+  EXPECT_TRUE(same_bits(into, add(old, g.dweight)));
+  EXPECT_FALSE(linear_backward_weight_into(dy, x, into_zero, false).defined());
+  EXPECT_TRUE(same_bits(into_zero, g.dweight));
   LinearGeluGrads d = linear_backward_gelu(dz, w2, pre, true);
   const Tensor dpre = unary_backward(UnaryOp::Gelu, pre, matmul(dz, w2));
   EXPECT_TRUE(same_bits(d.dpre, dpre));
@@ -250,6 +258,16 @@ TEST(Linear, LowPrecisionRoundsOnce) {
     // The bias gradient sums the rounded dy (the input), in f32 or wider, rounded once.
     LinearWeightGrads g = linear_backward_weight(dy, x, true);
     EXPECT_TRUE(same_bits(g.dbias, sum_to(dy.to(DType::F32), {n}).to(dt)));
+    // Into a buffer: the old value added to the f32 product, one rounding.
+    const Tensor old = lp({n, k}, 87, dt);
+    Tensor prod = zeros({n, k}, DType::F32);
+    matmul_out(dy, x, prod, true, false);
+    Tensor into = old.clone();
+    linear_backward_weight_into(dy, x, into, false);
+    EXPECT_TRUE(same_bits(into, add(old.to(DType::F32), prod).to(dt)));
+    // A buffer of another dtype or shape is refused.
+    Tensor wrong = zeros({n, k}, DType::F32);
+    EXPECT_THROW(linear_backward_weight_into(dy, x, wrong, false), Error);
     // dgelu on the f32 product, one rounding; the bias gradient from the unrounded dpre.
     Tensor dh = zeros({m, n}, DType::F32);
     matmul_out(dz, w2, dh, false, false);

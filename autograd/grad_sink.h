@@ -1,0 +1,62 @@
+#pragma once
+// Note [Weight gradients into their buffer]
+// On the GPU a parameter's gradient lives in its unit's flat gradient buffer (bound before
+// backward, zeroed after each step; Note [Variables and leaves]), and AccumulateGrad adds each
+// new gradient into it with an axpy: a pass that reads the fresh gradient and reads and writes
+// the buffer, about three bytes moved per gradient byte, per micro-batch, for every parameter.
+// A GEMM that makes a weight's gradient can instead add its product into the buffer itself
+// (cuBLASLt's beta = 1 with C = D: the old value added to the f32 product, one rounding) and hand
+// back no gradient for that input; AccumulateGrad then adds whatever else arrived (a tied
+// weight's other use) and runs its hooks as before. The linear layers (autograd::linear, the
+// fused MLPs) and the tied head (autograd::matmul with a shared 2-D b) do this for their weights,
+// and the embedding's scatter adds into its table's buffer (no zeroed vocabulary-sized table and
+// no add after it).
+//
+// gradient_sink says when: a leaf that requires grad, whose bound gradient is a live,
+// contiguous CUDA tensor of the weight's shape in the product's dtype. Elsewhere (the CPU, no
+// bound gradient, released storage of ZeRO's transient gradients, a gradient in another dtype
+// or on another device) the backward returns the gradient as before. The CPU keeps the separate
+// add so that its bits stay those the CPU tests pin.
+// Only while a buffer holds nothing from an earlier backward does the GEMM add into it: then
+// round(0 + product) is the bits the returned gradient would have had. parallel::Engine allows
+// it for a step's first micro-batch (the step zeroed the buffers) and not for the others, so a
+// gradient accumulated over micro-batches keeps the bits of ZeRO stages 2 and 3, which add each
+// micro-batch's rounded gradient into their partitions
+// (TrainGpu.EveryZeroStageGivesStageZerosBits). With one micro-batch per step, the usual case on a
+// GPU, every weight takes the fused path. Outside an Engine (GradIntoBufferGuard not in force) it
+// is allowed. The bits then change only where a buffer already holds something: a second backward
+// without zeroing, or a tied weight's second use within one backward (GPT-2's embedding scatter
+// adds into what the head put there), where old + new is rounded once instead of twice. Order and
+// results stay deterministic. STRATA_GRAD_INTO_BUFFER=off (unset, empty or on: on) returns every
+// gradient, for comparing the two in a benchmark.
+#include "autograd/variable.h"
+#include "tensor/ops.h"
+
+namespace strata::autograd {
+
+// The bound gradient of `w` that a backward may add a product of `dtype` into, or an undefined
+// tensor when it must return the gradient instead.
+Tensor gradient_sink(const Variable& w, DType dtype);
+
+// dy^T x for weight `w` (and the bias gradient when with_bias): added into w's gradient buffer
+// when gradient_sink allows it, and then the returned dweight is undefined (the backward returns
+// no gradient for w); else returned as tensor::linear_backward_weight makes it.
+tensor::LinearWeightGrads weight_gradients(const Variable& w, const Tensor& dy, const Tensor& x,
+                                           bool with_bias);
+
+// STRATA_GRAD_INTO_BUFFER (read once; a value other than on/off/empty is a UserError).
+bool grad_into_buffer_enabled();
+
+// While one is alive on this thread, gradient_sink answers only when `allowed` (innermost wins).
+class GradIntoBufferGuard {
+ public:
+  explicit GradIntoBufferGuard(bool allowed);
+  ~GradIntoBufferGuard();
+  GradIntoBufferGuard(const GradIntoBufferGuard&) = delete;
+  GradIntoBufferGuard& operator=(const GradIntoBufferGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace strata::autograd

@@ -353,6 +353,27 @@ TEST_P(TrainBadInput, ClearErrorNonZeroExitNothingHalfWritten) {
 INSTANTIATE_TEST_SUITE_P(Table, TrainBadInput, ::testing::ValuesIn(bad_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// The checks against the model's shape (context, tokenizer, data) come before the model is built:
+// with GPT-2 1558M (about 40 s of initialisation on a 2-core machine) and no data, the error that
+// names data.train arrives at once. Killed after 15 s, a start that built the model first fails.
+TEST(TrainCli, DataErrorsComeBeforeALargeModelIsBuilt) {
+  ScratchDir tmp;
+  Env e{tmp};
+  testing::write_text(e.config(), good_config(e, R"(  name: gpt2-tiny
+  config:
+    n_layer: 1
+    n_embd: 32
+    n_head: 2
+    n_positions: 32
+)",
+                                              "  name: gpt2-xl\n"));
+  const CommandResult r =
+      testing::run_command({kTrain, "--config", e.config()}, std::chrono::seconds(15));
+  EXPECT_EQ(r.exit_code, 1) << "stderr: " << r.err;
+  EXPECT_NE(r.err.find("data.train"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(e.run()));
+}
+
 TEST(TrainCli, TableHasAtLeast25Cases) {
   EXPECT_GE(bad_cases().size(), 25u);
 }

@@ -182,33 +182,29 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   models::ModelOptions mopts;
   mopts.seed = c.run.seed;
   mopts.overrides = c.model.config;
+  // The shape comes without building the model, so the checks against it (context, tokenizer,
+  // data) answer before a large model's seconds of initialisation.
   models::ModelShape shape =
       with_config_context(c, "model", [&] { return registry.shape(c.model.name, mopts); });
-  model_ = with_config_context(c, "model", [&] { return registry.create(c.model.name, mopts); });
-  if (c.batch.seq_len > model_->max_seq_len()) {
+  if (c.batch.seq_len > shape.max_seq_len) {
     user_error(
         "{}: batch.seq_len {} is longer than the model's context ({} positions); lower "
         "batch.seq_len or raise model.config.n_positions",
-        c.source, c.batch.seq_len, model_->max_seq_len());
+        c.source, c.batch.seq_len, shape.max_seq_len);
   }
-  if (!c.model.init_from.empty()) models::load_hf_gpt2(*model_, c.model.init_from);
-  // Note [Training on the GPU]: the zoo builds (and init_from loads) on the host; the flat units
-  // move before the Engine takes views of them.
-  models::move_flat_units(model_->flat_units(), device_);
-
   tokenizer_ = make_tokenizer(c.data.tokenizer, c.data.vocab, c.data.merges);
-  if (tokenizer_->vocab_size() > model_->vocab_size()) {
+  if (tokenizer_->vocab_size() > shape.vocab_size) {
     user_error(
         "{}: data.tokenizer '{}' has {} tokens but model '{}' has vocab_size {}; set "
         "model.config.vocab_size to at least {}",
-        c.source, tokenizer_->name(), tokenizer_->vocab_size(), c.model.name, model_->vocab_size(),
+        c.source, tokenizer_->name(), tokenizer_->vocab_size(), c.model.name, shape.vocab_size,
         tokenizer_->vocab_size());
   }
   DataLoaderOptions dopts;
   dopts.pattern = c.data.train;
   dopts.config_key = "data.train";
   dopts.seq_len = c.batch.seq_len;
-  dopts.vocab_size = model_->vocab_size();
+  dopts.vocab_size = shape.vocab_size;
   dopts.shuffle = c.data.shuffle;
   dopts.seed = c.run.seed;
   train_data_ = std::make_unique<DataLoader>(dopts);
@@ -218,6 +214,16 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
     dopts.shuffle = false;
     val_data_ = std::make_unique<DataLoader>(dopts);
   }
+
+  model_ = with_config_context(c, "model", [&] { return registry.create(c.model.name, mopts); });
+  STRATA_CHECK(
+      model_->max_seq_len() == shape.max_seq_len && model_->vocab_size() == shape.vocab_size,
+      "model '{}' built with context {} and vocabulary {}; its shape said {} and {}", c.model.name,
+      model_->max_seq_len(), model_->vocab_size(), shape.max_seq_len, shape.vocab_size);
+  if (!c.model.init_from.empty()) models::load_hf_gpt2(*model_, c.model.init_from);
+  // Note [Training on the GPU]: the zoo builds (and init_from loads) on the host; the flat units
+  // move before the Engine takes views of them.
+  models::move_flat_units(model_->flat_units(), device_);
 
   unit_sizes_ = parallel::unit_sizes(*model_);  // before the engine pads them (Note [ZeRO padding])
   engine_ = with_config_context(c, "zero_optimization", [&] {

@@ -8,13 +8,15 @@
 #                                           Debian libraries the binaries need, .gpu/run.tgz
 #   bash tools/gpu_session.sh check         there (run with carry [".gpu"]): nvidia-smi, every
 #                                           test_cuda test, a gpt2-tiny-gpu training smoke run,
-#                                           and one short Strata-only step benchmark of GPT-2 124M
+#                                           and short Strata-only step benchmarks of GPT-2 124M
+#                                           (as built, and with STRATA_GRAD_INTO_BUFFER=off)
 #   bash tools/gpu_session.sh bench MODELS [ARGS...]
 #                                           there: tools/bench/run_gpt2_cuda.sh --fill for MODELS
 #                                           (comma-separated) against PyTorch eager and compile
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
-# smi.txt, test_cuda.log, train.log, bench.md (and bench-*.md from `bench`).
+# smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
+# `bench`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
@@ -65,7 +67,12 @@ case ${1:-} in
     timeout 240 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 --steps 5 \
       > "$OUT/bench.md" 2> "$OUT/bench.log"
     echo "bench exit $?" | tee -a "$OUT/bench.log"
-    cat "$OUT/bench.md"
+    # The same without weight gradients added into their buffers by the GEMMs (Note [Weight
+    # gradients into their buffer]): what that path buys, measured in the same session.
+    STRATA_GRAD_INTO_BUFFER=off timeout 120 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 \
+      --steps 5 > "$OUT/bench_grad_into_buffer_off.md" 2>> "$OUT/bench.log"
+    echo "bench (STRATA_GRAD_INTO_BUFFER=off) exit $?" | tee -a "$OUT/bench.log"
+    cat "$OUT/bench.md" "$OUT/bench_grad_into_buffer_off.md"
     tail -5 "$OUT/test_cuda.log"
     ;;
   bench)

@@ -57,7 +57,7 @@ awk -F'|' '
     if (m == "" || m == "model" || m ~ /^-+$/) next
     # "strata-unfused" (STRATA_FUSED_OPS=off) is Strata too; its model cell says so.
     if (impl ~ /^strata/) { label[m] = impl == "strata" ? m : m " (" impl ")"; impl = "strata" }
-    tok[impl, m] = trim($8); mfu[impl, m] = trim($10)
+    tok[impl, m] = trim($8); mfu[impl, m] = trim($10); bat[impl, m] = trim($5)
     if (impl == "strata") { order[++n] = m; batch[m] = trim($5); dtype[m] = trim($7) }
   }
   END {
@@ -66,6 +66,11 @@ awk -F'|' '
     print "|---|---|---|---|---|---|---|---|---|---|"
     for (i = 1; i <= n; ++i) {
       m = order[i]; s = tok["strata", m]; e = tok["torch eager", m]; c = tok["torch compile", m]
+      # PyTorch at a smaller B (it ran out of memory at Strata'"'"'s, reference --fill): say which.
+      if (bat["torch eager", m] != "" && bat["torch eager", m] != batch[m] && e + 0 > 0)
+        e = e " (B " bat["torch eager", m] ")"
+      if (bat["torch compile", m] != "" && bat["torch compile", m] != batch[m] && c + 0 > 0)
+        c = c " (B " bat["torch compile", m] ")"
       printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label[m], batch[m], dtype[m], s,
              dash(e), dash(c), ratio(s, e), ratio(s, c), mfu["strata", m],
              dash(mfu["torch compile", m])

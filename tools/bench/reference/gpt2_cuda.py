@@ -18,13 +18,15 @@ tools/common/trainer.h); peak GPU memory is torch.cuda.max_memory_allocated over
 
 usage: gpt2_cuda.py [--dtype bf16|fp32] [--models a,b] [--B n] [--T n] [--warmup n] [--steps n]
                     [--peak-tflops X] [--modes eager,compile] [--seed n]
-(--fill, --recompute-gelu and --device cuda are accepted and ignored, so run_gpt2_cuda.sh can pass
-bench_gpt2_cuda's arguments to both.)
+(--recompute-gelu and --device cuda are accepted and ignored, so run_gpt2_cuda.sh can pass
+bench_gpt2_cuda's arguments to both. --fill: where PyTorch runs out of memory at --B, B is halved
+until it fits, so each side is timed at its own largest power-of-two B.)
 """
 import argparse
 import gc
 import math
 import statistics
+import sys
 import time
 
 import torch
@@ -150,7 +152,8 @@ def main():
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--modes", default="eager,compile")
     p.add_argument("--fill", action="store_true",
-                   help="ignored: run_gpt2_cuda.sh passes the B Strata's --fill found as --B")
+                   help="run_gpt2_cuda.sh passes the B Strata's --fill found as --B; where PyTorch "
+                        "runs out of memory at it, halve B until it fits")
     p.add_argument("--no-header", action="store_true", help="rows only (run_gpt2_cuda.sh)")
     # bench_gpt2_cuda's other flags, which run_gpt2_cuda.sh passes to both programs.
     p.add_argument("--recompute-gelu", action="store_true",
@@ -167,19 +170,31 @@ def main():
     for name in a.models.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"unknown model '{name}'; known: {', '.join(CONFIGS)}")
-        batch = a.B or CONFIGS[name][3]
         for mode in a.modes.split(","):
-            try:
-                row = measure(name, mode, batch, a)
-            except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or inductor's wrapper of it
-                if "out of memory" not in str(e).lower():
-                    raise
-                row = (f"| torch {mode} | {name} | - | {batch} | {a.T} | {a.dtype} | OOM | - | - | "
-                       "- | - |")
+            # With --fill (run_gpt2_cuda.sh passes Strata's filled B as --B), a B that PyTorch
+            # cannot fit is halved until it fits: each is then timed at its own largest
+            # power-of-two B, and the row's B column says which. Without --fill an OOM is the row.
+            batch = a.B or CONFIGS[name][3]
+            while True:
+                try:
+                    row = measure(name, mode, batch, a)
+                except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or inductor's wrapper
+                    if "out of memory" not in str(e).lower():
+                        raise
+                    row = (f"| torch {mode} | {name} | - | {batch} | {a.T} | {a.dtype} | OOM | - "
+                           "| - | - | - |")
+                    if a.fill and batch > 1:
+                        print(f"torch {mode} {name}: B = {batch} does not fit; trying {batch // 2}",
+                              file=sys.stderr, flush=True)
+                        batch //= 2
+                        row = None
+                finally:
+                    gc.collect()
+                    torch._dynamo.reset()
+                    torch.cuda.empty_cache()
+                if row is not None:
+                    break
             print(row, flush=True)
-            gc.collect()
-            torch._dynamo.reset()
-            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

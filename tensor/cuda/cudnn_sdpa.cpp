@@ -49,6 +49,10 @@
 // runtime is accepted (the backend API's enums are stable within a major version; all the
 // graph uses exists since 9.0); the loaded version is logged once.
 //
+// Known limits. Some shapes the graphs describe are outside what a given cuDNN release runs
+// correctly on a given GPU; cudnn_sdpa_known_limit sends those to the own kernel before any plan
+// is built (Note [cuDNN SDPA limits] below).
+//
 // Caching. A plan is built once per (B, H, Tq, Tk, D, dtype, causal, direction, operand strides)
 // and kept for the process; the scale is a by-value input of the graph, so one plan serves every
 // scale. A shape cuDNN cannot plan is remembered too (one log line, then straight to the own
@@ -61,6 +65,10 @@
 // is 16-byte aligned and each B, H, T stride is a multiple of 8 elements; else the own kernel.
 #include "tensor/cuda/cudnn_sdpa.h"
 
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -265,10 +273,98 @@ const char* attention_path_name(AttentionPath path) {
   return "?";
 }
 
+// Note [cuDNN SDPA limits]
+// What cuDNN's fused attention does not run (correctly) although the graph describes it, by cuDNN
+// release and architecture. Learned from the support-surface checks that cudnn-frontend runs
+// before it lowers its SDPA nodes (include/cudnn_frontend/node/sdpa_support_surface.h and the
+// composite backward node in scaled_dot_product_flash_attention.h); each rule names its source
+// condition. They are checked here rather than left to plan finalization because some of them
+// are wrong results, not refusals:
+//   - sm < 80: no flash attention engine.
+//   - 9.10.0 and 9.10.1: known SDPA bugs, forward and backward.
+//   - head dim: at most 256 on Hopper; at most 128 for the backward elsewhere (Ampere, Ada,
+//     sm_12x; Blackwell sm_10x also takes 256 from 9.23), and for the forward on Ampere and
+//     Blackwell with cuDNN up to 9.9 / 9.8.
+//   - a backward with s_kv not a multiple of 128 on cuDNN <= 9.15.0: cudnn-frontend adds a
+//     padding mask (seq_len tensors equal to the full lengths) as a workaround; Strata's graph
+//     has none, so those shapes use the own kernel.
+//   - bottom-right causal (Tq < Tk) before 9.6: Tq and Tk multiples of 64.
+//   - the backward with Tq = Tk = 1.
+//   - a deterministic backward on Blackwell (sm_10x) needs 9.18.
+// GPT-2 and LLaMA training shapes (D 64 or 128, T 1024 or 2048, causal, Tq = Tk) meet none of
+// these on sm_80/sm_90 with any 9.x except 9.10.0/9.10.1. The rules are tested on the CPU
+// (CudnnAttention.KnownLimitsFollowVersionAndArchitecture); STRATA_CUDA_EMU_CUDNN_VERSION makes
+// the emulated cuDNN report an older release, so CudnnAttention.AKnownLimitGoesToTheOwnKernel
+// sees the fallback happen end to end.
+std::string cudnn_sdpa_known_limit(int64_t version, int sm, int64_t tq, int64_t tk, int64_t d,
+                                   bool causal, bool backward) {
+  const char* dir = backward ? "backward" : "forward";
+  const int major = sm / 10;
+  const auto ver = [](int64_t v) {
+    return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+  };
+  if (sm < 80)
+    return fmt::format("cuDNN flash attention needs sm_80 or newer (this GPU: sm_{})", sm);
+  if (version == 91000 || version == 91001)
+    return fmt::format("cuDNN {} has known bugs in its bf16/f16 attention {}; use 9.10.2 or newer",
+                       ver(version), dir);
+  if (backward) {
+    int64_t max_d = 128;
+    if (major == 9 || (major == 10 && version >= 92300)) max_d = 256;
+    if (d > max_d)
+      return fmt::format("cuDNN {}'s attention backward takes head dim at most {} on sm_{} (D {})",
+                         ver(version), max_d, sm, d);
+    if (tq == 1 && tk == 1) return "cuDNN's attention backward does not take Tq = Tk = 1";
+    if (version <= 91500 && tk % 128 != 0)
+      return fmt::format(
+          "cuDNN {}'s attention backward needs Tk a multiple of 128 without a padding mask "
+          "(Tk {}; fixed after 9.15.0)",
+          ver(version), tk);
+    if (major == 10 && version < 91800)
+      return fmt::format("cuDNN {} has no deterministic attention backward on sm_{} (9.18+)",
+                         ver(version), sm);
+  } else {
+    if (d > 128 && ((major == 8 && version <= 90900) || (major == 10 && version < 90900)))
+      return fmt::format("cuDNN {}'s attention forward takes head dim at most 128 on sm_{} (D {})",
+                         ver(version), sm, d);
+  }
+  if (causal && tq != tk && version < 90600 && (tq % 64 != 0 || tk % 64 != 0))
+    return fmt::format(
+        "cuDNN {}'s bottom-right causal mask needs Tq and Tk multiples of 64 (Tq {}, Tk {})",
+        ver(version), tq, tk);
+  return "";
+}
+
+int cuda_sm_version(int device) {
+  static std::array<std::atomic<int>, 64> cached{};  // 0: not read yet (or unreadable)
+  if (device < 0 || device >= static_cast<int>(cached.size())) return 0;
+  if (int sm = cached[device].load(); sm != 0) return sm;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const int sm = prop.major * 10 + prop.minor;
+  cached[device].store(sm);
+  return sm;
+}
+
+namespace {
+
+// The known limit for this call, or "" (Note [cuDNN SDPA limits]).
+std::string known_limit(const Tensor& q, const Tensor& k, bool causal, bool backward) {
+  return cudnn_sdpa_known_limit(cudnn_loaded_version(), cuda_sm_version(q.device().index),
+                                q.size(2), k.size(2), q.size(3), causal, backward);
+}
+
+}  // namespace
+
 bool cudnn_sdpa_forward(CUstream_st* stream, const Tensor& q, const Tensor& k, const Tensor& v,
                         bool causal, float scale, Tensor& out, Tensor& lse, std::string* why) {
   if (!check_args(q, k, {&q, &k, &v, &out}, lse, causal, why)) return false;
   if (!cudnn_loaded(why)) return false;
+  if (std::string limit = known_limit(q, k, causal, false); !limit.empty())
+    return fail(why, std::move(limit));
   SdpaPointers p;
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = out.data_ptr();
   p.stats = lse.data_ptr();
@@ -281,6 +377,8 @@ bool cudnn_sdpa_backward(CUstream_st* stream, const Tensor& q, const Tensor& k, 
                          float scale, Tensor& dq, Tensor& dk, Tensor& dv, std::string* why) {
   if (!check_args(q, k, {&q, &k, &v, &out, &dout, &dq, &dk, &dv}, lse, causal, why)) return false;
   if (!cudnn_loaded(why)) return false;
+  if (std::string limit = known_limit(q, k, causal, true); !limit.empty())
+    return fail(why, std::move(limit));
   SdpaPointers p;
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = out.data_ptr();
   p.stats = lse.data_ptr();

@@ -6,6 +6,7 @@
 // Every function here exists in every CUDA build; without cuDNN headers at build time, or without
 // a loadable libcudnn.so.9 at run time, the cuDNN functions return false and say why.
 // This header includes no cuDNN header (the tests include it).
+#include <cstdint>
 #include <string>
 
 #include "tensor/tensor.h"
@@ -36,6 +37,20 @@ bool cudnn_built();
 // when not. Never throws.
 bool cudnn_loaded(std::string* why = nullptr);
 
+// The version number of the loaded libcudnn (major * 10000 + minor * 100 + patch, e.g. 91002 for
+// 9.10.2); 0 when cuDNN is not built in or not loadable.
+int64_t cudnn_loaded_version();
+// The compute capability of CUDA device `device` as major * 10 + minor (90 for H100); 0 when it
+// cannot be read. Cached per device.
+int cuda_sm_version(int device);
+
+// Note [cuDNN SDPA limits]: the known limits and bugs of cuDNN's fused attention that Strata's
+// graphs would run into, by cuDNN version and GPU architecture. Empty when none applies, else
+// the reason (the call then goes to the own kernel, or is a UserError under
+// STRATA_ATTENTION=cudnn). `version` as cudnn_loaded_version(), `sm` as cuda_sm_version().
+std::string cudnn_sdpa_known_limit(int64_t version, int sm, int64_t tq, int64_t tk, int64_t d,
+                                   bool causal, bool backward);
+
 // Run attention through cuDNN on `stream`, with the backend's tensor contract (tensor/backend.h):
 // q [B, H, Tq, D], k, v [B, H, Tk, D], out [B, H, Tq, D] in q's dtype (bf16 or f16), lse
 // [B, H, Tq] f32; q, k, v, out (and dout, dq, dk, dv) may be strided views with D stride 1
@@ -43,7 +58,8 @@ bool cudnn_loaded(std::string* why = nullptr);
 // written anything and without throwing, when cuDNN is not built in or not loadable, a tensor is
 // f32 / on the host / not 16-byte aligned / has a D stride other than 1 or a B, H or T stride
 // that is not a multiple of 8 elements, the shape is outside what is tried (D % 8 != 0, D > 256,
-// causal with Tq > Tk), or cuDNN offers no plan for it; `why` gets the reason. Plans are cached
+// causal with Tq > Tk), a known cuDNN limit applies (cudnn_sdpa_known_limit), or cuDNN offers
+// no plan for it; `why` gets the reason. Plans are cached
 // per shape and layout.
 // Errors of the GPU caching allocator (out of memory for the workspace) do propagate.
 bool cudnn_sdpa_forward(CUstream_st* stream, const Tensor& q, const Tensor& k, const Tensor& v,

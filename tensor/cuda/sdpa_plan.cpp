@@ -578,6 +578,11 @@ bool cudnn_loaded(std::string* why) {
   return g_api != nullptr;
 }
 
+int64_t cudnn_loaded_version() {
+  load_once();
+  return g_api ? static_cast<int64_t>(g_api->get_version()) : 0;
+}
+
 std::shared_ptr<SdpaPlan> build_sdpa_plan(const SdpaKey& key, int device, std::string* err) {
   if (!cudnn_loaded(err)) return nullptr;
   try {
@@ -619,6 +624,10 @@ bool cudnn_built() {
 bool cudnn_loaded(std::string* why) {
   if (why) *why = kNotBuilt;
   return false;
+}
+
+int64_t cudnn_loaded_version() {
+  return 0;
 }
 
 std::shared_ptr<SdpaPlan> build_sdpa_plan(const SdpaKey&, int, std::string* err) {

@@ -15,32 +15,12 @@
 #include "tensor/cuda.h"
 #include "tensor/cuda/cudnn_sdpa.h"
 #include "tensor/tensor.h"
+#include "tests/cuda/attention_test_util.h"
 
 namespace strata::tensor::cuda {
 namespace {
 
 const Device kGpu = Device::cuda(0);
-
-// Sets STRATA_ATTENTION (nullptr: unsets it) for one scope.
-class ScopedAttentionMode {
- public:
-  explicit ScopedAttentionMode(const char* value) {
-    if (const char* old = std::getenv("STRATA_ATTENTION")) old_ = old;
-    if (value)
-      setenv("STRATA_ATTENTION", value, 1);
-    else
-      unsetenv("STRATA_ATTENTION");
-  }
-  ~ScopedAttentionMode() {
-    if (old_)
-      setenv("STRATA_ATTENTION", old_->c_str(), 1);
-    else
-      unsetenv("STRATA_ATTENTION");
-  }
-
- private:
-  std::optional<std::string> old_;
-};
 
 // The message of the UserError `f` raises ("" and a test failure when it raises none).
 template <typename F>
@@ -145,6 +125,58 @@ TEST(CudnnAttention, CudnnModeTurnsARefusalIntoAUserError) {
   }
 }
 
+// Note [cuDNN SDPA limits]: each rule, on both sides of its boundary.
+TEST(CudnnAttention, KnownLimitsFollowVersionAndArchitecture) {
+  auto limit = [](int64_t version, int sm, int64_t tq, int64_t tk, int64_t d, bool causal,
+                  bool backward) {
+    return cudnn_sdpa_known_limit(version, sm, tq, tk, d, causal, backward);
+  };
+  auto has = [](const std::string& reason, const char* what) {
+    return reason.find(what) != std::string::npos;
+  };
+  // GPT-2 training shapes on Ampere and Hopper: nothing, with any release but 9.10.0/9.10.1.
+  for (int64_t v : {90000, 90600, 91002, 91300, 91500, 91900})
+    for (int sm : {80, 86, 90})
+      for (bool bwd : {false, true}) {
+        EXPECT_EQ(limit(v, sm, 1024, 1024, 64, true, bwd), "") << v << " sm_" << sm;
+        EXPECT_EQ(limit(v, sm, 2048, 2048, 128, true, bwd), "") << v << " sm_" << sm;
+      }
+  // Architecture.
+  EXPECT_TRUE(has(limit(91900, 75, 1024, 1024, 64, true, false), "sm_80 or newer"));
+  // The two releases with known bugs, both directions; 9.10.2 is fine.
+  for (int64_t v : {91000, 91001})
+    for (bool bwd : {false, true})
+      EXPECT_TRUE(has(limit(v, 90, 1024, 1024, 64, true, bwd), "known bugs")) << v;
+  EXPECT_EQ(limit(91002, 90, 1024, 1024, 64, true, true), "");
+  // Backward head dim: 256 on Hopper, 128 on Ampere, 256 on Blackwell from 9.23.
+  EXPECT_EQ(limit(91900, 90, 1024, 1024, 256, true, true), "");
+  EXPECT_TRUE(has(limit(91900, 80, 1024, 1024, 256, true, true), "at most 128"));
+  EXPECT_EQ(limit(91900, 80, 1024, 1024, 128, true, true), "");
+  EXPECT_TRUE(has(limit(92200, 100, 1024, 1024, 256, true, true), "at most 128"));
+  EXPECT_EQ(limit(92300, 100, 1024, 1024, 256, true, true), "");
+  // Forward head dim on Ampere up to 9.9.
+  EXPECT_TRUE(has(limit(90900, 80, 1024, 1024, 256, true, false), "at most 128"));
+  EXPECT_EQ(limit(91002, 80, 1024, 1024, 256, true, false), "");
+  EXPECT_EQ(limit(90900, 90, 1024, 1024, 256, true, false), "");
+  // Backward with Tk not a multiple of 128 up to 9.15.0 (the forward is unaffected).
+  EXPECT_TRUE(has(limit(91500, 90, 200, 200, 64, false, true), "multiple of 128"));
+  EXPECT_TRUE(has(limit(91500, 90, 64, 64, 64, true, true), "multiple of 128"));
+  EXPECT_EQ(limit(91500, 90, 256, 256, 64, true, true), "");
+  EXPECT_EQ(limit(91500, 90, 200, 200, 64, false, false), "");
+  EXPECT_EQ(limit(91501, 90, 200, 200, 64, false, true), "");
+  // Tq = Tk = 1 backward.
+  EXPECT_TRUE(has(limit(91900, 90, 1, 1, 64, false, true), "Tq = Tk = 1"));
+  EXPECT_EQ(limit(91900, 90, 1, 1, 64, false, false), "");
+  // Deterministic backward on Blackwell from 9.18.
+  EXPECT_TRUE(has(limit(91700, 100, 1024, 1024, 64, true, true), "deterministic"));
+  EXPECT_EQ(limit(91800, 100, 1024, 1024, 64, true, true), "");
+  // Bottom-right causal before 9.6: multiples of 64 only.
+  EXPECT_TRUE(has(limit(90500, 90, 100, 256, 64, true, false), "bottom-right"));
+  EXPECT_EQ(limit(90500, 90, 64, 256, 64, true, false), "");
+  EXPECT_EQ(limit(90500, 90, 100, 256, 64, false, false), "");
+  EXPECT_EQ(limit(90600, 90, 100, 256, 64, true, false), "");
+}
+
 // ---- on the GPU ----
 
 #define SKIP_WITHOUT_GPU() \
@@ -177,8 +209,13 @@ struct Problem {
 // inputs. The reference backward takes the CPU forward's out/lse, the GPU one cuDNN's own (what
 // training does). Tolerance: the inputs are exact in both; cuDNN rounds P and dS to the io dtype
 // before their matmuls and rounds its outputs, the CPU rounds nothing.
+//
+// Where a known limit of the loaded cuDNN applies to a direction (Note [cuDNN SDPA limits]), that
+// direction must take the own kernel instead (under auto), with the same tolerance.
 void check_against_cpu(DType dt, const Problem& p) {
-  ScopedAttentionMode m("cudnn");
+  const bool fwd_cudnn = cudnn_runs_here(p.tq, p.tk, p.d, p.causal, false);
+  const bool bwd_cudnn = cudnn_runs_here(p.tq, p.tk, p.d, p.causal, true);
+  ScopedAttentionMode m(fwd_cudnn && bwd_cudnn ? "cudnn" : "auto");
   const double tol = dt == DType::BF16 ? 2e-2 : 1e-2;
   const float scale = 1.f / std::sqrt(static_cast<float>(p.d));
   Inputs in = host_inputs(p.b, p.h, p.tq, p.tk, p.d, dt);
@@ -194,7 +231,7 @@ void check_against_cpu(DType dt, const Problem& p) {
   Tensor out = Tensor::empty(in.q.shape(), dt, kGpu), lse = Tensor::empty(rows, DType::F32, kGpu);
   set_last_attention_path(AttentionPath::None);
   gpu_be.attention_forward(q, k, v, p.causal, scale, out, lse);
-  EXPECT_EQ(last_attention_path(), AttentionPath::Cudnn);
+  EXPECT_EQ(last_attention_path() == AttentionPath::Cudnn, fwd_cudnn);
   expect_close("out", out, out_ref, tol);
   expect_close("lse", lse, lse_ref, 1e-3);  // f32 statistics of exact products
 
@@ -206,7 +243,7 @@ void check_against_cpu(DType dt, const Problem& p) {
          dv = Tensor::empty(in.v.shape(), dt, kGpu);
   set_last_attention_path(AttentionPath::None);
   gpu_be.attention_backward(q, k, v, out, lse, dout, p.causal, scale, dq, dk, dv);
-  EXPECT_EQ(last_attention_path(), AttentionPath::Cudnn);
+  EXPECT_EQ(last_attention_path() == AttentionPath::Cudnn, bwd_cudnn);
   expect_close("dq", dq, dq_ref, tol);
   expect_close("dk", dk, dk_ref, tol);
   expect_close("dv", dv, dv_ref, tol);
@@ -246,6 +283,9 @@ TEST(CudnnAttention, CudnnAttentionIsDeterministic) {
   SKIP_WITHOUT_CUDNN();
   ScopedAttentionMode m("cudnn");
   const Problem p{4, 8, 512, 512, 64, true};
+  if (!cudnn_runs_here(p.tq, p.tk, p.d, p.causal, false) ||
+      !cudnn_runs_here(p.tq, p.tk, p.d, p.causal, true))
+    GTEST_SKIP() << "the loaded cuDNN does not run this shape here";
   Inputs in = host_inputs(p.b, p.h, p.tq, p.tk, p.d, DType::BF16);
   Tensor q = in.q.to(kGpu), k = in.k.to(kGpu), v = in.v.to(kGpu), dout = in.dout.to(kGpu);
   Backend& be = backend_for(kGpu);
@@ -266,6 +306,67 @@ TEST(CudnnAttention, CudnnAttentionIsDeterministic) {
   const char* names[] = {"out", "lse", "dq", "dk", "dv"};
   for (size_t i = 0; i < first.size(); ++i)
     EXPECT_TRUE(first[i] == second[i]) << names[i] << " differs between two identical runs";
+}
+
+// A shape that the loaded cuDNN has a known limit for goes to the own kernel under auto and is a
+// UserError naming the limit under cudnn, while the other direction still runs cuDNN. On the
+// emulator STRATA_CUDA_EMU_CUDNN_VERSION makes its cuDNN report 9.15.0, whose backward needs Tk
+// a multiple of 128; a real cuDNN ignores the variable, and newer releases have no such limit
+// (the test then skips).
+TEST(CudnnAttention, AKnownLimitGoesToTheOwnKernel) {
+  SKIP_WITHOUT_CUDNN();
+  const char* old = std::getenv("STRATA_CUDA_EMU_CUDNN_VERSION");
+  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+  setenv("STRATA_CUDA_EMU_CUDNN_VERSION", "91500", 1);
+  struct Restore {
+    const std::optional<std::string>& saved;
+    ~Restore() {
+      if (saved)
+        setenv("STRATA_CUDA_EMU_CUDNN_VERSION", saved->c_str(), 1);
+      else
+        unsetenv("STRATA_CUDA_EMU_CUDNN_VERSION");
+    }
+  } restore{saved};
+  const Problem p{1, 2, 200, 200, 64, true};
+  if (cudnn_runs_here(p.tq, p.tk, p.d, p.causal, true))
+    GTEST_SKIP() << "the loaded cuDNN (" << cudnn_loaded_version()
+                 << ") has no known limit for a backward with Tk 200";
+  ASSERT_TRUE(cudnn_runs_here(p.tq, p.tk, p.d, p.causal, false));
+
+  Inputs in = host_inputs(p.b, p.h, p.tq, p.tk, p.d, DType::BF16);
+  Tensor q = in.q.to(kGpu), k = in.k.to(kGpu), v = in.v.to(kGpu), dout = in.dout.to(kGpu);
+  Backend& be = backend_for(kGpu);
+  const float scale = 0.125f;
+  Tensor out = Tensor::empty(q.shape(), DType::BF16, kGpu);
+  Tensor lse = Tensor::empty({p.b, p.h, p.tq}, DType::F32, kGpu);
+  auto grads = [&] {
+    return std::vector<Tensor>{Tensor::empty(q.shape(), DType::BF16, kGpu),
+                               Tensor::empty(k.shape(), DType::BF16, kGpu),
+                               Tensor::empty(v.shape(), DType::BF16, kGpu)};
+  };
+  std::vector<Tensor> got = grads(), own = grads();
+  {
+    ScopedAttentionMode m("auto");
+    set_last_attention_path(AttentionPath::None);
+    be.attention_forward(q, k, v, p.causal, scale, out, lse);
+    EXPECT_EQ(last_attention_path(), AttentionPath::Cudnn);
+    set_last_attention_path(AttentionPath::None);
+    be.attention_backward(q, k, v, out, lse, dout, p.causal, scale, got[0], got[1], got[2]);
+    EXPECT_NE(last_attention_path(), AttentionPath::Cudnn);
+    EXPECT_NE(last_attention_path(), AttentionPath::None);
+  }
+  {
+    ScopedAttentionMode m("own");  // what auto must have run: the own kernel's bits
+    be.attention_backward(q, k, v, out, lse, dout, p.causal, scale, own[0], own[1], own[2]);
+  }
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(to_float_vector(got[i]) == to_float_vector(own[i])) << "gradient " << i;
+  ScopedAttentionMode m("cudnn");
+  const std::string msg = user_error_of([&] {
+    be.attention_backward(q, k, v, out, lse, dout, p.causal, scale, got[0], got[1], got[2]);
+  });
+  EXPECT_NE(msg.find("multiple of 128"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("9.15.0"), std::string::npos) << msg;
 }
 
 TEST(CudnnAttention, CudnnModeWithF32InputsIsAClearError) {

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -636,7 +637,20 @@ using namespace strata::cuda_emu;  // NOLINT: the C API below is global
 
 extern "C" {
 
+// STRATA_CUDA_EMU_CUDNN_VERSION=N (read at each call) reports release N (e.g. 91500) instead of
+// the headers' version, so tests can see Note [cuDNN SDPA limits] send a shape to the own kernel.
+// Only the number changes: the emulated graph API stays the same.
 size_t cudnnGetVersion(void) {
+  if (const char* v = std::getenv("STRATA_CUDA_EMU_CUDNN_VERSION"); v && *v) {
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (end && *end == '\0' && n >= 90000 && n < 100000) return static_cast<size_t>(n);
+    std::fprintf(stderr,
+                 "STRATA_CUDA_EMU_CUDNN_VERSION=%s is not a cuDNN 9 version number "
+                 "(major * 10000 + minor * 100 + patch, e.g. 91500)\n",
+                 v);
+    std::abort();
+  }
   return CUDNN_VERSION;
 }
 

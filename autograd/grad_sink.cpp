@@ -1,8 +1,6 @@
 #include "autograd/grad_sink.h"
 
-#include <cstdlib>
-#include <string_view>
-
+#include "core/env.h"
 #include "core/error.h"
 #include "tensor/storage.h"
 
@@ -23,17 +21,12 @@ GradIntoBufferGuard::~GradIntoBufferGuard() {
 }
 
 bool grad_into_buffer_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("STRATA_GRAD_INTO_BUFFER");
-    const std::string_view s = v ? v : "";
-    if (s.empty() || s == "on") return true;
-    if (s == "off") return false;
-    user_error(
-        "environment variable STRATA_GRAD_INTO_BUFFER={} is not a setting; use on (the default: "
-        "GPU weight gradients are added into their buffer by the GEMM) or off (every gradient "
-        "returned and added by AccumulateGrad, Note [Weight gradients into their buffer])",
-        s);
-  }();
+  static const bool on =
+      env_choice("STRATA_GRAD_INTO_BUFFER",
+                 {{"on", "GPU weight gradients are added into their buffer by the GEMM"},
+                  {"off",
+                   "every gradient returned and added by AccumulateGrad, Note [Weight gradients "
+                   "into their buffer]"}}) == 0;
   return on;
 }
 

@@ -1,9 +1,8 @@
 #include "models/nn/fused_ops.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <string_view>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace strata::models::nn {
@@ -12,15 +11,9 @@ namespace {
 
 // STRATA_FUSED_OPS: unset, empty or "on" -> true; "off" -> false; anything else is a UserError.
 bool from_environment() {
-  const char* v = std::getenv("STRATA_FUSED_OPS");
-  const std::string_view s = v ? v : "";
-  if (s.empty() || s == "on") return true;
-  if (s == "off") return false;
-  user_error(
-      "environment variable STRATA_FUSED_OPS={} is not a setting; use on (the default: fused "
-      "residual norms and GPT-2's fused MLP) or off (the unfused compositions, Note [Fused ops in "
-      "models])",
-      s);
+  return env_choice("STRATA_FUSED_OPS",
+                    {{"on", "fused residual norms and GPT-2's fused MLP"},
+                     {"off", "the unfused compositions, Note [Fused ops in models]"}}) == 0;
 }
 
 // Read at the first use, so an invalid value is reported where fused ops are first asked for.

@@ -70,14 +70,13 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
-#include <string_view>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "offload/memory_stats.h"
@@ -237,18 +236,16 @@ std::string SdpaKey::str() const {
 }
 
 AttentionMode attention_mode() {
-  const char* v = std::getenv("STRATA_ATTENTION");
-  const std::string_view s = v ? v : "";
-  if (s.empty() || s == "auto") return AttentionMode::Auto;
-  if (s == "own") return AttentionMode::Own;
-  if (s == "cudnn") return AttentionMode::Cudnn;
-  if (s == "simt") return AttentionMode::Simt;
-  user_error(
-      "environment variable STRATA_ATTENTION={} is not an attention path; use own (Strata's "
-      "kernels: tensor cores for bf16/f16 with head dim 64 or 128, else the SIMT kernel), simt "
-      "(Strata's SIMT kernel only), cudnn (cuDNN flash attention, an error where it cannot run) "
-      "or auto (the default: cuDNN where it can run, else the own kernels)",
-      s);
+  static constexpr AttentionMode kModes[] = {AttentionMode::Auto, AttentionMode::Own,
+                                             AttentionMode::Simt, AttentionMode::Cudnn};
+  return kModes[env_choice(
+      "STRATA_ATTENTION",
+      {{"auto", "cuDNN where it can run, else the own kernels"},
+       {"own",
+        "Strata's kernels: tensor cores for bf16/f16 with head dim 64 or 128, else the SIMT "
+        "kernel"},
+       {"simt", "Strata's SIMT kernel only"},
+       {"cudnn", "cuDNN flash attention, an error where it cannot run"}})];
 }
 
 AttentionPath last_attention_path() {

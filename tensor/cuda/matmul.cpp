@@ -37,14 +37,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <string_view>
 #include <tuple>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -142,14 +141,9 @@ const char* epilogue_name(cublasLtEpilogue_t e) {
 
 // STRATA_LINEAR_EPILOGUE: false when set to off (Note [CUDA linear epilogues]).
 bool epilogues_enabled() {
-  const char* v = std::getenv("STRATA_LINEAR_EPILOGUE");
-  const std::string_view s = v ? v : "";
-  if (s.empty() || s == "auto") return true;
-  if (s == "off") return false;
-  user_error(
-      "environment variable STRATA_LINEAR_EPILOGUE={} is not a setting; use auto (the default: "
-      "cuBLASLt's bias/GELU epilogues where they run) or off (plain GEMMs and separate kernels)",
-      s);
+  return env_choice("STRATA_LINEAR_EPILOGUE",
+                    {{"auto", "cuBLASLt's bias/GELU epilogues where they run"},
+                     {"off", "plain GEMMs and separate kernels"}}) == 0;
 }
 
 // Logs once per epilogue kind that it fell back to the unfused kernels.

@@ -76,7 +76,7 @@ TEST(CudnnAttention, ModeComesFromTheEnvironment) {
   ScopedAttentionMode m("flash");
   const std::string msg = user_error_of([] { attention_mode(); });
   EXPECT_NE(msg.find("STRATA_ATTENTION=flash"), std::string::npos) << msg;
-  for (const char* choice : {"use own", "simt (", "cudnn (", "auto ("})
+  for (const char* choice : {"use auto (the default", "own (", "simt (", "cudnn ("})
     EXPECT_NE(msg.find(choice), std::string::npos) << msg;
 }
 

@@ -17,8 +17,10 @@
 //     batch dims. Anything else fails to finalize with CUDNN_STATUS_BAD_PARAM and a message
 //     (cudnnGetLastErrorString), as would a graph no engine supports.
 //   - Heuristics return one engine config (global index 0, no numerical notes); its plan asks for
-//     a workspace of 4 bytes per row of the first reduction's output (0 without one), which
-//     execution checks is inside device memory.
+//     a workspace of 4 bytes per row of the first reduction's output (0 without one), plus, for
+//     an attention backward (five matmuls), the dP workspace a deterministic engine keeps
+//     (2 bytes per score, B*H*ceil64(Tq)*ceil64(Tk)*2); execution checks it is inside device
+//     memory.
 //   - cudnnBackendExecute checks the variant pack (every non-virtual uid bound, device pointers
 //     inside one allocation for their extent), reads by-value inputs from the host at the call,
 //     and enqueues the run on the handle's stream (Note [Emulated streams]).
@@ -468,6 +470,21 @@ cudnnStatus_t finalize_graph(Descriptor& d) {
       g->workspace = g->tensors[op.out].numel() * 4;
       break;
     }
+  // An attention backward (five matmuls) without an f32 dQ accumulator is what cuDNN serves
+  // deterministically by keeping dP in a workspace: 2 bytes per score, rows and columns rounded
+  // up to 64 (cudnn-frontend's estimate of that workspace). Asked for here too, so that device
+  // memory in emulated (and dry) runs counts it as a GPU would.
+  const auto matmuls = std::count_if(g->ops.begin(), g->ops.end(),
+                                     [](const OpInfo& op) { return op.kind == OpKind::Matmul; });
+  if (matmuls >= 5) {
+    const auto first = std::find_if(g->ops.begin(), g->ops.end(),
+                                    [](const OpInfo& op) { return op.kind == OpKind::Matmul; });
+    const TensorInfo& sc = g->tensors[first->out];
+    auto up64 = [](int64_t x) { return (x + 63) / 64 * 64; };
+    int64_t batch = 1;
+    for (int i = 0; i + 2 < sc.nd; ++i) batch *= sc.dims[i];
+    g->workspace += batch * up64(sc.dims[sc.nd - 2]) * up64(sc.dims[sc.nd - 1]) * 2;
+  }
   d.graph = g;
   return CUDNN_STATUS_SUCCESS;
 }

@@ -54,22 +54,25 @@ case ${1:-} in
   check)
     device_env
     set +e  # one failing step must not hide the others' results
+    # One command may run 600 s: each step has its own limit (they add up to 550 s) and writes
+    # its output line by line, so a step that hangs or is cut leaves what it printed and the
+    # steps after it still run.
     nvidia-smi > "$OUT/smi.txt" 2>&1
-    "$BUILD/bin/test_cuda" > "$OUT/test_cuda.log" 2>&1
-    echo "test_cuda exit $?" | tee -a "$OUT/test_cuda.log"
+    timeout 240 stdbuf -oL -eL "$BUILD/bin/test_cuda" > "$OUT/test_cuda.log" 2>&1
+    echo "test_cuda exit $? (124: cut at 240 s)" | tee -a "$OUT/test_cuda.log"
     data=$(mktemp -d)
     "$BUILD/bin/tokenize" --tokenizer byte --format text --val-fraction 0.2 --output "$data" \
       docs/*.md README.md > "$OUT/train.log" 2>&1
-    timeout 180 "$BUILD/bin/train" --config configs/gpt2-tiny-gpu.yaml \
+    timeout 120 stdbuf -oL -eL "$BUILD/bin/train" --config configs/gpt2-tiny-gpu.yaml \
       --set "data.train=$data/train_*.bin" --set "data.val=$data/val_*.bin" \
       --set run.dir="$data/run" >> "$OUT/train.log" 2>&1
     echo "train exit $?" | tee -a "$OUT/train.log"
-    timeout 240 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 --steps 5 \
+    timeout 120 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 --steps 5 \
       > "$OUT/bench.md" 2> "$OUT/bench.log"
     echo "bench exit $?" | tee -a "$OUT/bench.log"
     # The same without weight gradients added into their buffers by the GEMMs (Note [Weight
     # gradients into their buffer]): what that path buys, measured in the same session.
-    STRATA_GRAD_INTO_BUFFER=off timeout 120 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 \
+    STRATA_GRAD_INTO_BUFFER=off timeout 70 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 \
       --steps 5 > "$OUT/bench_grad_into_buffer_off.md" 2>> "$OUT/bench.log"
     echo "bench (STRATA_GRAD_INTO_BUFFER=off) exit $?" | tee -a "$OUT/bench.log"
     cat "$OUT/bench.md" "$OUT/bench_grad_into_buffer_off.md"

@@ -134,6 +134,14 @@ void AdamW::step_cuda(const AdamWScalars& s) {
                                   .bias_correction2_sqrt = s.bias_correction2_sqrt,
                                   .eps = s.eps,
                                   .grad_scale = scale};
+  // Bytes moved: master, exp_avg and exp_avg_sq read and written, the gradient read, the copy
+  // written (Note [CUDA op profiler]).
+  double bytes = 0;
+  for (const cuda::AdamWCudaTensor& t : list)
+    bytes += static_cast<double>(t.numel) *
+             (24.0 + dtype_size(static_cast<DType>(t.grad_dtype)) +
+              (t.model_copy ? dtype_size(static_cast<DType>(t.copy_dtype)) : 0));
+  tensor::CudaProfileScope prof("adamw", 0.0, bytes);
   const int rc = cuda::launch_adamw_multi_tensor(list.data(), static_cast<int>(list.size()), cs,
                                                  tensor::cuda_current_stream());
   STRATA_CHECK(rc == 0, "AdamW: the fused CUDA step over {} buffers failed to launch (code {})",

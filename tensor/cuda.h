@@ -9,6 +9,10 @@
 // `device: cuda` needs no extra step; calling it early just moves the error (no GPU) to the start.
 // These functions exist in every build: without the CUDA toolkit they report no device and
 // init_cuda() raises a UserError saying how to get a CUDA build.
+#include <cstdint>
+#include <string>
+#include <vector>
+
 namespace strata::tensor {
 
 bool cuda_built();        // this binary contains the CUDA backend
@@ -23,5 +27,32 @@ void init_cuda(int device = 0);
 // if no device was initialised, with init_cuda's errors (a UserError without a GPU or a build
 // without CUDA).
 void* cuda_current_stream();
+
+// Per-op device time (Note [CUDA op profiler] in tensor/cuda/profiler.cpp). cuda_profile_start
+// clears the totals and starts timing every CUDA backend op; cuda_profile_stop waits for the
+// timed work and returns one row per op name, longest total first. In a build without CUDA they
+// do nothing and return no rows.
+struct CudaOpTime {
+  std::string op;     // the backend op, e.g. "matmul", "attention_backward[cudnn]", "adamw"
+  int64_t calls = 0;  // times it ran while profiling
+  double ms = 0;      // device milliseconds over those calls
+  double flops = 0;   // floating-point operations they computed (0 for memory-bound ops)
+  double bytes = 0;   // bytes of their operands (read and written)
+};
+void cuda_profile_start();
+std::vector<CudaOpTime> cuda_profile_stop();
+
+// Times the device work enqueued on cuda_current_stream() during its life as op `op`, for
+// launchers outside tensor/ (optim's fused AdamW); nothing while profiling is off.
+class CudaProfileScope {
+ public:
+  explicit CudaProfileScope(const char* op, double flops = 0.0, double bytes = 0.0);
+  ~CudaProfileScope();
+  CudaProfileScope(const CudaProfileScope&) = delete;
+  CudaProfileScope& operator=(const CudaProfileScope&) = delete;
+
+ private:
+  void* impl_ = nullptr;
+};
 
 }  // namespace strata::tensor

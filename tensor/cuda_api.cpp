@@ -53,4 +53,17 @@ void* cuda_current_stream() {
 #endif
 }
 
+#ifndef STRATA_HAVE_CUDA
+// Without the CUDA backend there is nothing to time (tensor/cuda/profiler.cpp in CUDA builds).
+void cuda_profile_start() {}
+
+std::vector<CudaOpTime> cuda_profile_stop() {
+  return {};
+}
+
+CudaProfileScope::CudaProfileScope(const char*, double, double) {}
+
+CudaProfileScope::~CudaProfileScope() = default;
+#endif
+
 }  // namespace strata::tensor

@@ -9,7 +9,8 @@
 #   bash tools/gpu_session.sh check         there (run with carry [".gpu"]): nvidia-smi, every
 #                                           test_cuda test, a gpt2-tiny-gpu training smoke run,
 #                                           and short Strata-only step benchmarks of GPT-2 124M
-#                                           (as built, and with STRATA_GRAD_INTO_BUFFER=off)
+#                                           (as built, with the per-op device-time table of
+#                                           --profile, and with STRATA_GRAD_INTO_BUFFER=off)
 #   bash tools/gpu_session.sh bench MODELS [ARGS...]
 #                                           there: tools/bench/run_gpt2_cuda.sh --fill for MODELS
 #                                           (comma-separated) against PyTorch eager and compile
@@ -67,7 +68,7 @@ case ${1:-} in
       --set "data.train=$data/train_*.bin" --set "data.val=$data/val_*.bin" \
       --set run.dir="$data/run" >> "$OUT/train.log" 2>&1
     echo "train exit $?" | tee -a "$OUT/train.log"
-    timeout 120 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 --steps 5 \
+    timeout 120 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 --steps 5 --profile 3 \
       > "$OUT/bench.md" 2> "$OUT/bench.log"
     echo "bench exit $?" | tee -a "$OUT/bench.log"
     # The same without weight gradients added into their buffers by the GEMMs (Note [Weight

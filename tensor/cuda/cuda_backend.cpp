@@ -13,6 +13,7 @@
 #include "core/logging.h"
 #include "tensor/cuda/cudnn_sdpa.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/profiler.h"
 #include "tensor/storage.h"
 
 namespace strata::tensor {
@@ -223,6 +224,7 @@ void CudaBackend::copy_on_device(const Tensor& src, Tensor& dst) {
 }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  OpScope prof(stream_, "copy", 0, bytes_of({&src, &dst}));
   STRATA_CHECK(src.shape() == dst.shape(), "copy from {} into {}", src.str(), dst.str());
   if (dst.numel() == 0) return;
   if (src.device().is_cuda() && dst.device().is_cuda()) return copy_on_device(src, dst);
@@ -284,6 +286,7 @@ void CudaBackend::copy_from_host(const void* src, void* dst, size_t bytes) {
 }
 
 void CudaBackend::fill(Tensor& dst, double value) {
+  OpScope prof(stream_, "fill", 0, bytes_of({&dst}));
   if (dst.numel() == 0) return;
   if (value == 0.0 && dst.is_contiguous()) {
     check_cuda(cudaMemsetAsync(dst.data_ptr(), 0, dst.nbytes(), stream_), "cudaMemsetAsync");
@@ -294,6 +297,7 @@ void CudaBackend::fill(Tensor& dst, double value) {
 }
 
 void CudaBackend::arange(Tensor& dst, double start, double step) {
+  OpScope prof(stream_, "arange", 0, bytes_of({&dst}));
   STRATA_CHECK(dst.is_contiguous(), "arange into non-contiguous {}", dst.str());
   if (dst.numel() == 0) return;
   launch_arange(dst.data_ptr(), dt(dst.dtype()), dst.numel(), start, step, stream_);
@@ -301,6 +305,7 @@ void CudaBackend::arange(Tensor& dst, double start, double step) {
 }
 
 void CudaBackend::random_uniform(Tensor& dst, RngKey key, float lo, float hi) {
+  OpScope prof(stream_, "random_uniform", 0, bytes_of({&dst}));
   if (dst.numel() == 0) return;
   // Float dtypes draw in place (rounded once per value); other layouts/dtypes via an F32 draw.
   Tensor f = is_float(dst.dtype()) && dst.is_contiguous()
@@ -313,6 +318,7 @@ void CudaBackend::random_uniform(Tensor& dst, RngKey key, float lo, float hi) {
 }
 
 void CudaBackend::random_normal(Tensor& dst, RngKey key, float mean, float stddev) {
+  OpScope prof(stream_, "random_normal", 0, bytes_of({&dst}));
   if (dst.numel() == 0) return;
   // Float dtypes draw in place (rounded once per value); other layouts/dtypes via an F32 draw.
   Tensor f = is_float(dst.dtype()) && dst.is_contiguous()
@@ -325,6 +331,7 @@ void CudaBackend::random_normal(Tensor& dst, RngKey key, float mean, float stdde
 }
 
 void CudaBackend::concat(const std::vector<Tensor>& xs, int dim, Tensor& out) {
+  OpScope prof(stream_, "concat", 0, 2 * bytes_of({&out}));
   dim = out.shape().normalize(dim);
   int64_t start = 0;
   for (const Tensor& x : xs) {
@@ -342,6 +349,7 @@ void CudaBackend::concat(const std::vector<Tensor>& xs, int dim, Tensor& out) {
 // ---- elementwise ----
 
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  OpScope prof(stream_, "binary", 0, bytes_of({&a, &b, &out}));
   if (out.numel() == 0) return;
   launched(launch_binary(static_cast<int>(op), compute_dt("binary", out, a, b), a.data_ptr(),
                          broadcast_view(a, out.shape()), b.data_ptr(),
@@ -350,6 +358,7 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& 
 }
 
 void CudaBackend::affine(const Tensor& x, float alpha, float beta, Tensor& out) {
+  OpScope prof(stream_, "affine", 0, bytes_of({&x, &out}));
   if (out.numel() == 0) return;
   launched(launch_affine(compute_dt("affine", out, x), x.data_ptr(), view_of(x), alpha, beta,
                          out.data_ptr(), out.numel(), stream_),
@@ -357,6 +366,7 @@ void CudaBackend::affine(const Tensor& x, float alpha, float beta, Tensor& out) 
 }
 
 void CudaBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  OpScope prof(stream_, "axpy", 0, bytes_of({&x, &y, &y}));
   if (y.numel() == 0) return;
   // x and y may differ in dtype (gradient accumulation into an f32 buffer, or the reverse).
   STRATA_CHECK(x.is_contiguous() && y.is_contiguous() && x.numel() == y.numel(), "axpy {} into {}",
@@ -367,6 +377,7 @@ void CudaBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  OpScope prof(stream_, "unary", 0, bytes_of({&x, &out}));
   if (out.numel() == 0) return;
   launched(launch_unary(static_cast<int>(op), compute_dt("unary", out, x), x.data_ptr(),
                         out.data_ptr(), out.numel(), stream_),
@@ -374,6 +385,7 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out) {
 }
 
 void CudaBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  OpScope prof(stream_, "unary_backward", 0, bytes_of({&x, &dy, &dx}));
   if (dx.numel() == 0) return;
   launched(launch_unary_backward(static_cast<int>(op), compute_dt("unary_backward", dx, x, dy),
                                  x.data_ptr(), dy.data_ptr(), dx.data_ptr(), dx.numel(), stream_),
@@ -381,6 +393,7 @@ void CudaBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& dy, 
 }
 
 void CudaBackend::bias_add(const Tensor& x, const Tensor& bias, Tensor& out) {
+  OpScope prof(stream_, "bias_add", 0, bytes_of({&x, &bias, &out}));
   if (out.numel() == 0) return;
   const int64_t c = bias.size(0);
   launched(launch_bias_add(compute_dt("bias_add", out, x, bias), x.data_ptr(), bias.data_ptr(),
@@ -389,6 +402,7 @@ void CudaBackend::bias_add(const Tensor& x, const Tensor& bias, Tensor& out) {
 }
 
 void CudaBackend::dropout(const Tensor& x, float p, RngKey key, Tensor& out) {
+  OpScope prof(stream_, "dropout", 0, bytes_of({&x, &out}));
   if (p == 0.f) return copy_on_device(x, out);
   if (out.numel() == 0) return;
   launched(launch_dropout(compute_dt("dropout", out, x), x.data_ptr(), out.data_ptr(), out.numel(),
@@ -398,6 +412,7 @@ void CudaBackend::dropout(const Tensor& x, float p, RngKey key, Tensor& out) {
 
 void CudaBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
                          Tensor& out) {
+  OpScope prof(stream_, "rotary", 0, bytes_of({&x, &cos, &sin, &out}));
   if (out.numel() == 0) return;
   // The tables are F32 (rotary_tables) or the compute dtype (Note [Low-precision ops]).
   const int t = compute_dt("rotary", out, x);
@@ -411,6 +426,7 @@ void CudaBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, 
 // ---- reductions ----
 
 void CudaBackend::sum_to(const Tensor& x, Tensor& out) {
+  OpScope prof(stream_, "sum_to", 0, bytes_of({&x, &out}));
   STRATA_CHECK(is_floating(x.dtype()) && is_floating(out.dtype()) && out.is_contiguous(),
                "sum_to {} -> {}", x.str(), out.str());
   // [N, C] -> [C] (a bias gradient: out is x's trailing dims, every leading dim summed):
@@ -450,6 +466,7 @@ void CudaBackend::sum_to(const Tensor& x, Tensor& out) {
 }
 
 void CudaBackend::reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) {
+  OpScope prof(stream_, "reduce", 0, bytes_of({&x, &out}));
   STRATA_CHECK(out.is_contiguous(), "reduce into non-contiguous {}", out.str());
   if (out.numel() == 0) return;
   STRATA_CHECK(x.size(dim) > 0 || op != ReduceOp::Max, "max over an empty dim of {}", x.str());
@@ -473,7 +490,16 @@ double CudaBackend::sum_squares(const Tensor& x) {
   return sum_squares_many({x}).front();
 }
 
+namespace {
+double bytes_of_all(const std::vector<Tensor>& xs) {
+  double b = 0;
+  for (const Tensor& x : xs) b += bytes_of({&x});
+  return b;
+}
+}  // namespace
+
 std::vector<double> CudaBackend::sum_squares_many(const std::vector<Tensor>& xs) {
+  OpScope prof(stream_, "sum_squares", 0, bytes_of_all(xs));
   // Each tensor's total lands in its own slot of one device array; one copy back, one wait.
   const int64_t slots = kSumSquaresBlocks + 1;
   Tensor s =
@@ -509,6 +535,7 @@ std::vector<double> CudaBackend::sum_squares_many(const std::vector<Tensor>& xs)
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                     float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  OpScope prof(stream_, "layernorm_forward", 0, bytes_of({&x, &weight, &bias, &y}));
   launched(launch_layernorm_forward(compute_dt("layernorm", x, weight, bias, y), x.data_ptr(),
                                     weight.data_ptr(), bias.data_ptr(), eps, y.data_ptr(),
                                     mean.data<float>(), rstd.data<float>(), x.size(0), x.size(1),
@@ -519,6 +546,8 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const
 void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                      const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                      Tensor& dweight, Tensor& dbias) {
+  OpScope prof(stream_, "layernorm_backward", 0,
+               bytes_of({&dy, &x, &weight, &dx, &dweight, &dbias}));
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(2 * chunks * c * 4);
@@ -532,6 +561,7 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
 
 void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                   Tensor& rstd) {
+  OpScope prof(stream_, "rmsnorm_forward", 0, bytes_of({&x, &weight, &y}));
   launched(
       launch_rmsnorm_forward(compute_dt("rmsnorm", x, weight, y), x.data_ptr(), weight.data_ptr(),
                              eps, y.data_ptr(), rstd.data<float>(), x.size(0), x.size(1), stream_),
@@ -540,6 +570,7 @@ void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float e
 
 void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                    const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+  OpScope prof(stream_, "rmsnorm_backward", 0, bytes_of({&dy, &x, &weight, &dx, &dweight}));
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(chunks * c * 4);
@@ -554,6 +585,7 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
 void CudaBackend::add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
                                         const Tensor& bias, float eps, Tensor& s, Tensor& y,
                                         Tensor& mean, Tensor& rstd) {
+  OpScope prof(stream_, "add_layernorm_forward", 0, bytes_of({&x, &r, &weight, &bias, &s, &y}));
   launched(launch_add_layernorm_forward(
                compute_dt("add_layernorm", x, r, weight, bias, s, y), x.data_ptr(), r.data_ptr(),
                weight.data_ptr(), bias.data_ptr(), eps, s.data_ptr(), y.data_ptr(),
@@ -565,6 +597,8 @@ void CudaBackend::add_layernorm_backward(const Tensor& dy, const Tensor& ds, con
                                          const Tensor& weight, const Tensor& mean,
                                          const Tensor& rstd, Tensor& dsum, Tensor& dweight,
                                          Tensor& dbias) {
+  OpScope prof(stream_, "add_layernorm_backward", 0,
+               bytes_of({&dy, &ds, &s, &weight, &dsum, &dweight, &dbias}));
   const int64_t n = s.size(0), c = s.size(1);
   const int t = compute_dt("add_layernorm_backward", s, dy, weight, dsum, dweight, dbias);
   if (ds.defined()) compute_dt("add_layernorm_backward", s, ds);
@@ -582,6 +616,7 @@ void CudaBackend::add_layernorm_backward(const Tensor& dy, const Tensor& ds, con
 
 void CudaBackend::add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
                                       float eps, Tensor& s, Tensor& y, Tensor& rstd) {
+  OpScope prof(stream_, "add_rmsnorm_forward", 0, bytes_of({&x, &r, &weight, &s, &y}));
   launched(
       launch_add_rmsnorm_forward(compute_dt("add_rmsnorm", x, r, weight, s, y), x.data_ptr(),
                                  r.data_ptr(), weight.data_ptr(), eps, s.data_ptr(), y.data_ptr(),
@@ -592,6 +627,8 @@ void CudaBackend::add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Te
 void CudaBackend::add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
                                        const Tensor& weight, const Tensor& rstd, Tensor& dsum,
                                        Tensor& dweight) {
+  OpScope prof(stream_, "add_rmsnorm_backward", 0,
+               bytes_of({&dy, &ds, &s, &weight, &dsum, &dweight}));
   const int64_t n = s.size(0), c = s.size(1);
   const int t = compute_dt("add_rmsnorm_backward", s, dy, weight, dsum, dweight);
   if (ds.defined()) compute_dt("add_rmsnorm_backward", s, ds);
@@ -608,12 +645,14 @@ void CudaBackend::add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const
 }
 
 void CudaBackend::softmax_forward(const Tensor& x, Tensor& y) {
+  OpScope prof(stream_, "softmax_forward", 0, bytes_of({&x, &y}));
   launched(launch_softmax_forward(compute_dt("softmax", x, y), x.data_ptr(), y.data_ptr(),
                                   x.size(0), x.size(1), stream_),
            "softmax_forward");
 }
 
 void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  OpScope prof(stream_, "softmax_backward", 0, bytes_of({&y, &dy, &dx}));
   launched(launch_softmax_backward(compute_dt("softmax_backward", y, dy, dx), y.data_ptr(),
                                    dy.data_ptr(), dx.data_ptr(), y.size(0), y.size(1), stream_),
            "softmax_backward");
@@ -635,8 +674,31 @@ AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v
 }
 }  // namespace
 
+namespace {
+// FLOPs of the attention matmuls (Note [CUDA op profiler]): 2 per multiply-add over the (query,
+// key) pairs a row sees (bottom-right causal: Tq * Tk - Tq * (Tq - 1) / 2), two matmuls of depth D
+// forward, five backward (the recomputed scores, dV, dP, dK, dQ).
+double attention_flops(const Tensor& q, const Tensor& k, bool causal, bool backward) {
+  const double tq = static_cast<double>(q.size(2)), tk = static_cast<double>(k.size(2));
+  double pairs = tq * tk;
+  if (causal) pairs = std::max(0.0, tq <= tk ? tq * tk - tq * (tq - 1) / 2 : tk * (tk + 1) / 2);
+  const double per_pair_matmul = 2.0 * static_cast<double>(q.size(3));
+  return static_cast<double>(q.size(0) * q.size(1)) * pairs * per_pair_matmul *
+         (backward ? 5.0 : 2.0);
+}
+
+// Names the profiled attention op after the path that ran, when the op's scope ends.
+struct NamePath {
+  OpScope& prof;
+  ~NamePath() { prof.detail(attention_path_name(last_attention_path())); }
+};
+}  // namespace
+
 void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     float scale, Tensor& out, Tensor& lse) {
+  OpScope prof(stream_, "attention_forward", attention_flops(q, k, causal, false),
+               bytes_of({&q, &k, &v, &out, &lse}));
+  const NamePath name_path{prof};
   // cuDNN flash attention first (bf16/f16), else the own kernel (Note [cuDNN SDPA]).
   if (try_cudnn_attention_forward(stream_, q, k, v, causal, scale, out, lse)) return;
   const int64_t d = q.size(3);
@@ -658,6 +720,9 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
 void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const Tensor& lse, const Tensor& dout,
                                      bool causal, float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+  OpScope prof(stream_, "attention_backward", attention_flops(q, k, causal, true),
+               bytes_of({&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv}));
+  const NamePath name_path{prof};
   if (try_cudnn_attention_backward(stream_, q, k, v, out, lse, dout, causal, scale, dq, dk, dv))
     return;
   const int64_t bh = q.size(0) * q.size(1), tq = q.size(2), d = q.size(3);
@@ -681,6 +746,7 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
 // ---- embedding and loss ----
 
 void CudaBackend::embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) {
+  OpScope prof(stream_, "embedding_forward", 0, bytes_of({&ids, &out, &out}));
   const int64_t n = ids.numel();
   if (n == 0) return;
   int* bad = checked_launch(fmt::format(
@@ -695,6 +761,7 @@ void CudaBackend::embedding_forward(const Tensor& weight, const Tensor& ids, Ten
 
 // Note [CUDA embedding backward] (reduce_norm.cu): sorted on the device, no host wait.
 void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
+  OpScope prof(stream_, "embedding_backward", 0, bytes_of({&ids, &dout, &dout}));
   const int64_t n = ids.numel(), vocab = dweight.size(0);
   if (n == 0) return;
   STRATA_CHECK(n <= (int64_t{1} << 32) && vocab < (int64_t{1} << 32) - 1,
@@ -717,6 +784,7 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tens
 void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                         int64_t ignore_index, int64_t classes, Tensor& losses,
                                         Tensor& lse) {
+  OpScope prof(stream_, "cross_entropy_forward", 0, bytes_of({&logits, &targets, &losses, &lse}));
   const int64_t n = logits.size(0), v = logits.size(1);
   if (n == 0) return;
   int* bad = checked_launch(fmt::format(
@@ -731,6 +799,7 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
 }
 
 void CudaBackend::cross_entropy_norm(const Tensor& targets, int64_t ignore_index, Tensor& out) {
+  OpScope prof(stream_, "cross_entropy_norm", 0, bytes_of({&targets, &out}));
   launch_cross_entropy_norm(targets.data_ptr(), targets.dtype() == DType::I64, targets.numel(),
                             ignore_index, out.data<float>(), stream_);
   check_launch("cross_entropy_norm");
@@ -739,6 +808,7 @@ void CudaBackend::cross_entropy_norm(const Tensor& targets, int64_t ignore_index
 void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                          const Tensor& lse, const Tensor& dloss,
                                          int64_t ignore_index, int64_t classes, Tensor& dlogits) {
+  OpScope prof(stream_, "cross_entropy_backward", 0, bytes_of({&logits, &targets, &lse, &dlogits}));
   // Targets were validated by the forward; an out-of-range one here only misses its one-hot.
   launched(launch_cross_entropy_backward(compute_dt("cross_entropy_backward", logits, dlogits),
                                          logits.data_ptr(), targets.data_ptr(),

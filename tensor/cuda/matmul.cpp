@@ -48,6 +48,7 @@
 #include "core/logging.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/profiler.h"
 
 namespace strata::tensor::cuda {
 
@@ -302,6 +303,10 @@ void check_kernel(bool enqueued, const char* what) {
 
 void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
                          float alpha, float beta) {
+  OpScope prof(stream_, "matmul",
+               2.0 * static_cast<double>(out.numel()) *
+                   static_cast<double>(trans_a ? a.size(-2) : a.size(-1)),
+               bytes_of({&a, &b, &out}));
   const DType in = a.dtype();
   const bool ok =
       (in == DType::F32 && out.dtype() == DType::F32) ||
@@ -325,6 +330,9 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool tra
 
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  Activation act, Tensor& y, Tensor& pre) {
+  OpScope prof(stream_, "linear_forward",
+               2.0 * static_cast<double>(y.numel()) * static_cast<double>(x.size(-1)),
+               bytes_of({&x, &weight, &bias, &y, &pre}));
   check_linear_dtypes("linear_forward", {&y, &x, &weight, &bias, &pre});
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   if (y.numel() == 0) return;
@@ -357,6 +365,9 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& weight, const Te
 
 void CudaBackend::linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
                                          Tensor& dbias, bool accumulate) {
+  OpScope prof(stream_, "linear_backward_weight",
+               2.0 * static_cast<double>(dweight.numel()) * static_cast<double>(dy.size(0)),
+               bytes_of({&dy, &x, &dweight, &dbias}));
   check_linear_dtypes("linear_backward_weight", {&dweight, &dy, &x, &dbias});
   const int64_t rows = dy.size(0), n = dy.size(1), k = x.size(1);
   // accumulate: beta = 1, C = D = dweight (Note [Weight gradients into their buffer]).
@@ -380,6 +391,9 @@ void CudaBackend::linear_backward_weight(const Tensor& dy, const Tensor& x, Tens
 
 void CudaBackend::linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,
                                        Tensor& dpre, Tensor& dbias) {
+  OpScope prof(stream_, "linear_backward_gelu",
+               2.0 * static_cast<double>(dpre.numel()) * static_cast<double>(dz.size(1)),
+               bytes_of({&dz, &weight, &pre, &dpre, &dbias}));
   check_linear_dtypes("linear_backward_gelu", {&dpre, &dz, &weight, &pre, &dbias});
   const int64_t rows = dz.size(0), p = dz.size(1), n = weight.size(1);
   if (dpre.numel() == 0 && !dbias.defined()) return;

@@ -39,6 +39,11 @@
 // is one of them). --fill and peak GPU memory work as on a GPU, against the emulated device's
 // capacity (STRATA_CUDA_EMU_MEMORY_MIB).
 //
+// --profile N runs N more steps per model after the timed ones with the CUDA op profiler on
+// (Note [CUDA op profiler] in tensor/cuda/profiler.cpp) and prints, after the main table, one
+// table per model: each backend op's calls, device ms and share of the step, with TFLOP/s for the
+// GEMMs and attention and GB/s for all. The profiled steps are not the timed ones.
+//
 // --device cpu runs the same program on the host (no --fill): a smoke test of it on a machine
 // without a GPU, with a small model (--models gpt2-tiny --T 64); its numbers mean nothing.
 //
@@ -90,6 +95,7 @@ struct Options {
   bool fill = false;
   uint64_t seed = 1337;
   bool on_cpu = false;  // --device cpu: a smoke test of this program where there is no GPU
+  int profile = 0;      // --profile N: N more steps timed per op (Note [CUDA op profiler])
 
   Device device() const { return on_cpu ? Device::cpu() : Device::cuda(0); }
 };
@@ -216,6 +222,8 @@ struct Row {
   float loss = 0.f;
   int64_t peak_bytes = 0;
   DeviceCounts per_step;  // over the timed steps, divided by their number (emulator only)
+  std::vector<tensor::CudaOpTime> ops;  // --profile: totals over the profiled steps
+  double profiled_s = 0.0;              // their wall time (host clock), all together
 };
 
 Row measure(Bench& bench, int64_t batch, const Options& o) {
@@ -242,6 +250,15 @@ Row measure(Bench& bench, int64_t batch, const Options& o) {
                   (after.idle_waits - before.idle_waits) / steps};
   row.step_s = median(times);
   row.peak_bytes = stats.tier_usage(o.on_cpu ? offload::Tier::Host : offload::Tier::Gpu).peak;
+  if (o.profile > 0) {
+    // Separate steps, so the profiler's events and its occasional waits touch no timed step.
+    tensor::cuda_profile_start();
+    Stopwatch watch;
+    for (int i = 0; i < o.profile; ++i) bench.step(x);
+    bench.synchronize();
+    row.profiled_s = watch.seconds();
+    row.ops = tensor::cuda_profile_stop();
+  }
   return row;
 }
 
@@ -299,6 +316,32 @@ void print_header() {
   fmt::print("|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
+// --profile: where a step's device time goes, one table per model (Note [CUDA op profiler]).
+void print_profile(const std::string& name, const Row& r, const Options& o) {
+  const double steps = o.profile;
+  const double step_ms = r.profiled_s * 1e3 / steps;
+  fmt::print("\nDevice time per op, {} at B = {}, T = {}, {}: {} profiled steps{}\n\n", name,
+             r.batch, o.seq_len, o.dtype, o.profile,
+             dry_run() ? " (dry run: the times mean nothing, the calls and sizes do)" : "");
+  fmt::print("| op | calls/step | ms/step | share of step | TFLOP/s | GB/s |\n");
+  fmt::print("|---|---|---|---|---|---|\n");
+  double total_ms = 0, total_calls = 0;
+  for (const tensor::CudaOpTime& t : r.ops) {
+    const double ms = t.ms / steps;
+    total_ms += ms;
+    total_calls += static_cast<double>(t.calls) / steps;
+    const std::string tflops =
+        t.flops > 0 && t.ms > 0 ? fmt::format("{:.1f}", t.flops / (t.ms * 1e-3) / 1e12) : "";
+    const std::string gbs =
+        t.bytes > 0 && t.ms > 0 ? fmt::format("{:.0f}", t.bytes / (t.ms * 1e-3) / 1e9) : "";
+    fmt::print("| {} | {:g} | {:.3f} | {:.1f}% | {} | {} |\n", t.op,
+               static_cast<double>(t.calls) / steps, ms, 100.0 * ms / step_ms, tflops, gbs);
+  }
+  fmt::print("| all ops | {:g} | {:.3f} | {:.1f}% | | |\n", total_calls, total_ms,
+             100.0 * total_ms / step_ms);
+  fmt::print("| step (host clock) | | {:.3f} | 100.0% | | |\n", step_ms);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -331,6 +374,11 @@ int main(int argc, char** argv) {
          "dense peak for MFU (989: H100/H200 SXM bf16; with --dtype fp32 give the fp32 one)")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "model init and token seed")->capture_default_str();
+  app.add_option("--profile", o.profile,
+                 "after the timed steps, N more with every op's device time recorded; prints "
+                 "one table per model of time, TFLOP/s and GB/s by op")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   std::string device = "cuda";
   app.add_option("--device", device,
                  "cpu only smoke-tests this program where there is no GPU (e.g. --models "
@@ -351,6 +399,7 @@ int main(int argc, char** argv) {
     }
     if (o.batch < 0) user_error("--B must be positive, got {}", o.batch);
     if (o.fill && o.on_cpu) user_error("--fill needs the GPU (it probes for out-of-memory)");
+    if (o.profile > 0 && o.on_cpu) user_error("--profile times GPU ops; it needs --device cuda");
     if (!o.on_cpu) tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
     auto world = parallel::init_world("self", o.device(), std::chrono::seconds(60));
     // Note [Fused ops in models]: STRATA_FUSED_OPS=off measures the unfused compositions.
@@ -362,11 +411,13 @@ int main(int argc, char** argv) {
                  "bench_gpt2_cuda: the emulator's dry run: the device does no work, so step "
                  "times are the host's alone and losses are meaningless\n");
     print_header();
+    std::vector<std::pair<std::string, Row>> profiled;
     for (size_t i = 0; i < o.models.size(); ++i) {
       const std::string& name = o.models[i];
       const double params = static_cast<double>(shapes[i].num_parameters) / 1e6;
       try {
         const Row r = run_model(name, o, world);
+        if (o.profile > 0) profiled.emplace_back(name, r);
         const double tokens_s = static_cast<double>(r.batch * o.seq_len) / r.step_s;
         const double flops_per_token = tools::training_flops_per_token(shapes[i], o.seq_len);
         const double mfu = flops_per_token * tokens_s / (o.peak_tflops * 1e12);
@@ -397,6 +448,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       release_gpu_cache(o.device());
     }
+    for (const auto& [name, r] : profiled) print_profile(name, r, o);
     parallel::finalize_world();
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt2_cuda: %s\n", e.what());

@@ -1,0 +1,185 @@
+// The CUDA op profiler (Note [CUDA op profiler] in tensor/cuda/profiler.cpp): what it counts per
+// op (calls, FLOPs, bytes, a device time), nesting, the attention path in the name, and a whole
+// GPU training step covered op by op. The times themselves are only checked for sanity: on the
+// emulator they are the emulator's. Every test skips itself without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/timer.h"
+#include "models/flat_params.h"
+#include "models/gpt2/gpt2.h"
+#include "parallel/engine.h"
+#include "parallel/self_communicator.h"
+#include "tensor/backend.h"
+#include "tensor/cuda.h"
+#include "tests/parallel/engine_test_util.h"
+
+namespace strata {
+namespace {
+
+using tensor::Tensor;
+const Device kGpu = Device::cuda(0);
+
+#define SKIP_WITHOUT_GPU() \
+  if (!tensor::cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+std::map<std::string, tensor::CudaOpTime> by_name(const std::vector<tensor::CudaOpTime>& rows) {
+  std::map<std::string, tensor::CudaOpTime> m;
+  for (const auto& r : rows) {
+    EXPECT_TRUE(m.emplace(r.op, r).second) << "two rows for " << r.op;
+    EXPECT_GE(r.calls, 1) << r.op;
+    EXPECT_GE(r.ms, 0.0) << r.op;
+  }
+  return m;
+}
+
+Tensor gpu_uniform(const tensor::Shape& s, uint64_t stream, DType dt = DType::F32) {
+  return tensor::uniform(s, {5, stream}, -1.f, 1.f).to(dt).to(kGpu);
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(CudaProfiler, CountsEachOpWithItsFlopsAndBytes) {
+  SKIP_WITHOUT_GPU();
+  const int64_t m = 48, k = 32, n = 40;
+  Tensor a = gpu_uniform({m, k}, 1), b = gpu_uniform({k, n}, 2);
+  Tensor out = Tensor::empty({m, n}, DType::F32, kGpu), y = Tensor::empty({m, k}, DType::F32, kGpu);
+  tensor::Backend& be = tensor::backend_for(kGpu);
+  tensor::cuda_profile_start();
+  be.matmul(a, b, out, false, false, 1.f, 0.f);
+  be.matmul(a, b, out, false, false, 1.f, 0.f);
+  be.affine(a, 2.f, 1.f, y);
+  const auto rows = by_name(tensor::cuda_profile_stop());
+  ASSERT_EQ(rows.size(), 2u);
+  const tensor::CudaOpTime& mm = rows.at("matmul");
+  EXPECT_EQ(mm.calls, 2);
+  EXPECT_DOUBLE_EQ(mm.flops, 2.0 * 2.0 * m * n * k);
+  EXPECT_DOUBLE_EQ(mm.bytes, 2.0 * 4.0 * (m * k + k * n + m * n));
+  const tensor::CudaOpTime& af = rows.at("affine");
+  EXPECT_EQ(af.calls, 1);
+  EXPECT_EQ(af.flops, 0.0);
+  EXPECT_DOUBLE_EQ(af.bytes, 2.0 * 4.0 * m * k);
+  // A stop clears the totals: the next start-stop with nothing between has no rows.
+  tensor::cuda_profile_start();
+  EXPECT_TRUE(tensor::cuda_profile_stop().empty());
+}
+
+TEST(CudaProfiler, NothingIsRecordedWhileOff) {
+  SKIP_WITHOUT_GPU();
+  Tensor a = gpu_uniform({64}, 3), y = Tensor::empty({64}, DType::F32, kGpu);
+  tensor::Backend& be = tensor::backend_for(kGpu);
+  be.affine(a, 2.f, 1.f, y);  // before any start
+  tensor::cuda_profile_start();
+  tensor::cuda_profile_stop();
+  be.affine(a, 2.f, 1.f, y);  // after the stop
+  tensor::cuda_profile_start();
+  EXPECT_TRUE(tensor::cuda_profile_stop().empty());
+}
+
+// linear's fallback (STRATA_LINEAR_EPILOGUE=off) runs its GEMM through the backend's matmul:
+// timed once, as linear_forward, with the linear's FLOPs.
+TEST(CudaProfiler, AnOpInsideAnotherCountsAsTheOuterOne) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv off("STRATA_LINEAR_EPILOGUE", "off");
+  const int64_t m = 16, k = 24, n = 32;
+  Tensor x = gpu_uniform({m, k}, 4), w = gpu_uniform({n, k}, 5), bias = gpu_uniform({n}, 6);
+  Tensor y = Tensor::empty({m, n}, DType::F32, kGpu), pre;
+  tensor::cuda_profile_start();
+  tensor::backend_for(kGpu).linear_forward(x, w, bias, tensor::Activation::Gelu, y, pre);
+  const auto rows = by_name(tensor::cuda_profile_stop());
+  ASSERT_EQ(rows.size(), 1u) << "the inner matmul has a row of its own";
+  EXPECT_EQ(rows.at("linear_forward").calls, 1);
+  EXPECT_DOUBLE_EQ(rows.at("linear_forward").flops, 2.0 * m * n * k);
+}
+
+// The attention rows name the path that ran; FLOPs count the causal half (with the diagonal).
+TEST(CudaProfiler, AttentionNamesItsPathAndCountsTheCausalPairs) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv simt("STRATA_ATTENTION", "simt");
+  const int64_t B = 1, H = 2, T = 24, D = 16;
+  Tensor q = gpu_uniform({B, H, T, D}, 7), k = gpu_uniform({B, H, T, D}, 8),
+         v = gpu_uniform({B, H, T, D}, 9), dout = gpu_uniform({B, H, T, D}, 10);
+  Tensor out = Tensor::empty(q.shape(), DType::F32, kGpu),
+         lse = Tensor::empty({B, H, T}, DType::F32, kGpu);
+  Tensor dq = Tensor::empty(q.shape(), DType::F32, kGpu),
+         dk = Tensor::empty(q.shape(), DType::F32, kGpu),
+         dv = Tensor::empty(q.shape(), DType::F32, kGpu);
+  tensor::Backend& be = tensor::backend_for(kGpu);
+  tensor::cuda_profile_start();
+  be.attention_forward(q, k, v, true, 0.25f, out, lse);
+  be.attention_backward(q, k, v, out, lse, dout, true, 0.25f, dq, dk, dv);
+  const auto rows = by_name(tensor::cuda_profile_stop());
+  const double pairs = T * (T + 1) / 2.0;
+  ASSERT_TRUE(rows.count("attention_forward[own]")) << rows.begin()->first;
+  ASSERT_TRUE(rows.count("attention_backward[own]"));
+  EXPECT_DOUBLE_EQ(rows.at("attention_forward[own]").flops, B * H * pairs * 2.0 * D * 2.0);
+  EXPECT_DOUBLE_EQ(rows.at("attention_backward[own]").flops, B * H * pairs * 2.0 * D * 5.0);
+}
+
+// A GPU training step (bf16, fused AdamW, gradient clipping) under the profiler: the model's ops,
+// the optimizer and the gradient norm each have a row; the ops' device time fits in the step's
+// wall time.
+TEST(CudaProfiler, ATrainingStepIsCoveredOpByOp) {
+  SKIP_WITHOUT_GPU();
+  testing::TrainSpec s;
+  s.max_norm = 1.0;
+  auto model = std::make_unique<models::gpt2::GPT2>(testing::tiny_config(s), s.seed);
+  models::move_flat_units(model->flat_units(), kGpu);
+  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"), {},
+                          testing::adamw_factory(), DType::BF16);
+  auto step = [&](int i) {
+    engine.begin_micro_batch(true);
+    testing::Batch b = testing::make_batch(i * s.micro, s.micro);
+    autograd::Variable loss = model->loss(b.ids.to(kGpu), b.targets.to(kGpu));
+    engine.backward(loss);
+    (void)loss.item();
+    engine.step(s.lr, s.max_norm);
+  };
+  step(0);  // plans and heuristics outside the profiled step
+  tensor::cuda_profile_start();
+  Stopwatch watch;
+  step(1);
+  model->flat_units().front().params.narrow(0, 0, 1).to(Device::cpu());  // waits for the step
+  const double wall_ms = watch.seconds() * 1e3;
+  const auto rows = by_name(tensor::cuda_profile_stop());
+  for (const char* op : {"adamw", "sum_squares", "linear_forward", "linear_backward_weight",
+                         "cross_entropy_forward", "cross_entropy_backward", "embedding_forward",
+                         "embedding_backward", "add_layernorm_forward", "add_layernorm_backward"})
+    EXPECT_TRUE(rows.count(op)) << op << " has no row";
+  EXPECT_EQ(rows.at("adamw").calls, 1);
+  EXPECT_GT(rows.at("adamw").bytes, 0.0);
+  int attention = 0;
+  double total_ms = 0;
+  for (const auto& [op, r] : rows) {
+    if (op.rfind("attention_forward[", 0) == 0) attention += static_cast<int>(r.calls);
+    total_ms += r.ms;
+  }
+  EXPECT_EQ(attention, s.n_layer);
+  EXPECT_LE(total_ms, wall_ms * 1.01 + 0.1);
+}
+
+}  // namespace
+}  // namespace strata

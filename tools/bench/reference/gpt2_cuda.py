@@ -135,9 +135,28 @@ def measure(name, mode, batch, a):
     step_s = statistics.median(times)
     tokens_s = batch * a.T / step_s
     mfu = training_flops_per_token(n_params, n_layer, c, a.T) * tokens_s / (a.peak_tflops * 1e12)
-    return (f"| torch {mode} | {name} | {n_params / 1e6:.0f}M | {batch} | {a.T} | {a.dtype} | "
-            f"{tokens_s:.0f} | {step_s * 1e3:.1f} | {100 * mfu:.1f}% | "
-            f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB | {loss:.4f} |")
+    row = (f"| torch {mode} | {name} | {n_params / 1e6:.0f}M | {batch} | {a.T} | {a.dtype} | "
+           f"{tokens_s:.0f} | {step_s * 1e3:.1f} | {100 * mfu:.1f}% | "
+           f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB | {loss:.4f} |")
+    return row, profile_table(step, f"torch {mode} {name} at B = {batch}", a.profile)
+
+
+def profile_table(step, what, steps):
+    """--profile N (as bench_gpt2_cuda's): N more steps under torch.profiler, and its table of
+    kernels by self device time, to set beside Strata's per-op table. No '|' in it, so
+    run_gpt2_cuda.sh's summary skips it."""
+    if steps <= 0:
+        return ""
+    from torch.profiler import ProfilerActivity, profile
+    on_gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=30)
+    return f"\nTime per kernel, {what}: {steps} profiled steps (totals)\n\n```\n{table}\n```\n"
 
 
 def main():
@@ -155,6 +174,9 @@ def main():
                    help="run_gpt2_cuda.sh passes the B Strata's --fill found as --B; where PyTorch "
                         "runs out of memory at it, halve B until it fits")
     p.add_argument("--no-header", action="store_true", help="rows only (run_gpt2_cuda.sh)")
+    p.add_argument("--profile", type=int, default=0,
+                   help="after the timed steps, N more under torch.profiler; prints its kernel "
+                        "table (by self device time) after each row")
     # bench_gpt2_cuda's other flags, which run_gpt2_cuda.sh passes to both programs.
     p.add_argument("--recompute-gelu", action="store_true",
                    help="ignored: Strata's GELU recompute; PyTorch's step keeps its usual tensors")
@@ -176,8 +198,9 @@ def main():
             # power-of-two B, and the row's B column says which. Without --fill an OOM is the row.
             batch = a.B or CONFIGS[name][3]
             while True:
+                table = ""
                 try:
-                    row = measure(name, mode, batch, a)
+                    row, table = measure(name, mode, batch, a)
                 except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or inductor's wrapper
                     if "out of memory" not in str(e).lower():
                         raise
@@ -195,6 +218,8 @@ def main():
                 if row is not None:
                     break
             print(row, flush=True)
+            if table:
+                print(table, flush=True)
 
 
 if __name__ == "__main__":

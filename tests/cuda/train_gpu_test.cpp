@@ -657,5 +657,36 @@ training: {{steps: {steps}, eval_every: 0, sample_every: 0, checkpoint_every: 0,
 #endif
 }
 
+// training.profile_steps (Note [CUDA op profiler]): `train` times every op of the window and
+// writes the table to the log and to run.dir/profile.md; steps outside the window are not in it.
+TEST(TrainGpu, TrainProfilesTheStepsItIsAskedTo) {
+  SKIP_WITHOUT_GPU();
+  tools::testing::ScratchDir tmp;
+  const std::string data = tmp / "data";
+  tools::testing::write_raw_shard(data + "/train_000000.bin",
+                                  {tools::testing::pattern_tokens(8000, 200, 1)});
+  tools::testing::write_text(tmp / "p.yaml",
+                             fmt::format(R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16}}
+model:
+  name: gpt2-tiny
+  config: {{n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32}}
+data: {{train: "{data}/train_*.bin", tokenizer: byte}}
+batch: {{micro_batch_size: 2, grad_accum_steps: 2, seq_len: 32}}
+optimizer: {{name: adamw, lr: 1.0e-3, grad_clip: 1.0}}
+training: {{steps: 5, eval_every: 0, sample_every: 0, checkpoint_every: 0, progress: lines,
+           profile_steps: 3, profile_start: 2}}
+)",
+                                         fmt::arg("run", tmp / "run"), fmt::arg("data", data)));
+  tools::Trainer t(tools::load_train_config(tmp / "p.yaml"));
+  EXPECT_EQ(t.run(), tools::Trainer::Outcome::Finished);
+  const std::string table = tools::testing::read_text(tmp / "run/profile.md");
+  EXPECT_NE(table.find("GPU time per op over steps 2 to 4"), std::string::npos) << table;
+  // Once per step: AdamW and the gradient norm; per micro-batch (2 a step): the loss.
+  EXPECT_NE(table.find("| adamw | 1 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| sum_squares | 1 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| cross_entropy_forward | 2 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| step (host clock) |"), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace strata

@@ -175,7 +175,7 @@ TEST_F(TrainConfigTest, ToYamlRoundTripsEveryField) {
   c.batch.seq_len = 16;
   c.optimizer = {"sgd", 1.25e-5, 0.5, 0.75, 1e-6, 0.0, 0.8, true, 0.0};
   c.schedule = {"linear", 3, 1e-7};
-  c.training = {7, 2, 0, 4, 3, 9, "yes\nnull: \"x\"", 0.0, 0, 5, 0, "runs/a/step_1", "lines"};
+  c.training = {7, 2, 0, 4, 3, 9, "yes\nnull: \"x\"", 0.0, 0, 5, 0, "runs/a/step_1", "lines", 2, 3};
   c.resolve_batch(1);
   std::string saved = write("every.yaml", to_yaml(c));
   TrainConfig back = load_train_config(saved);
@@ -396,6 +396,22 @@ std::vector<BadCase> bad_cases() {
        {},
        ":11:13: ",
        {"training.progress: expected one of auto, bar, lines, got 'fancy'"}},
+      {"profile_on_the_cpu",
+       tiny_with("  profile_steps: 3\n"),
+       {},
+       ":11:18: ",
+       {"training.profile_steps: is 3 but times GPU ops; set run.device: cuda or "
+        "profile_steps: 0"}},
+      {"profile_past_the_last_step",
+       kTiny,
+       {"run.device=cuda", "training.profile_steps=8"},
+       "",
+       {"training.profile_steps: profiles steps 5 to 12, past training.steps (10)"}},
+      {"profile_start_zero",
+       kTiny,
+       {"training.profile_start=0"},
+       "",
+       {"training.profile_start: must be positive, got 0"}},
       {"syntax_error", tiny_with("  steps: [1, 2\n"), {}, ":", {"invalid YAML"}},
       {"byte_vocab_too_small",
        tiny_with("model:\n  config:\n    vocab_size: 100\n"),

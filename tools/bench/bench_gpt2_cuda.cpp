@@ -70,6 +70,7 @@
 #include "parallel/world.h"
 #include "tensor/cuda.h"
 #include "tensor/storage.h"
+#include "tools/common/op_profile.h"
 #include "tools/common/trainer.h"
 
 #if defined(STRATA_CUDA_EMULATION)
@@ -318,28 +319,10 @@ void print_header() {
 
 // --profile: where a step's device time goes, one table per model (Note [CUDA op profiler]).
 void print_profile(const std::string& name, const Row& r, const Options& o) {
-  const double steps = o.profile;
-  const double step_ms = r.profiled_s * 1e3 / steps;
   fmt::print("\nDevice time per op, {} at B = {}, T = {}, {}: {} profiled steps{}\n\n", name,
              r.batch, o.seq_len, o.dtype, o.profile,
              dry_run() ? " (dry run: the times mean nothing, the calls and sizes do)" : "");
-  fmt::print("| op | calls/step | ms/step | share of step | TFLOP/s | GB/s |\n");
-  fmt::print("|---|---|---|---|---|---|\n");
-  double total_ms = 0, total_calls = 0;
-  for (const tensor::CudaOpTime& t : r.ops) {
-    const double ms = t.ms / steps;
-    total_ms += ms;
-    total_calls += static_cast<double>(t.calls) / steps;
-    const std::string tflops =
-        t.flops > 0 && t.ms > 0 ? fmt::format("{:.1f}", t.flops / (t.ms * 1e-3) / 1e12) : "";
-    const std::string gbs =
-        t.bytes > 0 && t.ms > 0 ? fmt::format("{:.0f}", t.bytes / (t.ms * 1e-3) / 1e9) : "";
-    fmt::print("| {} | {:g} | {:.3f} | {:.1f}% | {} | {} |\n", t.op,
-               static_cast<double>(t.calls) / steps, ms, 100.0 * ms / step_ms, tflops, gbs);
-  }
-  fmt::print("| all ops | {:g} | {:.3f} | {:.1f}% | | |\n", total_calls, total_ms,
-             100.0 * total_ms / step_ms);
-  fmt::print("| step (host clock) | | {:.3f} | 100.0% | | |\n", step_ms);
+  fmt::print("{}", tools::op_time_table(r.ops, o.profile, r.profiled_s * 1e3 / o.profile));
 }
 
 }  // namespace

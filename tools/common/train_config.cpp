@@ -89,6 +89,8 @@ void read_training(Reader& r, TrainingSection& c) {
   r.get("keep_checkpoints", c.keep_checkpoints);
   r.get("resume", c.resume);
   r.get_enum("progress", c.progress, {"auto", "bar", "lines"});
+  r.get("profile_steps", c.profile_steps);
+  r.get("profile_start", c.profile_start);
 }
 
 void read_distributed(Reader& r, DistributedSection& c) {
@@ -205,6 +207,17 @@ void validate(TrainConfig& c, Readers& r) {
   r.training.non_negative("checkpoint_every", static_cast<double>(t.checkpoint_every));
   r.training.non_negative("keep_checkpoints", static_cast<double>(t.keep_checkpoints));
   if (t.resume.empty()) r.training.fail("resume", "must be auto, never or a checkpoint directory");
+  r.training.non_negative("profile_steps", static_cast<double>(t.profile_steps));
+  r.training.positive("profile_start", static_cast<double>(t.profile_start));
+  if (t.profile_steps > 0 && c.run.device != "cuda")
+    r.training.fail("profile_steps",
+                    fmt::format("is {} but times GPU ops; set run.device: cuda or profile_steps: 0",
+                                t.profile_steps));
+  else if (t.profile_steps > 0 && t.profile_start + t.profile_steps - 1 > t.steps)
+    r.training.fail("profile_steps",
+                    fmt::format("profiles steps {} to {}, past training.steps ({}); lower "
+                                "profile_start or profile_steps",
+                                t.profile_start, t.profile_start + t.profile_steps - 1, t.steps));
   if (t.eval_every > 0 && c.data.val.empty())
     r.training.fail("eval_every", fmt::format("is {} but data.val is not set; set data.val to "
                                               "the validation shards or eval_every: 0",
@@ -421,6 +434,8 @@ std::string to_yaml(const TrainConfig& c) {
     e("keep_checkpoints", t.keep_checkpoints);
     e("resume", t.resume);
     e("progress", t.progress);
+    e("profile_steps", t.profile_steps);
+    e("profile_start", t.profile_start);
   }
   {
     Emit e{section(root, "distributed")};

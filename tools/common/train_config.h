@@ -99,6 +99,8 @@ struct TrainingSection {  // `training`
   int64_t keep_checkpoints = 3;   // 0 = keep all
   std::string resume = "auto";    // auto | never | <checkpoint dir>
   std::string progress = "auto";  // auto | bar | lines
+  int64_t profile_steps = 0;      // GPU: time every op over this many steps; 0 = never
+  int64_t profile_start = 5;      // the first profiled step (after plans and heuristics are built)
   bool operator==(const TrainingSection&) const = default;
 };
 

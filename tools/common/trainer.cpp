@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <system_error>
 
@@ -29,6 +30,7 @@
 #include "parallel/zero_memory.h"
 #include "tensor/cuda.h"
 #include "tools/common/checkpoint.h"
+#include "tools/common/op_profile.h"
 #include "tools/common/sampler.h"
 
 namespace strata::tools {
@@ -542,6 +544,21 @@ void Trainer::report_memory() {
   }
 }
 
+// The profiled window's table, in the log and in <run.dir>/profile.md (rank 0; every rank times
+// its own ops).
+void Trainer::report_profile(const std::vector<tensor::CudaOpTime>& ops, double seconds) {
+  const auto& t = config_.training;
+  const double step_ms = seconds * 1e3 / static_cast<double>(t.profile_steps);
+  if (rank_ != 0) return;
+  const std::string text = fmt::format(
+      "GPU time per op over steps {} to {} (rank 0; device time from CUDA events, share of the "
+      "steps' wall time):\n\n{}",
+      t.profile_start, t.profile_start + t.profile_steps - 1,
+      op_time_table(ops, t.profile_steps, step_ms));
+  console_->event(text);
+  write_file_atomically(config_.run.dir + "/profile.md", text);
+}
+
 bool Trainer::agree_to_stop(bool local) {
   if (world_ == 1) return local;
   tensor::Tensor flag = tensor::Tensor::empty({1}, DType::I32);
@@ -570,7 +587,22 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
     }
     StepRecord record;
     const bool first = history_.empty();
+    // training.profile_steps (Note [CUDA op profiler]): every op of steps profile_start .. +n-1.
+    const int64_t profile_last = t.profile_start + t.profile_steps - 1;
+    if (t.profile_steps > 0 && step_ + 1 == t.profile_start) {
+      tensor::cuda_profile_start();
+      profile_watch_.restart();
+      profiling_ = true;
+    }
     train_step(record);
+    std::optional<std::vector<tensor::CudaOpTime>> profiled;
+    double profiled_s = 0;
+    if (profiling_ && step_ == profile_last) {  // not after a resume inside the window
+      profiling_ = false;
+      profiled = tensor::cuda_profile_stop();  // waits for the window's work; before evaluation
+      profiled_s = profile_watch_.seconds();
+    }
+
     if (first) report_memory();
     bool last = step_ == t.steps;
     if (val_data_ && ((t.eval_every > 0 && step_ % t.eval_every == 0) || last)) {
@@ -579,6 +611,7 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
     if (metrics_) metrics_->append(record);
     history_.push_back(record);
     if (t.log_every > 0 && (step_ % t.log_every == 0 || last)) console_->step(record);
+    if (profiled) report_profile(*profiled, profiled_s);
     if (record.val_loss) {
       console_->event(fmt::format("step {}: val loss {:.4f}", step_, *record.val_loss));
     }

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "core/timer.h"
 #include "models/causal_lm.h"
 #include "models/registry.h"
 #include "optim/loss_scaler.h"
@@ -61,6 +62,7 @@
 #include "parallel/communicator.h"
 #include "parallel/engine.h"
 #include "parallel/zero_memory.h"
+#include "tensor/cuda.h"
 #include "tools/common/data_loader.h"
 #include "tools/common/metrics.h"
 #include "tools/common/tokenizer.h"
@@ -110,8 +112,11 @@ class Trainer {
   void resume(const std::string& checkpoint_dir);
   void report_memory();
   bool agree_to_stop(bool local);
+  void report_profile(const std::vector<tensor::CudaOpTime>& ops, double seconds);
   std::vector<std::pair<std::string, int64_t>> peak_bytes() const;
 
+  Stopwatch profile_watch_;  // training.profile_steps: the profiled window's wall time
+  bool profiling_ = false;   // inside that window, having started it
   TrainConfig config_;
   std::string config_yaml_;
   std::unique_ptr<models::CausalLM> model_;

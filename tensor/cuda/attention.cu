@@ -91,8 +91,9 @@ __device__ inline float dot_row(const float (&a)[kPer], const T* p, int64_t d, i
 }
 
 template <typename T, bool V>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) attn_fwd(const T* q, const T* k, const T* v, bool causal, float scale, T* out,
-                         float* lse, AttentionShape s) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    attn_fwd(const T* q, const T* k, const T* v, bool causal, float scale, T* out, float* lse,
+             AttentionShape s) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   const int64_t tq = s.tq, tk = s.tk, d = s.d;
@@ -123,9 +124,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) attn_fwd(const T* q, cons
 
 // D_i and dq_i for one query row per warp.
 template <typename T, bool V>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) attn_bwd_dq(const T* q, const T* k, const T* v, const T* out, const float* lse,
-                            const T* dout, bool causal, float scale, T* dq, float* dsum,
-                            AttentionShape s) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    attn_bwd_dq(const T* q, const T* k, const T* v, const T* out, const float* lse, const T* dout,
+                bool causal, float scale, T* dq, float* dsum, AttentionShape s) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   const int64_t tq = s.tq, tk = s.tk, d = s.d;
@@ -158,9 +159,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) attn_bwd_dq(const T* q, c
 
 // dk_j and dv_j for one key row per warp (needs D_i from attn_bwd_dq).
 template <typename T, bool V>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) attn_bwd_dkv(const T* q, const T* k, const T* v, const float* lse, const T* dout,
-                             const float* dsum, bool causal, float scale, T* dk, T* dv,
-                             AttentionShape s) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    attn_bwd_dkv(const T* q, const T* k, const T* v, const float* lse, const T* dout,
+                 const float* dsum, bool causal, float scale, T* dk, T* dv, AttentionShape s) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   const int64_t tq = s.tq, tk = s.tk, d = s.d;

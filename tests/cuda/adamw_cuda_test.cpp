@@ -3,6 +3,7 @@
 // want equal bits, not closeness. GPU tests skip themselves without a device.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -46,17 +47,25 @@ struct Buf {
   Tensor param, grad, m, v;      // CPU, before the step
   Tensor gpu_param, gpu_grad, gpu_m, gpu_v, gpu_copy;
 
-  Buf(int64_t n_, bool decay_, DType gdt, DType cdt, uint64_t seed)
+  // shifted: every GPU buffer starts one element into its allocation, as a ZeRO partition of a
+  // flat buffer may, so none is 16-byte aligned.
+  Buf(int64_t n_, bool decay_, DType gdt, DType cdt, uint64_t seed, bool shifted = false)
       : n(n_), decay(decay_), grad_dtype(gdt), copy_dtype(cdt) {
     param = rnd(n, seed, -1.f, 1.f);
     grad = rnd(n, seed + 1, -3.f, 3.f).to(gdt);
     m = rnd(n, seed + 2, -0.1f, 0.1f);
     v = rnd(n, seed + 3, 0.f, 0.01f);
-    gpu_param = param.to(kGpu);
-    gpu_grad = grad.to(kGpu);
-    gpu_m = m.to(kGpu);
-    gpu_v = v.to(kGpu);
-    if (cdt != DType::F32) gpu_copy = tensor::zeros({n}, cdt, kGpu);
+    auto on_gpu = [&](const Tensor& t) {
+      if (!shifted) return t.to(kGpu);
+      Tensor g = tensor::concat({t.narrow(0, 0, 1), t}, 0).to(kGpu).narrow(0, 1, n);
+      EXPECT_NE(reinterpret_cast<uintptr_t>(g.data_ptr()) % 16, 0u);
+      return g;
+    };
+    gpu_param = on_gpu(param);
+    gpu_grad = on_gpu(grad);
+    gpu_m = on_gpu(m);
+    gpu_v = on_gpu(v);
+    if (cdt != DType::F32) gpu_copy = on_gpu(tensor::zeros({n}, cdt));
   }
 
   cuda::AdamWCudaTensor gpu_args() {
@@ -142,6 +151,18 @@ TEST(CudaAdamW, GradScaleOneWithBf16GradsIsTheWidenedGradient) {
   std::vector<Buf> bufs;
   bufs.emplace_back(65537, true, DType::BF16, DType::BF16, 601);
   run_case(bufs, 1.f);
+}
+
+// Buffers that do not start 16-byte aligned take the one-element path (Note [CUDA AdamW]): on the
+// GPU a 128-bit load from them stops the kernel, and so does the emulator's alignment check.
+TEST(CudaAdamW, UnalignedBuffersMatchTheCpuScalarKernelBitwise) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Buf> bufs;
+  bufs.emplace_back(1001, true, DType::F32, DType::F32, 701, true);
+  bufs.emplace_back(4099, true, DType::BF16, DType::BF16, 711, true);
+  bufs.emplace_back(257, false, DType::F16, DType::F16, 721, true);
+  bufs.emplace_back(300, true, DType::F32, DType::F32, 731);  // aligned, in the same launch
+  run_case(bufs, 0.5f);
 }
 
 // Runs without a GPU: argument checks happen before anything touches the device.

@@ -46,6 +46,10 @@ enum class Layout {
   Packed,      // the slots of one [B, T, n, H, D] buffer (falls back to HeadsInner if Tq != Tk)
   HeadsInner,  // a [B, T, H, D] buffer seen as [B, H, T, D]
   WideRows,    // [B, H, T, D + 6] narrowed at offset 3: unaligned rows, cuDNN must refuse
+  // A contiguous [B, H, T, D] one element into its buffer: every stride a multiple of the
+  // 128-bit pack but no row 16-byte aligned, so only the pointer test keeps the kernels off
+  // their pack loads (which the emulator's alignment check, like the GPU, would stop at).
+  Shifted,
 };
 
 // Views of the [B, H, T, D] shapes in `layout`, in NaN-filled buffers on `dev` (appended to
@@ -69,6 +73,9 @@ std::vector<Tensor> views_in(Layout layout, const std::vector<Shape>& shapes, DT
     if (layout == Layout::Contiguous) {
       buf = full(s, NAN, dt, dev);
       views.push_back(buf);
+    } else if (layout == Layout::Shifted) {
+      buf = full({s[0] * s[1] * s[2] * s[3] + 1}, NAN, dt, dev);
+      views.push_back(buf.narrow(0, 1, buf.numel() - 1).view(s));
     } else if (layout == Layout::HeadsInner) {
       buf = full({s[0], s[2], s[1], s[3]}, NAN, dt, dev);
       views.push_back(buf.transpose(1, 2));
@@ -204,8 +211,9 @@ TEST(StridedAttentionCuda, OwnKernelOnViewsGivesItsContiguousBitsAndMatchesTheCp
       EXPECT_EQ(want.forward_path, own_path(dt, p.d));
       EXPECT_EQ(want.backward_path, own_path(dt, p.d));
       expect_close(want, cpu_reference(p, host), tolerance(dt));
-      for (Layout in : {Layout::Packed, Layout::WideRows})
-        for (Layout outl : {Layout::Packed, Layout::HeadsInner, Layout::WideRows}) {
+      for (Layout in : {Layout::Packed, Layout::WideRows, Layout::Shifted})
+        for (Layout outl :
+             {Layout::Packed, Layout::HeadsInner, Layout::WideRows, Layout::Shifted}) {
           SCOPED_TRACE(fmt::format("layouts {} {}", static_cast<int>(in), static_cast<int>(outl)));
           const Outputs got = run(kGpu, p, dt, host, in, outl);
           // Only the addresses differ: the same arithmetic in the same order.
@@ -281,11 +289,14 @@ TEST(StridedAttentionCuda, UnalignedViewsFallBackToTheOwnKernel) {
     own = run(kGpu, p, dt, host, Layout::Contiguous, Layout::Contiguous);
   }
   ScopedAttentionMode m("auto");
-  const Outputs got = run(kGpu, p, dt, host, Layout::WideRows, Layout::WideRows);
-  EXPECT_EQ(got.forward_path, own_path(dt, p.d));
-  EXPECT_EQ(got.backward_path, own_path(dt, p.d));
-  EXPECT_EQ(bits_of(got.out), bits_of(own.out));
-  EXPECT_EQ(bits_of(got.dq), bits_of(own.dq));
+  for (Layout layout : {Layout::WideRows, Layout::Shifted}) {
+    SCOPED_TRACE(static_cast<int>(layout));
+    const Outputs got = run(kGpu, p, dt, host, layout, layout);
+    EXPECT_EQ(got.forward_path, own_path(dt, p.d));
+    EXPECT_EQ(got.backward_path, own_path(dt, p.d));
+    EXPECT_EQ(bits_of(got.out), bits_of(own.out));
+    EXPECT_EQ(bits_of(got.dq), bits_of(own.dq));
+  }
 
   std::vector<Tensor> bufs;
   const Shape s{p.b, p.h, p.tq, p.d};
@@ -296,6 +307,10 @@ TEST(StridedAttentionCuda, UnalignedViewsFallBackToTheOwnKernel) {
   EXPECT_TRUE(why.find("16-byte aligned") != std::string::npos ||
               why.find("multiple of 8") != std::string::npos)
       << why;
+  v = views_in(Layout::Shifted, {s, s, s, s}, dt, kGpu, bufs);  // strides fine, pointers not
+  why.clear();
+  EXPECT_FALSE(cudnn_sdpa_forward(nullptr, v[0], v[1], v[2], true, 0.125f, v[3], lse, &why));
+  EXPECT_NE(why.find("16-byte aligned"), std::string::npos) << why;
 }
 
 // The op layer: views of a packed qkv go to the backend as they are, out comes back as a

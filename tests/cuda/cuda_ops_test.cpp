@@ -357,6 +357,48 @@ TEST(CudaOps, PackedAndScalarPathsAgree) {
   }
 }
 
+// The same values one element into a GPU buffer, in t's shape: every stride as in a contiguous
+// tensor, but the start (and so every row) not 16-byte aligned.
+Tensor shifted_on_gpu(const Tensor& t) {
+  const Tensor flat = t.reshape({t.numel()});
+  Tensor v =
+      concat({flat.narrow(0, 0, 1), flat}, 0).to(kGpu).narrow(0, 1, t.numel()).view(t.shape());
+  EXPECT_NE(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16, 0u);
+  return v;
+}
+
+// The row kernels that read 128-bit packs when every row is aligned (softmax, Note [CUDA softmax];
+// the embedding's 16-byte row copies) must take their one-element paths for rows that are not:
+// on the GPU a pack load from such a row stops the kernel ("misaligned address"), and so does the
+// emulator's alignment check (STRATA_EMULATED_CUDA_OPTIONS). The embedding copies bits; softmax
+// splits a row among its threads differently in the two paths, so it agrees within tolerance.
+TEST(CudaOps, UnalignedRowsTakeTheOneElementPaths) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : kDtypes) {
+    SCOPED_TRACE(dtype_tag(dt));
+    const Tensor x = rnd({37, 96}, 60).to(dt), dy = rnd({37, 96}, 61).to(dt);
+    const Tensor y = softmax(x.to(kGpu));
+    const Tensor y_u = softmax(shifted_on_gpu(x));
+    // Softmax values and their gradients here are below 1 in size: rtol bounds them absolutely.
+    const Tol tol = dt == DType::F32 ? Tol{1e-6, 1e-7} : lowp_tol(dt);
+    EXPECT_LE(
+        max_abs_diff(y.to(Device::cpu()).to(DType::F32), y_u.to(Device::cpu()).to(DType::F32)),
+        tol.atol + tol.rtol);
+    const Tensor dx = softmax_backward(y, dy.to(kGpu));
+    const Tensor dx_u = softmax_backward(shifted_on_gpu(y.to(Device::cpu())), shifted_on_gpu(dy));
+    EXPECT_LE(
+        max_abs_diff(dx.to(Device::cpu()).to(DType::F32), dx_u.to(Device::cpu()).to(DType::F32)),
+        tol.atol + tol.rtol);
+
+    // Rows of 24 f32 (96 bytes) or 32 bf16/f16 (64 bytes): whole 16-byte words when aligned.
+    const Tensor w = rnd({50, dt == DType::F32 ? 24 : 32}, 62).to(dt);
+    const Tensor ids = from_ints({3, 7, 3, 49, 0}, {5}, DType::I32).to(kGpu);
+    EXPECT_EQ(max_abs_diff(embedding(w.to(kGpu), ids).to(Device::cpu()).to(DType::F32),
+                           embedding(shifted_on_gpu(w), ids).to(Device::cpu()).to(DType::F32)),
+              0.0);
+  }
+}
+
 // Note [CUDA embedding backward]: the device sort (tiles of 2048 keys, global merge passes above
 // that) must give each id its rows in row order, so the sums are the CPU's bits: f32, and bf16
 // rounded once from the same f32 sums. Sizes around the tile and past two merge stages, ids from

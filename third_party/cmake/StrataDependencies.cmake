@@ -136,8 +136,15 @@ endif()
 # (Note [CUDA emulator]): C++17 as under nvcc (Note [CUDA build] above), the device header
 # force-included, no FMA contraction (the device rounds every __f*_rn operation once). Does
 # nothing in the other builds, where nvcc compiles them.
+# The GPU faults on any access that is not naturally aligned ("misaligned address": a 128-bit
+# Pack load from an address that is not a multiple of 16, a float load from an odd bf16 offset);
+# x86 does not. UBSan's alignment check makes the emulated kernels stop at such an access, naming
+# the file, line and address, so a missing aligned16() test fails CI instead of the first GPU run.
 set(STRATA_EMULATED_CUDA_OPTIONS
-    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/tests/cuda_emu/device.h;-ffp-contract=off;-Wno-unknown-pragmas")
+    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/tests/cuda_emu/device.h;-ffp-contract=off;-Wno-unknown-pragmas;-fsanitize=alignment;-fno-sanitize-recover=alignment")
+if(STRATA_CUDA_EMULATION)
+  add_link_options(-fsanitize=alignment)  # the UBSan runtime for the emulated kernels
+endif()
 function(strata_emulate_cuda_sources target)
   if(STRATA_CUDA_EMULATION)
     get_target_property(srcs ${target} SOURCES)

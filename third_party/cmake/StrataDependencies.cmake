@@ -140,10 +140,14 @@ endif()
 # Pack load from an address that is not a multiple of 16, a float load from an odd bf16 offset);
 # x86 does not. UBSan's alignment check makes the emulated kernels stop at such an access, naming
 # the file, line and address, so a missing aligned16() test fails CI instead of the first GPU run.
+# `bounds` stops an index past a fixed-size array: a __shared__ tile (static storage here, where
+# an overrun would silently write the next variable, as it would the next tile on the GPU) or a
+# per-thread register array. `shift` stops shifts by the width or more, which x86 and the GPU
+# resolve differently (x86 masks the count, PTX clamps it).
 set(STRATA_EMULATED_CUDA_OPTIONS
-    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/tests/cuda_emu/device.h;-ffp-contract=off;-Wno-unknown-pragmas;-fsanitize=alignment;-fno-sanitize-recover=alignment")
+    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/tests/cuda_emu/device.h;-ffp-contract=off;-Wno-unknown-pragmas;-fsanitize=alignment,bounds,shift;-fno-sanitize-recover=alignment,bounds,shift")
 if(STRATA_CUDA_EMULATION)
-  add_link_options(-fsanitize=alignment)  # the UBSan runtime for the emulated kernels
+  add_link_options(-fsanitize=alignment,bounds,shift)  # the UBSan runtime for the emulated kernels
 endif()
 function(strata_emulate_cuda_sources target)
   if(STRATA_CUDA_EMULATION)

@@ -66,6 +66,7 @@ Block GpuCachingAllocator::allocate(size_t bytes, Category category, StreamHandl
   b->category = category;
   live_[b->ptr] = b;
   allocated_ += b->size;
+  if (poison_) api_->fill(b->ptr, b->size, kPoisonByte, stream);
   stats_->on_alloc(Tier::Gpu, category, static_cast<int64_t>(bytes));
   return {b->ptr, bytes, category};
 }

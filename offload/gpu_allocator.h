@@ -16,6 +16,11 @@
 //     is held back after its free until an event recorded on each of those streams has completed.
 //   - When the raw allocator fails, the allocator waits for the device, returns every wholly free
 //     segment, and tries once more; then it raises strata::user_error with the GPU usage.
+//   - Poisoning (set_poison, STRATA_GPU_POISON in the CUDA backend): every block handed out, new
+//     or reused, is first filled with 0xff bytes on its stream (NaN in f32/bf16/f16, -1 in the
+//     integers). Memory from the cache holds whatever its last owner left, often the right values
+//     when a step frees and asks again for the same shapes; a kernel that reads what it did not
+//     write then passes by luck. Poisoned, it reads NaN, and its test fails.
 // Bytes handed out are charged per category to MemoryStats (tier Gpu), the requested size, as
 // the host allocator does; cached and rounding bytes show in reserved_bytes().
 // Raw memory and events come through DeviceMemoryApi, so the policy is tested on the CPU with a
@@ -46,6 +51,8 @@ class DeviceMemoryApi {
   virtual bool event_completed(EventHandle event) = 0;
   virtual void destroy_event(EventHandle event) = 0;
   virtual void synchronize_device() = 0;
+  // Enqueues a fill of `bytes` bytes at `ptr` with `byte` on `stream` (cudaMemsetAsync).
+  virtual void fill(void* ptr, size_t bytes, int byte, StreamHandle stream) = 0;
 };
 
 struct GpuAllocatorCounters {
@@ -81,6 +88,10 @@ class GpuCachingAllocator final : public Allocator {
   void record_stream(void* ptr, StreamHandle stream);
   // The stream allocate(bytes, category) uses (the compute stream).
   void set_default_stream(StreamHandle stream) { default_stream_ = stream; }
+  // Fill every block handed out from now on with 0xff bytes first (see the Note).
+  void set_poison(bool on) { poison_ = on; }
+  bool poison() const { return poison_; }
+  static constexpr int kPoisonByte = 0xff;
 
   // Waits for pending frees and returns every wholly free segment to the raw allocator.
   void release_cache();
@@ -115,6 +126,7 @@ class GpuCachingAllocator final : public Allocator {
   std::unique_ptr<DeviceMemoryApi> api_;
   MemoryStats* stats_;
   StreamHandle default_stream_ = nullptr;
+  bool poison_ = false;
   mutable std::mutex mu_;
   std::map<PoolKey, FreeSet> free_;
   std::unordered_map<void*, BlockInfo*> live_;

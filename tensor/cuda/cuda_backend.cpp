@@ -4,11 +4,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "tensor/cuda/cudnn_sdpa.h"
@@ -72,7 +75,30 @@ class CudaMemoryApi final : public offload::DeviceMemoryApi {
   void synchronize_device() override {
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
+  void fill(void* ptr, size_t bytes, int byte, offload::StreamHandle stream) override {
+    check_cuda(cudaMemsetAsync(ptr, byte, bytes, static_cast<cudaStream_t>(stream)),
+               "cudaMemsetAsync (allocator poison)");
+  }
 };
+
+// STRATA_GPU_POISON (Note [GPU caching allocator]): auto poisons in the CUDA emulator's builds,
+// where the tests run, except in a dry run (Note [Emulator dry run]: nothing is written, and
+// the fills would only add host time to what it measures); on a GPU it costs a memset per
+// allocation, so auto leaves it off there.
+bool poison_allocations() {
+  const int choice = env_choice(
+      "STRATA_GPU_POISON",
+      {{"auto", "on in the CUDA emulator's builds, off on a GPU"},
+       {"on", "fill every block the GPU allocator hands out with 0xff bytes (NaN) first"},
+       {"off", "hand blocks out as their last owner left them"}});
+  if (choice != 0) return choice == 1;
+#if STRATA_CUDA_EMULATION
+  const char* dry = std::getenv("STRATA_CUDA_EMU_DRY_RUN");
+  return dry == nullptr || *dry == '\0' || std::string_view(dry) == "0";
+#else
+  return false;
+#endif
+}
 
 Strided view_of(const Tensor& t) {
   STRATA_CHECK(t.ndim() <= kMaxDims, "CUDA kernels take at most {} dims, got {}", kMaxDims,
@@ -146,6 +172,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   lt_ = h;
   allocator_ = new offload::GpuCachingAllocator(std::make_unique<CudaMemoryApi>());
   allocator_->set_default_stream(stream_);
+  allocator_->set_poison(poison_allocations());
 }
 
 CudaBackend::~CudaBackend() {

@@ -6,6 +6,10 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <string_view>
+
 #include "tensor/backend.h"
 #include "tensor/cuda.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -48,6 +52,40 @@ TEST(CudaStreams, ABlockHeldForAnotherStreamIsNotReusedAndItsPollingFailsNoLaunc
   for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.data<float>()[i], 3.f) << i;
   ASSERT_EQ(cudaStreamSynchronize(side), cudaSuccess);
   ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
+}
+
+// Note [GPU caching allocator], poisoning: STRATA_GPU_POISON=auto (unset) is on in the
+// emulator's builds, where the CUDA tests run, and off on a GPU; on, a block that comes back from
+// the cache holds 0xff bytes (NaN), not what its last owner wrote.
+TEST(CudaAllocator, PoisonFillsReusedBlocksWithNan) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  auto& be = dynamic_cast<cuda::CudaBackend&>(backend_for(kGpu));
+  offload::GpuCachingAllocator& alloc = be.allocator();
+  const char* env = std::getenv("STRATA_GPU_POISON");
+  const std::string_view set = env ? env : "";
+#ifdef STRATA_CUDA_EMULATION
+  const char* dry = std::getenv("STRATA_CUDA_EMU_DRY_RUN");
+  const bool emulated = dry == nullptr || *dry == '\0' || std::string_view(dry) == "0";
+#else
+  const bool emulated = false;
+#endif
+  const bool expected = set == "on" || ((set.empty() || set == "auto") && emulated);
+  EXPECT_EQ(alloc.poison(), expected) << "STRATA_GPU_POISON='" << set << "'";
+
+  const bool was = alloc.poison();
+  alloc.set_poison(true);
+  void* first = nullptr;
+  {
+    Tensor t = full({1000}, 2.5, DType::F32, kGpu);
+    first = t.data_ptr();
+  }
+  Tensor again = Tensor::empty({1000}, DType::F32, kGpu);
+  alloc.set_poison(was);
+  ASSERT_EQ(again.data_ptr(), first) << "the same request should get the cached block back";
+  Tensor host = again.to(Device::cpu());
+  for (int64_t i = 0; i < host.numel(); ++i)
+    ASSERT_TRUE(std::isnan(host.data<float>()[i]))
+        << "element " << i << " is " << host.data<float>()[i];
 }
 
 }  // namespace

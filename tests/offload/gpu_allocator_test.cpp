@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <set>
+#include <vector>
 
 #include "core/error.h"
 
@@ -22,6 +25,12 @@ struct FakeState {
   int events_made = 0;
   std::set<intptr_t> completed;
   int syncs = 0;
+  struct Fill {
+    void* ptr;
+    size_t bytes;
+    StreamHandle stream;
+  };
+  std::vector<Fill> fills;
 };
 
 class FakeApi final : public DeviceMemoryApi {
@@ -51,6 +60,10 @@ class FakeApi final : public DeviceMemoryApi {
   void synchronize_device() override {
     ++s_->syncs;
     for (int i = 1; i <= s_->events_made; ++i) s_->completed.insert(i);
+  }
+  void fill(void* ptr, size_t bytes, int byte, StreamHandle stream) override {
+    std::memset(ptr, byte, bytes);  // the fake's device memory is host memory
+    s_->fills.push_back({ptr, bytes, stream});
   }
 
  private:
@@ -203,6 +216,36 @@ TEST_F(GpuAllocatorTest, ReleaseCacheReturnsOnlyWhollyFreeSegments) {
   alloc.release_cache();
   EXPECT_EQ(alloc.reserved_bytes(), 0u);
   EXPECT_TRUE(fake.live.empty());
+}
+
+TEST_F(GpuAllocatorTest, PoisonFillsEveryBlockHandedOutOnItsStream) {
+  // Off (the default): blocks come as their last owner left them.
+  Block a = alloc.allocate(1000, Category::Activation, stream(1));
+  std::memset(a.ptr, 0x11, 1000);
+  alloc.deallocate(a);
+  Block again = alloc.allocate(1000, Category::Activation, stream(1));
+  ASSERT_EQ(again.ptr, a.ptr);  // the cached block
+  EXPECT_EQ(static_cast<unsigned char*>(again.ptr)[999], 0x11);
+  EXPECT_TRUE(fake.fills.empty());
+  alloc.deallocate(again);
+
+  // On: the reused block and a new segment's block are both filled, on the stream asked for,
+  // over the whole rounded block.
+  alloc.set_poison(true);
+  Block reused = alloc.allocate(1000, Category::Activation, stream(1));
+  ASSERT_EQ(reused.ptr, a.ptr);
+  Block fresh = alloc.allocate(30 << 20, Category::Activation, stream(2));
+  ASSERT_EQ(fake.fills.size(), 2u);
+  EXPECT_EQ(fake.fills[0].ptr, reused.ptr);
+  EXPECT_EQ(fake.fills[0].bytes, 1024u);
+  EXPECT_EQ(fake.fills[0].stream, stream(1));
+  EXPECT_EQ(fake.fills[1].ptr, fresh.ptr);
+  EXPECT_EQ(fake.fills[1].bytes, size_t{30} << 20);
+  EXPECT_EQ(fake.fills[1].stream, stream(2));
+  const auto* bytes = static_cast<const unsigned char*>(reused.ptr);
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(bytes[i], 0xff) << "byte " << i;
+  alloc.deallocate(reused);
+  alloc.deallocate(fresh);
 }
 
 TEST_F(GpuAllocatorTest, ForeignPointerIsAnInternalError) {

@@ -59,6 +59,11 @@ case ${1:-} in
     # its output line by line, so a step that hangs or is cut leaves what it printed and the
     # steps after it still run.
     nvidia-smi > "$OUT/smi.txt" 2>&1
+    # The libraries the run loads from the PyTorch venv (cuDNN's release decides which attention
+    # limits apply: Note [cuDNN SDPA limits]).
+    ls -d /opt/torch/.venv/lib/python3.12/site-packages/nvidia_*.dist-info >> "$OUT/smi.txt" 2>&1
+    /opt/torch/.venv/bin/python -c 'import torch; print("torch", torch.__version__, "cuDNN",
+      torch.backends.cudnn.version(), "NCCL", torch.cuda.nccl.version())' >> "$OUT/smi.txt" 2>&1
     timeout 240 stdbuf -oL -eL "$BUILD/bin/test_cuda" > "$OUT/test_cuda.log" 2>&1
     echo "test_cuda exit $? (124: cut at 240 s)" | tee -a "$OUT/test_cuda.log"
     data=$(mktemp -d)

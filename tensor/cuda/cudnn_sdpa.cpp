@@ -5,11 +5,11 @@
 // What runs. cuDNN 9 has no single "attention" call on its C API for our case: its flash
 // attention engines are chosen by the graph API (cudnn_graph.h) for an operation graph of matmul,
 // pointwise and reduction nodes in the shape cudnn_frontend lowers its SDPA node to (the
-// "composite" SDPA of cudnn-frontend's node/scaled_dot_product_flash_attention.h). cuDNN 9.13+
-// also has single SDPA_FWD/SDPA_BWD operation nodes, but in 9.19 they take a causal mask only as
-// a score-modifier subgraph, which needs 9.21; so Strata builds the composite graphs itself
-// (sdpa_plan.cpp; the cudnn_frontend C++ headers are not used). Forward:
-//   S = Q K^T * scale [causal: S = select(row + Tk - Tq >= col, S, -inf)]
+// "composite" SDPA of cudnn-frontend's node/scaled_dot_product_flash_attention.h). cuDNN also
+// has single SDPA_FWD (9.13.1+) and SDPA_BWD (9.17+) operation nodes, but they take a causal mask
+// only as a score-modifier subgraph, which needs 9.21; so Strata builds the composite graphs
+// itself (sdpa_plan.cpp; the cudnn_frontend C++ headers are not used). Forward:
+//   S = Q K^T * scale [causal: S = select(row + Tk - Tq >= col, S, fill), fill = -inf]
 //   M = rowmax S,  E = exp(S - M),  L = rowsum E,  Stats = M + log L,  O = (E / L) V
 // Backward (Stats from the forward, D = rowsum(dO * O)):
 //   P = exp(Q K^T * scale - Stats) [masked the same way],  dV = P^T dO,
@@ -28,7 +28,11 @@
 //
 // Masking. Our causal mask lets query i see keys j <= i + (Tk - Tq) (bottom-right aligned). With
 // Tq == Tk that is cuDNN's plain causal graph (row >= col); with Tq < Tk the row index is shifted
-// by by-value scalars (+Tk, -Tq) as cudnn-frontend's bottom-right mask does. Tq > Tk with causal
+// by by-value scalars (+Tk, -Tq) as cudnn-frontend's bottom-right mask does. A hidden score
+// becomes a by-value fill: -inf from cuDNN 9.10, the lowest finite float before it, as
+// cudnn-frontend chooses ("older cuDNN version prefers lowest for softmax mask";
+// cudnn_sdpa_mask_fill). Either gives exp() = 0 for every row our graphs build, since each row
+// sees at least one key. Tq > Tk with causal
 // leaves rows with no key, which our contract defines (out 0, lse -inf) and cuDNN does not: those
 // go to the own kernel.
 //
@@ -70,6 +74,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -285,7 +290,7 @@ const char* attention_path_name(AttentionPath path) {
 //   - a backward with s_kv not a multiple of 128 on cuDNN <= 9.15.0: cudnn-frontend adds a
 //     padding mask (seq_len tensors equal to the full lengths) as a workaround; Strata's graph
 //     has none, so those shapes use the own kernel.
-//   - bottom-right causal (Tq < Tk) before 9.6: Tq and Tk multiples of 64.
+//   - bottom-right causal (Tq < Tk): none before 9.3; before 9.6 Tq and Tk multiples of 64.
 //   - the backward with Tq = Tk = 1.
 //   - a deterministic backward on Blackwell (sm_10x) needs 9.18.
 // GPT-2 and LLaMA training shapes (D 64 or 128, T 1024 or 2048, causal, Tq = Tk) meet none of
@@ -325,11 +330,19 @@ std::string cudnn_sdpa_known_limit(int64_t version, int sm, int64_t tq, int64_t 
       return fmt::format("cuDNN {}'s attention forward takes head dim at most 128 on sm_{} (D {})",
                          ver(version), sm, d);
   }
+  if (causal && tq != tk && version < 90300)
+    return fmt::format("cuDNN {} has no bottom-right causal mask (Tq {} < Tk {}; 9.3+)",
+                       ver(version), tq, tk);
   if (causal && tq != tk && version < 90600 && (tq % 64 != 0 || tk % 64 != 0))
     return fmt::format(
         "cuDNN {}'s bottom-right causal mask needs Tq and Tk multiples of 64 (Tq {}, Tk {})",
         ver(version), tq, tk);
   return "";
+}
+
+float cudnn_sdpa_mask_fill(int64_t version) {
+  return version < 91000 ? std::numeric_limits<float>::lowest()
+                         : -std::numeric_limits<float>::infinity();
 }
 
 int cuda_sm_version(int device) {

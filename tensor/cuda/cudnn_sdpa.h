@@ -50,6 +50,9 @@ int cuda_sm_version(int device);
 // STRATA_ATTENTION=cudnn). `version` as cudnn_loaded_version(), `sm` as cuda_sm_version().
 std::string cudnn_sdpa_known_limit(int64_t version, int sm, int64_t tq, int64_t tk, int64_t d,
                                    bool causal, bool backward);
+// The score a causal mask writes where a key is hidden (Note [cuDNN SDPA], masking): -inf from
+// cuDNN 9.10, the lowest finite float before it (what cudnn-frontend passes to older releases).
+float cudnn_sdpa_mask_fill(int64_t version);
 
 // Run attention through cuDNN on `stream`, with the backend's tensor contract (tensor/backend.h):
 // q [B, H, Tq, D], k, v [B, H, Tk, D], out [B, H, Tq, D] in q's dtype (bf16 or f16), lse

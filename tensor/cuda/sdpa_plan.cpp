@@ -449,7 +449,8 @@ class SdpaPlanImpl final : public SdpaPlan {
     try {
       ck(g_api->set_stream(handle, stream), "cudnnSetStream");
       // By-value inputs: host values, read when the plan is enqueued.
-      float scale = p.scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.f;
+      float scale = p.scale, one = 1.f;
+      float neg_inf = cudnn_sdpa_mask_fill(static_cast<int64_t>(g_api->get_version()));
       int32_t skv = static_cast<int32_t>(key.tk), sq = static_cast<int32_t>(key.tq);
       char* ws = static_cast<char*>(workspace);
       std::array<void*, kRowSum + 1> by_uid{};

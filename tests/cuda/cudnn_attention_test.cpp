@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -170,11 +171,24 @@ TEST(CudnnAttention, KnownLimitsFollowVersionAndArchitecture) {
   // Deterministic backward on Blackwell from 9.18.
   EXPECT_TRUE(has(limit(91700, 100, 1024, 1024, 64, true, true), "deterministic"));
   EXPECT_EQ(limit(91800, 100, 1024, 1024, 64, true, true), "");
-  // Bottom-right causal before 9.6: multiples of 64 only.
+  // Bottom-right causal: none before 9.3, then before 9.6 multiples of 64 only.
+  EXPECT_TRUE(has(limit(90200, 90, 64, 256, 64, true, false), "no bottom-right"));
+  EXPECT_TRUE(has(limit(90200, 90, 64, 256, 64, true, true), "no bottom-right"));
+  EXPECT_EQ(limit(90200, 90, 64, 256, 64, false, false), "");
+  EXPECT_EQ(limit(90200, 90, 256, 256, 64, true, false), "");
+  EXPECT_EQ(limit(90300, 90, 64, 256, 64, true, false), "");
   EXPECT_TRUE(has(limit(90500, 90, 100, 256, 64, true, false), "bottom-right"));
   EXPECT_EQ(limit(90500, 90, 64, 256, 64, true, false), "");
   EXPECT_EQ(limit(90500, 90, 100, 256, 64, false, false), "");
   EXPECT_EQ(limit(90600, 90, 100, 256, 64, true, false), "");
+}
+
+// The mask's fill value by release: cudnn-frontend's choice.
+TEST(CudnnAttention, MaskFillIsMinusInfinityFrom9_10AndTheLowestFloatBefore) {
+  EXPECT_EQ(cudnn_sdpa_mask_fill(90900), std::numeric_limits<float>::lowest());
+  EXPECT_EQ(cudnn_sdpa_mask_fill(90000), std::numeric_limits<float>::lowest());
+  EXPECT_EQ(cudnn_sdpa_mask_fill(91000), -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(cudnn_sdpa_mask_fill(91900), -std::numeric_limits<float>::infinity());
 }
 
 // ---- on the GPU ----
@@ -254,6 +268,22 @@ std::string name(DType dt, const Problem& p) {
                      p.causal ? " causal" : "");
 }
 
+// The emulated cuDNN reports this release while in scope (STRATA_CUDA_EMU_CUDNN_VERSION, read at
+// each call; a real libcudnn ignores it).
+struct ScopedEmulatedCudnnVersion {
+  explicit ScopedEmulatedCudnnVersion(const char* version) {
+    if (const char* old = std::getenv("STRATA_CUDA_EMU_CUDNN_VERSION")) saved = old;
+    setenv("STRATA_CUDA_EMU_CUDNN_VERSION", version, 1);
+  }
+  ~ScopedEmulatedCudnnVersion() {
+    if (saved)
+      setenv("STRATA_CUDA_EMU_CUDNN_VERSION", saved->c_str(), 1);
+    else
+      unsetenv("STRATA_CUDA_EMU_CUDNN_VERSION");
+  }
+  std::optional<std::string> saved;
+};
+
 TEST(CudnnAttention, AgreesWithTheCpuBackend) {
   SKIP_WITHOUT_CUDNN();
   for (DType dt : {DType::BF16, DType::F16})
@@ -274,6 +304,22 @@ TEST(CudnnAttention, AgreesWithFewerQueriesThanKeys) {
   for (bool causal : {false, true}) {
     const Problem p{1, 2, 64, 192, 64, causal};
     SCOPED_TRACE(name(DType::BF16, p));
+    check_against_cpu(DType::BF16, p);
+  }
+}
+
+// Before cuDNN 9.10 the causal mask fills hidden scores with the lowest finite float instead of
+// -inf (cudnn_sdpa_mask_fill, as cudnn-frontend does); the results must not change. Plain and
+// bottom-right causal, forward and backward through cuDNN.
+TEST(CudnnAttention, AgreesWithTheCpuBackendOnReleasesBefore9_10) {
+  SKIP_WITHOUT_CUDNN();
+  ScopedEmulatedCudnnVersion release("90900");
+  if (cudnn_loaded_version() >= 91000)
+    GTEST_SKIP() << "the loaded cuDNN is " << cudnn_loaded_version() << " (a real libcudnn)";
+  for (const Problem& p : {Problem{2, 3, 128, 128, 64, true}, Problem{1, 2, 128, 256, 64, true}}) {
+    SCOPED_TRACE(name(DType::BF16, p));
+    ASSERT_TRUE(cudnn_runs_here(p.tq, p.tk, p.d, p.causal, false));
+    ASSERT_TRUE(cudnn_runs_here(p.tq, p.tk, p.d, p.causal, true));
     check_against_cpu(DType::BF16, p);
   }
 }
@@ -315,18 +361,7 @@ TEST(CudnnAttention, CudnnAttentionIsDeterministic) {
 // (the test then skips).
 TEST(CudnnAttention, AKnownLimitGoesToTheOwnKernel) {
   SKIP_WITHOUT_CUDNN();
-  const char* old = std::getenv("STRATA_CUDA_EMU_CUDNN_VERSION");
-  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
-  setenv("STRATA_CUDA_EMU_CUDNN_VERSION", "91500", 1);
-  struct Restore {
-    const std::optional<std::string>& saved;
-    ~Restore() {
-      if (saved)
-        setenv("STRATA_CUDA_EMU_CUDNN_VERSION", saved->c_str(), 1);
-      else
-        unsetenv("STRATA_CUDA_EMU_CUDNN_VERSION");
-    }
-  } restore{saved};
+  ScopedEmulatedCudnnVersion release("91500");
   const Problem p{1, 2, 200, 200, 64, true};
   if (cudnn_runs_here(p.tq, p.tk, p.d, p.causal, true))
     GTEST_SKIP() << "the loaded cuDNN (" << cudnn_loaded_version()

@@ -98,8 +98,12 @@ struct Layout {
   Layout& operator=(const Layout&) = delete;
 };
 
+// The problem an algorithm was chosen for. The heuristic sees the bias and aux pointers (it is
+// given them before it runs) but has no preference for their alignment, so their own alignments
+// are part of the key too: an algorithm picked for a 256-byte aligned bias is not reused for one
+// that is only 16-byte aligned.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, bool,
-                       uint32_t, int, int64_t>;
+                       uint32_t, int, int64_t, uint32_t, uint32_t>;
 
 // Largest power of two (at most 256) dividing the address: cuBLASLt assumes 256-byte aligned
 // operands unless told otherwise, and views (narrow, select) start anywhere.
@@ -235,7 +239,9 @@ bool run_gemm(cublasLtHandle_t lt, Tensor& workspace, cudaStream_t stream, const
                 beta != 0.f,
                 align,
                 static_cast<int>(epi.kind),
-                epi.aux_ld};
+                epi.aux_ld,
+                epi.bias ? alignment_of(epi.bias) : 0u,
+                epi.aux ? alignment_of(epi.aux) : 0u};
   cublasLtMatmulAlgo_t algo;
   {
     std::lock_guard<std::mutex> lock(mu);

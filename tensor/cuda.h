@@ -28,6 +28,20 @@ void init_cuda(int device = 0);
 // without CUDA).
 void* cuda_current_stream();
 
+// What a device says of itself, from which tools::device_peaks (tools/common/device_peaks.h)
+// derives its peak FLOP/s and memory bandwidth. A field the driver does not report stays 0.
+// Raises init_cuda's errors when the build has no CUDA backend or `device` is not visible.
+struct CudaDeviceFacts {
+  std::string name;          // e.g. "NVIDIA H100 80GB HBM3"
+  int major = 0, minor = 0;  // compute capability
+  int sms = 0;               // streaming multiprocessors
+  int clock_khz = 0;         // the SMs' peak clock
+  int memory_clock_khz = 0;  // the memory's peak clock
+  int bus_width_bits = 0;    // the memory bus
+  int64_t total_bytes = 0;   // device memory
+};
+CudaDeviceFacts cuda_device_facts(int device = 0);
+
 // Per-op device time (Note [CUDA op profiler] in tensor/cuda/profiler.cpp). cuda_profile_start
 // clears the totals and starts timing every CUDA backend op; cuda_profile_stop waits for the
 // timed work and returns one row per op name, longest total first. In a build without CUDA they

@@ -7,6 +7,7 @@ namespace strata::tensor::cuda {
 int device_count();
 void init(int device);
 void* current_stream();
+CudaDeviceFacts device_facts(int device);
 }  // namespace strata::tensor::cuda
 #endif
 
@@ -50,6 +51,15 @@ void* cuda_current_stream() {
 #else
   init_cuda(0);  // raises: this build has no CUDA backend
   return nullptr;
+#endif
+}
+
+CudaDeviceFacts cuda_device_facts(int device) {
+#ifdef STRATA_HAVE_CUDA
+  return cuda::device_facts(device);
+#else
+  init_cuda(device);  // raises: this build has no CUDA backend
+  return {};
 #endif
 }
 

@@ -14,6 +14,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "tensor/cuda.h"
 #include "tensor/cuda/cudnn_sdpa.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/profiler.h"
@@ -856,6 +857,49 @@ int device_count() {
   return n;
 }
 
+namespace {
+
+// A UserError unless `device` is one of the visible devices.
+void require_visible(int device) {
+  const int n = device_count();
+  if (n == 0)
+    user_error(
+        "device: cuda requested but no CUDA device is visible (check nvidia-smi, the "
+        "driver, and CUDA_VISIBLE_DEVICES), or use device: cpu");
+  if (device < 0 || device >= n)
+    user_error(
+        "device cuda:{} requested but only {} CUDA device(s) are visible (0..{}); check "
+        "CUDA_VISIBLE_DEVICES and the device index",
+        device, n, n - 1);
+}
+
+}  // namespace
+
+CudaDeviceFacts device_facts(int device) {
+  require_visible(device);
+  CudaDeviceFacts f;
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  f.name = prop.name;
+  f.major = prop.major;
+  f.minor = prop.minor;
+  f.sms = prop.multiProcessorCount;
+  f.bus_width_bits = prop.memoryBusWidth;
+  f.total_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  // The clocks left cudaDeviceProp in CUDA 13; an attribute a driver does not report stays 0.
+  const auto attribute = [&](cudaDeviceAttr a) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, a, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return v;
+  };
+  f.clock_khz = attribute(cudaDevAttrClockRate);
+  f.memory_clock_khz = attribute(cudaDevAttrMemoryClockRate);
+  return f;
+}
+
 void init(int device);
 
 namespace {
@@ -883,16 +927,7 @@ void init(int device) {
           device, backend->device().index);
     return;
   }
-  const int n = device_count();
-  if (n == 0)
-    user_error(
-        "device: cuda requested but no CUDA device is visible (check nvidia-smi, the "
-        "driver, and CUDA_VISIBLE_DEVICES), or use device: cpu");
-  if (device < 0 || device >= n)
-    user_error(
-        "device cuda:{} requested but only {} CUDA device(s) are visible (0..{}); check "
-        "CUDA_VISIBLE_DEVICES and the device index",
-        device, n, n - 1);
+  require_visible(device);
   backend = new CudaBackend(device);  // lives for the process, like the host allocator
   register_device_allocator(DeviceType::CUDA, &backend->allocator());
   register_backend(DeviceType::CUDA, backend);

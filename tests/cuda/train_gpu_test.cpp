@@ -677,7 +677,8 @@ training: {{steps: 5, eval_every: 0, sample_every: 0, checkpoint_every: 0, progr
            profile_steps: 3, profile_start: 2}}
 )",
                                          fmt::arg("run", tmp / "run"), fmt::arg("data", data)));
-  tools::Trainer t(tools::load_train_config(tmp / "p.yaml"));
+  const tools::TrainConfig config = tools::load_train_config(tmp / "p.yaml");
+  tools::Trainer t(config);
   EXPECT_EQ(t.run(), tools::Trainer::Outcome::Finished);
   const std::string table = tools::testing::read_text(tmp / "run/profile.md");
   EXPECT_NE(table.find("GPU time per op over steps 2 to 4"), std::string::npos) << table;
@@ -686,6 +687,20 @@ training: {{steps: 5, eval_every: 0, sample_every: 0, checkpoint_every: 0, progr
   EXPECT_NE(table.find("| sum_squares | 1 |"), std::string::npos) << table;
   EXPECT_NE(table.find("| cross_entropy_forward | 2 |"), std::string::npos) << table;
   EXPECT_NE(table.find("| step (host clock) |"), std::string::npos) << table;
+  // Note [Roofline bound]: the device's peaks are known (the emulator reports an H100 SXM's), so
+  // every op has its bound.
+  EXPECT_NE(table.find("| GB/step | bound ms/step | % of bound |"), std::string::npos) << table;
+  // Note [GPU peaks]: MFU on the GPU counts against the bf16 datasheet peak of an H100 SXM.
+  models::ModelOptions mo;
+  mo.overrides = config.model.config;
+  const models::ModelShape shape = models::ModelRegistry::global().shape(config.model.name, mo);
+  const double flops_per_token = tools::training_flops_per_token(shape, 32);
+  ASSERT_EQ(t.history().size(), 5u);
+  for (const tools::StepRecord& r : t.history()) {
+    EXPECT_GT(r.mfu, 0.0) << "step " << r.step;
+    EXPECT_NEAR(r.mfu, flops_per_token * r.tokens_per_s / 989.4e12, 1e-9 * r.mfu)
+        << "step " << r.step;
+  }
 }
 
 }  // namespace

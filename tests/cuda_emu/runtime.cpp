@@ -1,7 +1,9 @@
 // The CUDA runtime API of the emulated device (Note [CUDA emulator] in simt.h): one device,
-// "Strata CUDA emulator" with sm_90's numbers. Memory follows Note [Emulated device memory];
-// streams and events (streams.cpp) Note [Emulated streams]. The definitions take their
-// signatures from the real cuda_runtime_api.h, which maps versioned names for us.
+// "Strata CUDA emulator of an NVIDIA H100 80GB HBM3" with an H100 SXM's numbers (sm_90, 132 SMs,
+// 50 MiB of L2, a 5120-bit bus, its peak clocks; so tools::device_peaks gives an H100's peaks).
+// Memory follows Note [Emulated device memory]; streams and events (streams.cpp) Note [Emulated
+// streams]. The definitions take their signatures from the real cuda_runtime_api.h, which maps
+// versioned names for us.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -250,7 +252,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (visible_devices() == 0) return ret(cudaErrorNoDevice);
   if (!valid_device(device)) return ret(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof(*prop));
-  std::strncpy(prop->name, "Strata CUDA emulator", sizeof(prop->name) - 1);
+  std::strncpy(prop->name, "Strata CUDA emulator of an NVIDIA H100 80GB HBM3",
+               sizeof(prop->name) - 1);
   prop->totalGlobalMem = DeviceMemory::get().cap();
   prop->sharedMemPerBlock = 48 << 10;
   prop->sharedMemPerBlockOptin = 227 << 10;
@@ -324,6 +327,16 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
       return cudaSuccess;
     case cudaDevAttrL2CacheSize:
       *value = 50 << 20;
+      return cudaSuccess;
+    case cudaDevAttrGlobalMemoryBusWidth:
+      *value = 5120;
+      return cudaSuccess;
+    // An H100 SXM's peak clocks, as its driver reports them (kHz).
+    case cudaDevAttrClockRate:
+      *value = 1980000;
+      return cudaSuccess;
+    case cudaDevAttrMemoryClockRate:
+      *value = 2619000;
       return cudaSuccess;
     default:
       // Not emulated: an error the caller sees, rather than a made-up number.

@@ -22,7 +22,7 @@ TEST(CudaEmuRuntime, ReportsOneHopperLikeDevice) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   cudaDeviceProp p{};
   ASSERT_EQ(cudaGetDeviceProperties(&p, 0), cudaSuccess);
-  EXPECT_STREQ(p.name, "Strata CUDA emulator");
+  EXPECT_STREQ(p.name, "Strata CUDA emulator of an NVIDIA H100 80GB HBM3");
   EXPECT_EQ(p.major * 10 + p.minor, 90);
   EXPECT_EQ(p.warpSize, 32);
   EXPECT_EQ(p.maxThreadsPerBlock, 1024);
@@ -30,6 +30,12 @@ TEST(CudaEmuRuntime, ReportsOneHopperLikeDevice) {
   int v = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   EXPECT_EQ(v, p.multiProcessorCount);
+  ASSERT_EQ(cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, 0), cudaSuccess);
+  EXPECT_EQ(v, p.memoryBusWidth);
+  ASSERT_EQ(cudaDeviceGetAttribute(&v, cudaDevAttrClockRate, 0), cudaSuccess);
+  EXPECT_EQ(v, 1980000);
+  ASSERT_EQ(cudaDeviceGetAttribute(&v, cudaDevAttrMemoryClockRate, 0), cudaSuccess);
+  EXPECT_EQ(v, 2619000);
 }
 
 TEST(CudaEmuRuntime, CopiesAreCheckedAgainstPointerKinds) {

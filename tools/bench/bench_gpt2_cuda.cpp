@@ -15,7 +15,9 @@
 // timed. Each of the `--steps` timed steps ends with a device-to-host copy of one parameter
 // element, which waits for the compute stream (AdamW runs there too), so a step's time covers all
 // of its GPU work; the median is reported. MFU is training_flops_per_token (Note [MFU]), the
-// count `train` logs, over --peak-tflops (default 989: H100 SXM bf16 dense). Peak GPU memory is
+// count `train` logs, over --peak-tflops (default: the device's dense peak for --dtype, Note [GPU
+// peaks] in tools/common/device_peaks.h: 989.4 TFLOP/s bf16 on an H100 SXM; the table's header
+// line names the peak and where it comes from). Peak GPU memory is
 // MemoryStats' tier gpu peak during the timed steps: bytes handed out, like
 // torch.cuda.max_memory_allocated (the allocator's cached segments are not counted).
 //
@@ -42,7 +44,11 @@
 // --profile N runs N more steps per model after the timed ones with the CUDA op profiler on
 // (Note [CUDA op profiler] in tensor/cuda/profiler.cpp) and prints, after the main table, one
 // table per model: each backend op's calls, device ms and share of the step, with TFLOP/s for the
-// GEMMs and attention and GB/s for all. The profiled steps are not the timed ones.
+// GEMMs and attention and GB/s for all, and each op's roofline bound (Note [Roofline bound] in
+// tools/common/op_profile.h) at --peak-tflops and --peak-gbps (default: the device's memory
+// bandwidth); under the table the step's bound and the MFU it caps. The profiled steps are not
+// the timed ones. In the dry run the bounds are what the step's kernels would need on an H100
+// SXM at its peaks (the emulated device reports an H100 SXM's), without any GPU.
 //
 // --device cpu runs the same program on the host (no --fill): a smoke test of it on a machine
 // without a GPU, with a small model (--models gpt2-tiny --T 64); its numbers mean nothing.
@@ -70,6 +76,7 @@
 #include "parallel/world.h"
 #include "tensor/cuda.h"
 #include "tensor/storage.h"
+#include "tools/common/device_peaks.h"
 #include "tools/common/op_profile.h"
 #include "tools/common/trainer.h"
 
@@ -87,7 +94,8 @@ constexpr double kGradClip = 1.0;
 struct Options {
   std::string dtype = "bf16";
   bool recompute_gelu = false;  // Note [GELU recompute]
-  double peak_tflops = 989.0;
+  double peak_tflops = 0.0;     // 0: the device's (Note [GPU peaks])
+  double peak_gbps = 0.0;       // 0: the device's
   int warmup = 3;
   int steps = 10;
   std::vector<std::string> models = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
@@ -318,11 +326,20 @@ void print_header() {
 }
 
 // --profile: where a step's device time goes, one table per model (Note [CUDA op profiler]).
-void print_profile(const std::string& name, const Row& r, const Options& o) {
+void print_profile(const std::string& name, const Row& r, const Options& o,
+                   double model_flops_per_step) {
   fmt::print("\nDevice time per op, {} at B = {}, T = {}, {}: {} profiled steps{}\n\n", name,
              r.batch, o.seq_len, o.dtype, o.profile,
-             dry_run() ? " (dry run: the times mean nothing, the calls and sizes do)" : "");
-  fmt::print("{}", tools::op_time_table(r.ops, o.profile, r.profiled_s * 1e3 / o.profile));
+             dry_run() ? " (dry run: the times mean nothing, the calls, sizes and bounds do)" : "");
+  const tools::PeakRates peaks{o.peak_tflops, o.peak_gbps};
+  fmt::print("{}", tools::op_time_table(r.ops, o.profile, r.profiled_s * 1e3 / o.profile, peaks));
+  const double bound = tools::bound_ms(r.ops, o.profile, peaks);
+  if (bound > 0)
+    fmt::print(
+        "\nBound (Note [Roofline bound]): at {:.1f} TFLOP/s and {:.0f} GB/s these ops need at "
+        "least {:.4g} ms per step, which caps MFU at {:.1f}%.\n",
+        o.peak_tflops, o.peak_gbps, bound,
+        100.0 * model_flops_per_step / (bound * 1e-3 * o.peak_tflops * 1e12));
 }
 
 }  // namespace
@@ -352,9 +369,15 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "timed steps (median reported)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_option(
-         "--peak-tflops", o.peak_tflops,
-         "dense peak for MFU (989: H100/H200 SXM bf16; with --dtype fp32 give the fp32 one)")
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "dense peak for MFU and the profile's bound; 0: the device's for --dtype "
+                 "(989.4 on an H100 SXM in bf16)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--peak-gbps", o.peak_gbps,
+                 "memory bandwidth for the profile's bound, GB/s; 0: the device's (3352 on an "
+                 "H100 SXM)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--seed", o.seed, "model init and token seed")->capture_default_str();
   app.add_option("--profile", o.profile,
@@ -383,7 +406,19 @@ int main(int argc, char** argv) {
     if (o.batch < 0) user_error("--B must be positive, got {}", o.batch);
     if (o.fill && o.on_cpu) user_error("--fill needs the GPU (it probes for out-of-memory)");
     if (o.profile > 0 && o.on_cpu) user_error("--profile times GPU ops; it needs --device cuda");
-    if (!o.on_cpu) tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
+    if (!o.on_cpu) {
+      tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
+      // Note [GPU peaks]: what MFU and the profile's bound count against.
+      const tools::DevicePeaks peaks = tools::device_peaks(tensor::cuda_device_facts(0));
+      const bool own_flops = o.peak_tflops == 0;
+      if (own_flops) o.peak_tflops = peaks.tflops_for(o.dtype == "bf16" ? DType::BF16 : DType::F32);
+      if (o.peak_gbps == 0) o.peak_gbps = peaks.memory_gbps;
+      if (o.peak_tflops == 0)
+        user_error("this GPU's peak FLOP/s is {}; give --peak-tflops", peaks.source);
+      // A list item before the table (run_gpt2_cuda.sh hands the FLOP/s to the reference).
+      fmt::print("- peaks: {:.1f} TFLOP/s {} ({}), {:.0f} GB/s\n\n", o.peak_tflops, o.dtype,
+                 own_flops ? peaks.source : "--peak-tflops", o.peak_gbps);
+    }
     auto world = parallel::init_world("self", o.device(), std::chrono::seconds(60));
     // Note [Fused ops in models]: STRATA_FUSED_OPS=off measures the unfused compositions.
     const std::string impl =
@@ -403,7 +438,11 @@ int main(int argc, char** argv) {
         if (o.profile > 0) profiled.emplace_back(name, r);
         const double tokens_s = static_cast<double>(r.batch * o.seq_len) / r.step_s;
         const double flops_per_token = tools::training_flops_per_token(shapes[i], o.seq_len);
-        const double mfu = flops_per_token * tokens_s / (o.peak_tflops * 1e12);
+        // --device cpu has no peak unless --peak-tflops gives one: MFU "-".
+        const std::string mfu = o.peak_tflops > 0
+                                    ? fmt::format("{:.1f}%", 100.0 * flops_per_token * tokens_s /
+                                                                 (o.peak_tflops * 1e12))
+                                    : std::string("-");
         const double gib = static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0 * 1024.0);
         if (dry_run()) {
           const double gpu_s = flops_per_token * static_cast<double>(r.batch * o.seq_len) /
@@ -416,10 +455,10 @@ int main(int argc, char** argv) {
               r.per_step.graph_runs, r.per_step.idle_waits, gib);
         } else {
           fmt::print(
-              "| {} | {} | {:.0f}M | {} | {} | {} | {:.0f} | {:.1f} | {:.1f}% | {:.1f} GiB "
+              "| {} | {} | {:.0f}M | {} | {} | {} | {:.0f} | {:.1f} | {} | {:.1f} GiB "
               "| {:.4f} |\n",
-              impl, name, params, r.batch, o.seq_len, o.dtype, tokens_s, r.step_s * 1e3,
-              100.0 * mfu, gib, r.loss);
+              impl, name, params, r.batch, o.seq_len, o.dtype, tokens_s, r.step_s * 1e3, mfu, gib,
+              r.loss);
         }
       } catch (const UserError& e) {
         if (!is_oom(e)) throw;
@@ -431,7 +470,12 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       release_gpu_cache(o.device());
     }
-    for (const auto& [name, r] : profiled) print_profile(name, r, o);
+    for (const auto& [name, r] : profiled) {
+      const auto& shape = registry.shape(name);
+      print_profile(name, r, o,
+                    tools::training_flops_per_token(shape, o.seq_len) *
+                        static_cast<double>(r.batch * o.seq_len));
+    }
     parallel::finalize_world();
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt2_cuda: %s\n", e.what());

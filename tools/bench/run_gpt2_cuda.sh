@@ -36,10 +36,13 @@ if [[ $ON_CPU == 1 ]]; then
   echo
   echo "(--device cpu: Strata on the CPU has its own reference, run_gpt2_cpu.sh; PyTorch skipped)"
 elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  # MFU against the peak Strata used (its "- peaks: X TFLOP/s" line; Note [GPU peaks]), unless
+  # the args give --peak-tflops, which come later and win.
+  PEAK=$(awk '/^- peaks: / { print "--peak-tflops", $3; exit }' "$STRATA")
   # Columns: | impl | model | params | B | T | dtype | tokens/s | ...
   awk -F'|' '$2 ~ /strata/ { gsub(/ /, "", $3); gsub(/ /, "", $5); print $3, $5 }' "$STRATA" |
     while read -r model batch; do
-      python3 "$HERE/reference/gpt2_cuda.py" "$@" --models "$model" --B "$batch" --no-header \
+      python3 "$HERE/reference/gpt2_cuda.py" $PEAK "$@" --models "$model" --B "$batch" --no-header \
         </dev/null | tee -a "$TORCH" ||
         echo "| torch | $model | - | $batch | - | - | failed (see stderr) | - | - | - | - |"
     done

@@ -30,6 +30,7 @@
 #include "parallel/zero_memory.h"
 #include "tensor/cuda.h"
 #include "tools/common/checkpoint.h"
+#include "tools/common/device_peaks.h"
 #include "tools/common/op_profile.h"
 #include "tools/common/sampler.h"
 
@@ -126,7 +127,7 @@ double training_flops_per_token(const models::ModelShape& s, int64_t seq_len) {
 }
 
 double estimated_peak_flops(const std::string& device) {
-  if (device != "cpu") return 0.0;  // the CUDA backend reports its own peak
+  if (device != "cpu") return 0.0;  // GPUs: device_peaks (Note [GPU peaks])
   double mhz = 0.0;
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -291,18 +292,31 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
       std::make_unique<ConsoleReporter>(rank_ == 0 ? c.training.progress : "off", c.training.steps);
 
   flops_per_token_ = training_flops_per_token(shape, c.batch.seq_len);
-  peak_flops_ = estimated_peak_flops(c.run.device);
-  console_->event(fmt::format(
-      "strata train: model {} ({:.2f}M parameters) | {} | {} | global batch {} x {} tokens "
-      "(micro {} x accum {} x dp {}) | {} train samples{}",
-      c.model.name, static_cast<double>(shape.num_parameters) / 1e6, c.run.device,
-      world_ == 1
-          ? std::string("1 process")
-          : fmt::format("{} ranks ({}), ZeRO stage {}", world_, dp_->backend(), c.zero.stage),
-      c.batch.global_batch_size, c.batch.seq_len, c.batch.micro_batch_size,
-      c.batch.grad_accum_steps, world_, train_data_->num_samples(),
-      resume_from.empty() ? std::string()
-                          : fmt::format(" | resumed from {} at step {}", resume_from, step_)));
+  std::string peak_note;
+  if (device_.is_cuda()) {
+    // Note [GPU peaks]: the datasheet's dense peak for this run's dtype, else an estimate.
+    const DevicePeaks peaks = device_peaks(tensor::cuda_device_facts(device_.index));
+    peak_flops_ = peaks.tflops_for(param_dtype(c.run.dtype)) * 1e12;
+    peak_rates_ = {peak_flops_ / 1e12, peaks.memory_gbps};
+    peak_note = peak_flops_ > 0 ? fmt::format(" | MFU against {:.1f} TFLOP/s {} ({})",
+                                              peak_flops_ / 1e12, c.run.dtype, peaks.source)
+                                : fmt::format(" | no MFU: this GPU's peak is {}", peaks.source);
+  } else {
+    peak_flops_ = estimated_peak_flops(c.run.device);
+  }
+  console_->event(
+      fmt::format(
+          "strata train: model {} ({:.2f}M parameters) | {} | {} | global batch {} x {} tokens "
+          "(micro {} x accum {} x dp {}) | {} train samples{}",
+          c.model.name, static_cast<double>(shape.num_parameters) / 1e6, c.run.device,
+          world_ == 1
+              ? std::string("1 process")
+              : fmt::format("{} ranks ({}), ZeRO stage {}", world_, dp_->backend(), c.zero.stage),
+          c.batch.global_batch_size, c.batch.seq_len, c.batch.micro_batch_size,
+          c.batch.grad_accum_steps, world_, train_data_->num_samples(),
+          resume_from.empty() ? std::string()
+                              : fmt::format(" | resumed from {} at step {}", resume_from, step_)) +
+      peak_note);
 }
 
 Trainer::~Trainer() = default;
@@ -554,7 +568,7 @@ void Trainer::report_profile(const std::vector<tensor::CudaOpTime>& ops, double 
       "GPU time per op over steps {} to {} (rank 0; device time from CUDA events, share of the "
       "steps' wall time):\n\n{}",
       t.profile_start, t.profile_start + t.profile_steps - 1,
-      op_time_table(ops, t.profile_steps, step_ms));
+      op_time_table(ops, t.profile_steps, step_ms, peak_rates_));
   console_->event(text);
   write_file_atomically(config_.run.dir + "/profile.md", text);
 }

@@ -65,6 +65,7 @@
 #include "tensor/cuda.h"
 #include "tools/common/data_loader.h"
 #include "tools/common/metrics.h"
+#include "tools/common/op_profile.h"
 #include "tools/common/tokenizer.h"
 #include "tools/common/train_config.h"
 
@@ -137,6 +138,7 @@ class Trainer {
   int64_t samples_consumed_ = 0;
   double flops_per_token_ = 0.0;
   double peak_flops_ = 0.0;
+  PeakRates peak_rates_;  // the GPU's, for the profile's roofline bound (Note [Roofline bound])
   std::vector<StepRecord> history_;
   std::vector<parallel::UnitSize> unit_sizes_;
   std::string last_checkpoint_;
@@ -145,10 +147,12 @@ class Trainer {
 
 // Note [MFU]: model flops per token of a training step (6 per matmul parameter, plus causal
 // attention's 12*L*T*C counted in full, as PaLM's appendix and llm.c do), and the device's
-// estimated peak: on the CPU, threads x clock (from /proc/cpuinfo) x f32 flops per cycle of the
-// widest FMA unit (32 with AVX2+FMA, 64 with AVX-512). An estimate for comparing runs on one
-// machine, not a hardware counter.
+// peak: on the CPU an estimate, threads x clock (from /proc/cpuinfo) x f32 flops per cycle of
+// the widest FMA unit (32 with AVX2+FMA, 64 with AVX-512), for comparing runs on one machine, not
+// a hardware counter; on a GPU the dense peak of the run's dtype (Note [GPU peaks] in
+// device_peaks.h: the datasheet's where the name identifies the part), which the first log line
+// names.
 double training_flops_per_token(const models::ModelShape& shape, int64_t seq_len);
-double estimated_peak_flops(const std::string& device);
+double estimated_peak_flops(const std::string& device);  // "cpu"; 0 for any other device
 
 }  // namespace strata::tools

@@ -167,7 +167,9 @@ def main():
     p.add_argument("--T", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument("--peak-tflops", type=float, default=989.4,
+                   help="dense peak for MFU (run_gpt2_cuda.sh passes the one Strata used: the "
+                        "device's datasheet peak, Note [GPU peaks] in tools/common/device_peaks.h)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--modes", default="eager,compile")
     p.add_argument("--fill", action="store_true",
@@ -178,6 +180,8 @@ def main():
                    help="after the timed steps, N more under torch.profiler; prints its kernel "
                         "table (by self device time) after each row")
     # bench_gpt2_cuda's other flags, which run_gpt2_cuda.sh passes to both programs.
+    p.add_argument("--peak-gbps", type=float, default=0.0,
+                   help="ignored: the bandwidth of Strata's roofline bound in its --profile table")
     p.add_argument("--recompute-gelu", action="store_true",
                    help="ignored: Strata's GELU recompute; PyTorch's step keeps its usual tensors")
     p.add_argument("--device", default="cuda", choices=["cuda"],

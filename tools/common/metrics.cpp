@@ -81,8 +81,10 @@ std::string summary(const StepRecord& r) {
   for (const auto& [tier, bytes] : r.peak_bytes) {
     mem += fmt::format(" | {} {}", tier, format_bytes(bytes));
   }
-  return fmt::format("loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | mfu {:.1f}%{}",
-                     r.loss, r.lr, r.grad_norm, r.tokens_per_s, 100.0 * r.mfu, mem);
+  // No peak for this device (Note [GPU peaks]): no MFU, rather than 0%.
+  const std::string mfu = r.mfu > 0 ? fmt::format("{:.1f}%", 100.0 * r.mfu) : std::string("-");
+  return fmt::format("loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | mfu {}{}", r.loss,
+                     r.lr, r.grad_norm, r.tokens_per_s, mfu, mem);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // emulator they are the emulator's. Every test skips itself without a GPU.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/timer.h"
 #include "models/flat_params.h"
 #include "models/gpt2/gpt2.h"
@@ -19,6 +22,7 @@
 #include "tensor/backend.h"
 #include "tensor/cuda.h"
 #include "tests/parallel/engine_test_util.h"
+#include "tools/common/device_peaks.h"
 
 namespace strata {
 namespace {
@@ -179,6 +183,34 @@ TEST(CudaProfiler, ATrainingStepIsCoveredOpByOp) {
   }
   EXPECT_EQ(attention, s.n_layer);
   EXPECT_LE(total_ms, wall_ms * 1.01 + 0.1);
+}
+
+// Note [GPU peaks]: what the driver says of the device (on the emulator, an H100 SXM's numbers),
+// enough for a peak on the architectures Strata targets; an index that is not visible is a
+// UserError naming the visible ones.
+TEST(CudaDeviceFacts, TheDeviceGivesItsPeaksAndAMissingIndexIsNamed) {
+  SKIP_WITHOUT_GPU();
+  const tensor::CudaDeviceFacts f = tensor::cuda_device_facts(0);
+  EXPECT_FALSE(f.name.empty());
+  EXPECT_GE(f.major, 8) << f.name;
+  EXPECT_GT(f.sms, 0) << f.name;
+  EXPECT_GT(f.clock_khz, 0) << f.name;
+  EXPECT_GT(f.memory_clock_khz, 0) << f.name;
+  EXPECT_GT(f.bus_width_bits, 0) << f.name;
+  EXPECT_GT(f.total_bytes, 0) << f.name;
+  const tools::DevicePeaks p = tools::device_peaks(f);
+  EXPECT_GT(p.tensor_tflops, p.fp32_tflops) << p.source;
+  EXPECT_GT(p.fp32_tflops, 0.0) << p.source;
+  EXPECT_GT(p.memory_gbps, 100.0) << p.source;
+  const int n = tensor::cuda_device_count();
+  try {
+    tensor::cuda_device_facts(n);
+    ADD_FAILURE() << "device " << n << " of " << n << " gave facts";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("only {} CUDA device(s) are visible", n)),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

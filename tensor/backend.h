@@ -182,7 +182,9 @@ class Backend {
   virtual void cross_entropy_norm(const Tensor& targets, int64_t ignore_index, Tensor& out) = 0;
   // dlogits [N, V] = (softmax(logits) - onehot(target)) * dloss[row] over the first `classes`
   // columns, 0 in the rest; rows with ignore_index get 0. dloss [N] is the gradient of the total
-  // objective w.r.t. each row's loss.
+  // objective w.r.t. each row's loss. dlogits may be logits itself (the gradient written in
+  // place, tensor::cross_entropy_backward_): each element must be read before its gradient is
+  // stored, and no other element read after.
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                       const Tensor& lse, const Tensor& dloss, int64_t ignore_index,
                                       int64_t classes, Tensor& dlogits) = 0;

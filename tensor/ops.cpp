@@ -688,6 +688,23 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   return dlogits;
 }
 
+void cross_entropy_backward_(Tensor& logits, const Tensor& targets, const Tensor& lse,
+                             const Tensor& dloss, int64_t ignore_index, int64_t classes) {
+  int64_t v = logits.size(-1);
+  classes = ce_classes(classes, v, "cross_entropy_backward_");
+  compute_dtype("cross_entropy_backward_", {&logits});
+  require_f32(lse, "cross_entropy_backward_", "lse");
+  require_f32(dloss, "cross_entropy_backward_", "dloss");
+  STRATA_CHECK(logits.is_contiguous(), "cross_entropy_backward_: logits {} are not contiguous",
+               logits.str());
+  Tensor l2 = logits.view({-1, v});
+  Tensor t = targets.contiguous().reshape({targets.numel()});
+  // Backend::cross_entropy_backward allows dlogits to be logits (each element is read, then its
+  // gradient written, by the same thread).
+  be(logits).cross_entropy_backward(l2, t, lse.contiguous(), dloss.contiguous(), ignore_index,
+                                    classes, l2);
+}
+
 Tensor concat(const std::vector<Tensor>& xs, int dim) {
   STRATA_CHECK(!xs.empty(), "concat of no tensors");
   dim = xs[0].shape().normalize(dim);

@@ -231,6 +231,12 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               const Tensor& dloss, int64_t ignore_index = -100,
                               int64_t classes = -1);
+// The same gradient written over `logits` itself (contiguous, a float dtype), which then holds
+// dlogits: same bits as cross_entropy_backward, no second [N, V] buffer (Note [Logits gradient in
+// place] in autograd/functions_nn.cpp).
+void cross_entropy_backward_(Tensor& logits, const Tensor& targets, const Tensor& lse,
+                             const Tensor& dloss, int64_t ignore_index = -100,
+                             int64_t classes = -1);
 
 // ---- shape ----
 Tensor concat(const std::vector<Tensor>& xs, int dim);

@@ -31,6 +31,57 @@ Variable input(const Shape& s, uint64_t seed, DType dt = DType::F32, float lo = 
   return Variable(tops::uniform(s, {seed, 5}, lo, hi).to(dt), true);
 }
 
+// Note [Logits gradient in place]: the cross-entropy backward writes the logits' gradient over
+// the logits when the node's saved copy is their only holder, with the bits of the out-of-place
+// gradient; logits the caller kept (the Variable, or a view of its data) stay untouched and get
+// a fresh gradient buffer. "Probe" hands the logits over as a fresh tensor and records where
+// the gradient it receives lives.
+TEST(LogitsGradientInPlace, OnlyWhenNothingElseHoldsTheLogits) {
+  const int64_t n = 6, ld = 37, classes = 33;
+  const Tensor targets = tops::from_ints({3, -100, 0, 32, 7, 7}, {n});
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const void* seen = nullptr;
+    auto probe = [&seen](const Variable& x) {
+      return make_output("Probe", x.data().clone(), {x}, [&seen](const std::vector<Tensor>& g) {
+        seen = g[0].data_ptr();
+        return std::vector<Tensor>{g[0].clone()};
+      });
+    };
+    enum class Keep { Nothing, Variable, View };
+    auto run = [&](Keep keep) {
+      Variable w = input({n, ld}, 11, dt, -4.f, 4.f);
+      Variable logits = probe(w);
+      const void* at = logits.data().data_ptr();
+      const Tensor before = logits.data().clone();
+      Tensor view = keep == Keep::View ? logits.data().narrow(0, 1, 2) : Tensor();
+      Variable loss = cross_entropy(logits, targets, -100, classes);
+      if (keep != Keep::Variable) logits = Variable();
+      seen = nullptr;
+      loss.backward();
+      EXPECT_EQ(seen == at, keep == Keep::Nothing);
+      if (keep == Keep::Variable) {
+        EXPECT_TRUE(same_bits(logits.data(), before));
+      }
+      if (keep == Keep::View) {
+        EXPECT_TRUE(same_bits(view, before.narrow(0, 1, 2)));
+      }
+      return w.grad();
+    };
+    const Tensor in_place = run(Keep::Nothing);
+    EXPECT_TRUE(same_bits(in_place, run(Keep::Variable)));
+    EXPECT_TRUE(same_bits(in_place, run(Keep::View)));
+    // The padding columns get 0 and the ignored row is all 0, as out of place.
+    const Tensor f = in_place.to(DType::F32);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < ld; ++c) {
+        if (r == 1 || c >= classes) {
+          ASSERT_EQ(f.data<float>()[r * ld + c], 0.f) << r << ", " << c;
+        }
+      }
+  }
+}
+
 // ---- against finite differences ----
 
 TEST(FusedGradcheck, AddLayerNorm) {

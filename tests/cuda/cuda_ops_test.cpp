@@ -399,6 +399,33 @@ TEST(CudaOps, UnalignedRowsTakeTheOneElementPaths) {
   }
 }
 
+// Note [Logits gradient in place]: the cross-entropy backward written over the logits gives the
+// out-of-place kernel's bits, on aligned rows (128-bit packs read and written in place) and on
+// rows one element off (the one-element path), with padding columns and an ignored row.
+TEST(CudaOps, CrossEntropyBackwardInPlaceGivesTheOutOfPlaceBits) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 13, ld = 264, classes = 250;
+  std::vector<int64_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i == 4 ? -100 : (i * 37) % classes;
+  const Tensor targets = from_ints(t, {n}).to(kGpu);
+  const Tensor dloss = rnd({n}, 71).to(kGpu);
+  for (DType dt : kDtypes) {
+    SCOPED_TRACE(dtype_tag(dt));
+    const Tensor x = rnd({n, ld}, 70, -6.f, 6.f).to(dt);
+    const CrossEntropyResult r = cross_entropy(x.to(kGpu), targets, -100, classes);
+    const Tensor want =
+        cross_entropy_backward(x.to(kGpu), targets, r.lse, dloss, -100, classes).to(Device::cpu());
+    for (bool aligned : {true, false}) {
+      SCOPED_TRACE(aligned ? "aligned" : "shifted");
+      Tensor g = aligned ? x.to(kGpu) : shifted_on_gpu(x);
+      const void* at = g.data_ptr();
+      cross_entropy_backward_(g, targets, r.lse, dloss, -100, classes);
+      EXPECT_EQ(g.data_ptr(), at);
+      EXPECT_EQ(max_abs_diff(g.to(Device::cpu()).to(DType::F32), want.to(DType::F32)), 0.0);
+    }
+  }
+}
+
 // Note [CUDA embedding backward]: the device sort (tiles of 2048 keys, global merge passes above
 // that) must give each id its rows in row order, so the sums are the CPU's bits: f32, and bf16
 // rounded once from the same f32 sums. Sizes around the tile and past two merge stages, ids from

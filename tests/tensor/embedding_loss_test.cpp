@@ -206,6 +206,31 @@ TEST(CrossEntropy, ClassesEqualsNarrowingFirst) {
                UserError);
 }
 
+// cross_entropy_backward_ writes the gradient over the logits with the out-of-place bits, in
+// every dtype, with padding columns and an ignored row; it wants contiguous logits.
+TEST(CrossEntropy, InPlaceBackwardGivesTheOutOfPlaceBits) {
+  const int64_t n = 29, ld = 1037, classes = 1001;
+  Tensor x32 = make_tensor(random_normal(n * ld, 60, 0.f, 3.f), {n, ld});
+  std::vector<int64_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 5 == 0 ? kIgnore : (i * 89) % classes;
+  Tensor tt = from_ints(t, {n});
+  Tensor dloss = make_tensor(random_normal(n, 61), {n});
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    Tensor x = x32.to(dt);
+    CrossEntropyResult r = cross_entropy(x, tt, kIgnore, classes);
+    Tensor out = cross_entropy_backward(x, tt, r.lse, dloss, kIgnore, classes);
+    Tensor in = x.clone();
+    const void* at = in.data_ptr();
+    cross_entropy_backward_(in, tt, r.lse, dloss, kIgnore, classes);
+    EXPECT_EQ(in.data_ptr(), at);
+    EXPECT_TRUE(same_bits(values(in.to(DType::F32)), values(out.to(DType::F32)))) << dtype_name(dt);
+  }
+  Tensor strided = x32.transpose(0, 1);
+  EXPECT_ANY_THROW(cross_entropy_backward_(strided, from_ints(std::vector<int64_t>(ld, 0), {ld}),
+                                           make_tensor(random_normal(ld, 62), {ld}),
+                                           make_tensor(random_normal(ld, 63), {ld})));
+}
+
 TEST(CrossEntropy, DeterministicAcrossThreadCounts) {
   const int64_t n = 67, v = 5003;
   Tensor x = make_tensor(random_normal(n * v, 40, 0.f, 4.f), {n, v});

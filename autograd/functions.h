@@ -1,6 +1,7 @@
 #pragma once
 // Differentiable functions. Each is defined in functions_*.cpp with its backward beside it
 // (Note [Forward and backward side by side]).
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -83,6 +84,29 @@ Variable embedding(const Variable& weight, const Tensor& ids);
 // the same values as narrowing first, without copying the logits (tensor::cross_entropy).
 Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ignore_index = -100,
                        int64_t classes = -1);
+// The gradient the next training loss will receive, set by a training loop that knows it before
+// the forward (Trainer, bench_gpt2_cuda: the loss scale over the accumulation steps). While one
+// is set, cross_entropy_consuming computes the forward and the logits' gradient in one pass (Note
+// [Fused cross-entropy gradient] in functions_nn.cpp). Scopes nest; the innermost wins.
+class LossGradientScope {
+ public:
+  explicit LossGradientScope(float grad);
+  ~LossGradientScope();
+  LossGradientScope(const LossGradientScope&) = delete;
+  LossGradientScope& operator=(const LossGradientScope&) = delete;
+  // The innermost scope's gradient, if any on this thread.
+  static std::optional<float> current();
+
+ private:
+  std::optional<float> previous_;
+};
+// cross_entropy for a caller that hands its logits over (they are moved from). With a
+// LossGradientScope, grad mode on and no other handle on the logits, the forward also writes the
+// logits' gradient over them (read once instead of twice); otherwise, or if the loss's gradient
+// turns out not to be the scope's, the result is cross_entropy's (the latter rescaled: Note
+// [Fused cross-entropy gradient]).
+Variable cross_entropy_consuming(Variable&& logits, const Tensor& targets,
+                                 int64_t ignore_index = -100, int64_t classes = -1);
 
 // ---- reductions ----
 Variable sum(const Variable& x, int dim, bool keepdim = false);

@@ -232,4 +232,58 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ig
   });
 }
 
+// Note [Fused cross-entropy gradient]
+// The logits' gradient is elementwise given the lse and dloss = g / m on every counted row, where
+// g is the gradient the mean loss receives, and a training loop knows g before the forward: 1
+// over the accumulation steps, times the fp16 loss scale (Trainer and bench_gpt2_cuda set it with
+// a LossGradientScope; Engine::loss_gradient). With it, cross_entropy_consuming runs the forward
+// and the backward in one pass over the logits (tensor::cross_entropy_fused_; on the GPU, Note
+// [CUDA fused cross-entropy]): the logits, GPT-2's largest tensor (13.2 GB for 124M at B = 128),
+// come from device memory once instead of twice, a third less traffic for the loss, and the
+// gradient is written over them, so the memory is that of Note [Logits gradient in place].
+// It applies only when nothing else can see the logits: the caller moved its Variable in, no
+// other Variable shares its node, their storage has no other handle (logits_are_ours), grad mode
+// is on and they need a gradient; otherwise the result is cross_entropy's. The node then keeps
+// the gradient instead of the logits. Its backward compares the gradient it receives with the
+// scope's on the device (tensor::scale_unless_equal_, no wait): equal, which is what the loops
+// ensure (the same float products the backward makes), it passes the gradient on untouched, with
+// the unfused path's bits; different (a model that weights its loss, a loop that scales it
+// another way), it rescales it by received / expected, still without a wait: two roundings more
+// than the unfused path (the ratio and the rescaled value, in the logits' dtype), so within a few
+// units of roundoff of it (exact for a power-of-two ratio, but for f16's subnormals).
+namespace {
+thread_local std::optional<float> t_loss_gradient;
+}  // namespace
+
+LossGradientScope::LossGradientScope(float grad) : previous_(t_loss_gradient) {
+  t_loss_gradient = grad;
+}
+
+LossGradientScope::~LossGradientScope() {
+  t_loss_gradient = previous_;
+}
+
+std::optional<float> LossGradientScope::current() {
+  return t_loss_gradient;
+}
+
+Variable cross_entropy_consuming(Variable&& logits_in, const Tensor& targets, int64_t ignore_index,
+                                 int64_t classes) {
+  Variable logits = std::move(logits_in);
+  const std::optional<float> grad = LossGradientScope::current();
+  if (!grad || !GradMode::is_enabled() || !logits.requires_grad() || logits.use_count() != 1 ||
+      !logits_are_ours(logits.data()))
+    return cross_entropy(logits, targets, ignore_index, classes);
+  Tensor d = logits.data();  // a second handle on the storage, also ours
+  tops::CrossEntropyResult r = tops::cross_entropy_fused_(d, targets, *grad, ignore_index, classes);
+  const Tensor inv_m = r.norm.narrow(0, 1, 1).reshape({});
+  Tensor loss = tops::mul(tops::sum_all(r.losses), inv_m);
+  const float expected = *grad;
+  return make_output("CrossEntropy", loss, {logits}, [=](const std::vector<Tensor>& g) {
+    Tensor dlogits = d;
+    tops::scale_unless_equal_(dlogits, g[0], expected);
+    return std::vector<Tensor>{dlogits};
+  });
+}
+
 }  // namespace strata::autograd

@@ -45,6 +45,8 @@ class Variable {
   Variable(Tensor data, std::shared_ptr<Node> grad_fn, int output_nr);
 
   bool defined() const { return impl_ != nullptr; }
+  // How many Variables share this one's node (1: no other handle on it).
+  long use_count() const { return impl_.use_count(); }
   const Tensor& data() const { return impl_->data; }
   // Replaces the data (same shape), e.g. to rebind a parameter to a flat buffer view.
   void set_data(Tensor data);

@@ -18,8 +18,10 @@ Variable CausalLM::loss(const Tensor& ids, const Tensor& targets, int64_t ignore
   STRATA_USER_CHECK(targets.shape() == ids.shape(), "targets {} must have the shape of ids {}",
                     targets.str(), ids.str());
   Variable logits = forward(ids);
-  // Note [Padded vocabulary]: the loss reads the first vocab_size columns in place.
-  return autograd::cross_entropy(logits, targets, ignore_index, vocab_size());
+  // Note [Padded vocabulary]: the loss reads the first vocab_size columns in place. The logits
+  // are handed over: under a LossGradientScope their gradient comes with the forward (Note
+  // [Fused cross-entropy gradient] in autograd/functions_nn.cpp).
+  return autograd::cross_entropy_consuming(std::move(logits), targets, ignore_index, vocab_size());
 }
 
 void CausalLM::zero_grad() {

@@ -191,6 +191,11 @@ void Engine::backward(const autograd::Variable& loss) {
   if (gatherer_) gatherer_->end_pass();
 }
 
+float Engine::loss_gradient(float weight) const {
+  // backward() seeds 1, its scale node multiplies by the loss scale, the caller's by weight.
+  return scaler_ != nullptr ? static_cast<float>(scaler_->scale()) * weight : weight;
+}
+
 std::vector<tensor::Tensor> Engine::owned_grads() const {
   std::vector<tensor::Tensor> out;
   for (const optim::ParamGroup& g : optimizer_->groups()) out.push_back(g.grad);

@@ -93,6 +93,11 @@ class Engine {
   // Note [Engine step].
   void begin_micro_batch(bool last);
   void backward(const autograd::Variable& loss);  // loss already scaled by 1/grad_accum
+  // The gradient backward(x) hands x, where x = loss scaled by `weight` (1 / grad_accum, or 1
+  // when x is the loss itself) and the loss is the model's: the fp16 loss scale times weight,
+  // as the float product the backward makes. For a LossGradientScope around the model's loss
+  // (Note [Fused cross-entropy gradient] in autograd/functions_nn.cpp).
+  float loss_gradient(float weight) const;
   StepResult step(double lr, double max_norm);
 
   optim::Optimizer& optimizer() { return *optimizer_; }

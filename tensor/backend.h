@@ -188,6 +188,18 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                       const Tensor& lse, const Tensor& dloss, int64_t ignore_index,
                                       int64_t classes, Tensor& dlogits) = 0;
+  // Both at once, for a mean loss whose gradient `grad` is known before the forward (Note
+  // [Fused cross-entropy gradient] in autograd/functions_nn.cpp): losses and lse as
+  // cross_entropy_forward, then logits overwritten with the gradient cross_entropy_backward gives
+  // for dloss[row] = grad / norm[0] (norm: cross_entropy_norm's {m, 1 / m}). The same bits as
+  // those calls; the default makes them, a GPU backend reads each row once.
+  virtual void cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                   int64_t classes, float grad, const Tensor& norm, Tensor& losses,
+                                   Tensor& lse);
+  // x *= g / expected (one rounding to x's dtype), where g (F32, one element, on this device)
+  // differs from `expected`; x is not touched where they are equal. The default reads g on the
+  // host; a GPU backend decides on the device, without a wait.
+  virtual void scale_unless_equal(Tensor& x, const Tensor& g, float expected);
 };
 
 // The backend for a device. CPU is always there; CUDA registers itself when built and a GPU is

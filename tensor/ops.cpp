@@ -672,6 +672,36 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   return r;
 }
 
+CrossEntropyResult cross_entropy_fused_(Tensor& logits, const Tensor& targets, float grad,
+                                        int64_t ignore_index, int64_t classes) {
+  same_device(logits, targets, "cross_entropy_fused_");
+  require_int(targets, "cross_entropy_fused_");
+  compute_dtype("cross_entropy_fused_", {&logits});
+  STRATA_CHECK(logits.is_contiguous(), "cross_entropy_fused_: logits {} are not contiguous",
+               logits.str());
+  int64_t v = logits.size(-1);
+  classes = ce_classes(classes, v, "cross_entropy_fused_");
+  Tensor l2 = logits.view({-1, v});
+  Tensor t = targets.contiguous().reshape({targets.numel()});
+  STRATA_CHECK(l2.size(0) == t.size(0), "cross_entropy_fused_: {} logit rows but {} targets",
+               l2.size(0), t.size(0));
+  CrossEntropyResult r;
+  r.losses = Tensor::empty({t.size(0)}, DType::F32, logits.device());
+  r.lse = Tensor::empty({t.size(0)}, DType::F32, logits.device());
+  r.norm = Tensor::empty({2}, DType::F32, logits.device());
+  be(logits).cross_entropy_norm(t, ignore_index, r.norm);
+  be(logits).cross_entropy_fused(l2, t, ignore_index, classes, grad, r.norm, r.losses, r.lse);
+  return r;
+}
+
+void scale_unless_equal_(Tensor& x, const Tensor& g, float expected) {
+  same_device(x, g, "scale_unless_equal_");
+  compute_dtype("scale_unless_equal_", {&x});
+  require_f32(g, "scale_unless_equal_", "g");
+  STRATA_CHECK(g.numel() == 1, "scale_unless_equal_: g {} is not one element", g.str());
+  be(x).scale_unless_equal(x, g, expected);
+}
+
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               const Tensor& dloss, int64_t ignore_index, int64_t classes) {
   int64_t v = logits.size(-1);

@@ -237,6 +237,15 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 void cross_entropy_backward_(Tensor& logits, const Tensor& targets, const Tensor& lse,
                              const Tensor& dloss, int64_t ignore_index = -100,
                              int64_t classes = -1);
+// cross_entropy and, for a mean loss (sum(losses) * norm[1]) whose gradient will be `grad`, its
+// backward at once: `logits` (contiguous, a float dtype) then hold the gradient
+// cross_entropy_backward gives for dloss = grad / norm[0], with its bits (Note [Fused
+// cross-entropy gradient] in autograd/functions_nn.cpp).
+CrossEntropyResult cross_entropy_fused_(Tensor& logits, const Tensor& targets, float grad,
+                                        int64_t ignore_index = -100, int64_t classes = -1);
+// x *= g / expected (g: one F32 element on x's device), unless g == expected: then x is left as
+// it is. Decided where g is, without a wait for a GPU.
+void scale_unless_equal_(Tensor& x, const Tensor& g, float expected);
 
 // ---- shape ----
 Tensor concat(const std::vector<Tensor>& xs, int dim);

@@ -846,6 +846,33 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
            "cross_entropy_backward");
 }
 
+void CudaBackend::cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                      int64_t classes, float grad, const Tensor& norm,
+                                      Tensor& losses, Tensor& lse) {
+  // Reads the logits once and writes them once (Note [CUDA fused cross-entropy]).
+  OpScope prof(stream_, "cross_entropy_fused", 0,
+               bytes_of({&logits, &targets, &losses, &lse, &logits}));
+  const int64_t n = logits.size(0), v = logits.size(1);
+  if (n == 0) return;
+  int* bad = checked_launch(fmt::format(
+      "cross_entropy: a target is outside [0, {}) and is not the ignore_index {}; check the "
+      "dataset against vocab_size",
+      classes, ignore_index));
+  launched(launch_cross_entropy_fused(compute_dt("cross_entropy", logits), logits.data_ptr(),
+                                      targets.data_ptr(), targets.dtype() == DType::I64,
+                                      ignore_index, losses.data<float>(), lse.data<float>(), n, v,
+                                      classes, bad, grad, norm.data<float>(), stream_),
+           "cross_entropy_fused");
+}
+
+void CudaBackend::scale_unless_equal(Tensor& x, const Tensor& g, float expected) {
+  if (!x.is_contiguous()) return Backend::scale_unless_equal(x, g, expected);
+  OpScope prof(stream_, "scale_unless_equal", 0, bytes_of({&g}));
+  launched(launch_scale_unless_equal(compute_dt("scale_unless_equal", x), x.data_ptr(), x.numel(),
+                                     g.data<float>(), expected, stream_),
+           "scale_unless_equal");
+}
+
 // ---- device setup and registration ----
 
 int device_count() {

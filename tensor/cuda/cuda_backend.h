@@ -85,8 +85,8 @@ class CudaBackend final : public Backend {
 
   void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
                       Tensor& y, Tensor& pre) override;
-  void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
-                              Tensor& dbias, bool accumulate) override;
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight, Tensor& dbias,
+                              bool accumulate) override;
   void linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre, Tensor& dpre,
                             Tensor& dbias) override;
 
@@ -129,6 +129,10 @@ class CudaBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               const Tensor& dloss, int64_t ignore_index, int64_t classes,
                               Tensor& dlogits) override;
+  void cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                           int64_t classes, float grad, const Tensor& norm, Tensor& losses,
+                           Tensor& lse) override;
+  void scale_unless_equal(Tensor& x, const Tensor& g, float expected) override;
 
  private:
   void copy_on_device(const Tensor& src, Tensor& dst);

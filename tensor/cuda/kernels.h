@@ -122,6 +122,15 @@ bool launch_cross_entropy_backward(int dt, const void* logits, const void* targe
                                    bool targets_i64, const float* lse, const float* dloss,
                                    int64_t ignore_index, void* dlogits, int64_t n, int64_t ld,
                                    int64_t v, Stream stream);
+// Both at once (Note [CUDA fused cross-entropy] in reduce_norm.cu): losses and lse as the forward,
+// then logits [n, ld] overwritten with the backward's gradient for dloss = grad / norm[0].
+bool launch_cross_entropy_fused(int dt, void* logits, const void* targets, bool targets_i64,
+                                int64_t ignore_index, float* losses, float* lse, int64_t n,
+                                int64_t ld, int64_t v, int* bad, float grad, const float* norm,
+                                Stream stream);
+// x [n] (contiguous, dtype dt) *= *g / expected, unless *g == expected (then untouched).
+bool launch_scale_unless_equal(int dt, void* x, int64_t n, const float* g, float expected,
+                               Stream stream);
 // out[j] = sum over the n rows of x[r, j] (x contiguous [n, c], dtype x_dtype; out [c] of
 // out_dtype): the bias gradient. Deterministic (Note [CUDA column sums] in reduce_norm.cu).
 // scratch holds ceil(n / kColumnSumRows) * c doubles.

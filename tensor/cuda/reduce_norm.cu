@@ -492,6 +492,89 @@ __global__ void ce_bwd(const T* x, const void* targets, bool i64, const float* l
     dr[j] = from_f32<T>(ce_grad<T>(to_f32(xr[j]), j, t, vv, l, g));
 }
 
+// Note [CUDA fused cross-entropy]: ce_fwd and ce_bwd in one block per row, for a loss whose
+// gradient is known before the forward (Note [Fused cross-entropy gradient] in
+// autograd/functions_nn.cpp). The first pass is ce_fwd's (same (max, sum) per thread, same tree),
+// every thread takes lane 0's merged pair (the butterfly's lanes can differ in the last bit; lane
+// 0 of each warp holds what ce_fwd's thread 0 holds), and after the tree's barriers, when every
+// thread has read its part of the row, the second pass is ce_bwd's with dloss = grad / norm[0]
+// (the unfused backward's division), written over the row. The target's logit is read before the
+// barriers. So the losses, lse and gradient are the two kernels' bits, and the row comes from
+// device memory once: the block's second read of its row (100 KB for GPT-2) hits the L2 cache.
+template <typename T>
+__global__ void ce_fused(T* x, const void* targets, bool i64, int64_t ignore, float* losses,
+                         float* lse_out, int64_t ld, int64_t v, int* bad, float grad,
+                         const float* norm) {
+  __shared__ float shm[32];
+  __shared__ float shs[32];
+  const int64_t row = blockIdx.x;
+  T* xr = x + row * ld;
+  const int64_t t = load_id(targets, i64, row);
+  const bool counted = t != ignore && t >= 0 && t < v;
+  const float xt = threadIdx.x == 0 && counted ? to_f32(xr[t]) : 0.f;
+  float m = -INFINITY, s = 0.f;
+  int64_t done = 0;
+  const bool aligned = device_aligned16(xr);
+  if (aligned) {
+    constexpr int P = Pack<T>::kN;
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+    const int64_t packs = v / P;
+    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+      const Pack<T> pk = xp[k];
+#pragma unroll
+      for (int e = 0; e < P; ++e) max_sum_add(m, s, to_f32(pk.v[e]));
+    }
+    done = packs * P;
+  }
+  for (int64_t j = done + threadIdx.x; j < v; j += blockDim.x) max_sum_add(m, s, to_f32(xr[j]));
+  block_max_sum(m, s, shm, shs);
+  m = __shfl_sync(0xffffffffu, m, 0);
+  s = __shfl_sync(0xffffffffu, s, 0);
+  const float l = m + logf(s);
+  if (threadIdx.x == 0) {
+    lse_out[row] = l;
+    if (t == ignore) {
+      losses[row] = 0.f;
+    } else if (!counted) {
+      *bad = 1;
+      losses[row] = NAN;
+    } else {
+      losses[row] = l - xt;
+    }
+  }
+  const int64_t vv = t == ignore ? 0 : v;
+  const float g = grad / norm[0];
+  done = 0;
+  if (aligned) {
+    constexpr int P = Pack<T>::kN;
+    Pack<T>* xp = reinterpret_cast<Pack<T>*>(xr);
+    const int64_t packs = ld / P;
+    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+      const Pack<T> pk = xp[k];
+      Pack<T> out;
+#pragma unroll
+      for (int e = 0; e < P; ++e)
+        out.v[e] = from_f32<T>(ce_grad<T>(to_f32(pk.v[e]), k * P + e, t, vv, l, g));
+      xp[k] = out;
+    }
+    done = packs * P;
+  }
+  for (int64_t j = done + threadIdx.x; j < ld; j += blockDim.x)
+    xr[j] = from_f32<T>(ce_grad<T>(to_f32(xr[j]), j, t, vv, l, g));
+}
+
+// x *= g / expected unless g == expected (Backend::scale_unless_equal): every block reads g and
+// returns at once when they are equal.
+template <typename T>
+__global__ void scale_unless_equal_kernel(T* x, int64_t n, const float* g, float expected) {
+  const float r = *g;
+  if (r == expected) return;
+  const float f = r / expected;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = from_f32<T>(to_f32(x[i]) * f);
+}
+
 // out = {m, 1 / m}, m = max(1, number of targets not equal to `ignore`): the mean's divisor of
 // the cross-entropy loss, left on the device (Backend::cross_entropy_norm). One block; the count
 // is an integer sum, so exact and the same in any order.
@@ -673,6 +756,30 @@ bool launch_cross_entropy_backward(int dt, const void* logits, const void* targe
     STRATA_LAUNCH(static_cast<unsigned>(n), 512, 0, stream, ce_bwd<T>)
     (static_cast<const T*>(logits), targets, targets_i64, lse, dloss, ignore_index,
      static_cast<T*>(dlogits), ld, v);
+  });
+}
+
+bool launch_cross_entropy_fused(int dt, void* logits, const void* targets, bool targets_i64,
+                                int64_t ignore_index, float* losses, float* lse, int64_t n,
+                                int64_t ld, int64_t v, int* bad, float grad, const float* norm,
+                                Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0) return;
+    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(v), 0, stream, ce_fused<T>)
+    (static_cast<T*>(logits), targets, targets_i64, ignore_index, losses, lse, ld, v, bad, grad,
+     norm);
+  });
+}
+
+bool launch_scale_unless_equal(int dt, void* x, int64_t n, const float* g, float expected,
+                               Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (n == 0) return;
+    const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+    STRATA_LAUNCH(static_cast<unsigned>(blocks), 256, 0, stream, scale_unless_equal_kernel<T>)
+    (static_cast<T*>(x), n, g, expected);
   });
 }
 

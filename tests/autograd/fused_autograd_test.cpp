@@ -4,7 +4,9 @@
 // checkpointing.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "autograd/checkpoint.h"
@@ -80,6 +82,103 @@ TEST(LogitsGradientInPlace, OnlyWhenNothingElseHoldsTheLogits) {
         }
       }
   }
+}
+
+// Note [Fused cross-entropy gradient]: under a LossGradientScope that names the gradient the loss
+// receives, cross_entropy_consuming writes the logits' gradient in its forward (the logits' bytes
+// change before the backward) and the leaf gradient has the bits of cross_entropy, in every
+// dtype, for a plain loss, one scaled as Trainer scales it (1 / accumulation steps, then an fp16
+// loss scale) and a power-of-two mismatch. A mismatch by another ratio is rescaled: within one
+// rounding of the logits' dtype. Without a scope, under NoGradGuard, or when the caller keeps a
+// handle on the logits, nothing is fused and kept logits are untouched.
+struct FusedCeRun {
+  Tensor grad;         // the leaf's
+  Tensor loss;         // the loss's value
+  bool fused = false;  // the logits' bytes changed in the forward
+};
+
+FusedCeRun fused_ce_run(DType dt, std::optional<float> scope, float weight, float loss_scale,
+                        bool keep) {
+  const int64_t n = 6, ld = 37, classes = 33;
+  const Tensor targets = tops::from_ints({3, -100, 0, 32, 7, 7}, {n});
+  Variable w = input({n, ld}, 12, dt, -4.f, 4.f);
+  Variable logits = make_output("Probe", w.data().clone(), {w}, [](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{g[0].clone()};
+  });
+  const Tensor before = logits.data().clone();
+  const auto* at = static_cast<const unsigned char*>(logits.data().data_ptr());
+  Variable kept = keep ? logits : Variable();
+  std::optional<LossGradientScope> hint;
+  if (scope) hint.emplace(*scope);
+  Variable loss = cross_entropy_consuming(std::move(logits), targets, -100, classes);
+  hint.reset();
+  FusedCeRun r;
+  r.fused = std::memcmp(at, before.data_ptr(), before.nbytes()) != 0;
+  r.loss = loss.data().clone();
+  Variable root = weight == 1.f ? loss : scale(loss, weight);
+  (loss_scale == 1.f ? root : scale(root, loss_scale)).backward();
+  if (keep) {
+    EXPECT_TRUE(same_bits(kept.data(), before));
+  }
+  r.grad = w.grad();
+  return r;
+}
+
+TEST(FusedCrossEntropyGradient, TheForwardWritesTheGradientWithTheUnfusedBits) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // A plain loss; Trainer's 1 / A then a loss scale (the product the backward makes).
+    for (auto [weight, loss_scale] : {std::pair{1.f, 1.f}, std::pair{1.f / 3.f, 1024.f}}) {
+      const FusedCeRun want = fused_ce_run(dt, std::nullopt, weight, loss_scale, false);
+      const FusedCeRun got = fused_ce_run(dt, loss_scale * weight, weight, loss_scale, false);
+      EXPECT_FALSE(want.fused);
+      EXPECT_TRUE(got.fused);
+      EXPECT_TRUE(same_bits(got.loss, want.loss));
+      EXPECT_TRUE(same_bits(got.grad, want.grad));
+    }
+    // The scope said 1, the loss got 0.5: rescaled by a power of two, which is exact (but for
+    // f16's subnormals, below 2^-14, which halving rounds).
+    const FusedCeRun half = fused_ce_run(dt, 1.f, 0.5f, 1.f, false);
+    EXPECT_TRUE(half.fused);
+    if (dt != DType::F16) {
+      EXPECT_TRUE(same_bits(half.grad, fused_ce_run(dt, std::nullopt, 0.5f, 1.f, false).grad));
+    }
+    // 0.3: the fused value is rounded four times (1 / m, times p, the ratio 0.3 / 1, the rescaled
+    // product: the last in the dtype), the unfused one twice (0.3 / m, times p), so they differ
+    // by at most about 6 units of roundoff of the dtype (u: 2^-24 f32, 2^-9 bf16, 2^-12 f16).
+    const FusedCeRun odd = fused_ce_run(dt, 1.f, 0.3f, 1.f, false);
+    const Tensor ref = fused_ce_run(dt, std::nullopt, 0.3f, 1.f, false).grad.to(DType::F32);
+    const double u = dt == DType::F32 ? 0x1p-24 : dt == DType::BF16 ? 0x1p-9 : 0x1p-12;
+    const double tiny = dt == DType::F16 ? 0x1p-24 : 0.0;  // f16's subnormal spacing
+    const Tensor got = odd.grad.to(DType::F32);
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      const double a = got.data<float>()[i], b = ref.data<float>()[i];
+      ASSERT_LE(std::abs(a - b), 6.5 * u * std::abs(b) + tiny) << i << ": " << a << " vs " << b;
+    }
+    // A kept handle on the logits: not fused, the logits untouched (checked in the run).
+    const FusedCeRun kept = fused_ce_run(dt, 1.f, 1.f, 1.f, true);
+    EXPECT_FALSE(kept.fused);
+    EXPECT_TRUE(same_bits(kept.grad, fused_ce_run(dt, std::nullopt, 1.f, 1.f, false).grad));
+  }
+  // No gradient wanted: a plain forward, even in a scope.
+  NoGradGuard no_grad;
+  const LossGradientScope hint(1.f);
+  Variable w = input({2, 5}, 13);
+  Variable l = cross_entropy_consuming(Variable(w.data().clone()), tops::from_ints({1, 4}, {2}));
+  EXPECT_FALSE(l.requires_grad());
+}
+
+TEST(FusedCrossEntropyGradient, ScopesNest) {
+  EXPECT_FALSE(LossGradientScope::current().has_value());
+  {
+    const LossGradientScope outer(2.f);
+    {
+      const LossGradientScope inner(0.5f);
+      EXPECT_EQ(LossGradientScope::current(), std::optional<float>(0.5f));
+    }
+    EXPECT_EQ(LossGradientScope::current(), std::optional<float>(2.f));
+  }
+  EXPECT_FALSE(LossGradientScope::current().has_value());
 }
 
 // ---- against finite differences ----

@@ -426,6 +426,55 @@ TEST(CudaOps, CrossEntropyBackwardInPlaceGivesTheOutOfPlaceBits) {
   }
 }
 
+// Note [CUDA fused cross-entropy]: one kernel gives the forward's losses and lse and leaves the
+// backward's gradient (dloss = grad / m) in the logits, with the two kernels' bits, on aligned
+// rows and on rows one element off, with padding columns and an ignored row; a bad target is a
+// UserError at the next wait. scale_unless_equal_ decides on the device: equal leaves the bits,
+// different rescales them as affine does.
+TEST(CudaOps, FusedCrossEntropyGivesTheTwoKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 13, ld = 264, classes = 250;
+  std::vector<int64_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i == 4 ? -100 : (i * 37) % classes;
+  const Tensor targets = from_ints(t, {n}).to(kGpu);
+  auto host = [](const Tensor& v) { return v.to(Device::cpu()).to(DType::F32); };
+  for (DType dt : kDtypes) {
+    for (float grad : {1.f, 1024.f / 3.f}) {
+      const Tensor x = rnd({n, ld}, 72, -6.f, 6.f).to(dt);
+      const Tensor g = full({}, grad, DType::F32, kGpu);
+      // The row's split among threads differs between the 128-bit and one-element paths, so
+      // each layout is compared with the unfused kernels on the same layout.
+      for (bool aligned : {true, false}) {
+        SCOPED_TRACE(dtype_tag(dt) + " grad " + std::to_string(grad) +
+                     (aligned ? " aligned" : " shifted"));
+        auto layout = [&] { return aligned ? x.to(kGpu) : shifted_on_gpu(x); };
+        const Tensor xl = layout();
+        const CrossEntropyResult want = cross_entropy(xl, targets, -100, classes);
+        const Tensor dloss = div(g, want.norm.narrow(0, 0, 1).reshape({})).reshape({1}).expand({n});
+        const Tensor dx = cross_entropy_backward(xl, targets, want.lse, dloss, -100, classes);
+        Tensor l = layout();
+        const CrossEntropyResult got = cross_entropy_fused_(l, targets, grad, -100, classes);
+        EXPECT_EQ(max_abs_diff(host(got.losses), host(want.losses)), 0.0);
+        EXPECT_EQ(max_abs_diff(host(got.lse), host(want.lse)), 0.0);
+        EXPECT_EQ(max_abs_diff(host(got.norm), host(want.norm)), 0.0);
+        EXPECT_EQ(max_abs_diff(host(l), host(dx)), 0.0);
+        Tensor same = dx.clone(), other = dx.clone();
+        scale_unless_equal_(same, g, grad);
+        scale_unless_equal_(other, g, 2.f * grad + 1.f);
+        EXPECT_EQ(max_abs_diff(host(same), host(dx)), 0.0);
+        EXPECT_EQ(max_abs_diff(host(other), host(affine(dx, grad / (2.f * grad + 1.f), 0.f))), 0.0);
+      }
+    }
+  }
+  Tensor bad = rnd({2, 10}, 73).to(kGpu);
+  EXPECT_THROW(
+      {
+        cross_entropy_fused_(bad, from_ints({1, 12}, {2}).to(kGpu), 1.f, -100, 10);
+        (void)bad.to(Device::cpu());
+      },
+      UserError);
+}
+
 // Note [CUDA embedding backward]: the device sort (tiles of 2048 keys, global merge passes above
 // that) must give each id its rows in row order, so the sums are the CPU's bits: f32, and bf16
 // rounded once from the same f32 sums. Sizes around the tile and past two merge stages, ids from

@@ -682,10 +682,13 @@ training: {{steps: 5, eval_every: 0, sample_every: 0, checkpoint_every: 0, progr
   EXPECT_EQ(t.run(), tools::Trainer::Outcome::Finished);
   const std::string table = tools::testing::read_text(tmp / "run/profile.md");
   EXPECT_NE(table.find("GPU time per op over steps 2 to 4"), std::string::npos) << table;
-  // Once per step: AdamW and the gradient norm; per micro-batch (2 a step): the loss.
+  // Once per step: AdamW and the gradient norm; per micro-batch (2 a step): the loss, forward
+  // and backward in one kernel (Note [Fused cross-entropy gradient]: train knows the loss's
+  // gradient before the forward), so no separate backward.
   EXPECT_NE(table.find("| adamw | 1 |"), std::string::npos) << table;
   EXPECT_NE(table.find("| sum_squares | 1 |"), std::string::npos) << table;
-  EXPECT_NE(table.find("| cross_entropy_forward | 2 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| cross_entropy_fused | 2 |"), std::string::npos) << table;
+  EXPECT_EQ(table.find("| cross_entropy_backward |"), std::string::npos) << table;
   EXPECT_NE(table.find("| step (host clock) |"), std::string::npos) << table;
   // Note [Roofline bound]: the device's peaks are known (the emulator reports an H100 SXM's), so
   // every op has its bound.

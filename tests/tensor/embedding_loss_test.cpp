@@ -231,6 +231,58 @@ TEST(CrossEntropy, InPlaceBackwardGivesTheOutOfPlaceBits) {
                                            make_tensor(random_normal(ld, 63), {ld})));
 }
 
+// Note [Fused cross-entropy gradient]: cross_entropy_fused_ gives cross_entropy's losses, lse and
+// norm, and leaves in the logits the gradient cross_entropy_backward gives for dloss = grad / m
+// (the division the autograd backward makes), bit for bit; with every row ignored (m = 1) too. A
+// bad target is a UserError that leaves the logits as they were.
+TEST(CrossEntropy, FusedGivesTheForwardAndBackwardBits) {
+  const int64_t n = 23, ld = 1037, classes = 1001;
+  Tensor x32 = make_tensor(random_normal(n * ld, 70, 0.f, 3.f), {n, ld});
+  std::vector<int64_t> t(n), none(n, kIgnore);
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 6 == 0 ? kIgnore : (i * 71) % classes;
+  for (const auto& targets : {t, none}) {
+    Tensor tt = from_ints(targets, {n});
+    for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      for (float grad : {1.0f, 0.25f, 1024.0f / 3.0f}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " grad " + std::to_string(grad));
+        Tensor x = x32.to(dt);
+        CrossEntropyResult want = cross_entropy(x, tt, kIgnore, classes);
+        Tensor g = full({}, grad, DType::F32);
+        Tensor dloss = div(g, want.norm.narrow(0, 0, 1).reshape({})).reshape({1}).expand({n});
+        Tensor dx = cross_entropy_backward(x, tt, want.lse, dloss, kIgnore, classes);
+        Tensor fused = x.clone();
+        CrossEntropyResult got = cross_entropy_fused_(fused, tt, grad, kIgnore, classes);
+        EXPECT_TRUE(same_bits(values(got.losses), values(want.losses)));
+        EXPECT_TRUE(same_bits(values(got.lse), values(want.lse)));
+        EXPECT_EQ(values(got.norm), values(want.norm));
+        EXPECT_TRUE(same_bits(values(fused.to(DType::F32)), values(dx.to(DType::F32))));
+      }
+    }
+  }
+  Tensor bad = x32.narrow(0, 0, 2).clone();
+  const std::vector<float> before = values(bad);
+  EXPECT_THROW(cross_entropy_fused_(bad, from_ints({0, classes}, {2}), 1.f, kIgnore, classes),
+               UserError);
+  EXPECT_TRUE(same_bits(values(bad), before));
+}
+
+// scale_unless_equal_ leaves x untouched where g equals the expected value, else multiplies it by
+// g / expected with one rounding (affine's bits).
+TEST(CrossEntropy, ScaleUnlessEqualScalesOnlyOnADifference) {
+  Tensor x32 = make_tensor(random_normal(1001, 80, 0.f, 2.f), {7, 143});
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = x32.to(dt);
+    Tensor same = x.clone();
+    scale_unless_equal_(same, full({}, 0.75f, DType::F32), 0.75f);
+    EXPECT_TRUE(same_bits(values(same.to(DType::F32)), values(x.to(DType::F32))));
+    Tensor other = x.clone();
+    scale_unless_equal_(other, full({}, 0.3f, DType::F32), 0.75f);
+    EXPECT_TRUE(same_bits(values(other.to(DType::F32)),
+                          values(affine(x, 0.3f / 0.75f, 0.f).to(DType::F32))));
+  }
+}
+
 TEST(CrossEntropy, DeterministicAcrossThreadCounts) {
   const int64_t n = 67, v = 5003;
   Tensor x = make_tensor(random_normal(n * v, 40, 0.f, 4.f), {n, v});

@@ -65,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/functions.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "models/nn/fused_ops.h"
@@ -207,7 +208,13 @@ class Bench {
   // Trainer::train_step with one micro-batch and a constant learning rate.
   float step(const Tokens& x) {
     engine_->begin_micro_batch(true);
-    autograd::Variable loss = model_->loss(x.ids.to(device_), x.targets.to(device_));
+    autograd::Variable loss;
+    {
+      // As Trainer: the loss's gradient is known, so its forward writes the logits' gradient
+      // (Note [Fused cross-entropy gradient] in autograd/functions_nn.cpp).
+      const autograd::LossGradientScope grad(engine_->loss_gradient(1.0f));
+      loss = model_->loss(x.ids.to(device_), x.targets.to(device_));
+    }
     engine_->backward(loss);
     const float value = loss.item();  // after the backward, as Trainer reads it
     engine_->step(kLr, kGradClip);

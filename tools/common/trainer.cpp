@@ -342,9 +342,15 @@ void Trainer::train_step(StepRecord& record) {
   for (int64_t m = 0; m < A; ++m) {
     engine_->begin_micro_batch(m == A - 1);
     Batch batch = train_data_->batch(base + m * M, M);
-    autograd::Variable loss = model_->loss(batch.ids.to(device_), batch.targets.to(device_));
+    const float weight = A == 1 ? 1.0f : 1.0f / static_cast<float>(A);
+    autograd::Variable loss;
+    {
+      // Note [Fused cross-entropy gradient]: the gradient this loss will receive.
+      const autograd::LossGradientScope grad(engine_->loss_gradient(weight));
+      loss = model_->loss(batch.ids.to(device_), batch.targets.to(device_));
+    }
     losses.push_back(loss.data().reshape({1}));
-    engine_->backward(A == 1 ? loss : autograd::scale(loss, 1.0f / static_cast<float>(A)));
+    engine_->backward(A == 1 ? loss : autograd::scale(loss, weight));
   }
   // The micro-batches' losses are read once, after the last backward (Note [Training on the
   // GPU]).

@@ -250,7 +250,10 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets, int64_t ig
 // the unfused path's bits; different (a model that weights its loss, a loop that scales it
 // another way), it rescales it by received / expected, still without a wait: two roundings more
 // than the unfused path (the ratio and the rescaled value, in the logits' dtype), so within a few
-// units of roundoff of it (exact for a power-of-two ratio, but for f16's subnormals).
+// units of roundoff of it when the ratio is moderate (exact for a power of two, but for f16's
+// subnormals). A ratio far from 1 costs f16 more: the gradient was rounded at the wrong scale,
+// so values underflow (received >> expected) or overflow to inf (received << expected) first.
+// Set a scope only where the loss's gradient is known.
 namespace {
 thread_local std::optional<float> t_loss_gradient;
 }  // namespace

@@ -97,8 +97,11 @@ struct FusedCeRun {
   bool fused = false;  // the logits' bytes changed in the forward
 };
 
+// What the caller keeps of its logits while the loss consumes them.
+enum class Keep { Nothing, Variable, View };
+
 FusedCeRun fused_ce_run(DType dt, std::optional<float> scope, float weight, float loss_scale,
-                        bool keep) {
+                        Keep keep = Keep::Nothing) {
   const int64_t n = 6, ld = 37, classes = 33;
   const Tensor targets = tops::from_ints({3, -100, 0, 32, 7, 7}, {n});
   Variable w = input({n, ld}, 12, dt, -4.f, 4.f);
@@ -107,7 +110,8 @@ FusedCeRun fused_ce_run(DType dt, std::optional<float> scope, float weight, floa
   });
   const Tensor before = logits.data().clone();
   const auto* at = static_cast<const unsigned char*>(logits.data().data_ptr());
-  Variable kept = keep ? logits : Variable();
+  Variable kept = keep == Keep::Variable ? logits : Variable();
+  const Tensor view = keep == Keep::View ? logits.data().narrow(0, 1, 2) : Tensor();
   std::optional<LossGradientScope> hint;
   if (scope) hint.emplace(*scope);
   Variable loss = cross_entropy_consuming(std::move(logits), targets, -100, classes);
@@ -117,8 +121,11 @@ FusedCeRun fused_ce_run(DType dt, std::optional<float> scope, float weight, floa
   r.loss = loss.data().clone();
   Variable root = weight == 1.f ? loss : scale(loss, weight);
   (loss_scale == 1.f ? root : scale(root, loss_scale)).backward();
-  if (keep) {
+  if (keep == Keep::Variable) {
     EXPECT_TRUE(same_bits(kept.data(), before));
+  }
+  if (keep == Keep::View) {
+    EXPECT_TRUE(same_bits(view, before.narrow(0, 1, 2)));
   }
   r.grad = w.grad();
   return r;
@@ -129,8 +136,8 @@ TEST(FusedCrossEntropyGradient, TheForwardWritesTheGradientWithTheUnfusedBits) {
     SCOPED_TRACE(dtype_name(dt));
     // A plain loss; Trainer's 1 / A then a loss scale (the product the backward makes).
     for (auto [weight, loss_scale] : {std::pair{1.f, 1.f}, std::pair{1.f / 3.f, 1024.f}}) {
-      const FusedCeRun want = fused_ce_run(dt, std::nullopt, weight, loss_scale, false);
-      const FusedCeRun got = fused_ce_run(dt, loss_scale * weight, weight, loss_scale, false);
+      const FusedCeRun want = fused_ce_run(dt, std::nullopt, weight, loss_scale);
+      const FusedCeRun got = fused_ce_run(dt, loss_scale * weight, weight, loss_scale);
       EXPECT_FALSE(want.fused);
       EXPECT_TRUE(got.fused);
       EXPECT_TRUE(same_bits(got.loss, want.loss));
@@ -138,16 +145,16 @@ TEST(FusedCrossEntropyGradient, TheForwardWritesTheGradientWithTheUnfusedBits) {
     }
     // The scope said 1, the loss got 0.5: rescaled by a power of two, which is exact (but for
     // f16's subnormals, below 2^-14, which halving rounds).
-    const FusedCeRun half = fused_ce_run(dt, 1.f, 0.5f, 1.f, false);
+    const FusedCeRun half = fused_ce_run(dt, 1.f, 0.5f, 1.f);
     EXPECT_TRUE(half.fused);
     if (dt != DType::F16) {
-      EXPECT_TRUE(same_bits(half.grad, fused_ce_run(dt, std::nullopt, 0.5f, 1.f, false).grad));
+      EXPECT_TRUE(same_bits(half.grad, fused_ce_run(dt, std::nullopt, 0.5f, 1.f).grad));
     }
     // 0.3: the fused value is rounded four times (1 / m, times p, the ratio 0.3 / 1, the rescaled
     // product: the last in the dtype), the unfused one twice (0.3 / m, times p), so they differ
     // by at most about 6 units of roundoff of the dtype (u: 2^-24 f32, 2^-9 bf16, 2^-12 f16).
-    const FusedCeRun odd = fused_ce_run(dt, 1.f, 0.3f, 1.f, false);
-    const Tensor ref = fused_ce_run(dt, std::nullopt, 0.3f, 1.f, false).grad.to(DType::F32);
+    const FusedCeRun odd = fused_ce_run(dt, 1.f, 0.3f, 1.f);
+    const Tensor ref = fused_ce_run(dt, std::nullopt, 0.3f, 1.f).grad.to(DType::F32);
     const double u = dt == DType::F32 ? 0x1p-24 : dt == DType::BF16 ? 0x1p-9 : 0x1p-12;
     const double tiny = dt == DType::F16 ? 0x1p-24 : 0.0;  // f16's subnormal spacing
     const Tensor got = odd.grad.to(DType::F32);
@@ -155,16 +162,20 @@ TEST(FusedCrossEntropyGradient, TheForwardWritesTheGradientWithTheUnfusedBits) {
       const double a = got.data<float>()[i], b = ref.data<float>()[i];
       ASSERT_LE(std::abs(a - b), 6.5 * u * std::abs(b) + tiny) << i << ": " << a << " vs " << b;
     }
-    // A kept handle on the logits: not fused, the logits untouched (checked in the run).
-    const FusedCeRun kept = fused_ce_run(dt, 1.f, 1.f, 1.f, true);
-    EXPECT_FALSE(kept.fused);
-    EXPECT_TRUE(same_bits(kept.grad, fused_ce_run(dt, std::nullopt, 1.f, 1.f, false).grad));
+    // A kept handle on the logits (a second Variable, or a tensor viewing their data): not
+    // fused, the logits untouched (checked in the run).
+    for (Keep keep : {Keep::Variable, Keep::View}) {
+      const FusedCeRun kept = fused_ce_run(dt, 1.f, 1.f, 1.f, keep);
+      EXPECT_FALSE(kept.fused);
+      EXPECT_TRUE(same_bits(kept.grad, fused_ce_run(dt, std::nullopt, 1.f, 1.f).grad));
+    }
   }
-  // No gradient wanted: a plain forward, even in a scope.
-  NoGradGuard no_grad;
+  // Logits that need no gradient: a plain forward, even in a scope. (Under NoGradGuard with
+  // logits that would need one: CudaProfiler.TheLossIsFusedOnlyWhenAGradientIsWanted, where the
+  // kernel that ran shows.)
   const LossGradientScope hint(1.f);
-  Variable w = input({2, 5}, 13);
-  Variable l = cross_entropy_consuming(Variable(w.data().clone()), tops::from_ints({1, 4}, {2}));
+  Variable l = cross_entropy_consuming(Variable(tops::uniform({2, 5}, {13, 1}, -1.f, 1.f)),
+                                       tops::from_ints({1, 4}, {2}));
   EXPECT_FALSE(l.requires_grad());
 }
 

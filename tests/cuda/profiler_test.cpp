@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/functions.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "models/flat_params.h"
@@ -65,6 +66,28 @@ class ScopedEnv {
   const char* name_;
   std::optional<std::string> old_;
 };
+
+// Note [Fused cross-entropy gradient]: in a LossGradientScope the consuming loss runs one fused
+// kernel when its logits want a gradient, and the plain forward under NoGradGuard (the kernel
+// that ran is the evidence: the logits are gone once the call returns).
+TEST(CudaProfiler, TheLossIsFusedOnlyWhenAGradientIsWanted) {
+  SKIP_WITHOUT_GPU();
+  const Tensor targets = tensor::from_ints({1, 4, 0, 9}, {4}).to(kGpu);
+  for (bool grad : {true, false}) {
+    SCOPED_TRACE(grad ? "grad" : "no grad");
+    const autograd::LossGradientScope scope(1.f);
+    std::optional<autograd::NoGradGuard> no_grad;
+    if (!grad) no_grad.emplace();
+    autograd::Variable logits(gpu_uniform({4, 10}, 40), true);
+    tensor::cuda_profile_start();
+    autograd::Variable loss = autograd::cross_entropy_consuming(std::move(logits), targets);
+    (void)loss.data().to(Device::cpu());
+    const auto rows = by_name(tensor::cuda_profile_stop());
+    EXPECT_EQ(rows.count("cross_entropy_fused"), grad ? 1u : 0u);
+    EXPECT_EQ(rows.count("cross_entropy_forward"), grad ? 0u : 1u);
+    EXPECT_EQ(loss.requires_grad(), grad);
+  }
+}
 
 TEST(CudaProfiler, CountsEachOpWithItsFlopsAndBytes) {
   SKIP_WITHOUT_GPU();

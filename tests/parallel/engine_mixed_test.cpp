@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -173,6 +174,47 @@ TEST(EngineMixed, Fp16OverflowSkipsAndHalvesTheScale) {
   EXPECT_FALSE(r.skipped);
   EXPECT_TRUE(std::isfinite(r.grad_norm));
   EXPECT_EQ(engine.optimizer().step_count(), 1);
+}
+
+// Note [Fused cross-entropy gradient]: Engine::loss_gradient(w) is the float product backward()
+// makes for a loss scaled by w: the fp16 loss scale times w (w alone without a scaler). With it
+// as the LossGradientScope, fp16 steps with 3 accumulated micro-batches keep the bits of steps
+// without a scope; a scope off by 1.5 rescales every gradient and changes them (so the fused
+// path did run).
+TEST(EngineMixed, TheLossGradientIsWhatBackwardHandsTheLoss) {
+  TrainSpec s;
+  s.accum = 3;
+  s.steps = 2;
+  const float w = 1.f / 3.f;
+  auto run = [&](std::optional<float> off) {
+    models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+    Engine engine(model, self(), zero(0), strata::testing::adamw_factory(), DType::F16);
+    optim::LossScaler scaler;
+    engine.set_loss_scaler(&scaler);
+    EXPECT_EQ(engine.loss_gradient(w), static_cast<float>(scaler.scale()) * w);
+    for (int step = 0; step < s.steps; ++step) {
+      for (int64_t m = 0; m < s.accum; ++m) {
+        engine.begin_micro_batch(m == s.accum - 1);
+        const strata::testing::Batch b =
+            strata::testing::make_batch((step * s.accum + m) * s.micro, s.micro);
+        autograd::Variable loss;
+        {
+          std::optional<autograd::LossGradientScope> scope;
+          if (off) scope.emplace(engine.loss_gradient(w) * *off);
+          loss = model.loss(b.ids, b.targets);
+        }
+        engine.backward(autograd::scale(loss, w));
+      }
+      engine.step(s.lr, s.max_norm);
+    }
+    return tensor::to_float_vector(engine.optimizer().groups()[0].param);
+  };
+  const std::vector<float> plain = run(std::nullopt);
+  EXPECT_EQ(run(1.f), plain);
+  EXPECT_NE(run(1.5f), plain);
+  models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+  Engine engine(model, self(), zero(0), strata::testing::adamw_factory(), DType::F16);
+  EXPECT_EQ(engine.loss_gradient(w), w);
 }
 
 TEST(EngineMixed, RejectsANonFloatParameterDtype) {

@@ -42,6 +42,28 @@ struct CudaDeviceFacts {
 };
 CudaDeviceFacts cuda_device_facts(int device = 0);
 
+// cuBLASLt algorithm tuning (Note [cuBLASLt tuning] in tensor/cuda/matmul.cpp). Off (the
+// default), each matmul problem runs the algorithm cuBLASLt's heuristic ranks first. On, each new
+// problem times up to 8 of the heuristic's algorithms on its own operands and keeps the fastest.
+// `file`, when not empty, records every choice and is read before anything is timed, so a rerun or
+// a resume with the same file makes the same choices and gives the same bits; a file that cannot
+// be read or parsed is a UserError naming it. Forgets the choices made so far in this process.
+// Binaries that never call this take STRATA_MATMUL_TUNE (off | on) and STRATA_MATMUL_TUNE_FILE
+// from the environment. Raises init_cuda's errors where the build has no CUDA backend and `on`.
+void set_cuda_matmul_tuning(bool on, const std::string& file = "");
+// One choice of tuning: `problem` in words, the candidate kept (0 = the heuristic's first) of
+// `candidates`, their timed milliseconds (0 when read from the file) and whether it came from the
+// file.
+struct CudaMatmulChoice {
+  std::string problem;
+  int chosen = 0;
+  int candidates = 0;
+  double ms = 0, first_ms = 0;
+  bool from_file = false;
+};
+// The choices tuning made since the last set_cuda_matmul_tuning (empty without CUDA).
+std::vector<CudaMatmulChoice> cuda_matmul_choices();
+
 // Per-op device time (Note [CUDA op profiler] in tensor/cuda/profiler.cpp). cuda_profile_start
 // clears the totals and starts timing every CUDA backend op; cuda_profile_stop waits for the
 // timed work and returns one row per op name, longest total first. In a build without CUDA they

@@ -8,6 +8,8 @@ int device_count();
 void init(int device);
 void* current_stream();
 CudaDeviceFacts device_facts(int device);
+void set_matmul_tuning(bool on, const std::string& file);
+std::vector<CudaMatmulChoice> matmul_choices();
 }  // namespace strata::tensor::cuda
 #endif
 
@@ -59,6 +61,23 @@ CudaDeviceFacts cuda_device_facts(int device) {
   return cuda::device_facts(device);
 #else
   init_cuda(device);  // raises: this build has no CUDA backend
+  return {};
+#endif
+}
+
+void set_cuda_matmul_tuning(bool on, const std::string& file) {
+#ifdef STRATA_HAVE_CUDA
+  cuda::set_matmul_tuning(on, file);
+#else
+  if (on) init_cuda(0);  // raises: this build has no CUDA backend
+  (void)file;
+#endif
+}
+
+std::vector<CudaMatmulChoice> cuda_matmul_choices() {
+#ifdef STRATA_HAVE_CUDA
+  return cuda::matmul_choices();
+#else
   return {};
 #endif
 }

@@ -493,8 +493,10 @@ TEST(TrainGpu, GradClipOnTheGpuAgreesWithTheCpu) {
 
 // `train` on the GPU, in process: a tiny bf16 config trains, checkpoints, and a run stopped and
 // resumed reproduces the uninterrupted one bitwise (dropout on: the RNG state resumes too).
-std::string gpu_config(const std::string& data, const std::string& run, int64_t steps) {
-  return fmt::format(R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16}}
+std::string gpu_config(const std::string& data, const std::string& run, int64_t steps,
+                       bool matmul_tuning = false) {
+  return fmt::format(
+      R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16, matmul_tuning: {tune}}}
 model:
   name: gpt2-tiny
   config: {{n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32, dropout: 0.1}}
@@ -505,23 +507,29 @@ schedule: {{name: cosine, warmup_steps: 2, min_lr: 1.0e-3}}
 training: {{steps: {steps}, eval_every: 3, eval_batches: 2, sample_every: 4, sample_tokens: 8,
            checkpoint_every: 2, progress: lines}}
 )",
-                     fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps));
+      fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps),
+      fmt::arg("tune", matmul_tuning ? "on" : "off"));
+}
+
+// gpu_config's run `name` (run.dir tmp/run_<name>) over shards in tmp/data, written once.
+tools::TrainConfig two_runs(const tools::testing::ScratchDir& tmp, const std::string& name,
+                            int64_t steps, bool matmul_tuning = false) {
+  const std::string data = tmp / "data";
+  if (!tools::testing::fs::exists(data)) {
+    tools::testing::write_raw_shard(data + "/train_000000.bin",
+                                    {tools::testing::pattern_tokens(8000, 200, 1)});
+    tools::testing::write_raw_shard(data + "/val_000000.bin",
+                                    {tools::testing::pattern_tokens(2000, 200, 3)});
+  }
+  const std::string file = tmp / (name + ".yaml");
+  tools::testing::write_text(file, gpu_config(data, tmp / ("run_" + name), steps, matmul_tuning));
+  return tools::load_train_config(file);
 }
 
 TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
   SKIP_WITHOUT_GPU();
   tools::testing::ScratchDir tmp;
-  const std::string data = tmp / "data";
-  tools::testing::write_raw_shard(data + "/train_000000.bin",
-                                  {tools::testing::pattern_tokens(8000, 200, 1)});
-  tools::testing::write_raw_shard(data + "/val_000000.bin",
-                                  {tools::testing::pattern_tokens(2000, 200, 3)});
-  auto load = [&](const std::string& name, const std::string& run, int64_t steps) {
-    tools::testing::write_text(tmp / name, gpu_config(data, run, steps));
-    return tools::load_train_config(tmp / name);
-  };
-  const tools::TrainConfig ca = load("a.yaml", tmp / "run_a", 7);
-  const tools::TrainConfig cb = load("b.yaml", tmp / "run_b", 7);
+  const tools::TrainConfig ca = two_runs(tmp, "a", 7), cb = two_runs(tmp, "b", 7);
 
   tools::Trainer a(ca);
   EXPECT_TRUE(a.model().flat_units().front().params.device().is_cuda());
@@ -561,6 +569,63 @@ TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
         << ua[u].name << " master";
   }
   EXPECT_FALSE(a.sample_text().empty());
+}
+
+// Note [cuBLASLt tuning] in train: run.matmul_tuning: on keeps each rank's choices in run.dir, and
+// a resume takes them from there, so it reproduces the uninterrupted run bitwise. On the emulator
+// the candidates sum in different orders and the resumed process is made to find another one
+// fastest (STRATA_CUDA_EMU_CUBLASLT_FASTEST): only the file keeps its algorithms, and its bits.
+TEST(TrainGpu, TunedMatmulsResumeBitwiseFromTheirFile) {
+  SKIP_WITHOUT_GPU();
+  auto fastest = [](const char* i) {
+#if defined(STRATA_CUDA_EMULATION)
+    setenv("STRATA_CUDA_EMU_CUBLASLT_FASTEST", i, 1);
+#else
+    (void)i;
+#endif
+  };
+  struct Restore {
+    ~Restore() {
+      unsetenv("STRATA_CUDA_EMU_CUBLASLT_FASTEST");
+      tensor::set_cuda_matmul_tuning(false);
+    }
+  } restore;
+  tools::testing::ScratchDir tmp;
+  const tools::TrainConfig ca = two_runs(tmp, "a", 6, /*matmul_tuning=*/true),
+                           cb = two_runs(tmp, "b", 6, /*matmul_tuning=*/true);
+
+  fastest("2");
+  tools::Trainer a(ca);
+  ASSERT_EQ(a.run(), tools::Trainer::Outcome::Finished);
+  const std::vector<tensor::CudaMatmulChoice> tuned = tensor::cuda_matmul_choices();
+  ASSERT_FALSE(tuned.empty());
+  for (const tensor::CudaMatmulChoice& c : tuned) EXPECT_FALSE(c.from_file) << c.problem;
+  const std::string file = tmp / "run_a/matmul_tuning.rank0.tsv";
+  ASSERT_TRUE(tools::testing::fs::exists(file));
+  {
+    tools::Trainer b(cb);
+    ASSERT_EQ(b.run(/*stop_at=*/4), tools::Trainer::Outcome::Interrupted);
+  }
+  fastest("1");
+  tools::Trainer b(cb);  // resume: auto picks the step-4 checkpoint
+  ASSERT_EQ(b.step(), 4);
+  ASSERT_EQ(b.run(), tools::Trainer::Outcome::Finished);
+  const std::vector<tensor::CudaMatmulChoice> reread = tensor::cuda_matmul_choices();
+  ASSERT_FALSE(reread.empty());
+  for (const tensor::CudaMatmulChoice& c : reread) EXPECT_TRUE(c.from_file) << c.problem;
+  ASSERT_EQ(b.history().size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const tools::StepRecord& ra = a.history()[4 + i];
+    const tools::StepRecord& rb = b.history()[i];
+    EXPECT_EQ(std::memcmp(&ra.loss, &rb.loss, sizeof(float)), 0)
+        << "step " << ra.step << ": " << ra.loss << " vs " << rb.loss;
+    EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+  }
+  const auto& ua = a.model().flat_units();
+  const auto& ub = b.model().flat_units();
+  ASSERT_EQ(ua.size(), ub.size());
+  for (size_t u = 0; u < ua.size(); ++u)
+    EXPECT_EQ(host_bytes(ua[u].params), host_bytes(ub[u].params)) << ua[u].name;
 }
 
 // Note [GELU recompute] on the GPU: the same loss bits, the gradients within f32 noise (cuBLASLt's

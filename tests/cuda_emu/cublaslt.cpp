@@ -24,20 +24,28 @@
 // epilogues with alpha != 1 or a batch, DGELU with beta != 0, RELU epilogues, row-major or
 // tiled orders, device pointer modes, fp8 scaling - the emulator returns
 // CUBLAS_STATUS_NOT_SUPPORTED rather than a guess.
-// The heuristic returns one algorithm (no workspace) that remembers the preference's minimum
-// alignments; cublasLtMatmul with a less aligned pointer than the algorithm was chosen for
-// returns CUBLAS_STATUS_NOT_SUPPORTED, as an algorithm chosen for aligned data cannot run on
-// unaligned data. An operand outside device memory (or past the end of its allocation) aborts,
+// The heuristic returns up to kEmuAlgorithms algorithms (no workspace) that remember the
+// preference's minimum alignments; cublasLtMatmul with a less aligned pointer than the algorithm
+// was chosen for returns CUBLAS_STATUS_NOT_SUPPORTED, as an algorithm chosen for aligned data
+// cannot run on unaligned data. As a real library's do, the algorithms sum k in different orders,
+// so they can differ in the last bits: the first in order, the second from the last k to the
+// first, the third each half on its own and then the two added (a split-K of 2). Their speed is
+// the same unless STRATA_CUDA_EMU_CUBLASLT_FASTEST=i names one: then every other algorithm takes
+// 2 ms more of the emulated device's time, for tests of code that times them (Note [cuBLASLt
+// tuning]). cublasLtMatmulAlgoCheck accepts an algorithm the heuristic returned for the same
+// types. An operand outside device memory (or past the end of its allocation) aborts,
 // as a kernel reading there would fault.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "tests/cuda_emu/control.h"
@@ -51,6 +59,14 @@ namespace {
 
 constexpr uint32_t kHandleMagic = 0x4c744864;  // "LtHd"
 constexpr uint64_t kAlgoMagic = 0x5354524154414c47ull;
+constexpr int kEmuAlgorithms = 3;
+
+// STRATA_CUDA_EMU_CUBLASLT_FASTEST: the one algorithm not slowed down, or -1 (Note [Emulated
+// cuBLASLt]). Read at every call, so a test can set it in-process.
+int fastest_algorithm() {
+  const char* v = std::getenv("STRATA_CUDA_EMU_CUBLASLT_FASTEST");
+  return v && *v ? std::atoi(v) : -1;
+}
 
 struct Handle {
   uint32_t magic = kHandleMagic;
@@ -605,16 +621,46 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   const Pref* pref = pref_of(preference);
   // The algorithm keeps what it was chosen for (Note [Emulated cuBLASLt]).
-  cublasLtMatmulHeuristicResult_t r{};
-  r.algo.data[0] = kAlgoMagic;
-  for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->align[i];
-  r.algo.data[5] = p.ta | (uint64_t{p.tc} << 32);
-  r.workspaceSize = 0;
-  r.state = CUBLAS_STATUS_SUCCESS;
-  r.wavesCount = 1.f;
-  results[0] = r;
-  *returned = 1;
+  const int n = std::min(requested, kEmuAlgorithms);
+  for (int v = 0; v < n; ++v) {
+    cublasLtMatmulHeuristicResult_t r{};
+    r.algo.data[0] = kAlgoMagic;
+    for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->align[i];
+    r.algo.data[5] = p.ta | (uint64_t{p.tc} << 32);
+    r.algo.data[6] = static_cast<uint64_t>(v);  // the summation order
+    r.workspaceSize = 0;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.f;
+    results[v] = r;
+  }
+  *returned = n;
   return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                       cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                       cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                       const cublasLtMatmulAlgo_t* algo,
+                                       cublasLtMatmulHeuristicResult_t* result) {
+  if (handle_of(handle) == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (algo == nullptr || result == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  Problem p;
+  const cublasStatus_t s =
+      check(desc_of(desc), layout_of(a), layout_of(b), layout_of(c), layout_of(d), &p);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  if (algo->data[0] != kAlgoMagic || algo->data[5] != (p.ta | (uint64_t{p.tc} << 32)) ||
+      algo->data[6] >= static_cast<uint64_t>(kEmuAlgorithms))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  *result = cublasLtMatmulHeuristicResult_t{};
+  result->algo = *algo;
+  result->workspaceSize = 0;
+  result->state = CUBLAS_STATUS_SUCCESS;
+  result->wavesCount = 1.f;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+size_t cublasLtGetVersion() {
+  return CUBLAS_VERSION;
 }
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
@@ -639,7 +685,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if ((p.bits & (kBgradD | kBgradA | kBgradB)) && alpha != 1.f) return CUBLAS_STATUS_NOT_SUPPORTED;
   if ((p.bits & kDGelu) && beta != 0.f) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (algo != nullptr) {
-    if (algo->data[0] != kAlgoMagic || algo->data[5] != (p.ta | (uint64_t{p.tc} << 32)))
+    if (algo->data[0] != kAlgoMagic || algo->data[5] != (p.ta | (uint64_t{p.tc} << 32)) ||
+        algo->data[6] >= static_cast<uint64_t>(kEmuAlgorithms))
       return CUBLAS_STATUS_INVALID_VALUE;  // not from the heuristic, or for other types
     const void* ptrs[4] = {A, B, C, D};
     for (int i = 0; i < 4; ++i)
@@ -650,11 +697,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
 
   // Everything the matmul reads from the descriptors is copied now: the call is enqueued on
   // `stream` (Note [Emulated streams]) and the caller may change or destroy them meanwhile.
+  const int variant = algo != nullptr ? static_cast<int>(algo->data[6]) : 0;
+  const int fastest = fastest_algorithm();
   auto run = [dv = *dsc, av = *la, bv = *lb, cv = *lc, dd = *ld, p, m, n, k, alpha, beta, A, B, C,
-              D] {
+              D, variant, fastest] {
     const Desc* dsc = &dv;
     const Layout *la = &av, *lb = &bv, *lc = &cv, *ld = &dd;
     count_matmul();
+    if (fastest >= 0 && variant != fastest)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     if (strata::cuda_emu::dry_run()) return;  // Note [Emulator dry run]
     DeviceOp op("cublasLtMatmul");
     const size_t ea = type_bytes(p.ta), ec = type_bytes(p.tc);
@@ -681,7 +732,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
 
     const bool ta = dsc->transa == CUBLAS_OP_T, tb = dsc->transb == CUBLAS_OP_T;
     std::vector<float> ap(static_cast<size_t>(m * k)), bp(static_cast<size_t>(k * n));
-    std::vector<float> acc(static_cast<size_t>(n)), bias_acc(static_cast<size_t>(m));
+    std::vector<float> acc(static_cast<size_t>(n)), acc2(static_cast<size_t>(n)),
+        bias_acc(static_cast<size_t>(m));
     for (int64_t bt = 0; bt < p.batch; ++bt) {
       const int64_t oa = bt * la->stride, ob = bt * lb->stride, oc = bt * lc->stride,
                     od = bt * ld->stride;
@@ -695,11 +747,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
           bp[q * n + j] = load(B, p.ta, ob + (tb ? j + q * lb->ld : q + j * lb->ld));
       std::fill(bias_acc.begin(), bias_acc.end(), 0.f);
       for (int64_t i = 0; i < m; ++i) {
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t q = 0; q < k; ++q) {
-          const float av = ap[i * k + q];
-          const float* brow = bp.data() + q * n;
-          for (int64_t j = 0; j < n; ++j) acc[j] += av * brow[j];
+        // acc[j] += op(A)[i, q] op(B)[q, j] over q in [q0, q1), in the algorithm's order.
+        auto sum_k = [&](std::vector<float>& to, int64_t q0, int64_t q1, bool reverse) {
+          std::fill(to.begin(), to.end(), 0.f);
+          for (int64_t s = 0; s < q1 - q0; ++s) {
+            const int64_t q = reverse ? q1 - 1 - s : q0 + s;
+            const float av = ap[i * k + q];
+            const float* brow = bp.data() + q * n;
+            for (int64_t j = 0; j < n; ++j) to[j] += av * brow[j];
+          }
+        };
+        if (variant == 2) {
+          sum_k(acc, 0, k / 2, false);
+          sum_k(acc2, k / 2, k, false);
+          for (int64_t j = 0; j < n; ++j) acc[j] += acc2[j];
+        } else {
+          sum_k(acc, 0, k, variant == 1);
         }
         const float bias_v =
             (p.bits & kBias) ? load(dsc->bias, p.bias_type, bt * dsc->bias_batch_stride + i) : 0.f;

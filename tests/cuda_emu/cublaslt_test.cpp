@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -417,6 +418,97 @@ TEST(CudaEmuCublasLt, AnAlgorithmChosenForAlignedDataRefusesUnalignedData) {
   EXPECT_EQ(run(lt, op, 1.f, a1, l4, b.p, l4, 0.f, d.p, l4, d.p, l4, 4), CUBLAS_STATUS_SUCCESS);
   cublasLtMatmulDescDestroy(op);
   cublasLtMatrixLayoutDestroy(l4);
+}
+
+// Note [Emulated cuBLASLt]: the heuristic's algorithms sum k in their own orders (in order,
+// reversed, two halves), so they differ in the last bits as a real library's can; each matches a
+// loop in its order exactly, cublasLtMatmulAlgoCheck takes them back, and
+// STRATA_CUDA_EMU_CUBLASLT_FASTEST slows every other algorithm down.
+TEST(CudaEmuCublasLt, TheHeuristicsAlgorithmsSumInTheirOwnOrders) {
+  Lt lt;
+  const int64_t m = 3, n = 4, k = 64;
+  std::vector<float> a(m * k), b(k * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.23f * static_cast<float>(i) + 0.2f);
+  DevBuf da(a.size(), CUDA_R_32F, a), db(b.size(), CUDA_R_32F, b), dd(m * n, CUDA_R_32F);
+  auto la = layout(CUDA_R_32F, m, k, m), lb = layout(CUDA_R_32F, k, n, k),
+       ld = layout(CUDA_R_32F, m, n, m);
+  cublasLtMatmulDesc_t op;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref;
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t r[8] = {};
+  int found = 0;
+  ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(lt.h, op, la, lb, ld, ld, pref, 8, r, &found),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(found, 3);
+  auto sum = [&](int64_t i, int64_t j, int64_t q0, int64_t q1, bool reverse) {
+    float acc = 0.f;
+    for (int64_t s = 0; s < q1 - q0; ++s) {
+      const int64_t q = reverse ? q1 - 1 - s : q0 + s;
+      acc += a[i + q * m] * b[q + j * k];
+    }
+    return acc;
+  };
+  std::vector<std::vector<float>> got;
+  for (int v = 0; v < found; ++v) {
+    SCOPED_TRACE("algorithm " + std::to_string(v));
+    cublasLtMatmulHeuristicResult_t check{};
+    EXPECT_EQ(cublasLtMatmulAlgoCheck(lt.h, op, la, lb, ld, ld, &r[v].algo, &check),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(std::memcmp(&check.algo, &r[v].algo, sizeof(check.algo)), 0);
+    const float one = 1.f, zero = 0.f;
+    ASSERT_EQ(cublasLtMatmul(lt.h, op, &one, da.p, la, db.p, lb, &zero, dd.p, ld, dd.p, ld,
+                             &r[v].algo, nullptr, 0, nullptr),
+              CUBLAS_STATUS_SUCCESS);
+    got.push_back(dd.host());
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        const float want = v == 2 ? sum(i, j, 0, k / 2, false) + sum(i, j, k / 2, k, false)
+                                  : sum(i, j, 0, k, v == 1);
+        ASSERT_EQ(got.back()[i + j * m], want) << "(" << i << ", " << j << ")";
+      }
+  }
+  EXPECT_NE(got[0], got[1]) << "these values should round differently in the two orders";
+  EXPECT_NE(got[0], got[2]);
+
+  cublasLtMatmulAlgo_t forged = r[0].algo;
+  forged.data[6] = 3;
+  cublasLtMatmulHeuristicResult_t check{};
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(lt.h, op, la, lb, ld, ld, &forged, &check),
+            CUBLAS_STATUS_INVALID_VALUE);
+  auto lha = layout(CUDA_R_16BF, m, k, m), lhb = layout(CUDA_R_16BF, k, n, k),
+       lhd = layout(CUDA_R_16BF, m, n, m);
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(lt.h, op, lha, lhb, lhd, lhd, &r[0].algo, &check),
+            CUBLAS_STATUS_INVALID_VALUE)
+      << "an algorithm for f32 on bf16 data";
+
+  // Every algorithm but the one named takes 2 ms more of device time.
+  ASSERT_EQ(setenv("STRATA_CUDA_EMU_CUBLASLT_FASTEST", "1", 1), 0);
+  for (int v = 0; v < found; ++v) {
+    cudaEvent_t e0, e1;
+    ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+    const float one = 1.f, zero = 0.f;
+    ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
+    ASSERT_EQ(cublasLtMatmul(lt.h, op, &one, da.p, la, db.p, lb, &zero, dd.p, ld, dd.p, ld,
+                             &r[v].algo, nullptr, 0, nullptr),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0;
+    ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+    if (v == 1)
+      EXPECT_LT(ms, 2.f);
+    else
+      EXPECT_GE(ms, 2.f) << "algorithm " << v;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  unsetenv("STRATA_CUDA_EMU_CUBLASLT_FASTEST");
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatmulDescDestroy(op);
+  for (auto l : {la, lb, ld, lha, lhb, lhd}) cublasLtMatrixLayoutDestroy(l);
 }
 
 using CudaEmuCublasLtDeathTest = ::testing::Test;

@@ -402,6 +402,17 @@ std::vector<BadCase> bad_cases() {
        ":11:18: ",
        {"training.profile_steps: is 3 but times GPU ops; set run.device: cuda or "
         "profile_steps: 0"}},
+      {"matmul_tuning_on_the_cpu",
+       kTiny,
+       {"run.matmul_tuning=on"},
+       "",
+       {"run.matmul_tuning: is on, but it times cuBLASLt's GPU algorithms and run.device is "
+        "'cpu'; set run.device: cuda or matmul_tuning: off"}},
+      {"matmul_tuning_unknown",
+       kTiny,
+       {"run.matmul_tuning=fast"},
+       "",
+       {"run.matmul_tuning: expected one of off, on, got 'fast'"}},
       {"profile_past_the_last_step",
        kTiny,
        {"run.device=cuda", "training.profile_steps=8"},

@@ -29,7 +29,10 @@
 // STRATA_FUSED_OPS=off (Note [Fused ops in models]) times the unfused compositions instead of the
 // fused residual norms and GPT-2's fused MLP; the impl column then says strata-unfused.
 // --recompute-gelu sets the GPT-2 config key recompute_gelu (Note [GELU recompute]): with --fill
-// it shows what the freed activations buy (impl strata+recompute-gelu).
+// it shows what the freed activations buy (impl strata+recompute-gelu). --matmul-tune times
+// cuBLASLt's candidate algorithms for each GEMM problem and keeps the fastest (Note [cuBLASLt
+// tuning]; `train`'s run.matmul_tuning: on); the first (untimed) step pays for it, and the impl
+// column says +tuned-matmuls.
 //
 // In a STRATA_CUDA_EMULATION build run with STRATA_CUDA_EMU_DRY_RUN=1 (Note [Emulator dry run] in
 // tests/cuda_emu/control.h; tools/bench/run_host_overhead.sh) the device does no work, so a step's
@@ -95,6 +98,7 @@ constexpr double kGradClip = 1.0;
 struct Options {
   std::string dtype = "bf16";
   bool recompute_gelu = false;  // Note [GELU recompute]
+  bool matmul_tune = false;     // Note [cuBLASLt tuning]
   double peak_tflops = 0.0;     // 0: the device's (Note [GPU peaks])
   double peak_gbps = 0.0;       // 0: the device's
   int warmup = 3;
@@ -369,6 +373,9 @@ int main(int argc, char** argv) {
   app.add_flag("--recompute-gelu", o.recompute_gelu,
                "the GPT-2 config key recompute_gelu: the MLP keeps only the GELU input (less "
                "activation memory, one more pass in backward); impl says strata+recompute-gelu");
+  app.add_flag("--matmul-tune", o.matmul_tune,
+               "time cuBLASLt's candidate algorithms per GEMM problem in the first step and keep "
+               "the fastest (run.matmul_tuning: on); impl says +tuned-matmuls");
   app.add_option("--T", o.seq_len, "sequence length")->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed steps first")
       ->check(CLI::Range(0, 1000))
@@ -413,6 +420,7 @@ int main(int argc, char** argv) {
     if (o.batch < 0) user_error("--B must be positive, got {}", o.batch);
     if (o.fill && o.on_cpu) user_error("--fill needs the GPU (it probes for out-of-memory)");
     if (o.profile > 0 && o.on_cpu) user_error("--profile times GPU ops; it needs --device cuda");
+    if (o.matmul_tune && o.on_cpu) user_error("--matmul-tune times GPU GEMMs; it needs the GPU");
     if (!o.on_cpu) {
       tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
       // Note [GPU peaks]: what MFU and the profile's bound count against.
@@ -425,12 +433,14 @@ int main(int argc, char** argv) {
       // A list item before the table (run_gpt2_cuda.sh hands the FLOP/s to the reference).
       fmt::print("- peaks: {:.1f} TFLOP/s {} ({}), {:.0f} GB/s\n\n", o.peak_tflops, o.dtype,
                  own_flops ? peaks.source : "--peak-tflops", o.peak_gbps);
+      if (o.matmul_tune) tensor::set_cuda_matmul_tuning(true);
     }
     auto world = parallel::init_world("self", o.device(), std::chrono::seconds(60));
     // Note [Fused ops in models]: STRATA_FUSED_OPS=off measures the unfused compositions.
     const std::string impl =
         std::string(models::nn::fused_ops_enabled() ? "strata" : "strata-unfused") +
-        (o.recompute_gelu ? "+recompute-gelu" : "") + (dry_run() ? " (dry run)" : "");
+        (o.recompute_gelu ? "+recompute-gelu" : "") + (o.matmul_tune ? "+tuned-matmuls" : "") +
+        (dry_run() ? " (dry run)" : "");
     if (dry_run())
       fmt::print(stderr,
                  "bench_gpt2_cuda: the emulator's dry run: the device does no work, so step "

@@ -28,6 +28,7 @@ void read_run(Reader& r, RunConfig& c) {
   r.get_enum("device", c.device, {"cpu", "cuda"});
   r.get_enum("dtype", c.dtype, {"auto", "fp32", "bf16", "fp16"});
   r.get("threads", c.threads);
+  r.get_enum("matmul_tuning", c.matmul_tuning, {"off", "on"});
 }
 
 void read_model(Reader& r, ModelSection& c) {
@@ -144,6 +145,11 @@ void validate(TrainConfig& c, Readers& r) {
   if (c.run.dir.empty()) r.run.fail("dir", "must not be empty; it is where the run writes");
   r.run.non_negative("threads", c.run.threads);
   if (c.run.dtype == "auto") c.run.dtype = c.run.device == "cuda" ? "bf16" : "fp32";
+  if (c.run.matmul_tuning == "on" && c.run.device != "cuda")
+    r.run.fail("matmul_tuning",
+               fmt::format("is on, but it times cuBLASLt's GPU algorithms and run.device is "
+                           "'{}'; set run.device: cuda or matmul_tuning: off",
+                           c.run.device));
   // bf16/fp16 run on the CPU too (Note [Mixed precision] in parallel/engine.h): the CPU
   // kernels widen to f32, so it saves model-state memory, not time.
 
@@ -364,6 +370,7 @@ std::string to_yaml(const TrainConfig& c) {
     e("device", c.run.device);
     e("dtype", c.run.dtype);
     e("threads", c.run.threads);
+    e("matmul_tuning", c.run.matmul_tuning);
   }
   {
     Node& m = section(root, "model");

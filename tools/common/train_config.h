@@ -34,6 +34,9 @@ struct RunConfig {                   // YAML section `run`
   // (DESIGN.md decision 7) when the config is loaded.
   std::string dtype = "auto";
   int threads = 0;  // 0 = all cores
+  // off | on: time cuBLASLt's candidate algorithms per matmul problem and keep the fastest, the
+  // choices kept in <dir>/matmul_tuning.rank<R>.tsv (Note [cuBLASLt tuning]); cuda only.
+  std::string matmul_tuning = "off";
   bool operator==(const RunConfig&) const = default;
 };
 

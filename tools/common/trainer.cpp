@@ -288,6 +288,13 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   }
   dp_->barrier();
   if (rank_ != 0) ensure_writable_dir(c.run.dir);
+  if (device_.is_cuda()) {
+    // Note [cuBLASLt tuning]: the choices in a file per rank inside run.dir, so a resume (or a
+    // rerun in the same run.dir) takes the same algorithms and reproduces the bits. The config
+    // decides, not STRATA_MATMUL_TUNE.
+    tensor::set_cuda_matmul_tuning(c.run.matmul_tuning == "on",
+                                   fmt::format("{}/matmul_tuning.rank{}.tsv", c.run.dir, rank_));
+  }
   console_ =
       std::make_unique<ConsoleReporter>(rank_ == 0 ? c.training.progress : "off", c.training.steps);
 

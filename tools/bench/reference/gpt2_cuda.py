@@ -184,6 +184,8 @@ def main():
                    help="ignored: the bandwidth of Strata's roofline bound in its --profile table")
     p.add_argument("--recompute-gelu", action="store_true",
                    help="ignored: Strata's GELU recompute; PyTorch's step keeps its usual tensors")
+    p.add_argument("--matmul-tune", action="store_true",
+                   help="ignored: Strata's cuBLASLt algorithm tuning; PyTorch runs its defaults")
     p.add_argument("--device", default="cuda", choices=["cuda"],
                    help="the GPU only (bench_gpt2_cuda --device cpu has no PyTorch reference here)")
     a = p.parse_args()

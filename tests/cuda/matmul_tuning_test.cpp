@@ -1,0 +1,269 @@
+// cuBLASLt tuning (Note [cuBLASLt tuning] in tensor/cuda/matmul.cpp): tuned GEMMs, with and without
+// epilogues and accumulating into their output, agree with the CPU backend; a tuning file makes a
+// later process take the recorded algorithms and give the same bits; bad files are clear errors.
+// On the emulator (Note [Emulated cuBLASLt]) the candidates sum in different orders and
+// STRATA_CUDA_EMU_CUBLASLT_FASTEST decides which one is fastest, so the choice itself is checked.
+// Skips itself when no GPU is visible (CTest label `cuda`).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tensor/cuda.h"
+#include "tensor/ops.h"
+#include "tests/tools/tool_test_util.h"
+
+namespace strata::tensor {
+namespace {
+
+namespace fs = std::filesystem;
+
+const Device kGpu = Device::cuda(0);
+const Device kCpu = Device::cpu();
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+Tensor rnd(const Shape& s, uint64_t stream) {
+  return uniform(s, {91, stream}, -2.f, 2.f);
+}
+
+// Tuning back off after each test, and the emulator's speeds equal again.
+class CudaMatmulTuning : public ::testing::Test {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_GPU(); }
+  void TearDown() override {
+    if (cuda_available()) set_cuda_matmul_tuning(false);
+    set_fastest(-1);
+  }
+  // Note [Emulated cuBLASLt]: every candidate but `i` takes 2 ms more (-1: all alike). Nothing
+  // on a real GPU.
+  static void set_fastest(int i) {
+#ifdef STRATA_CUDA_EMULATION
+    if (i < 0)
+      unsetenv("STRATA_CUDA_EMU_CUBLASLT_FASTEST");
+    else
+      setenv("STRATA_CUDA_EMU_CUBLASLT_FASTEST", std::to_string(i).c_str(), 1);
+#else
+    (void)i;
+#endif
+  }
+};
+
+// Four GEMM problems of a transformer layer in bf16 on `d`: a plain matmul, the forward linear
+// with the GELU_AUX_BIAS epilogue, a weight gradient added into an existing buffer (beta = 1)
+// with its bias gradient, and the GELU gradient with its bias gradient. Outputs on the CPU, f32.
+std::vector<Tensor> layer_gemms(Device d) {
+  const DType bf = DType::BF16;
+  auto on = [&](const Tensor& t) { return t.to(bf).to(d); };
+  const Tensor a = on(rnd({48, 96}, 1)), b = on(rnd({96, 40}, 2));
+  const Tensor x = on(rnd({64, 32}, 3)), w = on(rnd({48, 32}, 4)), bias = on(rnd({48}, 5));
+  const Tensor dy = on(rnd({64, 48}, 6)), w2 = on(rnd({48, 48}, 7));
+  Tensor dweight = on(rnd({48, 32}, 8));
+  std::vector<Tensor> out;
+  out.push_back(matmul(a, b));
+  LinearResult fwd = linear(x, w, bias, Activation::Gelu, /*save_pre=*/true);
+  out.push_back(fwd.y);
+  out.push_back(fwd.pre);
+  out.push_back(linear_backward_weight_into(dy, x, dweight, /*with_bias=*/true));
+  out.push_back(dweight);
+  LinearGeluGrads g = linear_backward_gelu(dy, w2, fwd.pre, /*with_bias=*/true);
+  out.push_back(g.dpre);
+  out.push_back(g.dbias);
+  for (Tensor& t : out) t = t.to(kCpu).to(DType::F32);
+  return out;
+}
+
+bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (max_abs_diff(a[i], b[i]) != 0.0) return false;
+  return true;
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+TEST_F(CudaMatmulTuning, TunedGemmsAgreeWithTheCpuBackend) {
+  const std::vector<Tensor> want = layer_gemms(kCpu);
+  set_cuda_matmul_tuning(true);
+  const std::vector<Tensor> got = layer_gemms(kGpu);
+  ASSERT_EQ(got.size(), want.size());
+  // bf16 outputs: one ulp of bf16 plus the rounding noise of another summation order (the
+  // tolerance of tests/cuda/cuda_ops_test.cpp). The
+  // accumulated weight gradient (index 4) would be off by several times dy^T x had a trial's
+  // write not been undone before the next.
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(allclose(got[i], want[i], 1.0 / 128, 1e-3))
+        << "output " << i << ": max |diff| " << max_abs_diff(got[i], want[i]);
+  const std::vector<CudaMatmulChoice> choices = cuda_matmul_choices();
+  ASSERT_GE(choices.size(), 4u) << "a matmul, a forward linear and two gradient GEMMs";
+  for (const CudaMatmulChoice& c : choices) {
+    SCOPED_TRACE(c.problem);
+    EXPECT_FALSE(c.from_file);
+    EXPECT_GE(c.candidates, 1);
+    EXPECT_LT(c.chosen, c.candidates);
+    EXPECT_GT(c.ms, 0.0);
+  }
+
+  // Off: the heuristic's first algorithm, nothing timed.
+  set_cuda_matmul_tuning(false);
+  const std::vector<Tensor> plain = layer_gemms(kGpu);
+  EXPECT_TRUE(cuda_matmul_choices().empty());
+  for (size_t i = 0; i < plain.size(); ++i)
+    EXPECT_TRUE(allclose(plain[i], want[i], 1.0 / 128, 1e-3)) << "output " << i;
+}
+
+#ifdef STRATA_CUDA_EMULATION
+// The emulated candidates differ only in speed as the test says: tuning keeps the fast one.
+TEST_F(CudaMatmulTuning, TuningKeepsTheFastestCandidate) {
+  for (int fastest : {2, 1, 0}) {
+    SCOPED_TRACE("fastest " + std::to_string(fastest));
+    set_fastest(fastest);
+    set_cuda_matmul_tuning(true);
+    layer_gemms(kGpu);
+    const std::vector<CudaMatmulChoice> choices = cuda_matmul_choices();
+    ASSERT_GE(choices.size(), 4u);
+    for (const CudaMatmulChoice& c : choices) {
+      EXPECT_EQ(c.candidates, 3) << c.problem;
+      EXPECT_EQ(c.chosen, fastest) << c.problem;
+      EXPECT_GT(c.first_ms, 0.0);
+    }
+  }
+}
+#endif
+
+TEST_F(CudaMatmulTuning, ATuningFileGivesALaterProcessTheSameAlgorithmsAndBits) {
+  tools::testing::ScratchDir tmp;
+  const std::string file = tmp / "tuning.tsv";
+  set_fastest(2);  // the emulator: candidate 2 (split k) wins the first time
+  set_cuda_matmul_tuning(true, file);
+  const std::vector<Tensor> first = layer_gemms(kGpu);
+  const std::vector<CudaMatmulChoice> chosen = cuda_matmul_choices();
+  ASSERT_GE(chosen.size(), 4u);
+  const std::vector<std::string> lines = lines_of(file);
+  ASSERT_EQ(lines.size(), 2 + chosen.size()) << "a header of two lines, then one per problem";
+  EXPECT_EQ(lines[0], "# strata matmul tuning v1");
+  EXPECT_EQ(lines[1].rfind("# cublasLt ", 0), 0u) << lines[1];
+
+  // A new process (set_cuda_matmul_tuning forgets everything) where another candidate would be
+  // the fastest: the file's algorithms still run, and give the first run's bits.
+  set_fastest(1);
+  set_cuda_matmul_tuning(true, file);
+  const std::vector<Tensor> again = layer_gemms(kGpu);
+  const std::vector<CudaMatmulChoice> reread = cuda_matmul_choices();
+  ASSERT_EQ(reread.size(), chosen.size());
+  for (size_t i = 0; i < reread.size(); ++i) {
+    EXPECT_TRUE(reread[i].from_file) << reread[i].problem;
+    EXPECT_EQ(reread[i].problem, chosen[i].problem);
+    EXPECT_EQ(reread[i].chosen, chosen[i].chosen) << reread[i].problem;
+  }
+  EXPECT_TRUE(same_bits(first, again));
+  EXPECT_EQ(lines_of(file).size(), lines.size()) << "nothing new to record";
+#ifdef STRATA_CUDA_EMULATION
+  // Without the file the choices follow the speeds, and the bits change: the file is what kept
+  // them.
+  set_cuda_matmul_tuning(true);
+  const std::vector<Tensor> retuned = layer_gemms(kGpu);
+  for (const CudaMatmulChoice& c : cuda_matmul_choices()) EXPECT_EQ(c.chosen, 1) << c.problem;
+  EXPECT_FALSE(same_bits(first, retuned));
+#endif
+}
+
+// The UserError's message, or "" when `f` does not raise one.
+template <typename F>
+std::string user_error_of(F&& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(CudaMatmulTuning, BadTuningFilesAreClearErrorsOrSetAside) {
+  tools::testing::ScratchDir tmp;
+  set_fastest(0);  // the emulator: a problem timed again chooses what it chose the first time
+  const std::string file = tmp / "tuning.tsv";
+  set_cuda_matmul_tuning(true, file);
+  const std::vector<Tensor> want = layer_gemms(kGpu);
+  const std::vector<std::string> good = lines_of(file);
+  ASSERT_GE(good.size(), 6u);
+  auto write = [&](const std::string& text) { tools::testing::write_text(file, text); };
+  auto join = [](const std::vector<std::string>& ls) {
+    std::string s;
+    for (const std::string& l : ls) s += l + "\n";
+    return s;
+  };
+
+  // Not a tuning file: named, with the line.
+  write("step,loss\n1,2.5\n");
+  set_cuda_matmul_tuning(true, file);
+  std::string msg = user_error_of([&] { layer_gemms(kGpu); });
+  EXPECT_NE(msg.find(file + ":1:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not a Strata matmul tuning file"), std::string::npos) << msg;
+
+  // A malformed line (a word missing): named with its line number.
+  std::vector<std::string> bad = good;
+  bad[3] = bad[3].substr(0, bad[3].rfind(' '));
+  write(join(bad));
+  set_cuda_matmul_tuning(true, file);
+  msg = user_error_of([&] { layer_gemms(kGpu); });
+  EXPECT_NE(msg.find(file + ":4:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("delete the file"), std::string::npos) << msg;
+
+  // A last line cut short (a crash while writing): dropped, the rest used, the file whole again.
+  std::string torn = join(good);
+  torn.resize(torn.size() - 10);
+  write(torn);
+  set_cuda_matmul_tuning(true, file);
+  const std::vector<Tensor> after = layer_gemms(kGpu);
+#ifdef STRATA_CUDA_EMULATION
+  EXPECT_TRUE(same_bits(after, want));
+#else
+  // A GPU may time the cut line's problem differently and pick another algorithm.
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_TRUE(allclose(after[i], want[i], 1.0 / 128, 1e-3)) << "output " << i;
+#endif
+  {
+    std::ifstream in(file);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(text.empty());
+    EXPECT_EQ(text.back(), '\n');
+  }
+  const std::vector<CudaMatmulChoice> after_torn = cuda_matmul_choices();
+  int timed = 0;
+  for (const CudaMatmulChoice& c : after_torn) timed += c.from_file ? 0 : 1;
+  EXPECT_EQ(timed, 1) << "only the problem of the cut line is timed again";
+  EXPECT_EQ(lines_of(file).size(), good.size());
+
+  // Made for another cuBLASLt or GPU: moved aside, tuning starts over in a new file.
+  std::vector<std::string> other = good;
+  other[1] = "# cublasLt 1 sm_70 Some Older GPU";
+  write(join(other));
+  set_cuda_matmul_tuning(true, file);
+  layer_gemms(kGpu);
+  for (const CudaMatmulChoice& c : cuda_matmul_choices()) EXPECT_FALSE(c.from_file) << c.problem;
+  ASSERT_TRUE(fs::exists(file + ".old"));
+  EXPECT_EQ(lines_of(file + ".old"), other);
+  const std::vector<std::string> fresh = lines_of(file);
+  ASSERT_EQ(fresh.size(), good.size());
+  EXPECT_EQ(fresh[1], good[1]);
+
+  // A path that cannot be written: named.
+  set_cuda_matmul_tuning(true, tmp / "no_such_dir/tuning.tsv");
+  msg = user_error_of([&] { layer_gemms(kGpu); });
+  EXPECT_NE(msg.find("cannot be written"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace strata::tensor

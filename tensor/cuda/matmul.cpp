@@ -4,12 +4,14 @@
 // Strata's tensors are row-major and cuBLASLt is column-major: a row-major [r, c] matrix is the
 // column-major [c, r] one, so out = op(a) @ op(b) is computed as out^T = op(b)^T @ op(a)^T with
 // b passed as cuBLAS's A and a as its B, transposes unchanged. Batches are strided; a 2-D b is
-// shared by giving it batch stride 0. f32 inputs use CUBLAS_COMPUTE_32F (no TF32), bf16/f16
-// inputs accumulate in f32 (CUBLAS_COMPUTE_32F, f32 alpha/beta) and write C/D in their own dtype
-// (the op layer's default, Note [Low-precision ops]) or in f32 (matmul_out into an F32 out); with
-// beta != 0, C is read in that same dtype. The algorithm
-// is chosen once per problem (cached) and never one whose split-K reduction is done in place
-// with atomics, so the same problem gives the same bits every run (Note [Backend contract]).
+// shared by giving it batch stride 0, except that a contiguous stack of untransposed a's (the
+// LM head's [B, T, C] @ W^T and its input gradient) is one GEMM over all B*T rows, as PyTorch's
+// matmul folds it: one large problem for the heuristic instead of B strided ones. f32 inputs use
+// CUBLAS_COMPUTE_32F (no TF32), bf16/f16 inputs accumulate in f32 (CUBLAS_COMPUTE_32F, f32
+// alpha/beta) and write C/D in their own dtype (the op layer's default, Note [Low-precision ops])
+// or in f32 (matmul_out into an F32 out); with beta != 0, C is read in that same dtype. The
+// algorithm is chosen once per problem (cached) and never one whose split-K reduction is done in
+// place with atomics, so the same problem gives the same bits every run (Note [Backend contract]).
 //
 // Note [CUDA linear epilogues]
 // linear and its backward pieces (Note [Linear epilogues] in tensor/ops.h) run one GEMM each with
@@ -653,6 +655,16 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& out, bool tra
     if (beta == 0.f) return fill(out, 0.0);
     Tensor tmp = out.clone();
     return affine(tmp, beta, 0.f, out);
+  }
+  // Note [CUDA matmul]: a stack of a's over one shared b is one GEMM of all their rows.
+  if (b.ndim() == 2 && a.ndim() > 2 && !trans_a && a.is_contiguous() && out.is_contiguous()) {
+    const Tensor rows = a.view({a.numel() / a.size(-1), a.size(-1)});
+    Tensor out_rows = out.view({out.numel() / out.size(-1), out.size(-1)});
+    STRATA_CHECK(run_gemm(lt_, matmul_workspace_, stream_, rows, b, out_rows, false, trans_b, alpha,
+                          beta, Epilogue{}),
+                 "cuBLASLt has no algorithm for {} @ {}{} -> {}", rows.str(), b.str(),
+                 trans_b ? "^T" : "", out_rows.str());
+    return;
   }
   STRATA_CHECK(run_gemm(lt_, matmul_workspace_, stream_, a, b, out, trans_a, trans_b, alpha, beta,
                         Epilogue{}),

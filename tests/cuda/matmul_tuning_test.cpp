@@ -179,6 +179,41 @@ TEST_F(CudaMatmulTuning, ATuningFileGivesALaterProcessTheSameAlgorithmsAndBits) 
 #endif
 }
 
+// Note [CUDA matmul]: a contiguous stack of a's over one 2-D b (the LM head) runs as one GEMM of
+// all the rows, with the 2-D call's bits; a stack that is not contiguous stays a strided batch.
+// The problems are read from what tuning timed.
+TEST_F(CudaMatmulTuning, AStackOverASharedMatrixIsOneGemm) {
+  const Tensor a = rnd({4, 24, 32}, 11).to(DType::BF16), w = rnd({40, 32}, 12).to(DType::BF16);
+  const Tensor g = rnd({4, 24, 40}, 13).to(DType::BF16);
+  set_cuda_matmul_tuning(true);
+  const Tensor ga = a.to(kGpu), gw = w.to(kGpu), gg = g.to(kGpu);
+  const Tensor logits = matmul(ga, gw, false, true);  // [4, 24, 40]
+  const Tensor dx = matmul(gg, gw);                   // [4, 24, 32]
+  std::vector<std::string> problems;
+  for (const CudaMatmulChoice& c : cuda_matmul_choices()) problems.push_back(c.problem);
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_EQ(problems[0].rfind("m=96 n=40 k=32 batch=1 ", 0), 0u) << problems[0];
+  EXPECT_EQ(problems[1].rfind("m=96 n=32 k=40 batch=1 ", 0), 0u) << problems[1];
+  EXPECT_EQ(
+      max_abs_diff(
+          logits.to(kCpu).to(DType::F32),
+          matmul(ga.view({96, 32}), gw, false, true).view({4, 24, 40}).to(kCpu).to(DType::F32)),
+      0.0);
+  EXPECT_TRUE(allclose(logits.to(kCpu).to(DType::F32), matmul(a, w, false, true).to(DType::F32),
+                       1.0 / 128, 1e-3));
+  EXPECT_TRUE(allclose(dx.to(kCpu).to(DType::F32), matmul(g, w).to(DType::F32), 1.0 / 128, 1e-3));
+
+  // a transposed stack: the strided batch of 4.
+  set_cuda_matmul_tuning(true);
+  const Tensor at = rnd({4, 32, 24}, 14).to(DType::BF16);
+  const Tensor y = matmul(at.to(kGpu), gw, true, true);
+  ASSERT_EQ(cuda_matmul_choices().size(), 1u);
+  EXPECT_EQ(cuda_matmul_choices()[0].problem.rfind("m=24 n=40 k=32 batch=4 ", 0), 0u)
+      << cuda_matmul_choices()[0].problem;
+  EXPECT_TRUE(allclose(y.to(kCpu).to(DType::F32), matmul(at, w, true, true).to(DType::F32),
+                       1.0 / 128, 1e-3));
+}
+
 // The UserError's message, or "" when `f` does not raise one.
 template <typename F>
 std::string user_error_of(F&& f) {

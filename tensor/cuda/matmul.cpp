@@ -350,7 +350,8 @@ void read_tuning_file(Tuning& t) {
           "the candidate's rank, 8 hexadecimal words and 2 times); delete the file to tune "
           "again",
           path, i + 1, lines[i], kKeyFields);
-    t.recorded.emplace(key_from_fields(f), std::make_pair(rank, algo));  // the first line wins
+    // A problem timed again (its recorded algorithm refused) is appended again: the last wins.
+    t.recorded.insert_or_assign(key_from_fields(f), std::make_pair(rank, algo));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -280,6 +281,31 @@ TEST_F(CudaMatmulTuning, BadTuningFilesAreClearErrorsOrSetAside) {
   for (const CudaMatmulChoice& c : after_torn) timed += c.from_file ? 0 : 1;
   EXPECT_EQ(timed, 1) << "only the problem of the cut line is timed again";
   EXPECT_EQ(lines_of(file).size(), good.size());
+
+#ifdef STRATA_CUDA_EMULATION
+  // A recorded algorithm cuBLASLt refuses (cublasLtMatmulAlgoCheck; here the emulator's fourth
+  // summation order, which it does not have): timed again and appended, and the new line wins.
+  {
+    std::vector<std::string> refused = good;
+    std::vector<std::string> words;
+    std::istringstream ls(refused[2]);
+    for (std::string w; ls >> w;) words.push_back(w);
+    ASSERT_EQ(words.size(), 15u + 1 + 8 + 2);
+    words[15 + 1 + 6] = "0000000000000003";
+    refused[2].clear();
+    for (const std::string& w : words) refused[2] += (refused[2].empty() ? "" : " ") + w;
+    write(join(refused));
+    set_cuda_matmul_tuning(true, file);
+    EXPECT_TRUE(same_bits(layer_gemms(kGpu), want));
+    int retimed = 0;
+    for (const CudaMatmulChoice& c : cuda_matmul_choices()) retimed += c.from_file ? 0 : 1;
+    EXPECT_EQ(retimed, 1);
+    EXPECT_EQ(lines_of(file).size(), good.size() + 1);
+    set_cuda_matmul_tuning(true, file);
+    layer_gemms(kGpu);
+    for (const CudaMatmulChoice& c : cuda_matmul_choices()) EXPECT_TRUE(c.from_file) << c.problem;
+  }
+#endif
 
   // Made for another cuBLASLt or GPU: moved aside, tuning starts over in a new file.
   std::vector<std::string> other = good;

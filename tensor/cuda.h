@@ -63,6 +63,16 @@ struct CudaMatmulChoice {
 };
 // The choices tuning made since the last set_cuda_matmul_tuning (empty without CUDA).
 std::vector<CudaMatmulChoice> cuda_matmul_choices();
+// While one lives, a matmul problem tuning has not met yet runs the heuristic's first algorithm
+// and is neither timed nor recorded (problems tuned before keep their algorithm). For work whose
+// every call is a new shape, like sampling, which grows its sequence by a token per forward.
+class CudaMatmulTuningPause {
+ public:
+  CudaMatmulTuningPause();
+  ~CudaMatmulTuningPause();
+  CudaMatmulTuningPause(const CudaMatmulTuningPause&) = delete;
+  CudaMatmulTuningPause& operator=(const CudaMatmulTuningPause&) = delete;
+};
 
 // Per-op device time (Note [CUDA op profiler] in tensor/cuda/profiler.cpp). cuda_profile_start
 // clears the totals and starts timing every CUDA backend op; cuda_profile_stop waits for the

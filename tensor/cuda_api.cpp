@@ -10,6 +10,7 @@ void* current_stream();
 CudaDeviceFacts device_facts(int device);
 void set_matmul_tuning(bool on, const std::string& file);
 std::vector<CudaMatmulChoice> matmul_choices();
+void pause_matmul_tuning(int delta);
 }  // namespace strata::tensor::cuda
 #endif
 
@@ -79,6 +80,18 @@ std::vector<CudaMatmulChoice> cuda_matmul_choices() {
   return cuda::matmul_choices();
 #else
   return {};
+#endif
+}
+
+CudaMatmulTuningPause::CudaMatmulTuningPause() {
+#ifdef STRATA_HAVE_CUDA
+  cuda::pause_matmul_tuning(1);
+#endif
+}
+
+CudaMatmulTuningPause::~CudaMatmulTuningPause() {
+#ifdef STRATA_HAVE_CUDA
+  cuda::pause_matmul_tuning(-1);
 #endif
 }
 

@@ -58,6 +58,9 @@
 // second line names the cuBLASLt version and the GPU; a file made with others is moved to
 // <file>.old with a warning and tuning starts over. A last line cut short (a crash while writing)
 // is dropped with a warning; any other malformed line is a UserError naming the file and line.
+// Inside a CudaMatmulTuningPause (`train` samples text in one: each generated token makes the
+// sequence, and so every GEMM's m, one longer) a problem not yet tuned takes the heuristic's first
+// algorithm and is neither timed nor recorded.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -225,7 +228,9 @@ struct Tuning {
   bool file_read = false;
   std::map<Key, std::pair<int, cublasLtMatmulAlgo_t>> recorded;  // from the file: rank, algo
   std::vector<CudaMatmulChoice> choices;
-  std::map<Key, std::optional<cublasLtMatmulAlgo_t>> algos;  // every problem's algorithm
+  std::map<Key, std::optional<cublasLtMatmulAlgo_t>> algos;    // every problem's algorithm
+  int paused = 0;                                              // live CudaMatmulTuningPause scopes
+  std::map<Key, std::optional<cublasLtMatmulAlgo_t>> untuned;  // first met while paused
 };
 
 Tuning& tuning() {
@@ -556,8 +561,17 @@ bool run_gemm(cublasLtHandle_t lt, Tensor& workspace, cudaStream_t stream, const
     Tuning& t = tuning();
     std::lock_guard<std::mutex> lock(t.mu);
     configure_from_env(t);
-    auto it = t.algos.find(key);
-    if (it == t.algos.end()) {
+    // Paused (CudaMatmulTuningPause): a problem not tuned yet takes the heuristic's first, kept
+    // apart so that it is still tuned when met unpaused.
+    const bool tuning_now = t.on && t.paused == 0;
+    auto& algos = t.on && !tuning_now ? t.untuned : t.algos;
+    const std::optional<cublasLtMatmulAlgo_t>* known = nullptr;
+    if (auto i = t.algos.find(key); i != t.algos.end()) {
+      known = &i->second;
+    } else if (auto j = algos.find(key); j != algos.end()) {
+      known = &j->second;
+    }
+    if (known == nullptr) {
       cublasLtMatmulPreference_t pref;
       check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
       struct PrefGuard {
@@ -579,7 +593,7 @@ bool run_gemm(cublasLtHandle_t lt, Tensor& workspace, cudaStream_t stream, const
                    pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)),
                "reduction pref");
       std::optional<cublasLtMatmulAlgo_t> chosen;
-      if (t.on) {
+      if (tuning_now) {
         const GemmCall call{lt,
                             op,
                             la.h,
@@ -601,10 +615,10 @@ bool run_gemm(cublasLtHandle_t lt, Tensor& workspace, cudaStream_t stream, const
                                                                  pref, 1, &result, &found);
         if (st == CUBLAS_STATUS_SUCCESS && found > 0) chosen = result.algo;
       }
-      it = t.algos.emplace(key, chosen).first;
+      known = &algos.emplace(key, chosen).first->second;
     }
-    if (!it->second) return false;
-    algo = *it->second;
+    if (!*known) return false;
+    algo = **known;
   }
   const cublasStatus_t st =
       cublasLtMatmul(lt, op, &alpha, b.data_ptr(), la.h, a.data_ptr(), lb.h, &beta, out.data_ptr(),
@@ -779,6 +793,13 @@ void set_matmul_tuning(bool on, const std::string& file) {
   t.recorded.clear();
   t.choices.clear();
   t.algos.clear();
+  t.untuned.clear();
+}
+
+void pause_matmul_tuning(int delta) {
+  Tuning& t = tuning();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.paused += delta;
 }
 
 std::vector<CudaMatmulChoice> matmul_choices() {

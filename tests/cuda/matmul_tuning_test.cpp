@@ -215,6 +215,46 @@ TEST_F(CudaMatmulTuning, AStackOverASharedMatrixIsOneGemm) {
                        1.0 / 128, 1e-3));
 }
 
+// A CudaMatmulTuningPause: problems met inside are not timed or recorded, problems tuned before
+// keep their algorithm there, and a paused problem is tuned when met again unpaused.
+TEST_F(CudaMatmulTuning, APauseTimesNothingNew) {
+  tools::testing::ScratchDir tmp;
+  const std::string file = tmp / "tuning.tsv";
+  set_fastest(2);
+  set_cuda_matmul_tuning(true, file);
+  const std::vector<Tensor> tuned = layer_gemms(kGpu);
+  const size_t n = cuda_matmul_choices().size();
+  const size_t lines = lines_of(file).size();
+  // bf16 inputs, an f32 output: two summation orders show in its last bits.
+  const Tensor a = rnd({7, 96}, 21).to(DType::BF16).to(kGpu), b = rnd({96, 40}, 22).to(DType::BF16);
+  auto product = [&] {
+    Tensor out = Tensor::empty({7, 40}, DType::F32, kGpu);
+    matmul_out(a, b.to(kGpu), out, false, false);
+    return out.to(kCpu);
+  };
+  Tensor paused;
+  {
+    const CudaMatmulTuningPause pause;
+    paused = product();
+    EXPECT_TRUE(same_bits(layer_gemms(kGpu), tuned)) << "the tuned algorithms still run";
+    EXPECT_EQ(cuda_matmul_choices().size(), n);
+    EXPECT_EQ(lines_of(file).size(), lines);
+  }
+  Tensor want = Tensor::empty({7, 40}, DType::F32, kCpu);
+  matmul_out(a.to(kCpu), b, want, false, false);
+  EXPECT_TRUE(allclose(paused, want, 1e-5, 1e-5));
+  const Tensor unpaused = product();
+  ASSERT_EQ(cuda_matmul_choices().size(), n + 1);
+  EXPECT_EQ(cuda_matmul_choices().back().problem.rfind("m=7 n=40 k=96 batch=1 ", 0), 0u)
+      << cuda_matmul_choices().back().problem;
+  EXPECT_EQ(lines_of(file).size(), lines + 1);
+#ifdef STRATA_CUDA_EMULATION
+  // Paused, the heuristic's first (in-order sums); tuned, the fastest (split k): other bits.
+  EXPECT_EQ(cuda_matmul_choices().back().chosen, 2);
+  EXPECT_GT(max_abs_diff(paused, unpaused), 0.0);
+#endif
+}
+
 // The UserError's message, or "" when `f` does not raise one.
 template <typename F>
 std::string user_error_of(F&& f) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -599,7 +600,14 @@ TEST(TrainGpu, TunedMatmulsResumeBitwiseFromTheirFile) {
   ASSERT_EQ(a.run(), tools::Trainer::Outcome::Finished);
   const std::vector<tensor::CudaMatmulChoice> tuned = tensor::cuda_matmul_choices();
   ASSERT_FALSE(tuned.empty());
-  for (const tensor::CudaMatmulChoice& c : tuned) EXPECT_FALSE(c.from_file) << c.problem;
+  for (const tensor::CudaMatmulChoice& c : tuned) {
+    EXPECT_FALSE(c.from_file) << c.problem;
+    // Training and evaluation GEMMs only: their m, n and k are rows (4 x 32), C, 3C or 4C
+    // (C = 64). Sampling, whose lengths grow a token at a time, is not tuned.
+    int64_t m = 0, n = 0, k = 0;
+    ASSERT_EQ(std::sscanf(c.problem.c_str(), "m=%ld n=%ld k=%ld", &m, &n, &k), 3) << c.problem;
+    EXPECT_TRUE(m % 32 == 0 && n % 32 == 0 && k % 32 == 0) << c.problem;
+  }
   const std::string file = tmp / "run_a/matmul_tuning.rank0.tsv";
   ASSERT_TRUE(tools::testing::fs::exists(file));
   {

@@ -420,6 +420,9 @@ std::string Trainer::sample_text() {
   so.temperature = config_.training.temperature;
   so.top_k = config_.training.top_k;
   so.seed = config_.run.seed + static_cast<uint64_t>(step_);
+  // Every sampled token lengthens the sequence, so each forward is a new GEMM shape: not tuned
+  // (Note [cuBLASLt tuning]).
+  const tensor::CudaMatmulTuningPause no_tuning;
   std::vector<int32_t> out = sample(*model_, prompt, so);
   return tokenizer_->decode(out);
 }

@@ -47,7 +47,8 @@ CudaDeviceFacts cuda_device_facts(int device = 0);
 // problem times up to 8 of the heuristic's algorithms on its own operands and keeps the fastest.
 // `file`, when not empty, records every choice and is read before anything is timed, so a rerun or
 // a resume with the same file makes the same choices and gives the same bits; a file that cannot
-// be read or parsed is a UserError naming it. Forgets the choices made so far in this process.
+// be read, parsed or written is a UserError naming it, raised by the first matmul that needs it.
+// Forgets the choices made so far in this process.
 // Binaries that never call this take STRATA_MATMUL_TUNE (off | on) and STRATA_MATMUL_TUNE_FILE
 // from the environment. Raises init_cuda's errors where the build has no CUDA backend and `on`.
 void set_cuda_matmul_tuning(bool on, const std::string& file = "");

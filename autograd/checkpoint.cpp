@@ -12,6 +12,12 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
   const uint64_t seed = gen.seed(), offset = gen.offset();
   std::vector<Variable> first;
   {
+    // Note [Replayed forwards]; restored on the way out, an exception included.
+    struct Replayed {
+      bool prev = GradMode::will_be_replayed();
+      Replayed() { GradMode::set_will_be_replayed(true); }
+      ~Replayed() { GradMode::set_will_be_replayed(prev); }
+    } replayed;
     NoGradGuard no_grad;
     first = fn(inputs);
   }

@@ -93,8 +93,13 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
       "mlp_gelu: weights {} and {} for input {}", w1.str(), w2.str(), xd.str());
   const Tensor b1 = fc_bias.defined() ? fc_bias.data() : Tensor();
   const Tensor b2 = proj_bias.defined() ? proj_bias.data() : Tensor();
-  // pre = x W1^T + b1 (kept for dgelu), h = gelu(pre) (kept for dW2), out = h W2^T + b2.
-  tops::LinearResult fc = tops::linear(xd, w1, b1, tops::Activation::Gelu, /*save_pre=*/true);
+  // pre = x W1^T + b1 (kept for dgelu), h = gelu(pre) (kept for dW2), out = h W2^T + b2. When no
+  // graph is built now or later (evaluation, sampling), pre is not written at all and the GEMM
+  // runs GELU_BIAS instead of GELU_AUX_BIAS on a GPU: half its output traffic. A checkpointed
+  // block's first run keeps the training path, so its replay computes the same bits
+  // (Note [Replayed forwards]).
+  const bool graph = GradMode::is_enabled() || GradMode::will_be_replayed();
+  tops::LinearResult fc = tops::linear(xd, w1, b1, tops::Activation::Gelu, /*save_pre=*/graph);
   Tensor pre = fc.pre;
   Tensor out = tops::linear(fc.y, w2, b2).y;
   // Note [GELU recompute]: the closure keeps h only when it is not recomputed.

@@ -58,13 +58,20 @@ void Variable::backward(const Tensor& grad) const {
 
 namespace {
 thread_local bool tl_grad_enabled = true;
-}
+thread_local bool tl_will_be_replayed = false;
+}  // namespace
 
 bool GradMode::is_enabled() {
   return tl_grad_enabled;
 }
 void GradMode::set_enabled(bool enabled) {
   tl_grad_enabled = enabled;
+}
+bool GradMode::will_be_replayed() {
+  return tl_will_be_replayed;
+}
+void GradMode::set_will_be_replayed(bool replayed) {
+  tl_will_be_replayed = replayed;
 }
 
 }  // namespace strata::autograd

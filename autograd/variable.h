@@ -94,10 +94,20 @@ class Variable {
 };
 
 // Grad mode (thread-local). Under NoGradGuard, functions build no graph.
+//
+// Note [Replayed forwards]
+// checkpoint's first run builds no graph, and backward runs the same function again with grad
+// on (Note [Activation checkpointing]); that replay must compute the first run's bits. A function
+// whose graph-less path differs from its graph-building one (mlp_gelu writes no GELU input, so
+// its GEMM runs another cuBLASLt epilogue, which may mean another algorithm) therefore takes the
+// graph-less path only when no graph is built now or later: `will_be_replayed` is set for the
+// first run's duration.
 class GradMode {
  public:
   static bool is_enabled();
   static void set_enabled(bool enabled);
+  static bool will_be_replayed();
+  static void set_will_be_replayed(bool replayed);
 };
 
 class NoGradGuard {

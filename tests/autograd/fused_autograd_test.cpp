@@ -12,6 +12,7 @@
 #include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "offload/memory_stats.h"
 #include "tensor/ops.h"
 #include "tests/support/gradcheck.h"
 
@@ -308,6 +309,57 @@ TEST(FusedBitwise, MlpGeluEqualsLinearGeluLinearInF32) {
     }
     EXPECT_TRUE(same_bits(outs[0], outs[1]));
     for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(same_bits(grads[i], grads[i + 5])) << "input " << i;
+  }
+}
+
+// mlp_gelu writes the GELU input (pre, [N, 4C]) only when a graph is built now or later (Note
+// [Replayed forwards]): under NoGradGuard the call's peak activation bytes drop by exactly pre's
+// bytes (the CPU's f32 scratch in its place is workspace) and its output keeps its bits; inside checkpoint's first run (replayed with grad on in backward)
+// pre is written as with grad on, so the replay runs the same GEMM epilogue.
+TEST(FusedMemory, MlpGeluWritesTheGeluInputOnlyForAGraph) {
+  const int64_t N = 3 * 7, C = 16;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<Variable> p{input({3, 7, C}, 71, dt), input({4 * C, C}, 72, dt),
+                            input({4 * C}, 73, dt), input({C, 4 * C}, 74, dt), input({C}, 75, dt)};
+    auto& stats = offload::MemoryStats::global();
+    struct Call {
+      Tensor y;
+      int64_t peak = 0;
+    };
+    auto call = [&](const std::vector<Variable>& v) {
+      const auto activations = [&] {
+        return stats.usage(offload::Tier::Host, offload::Category::Activation);
+      };
+      const int64_t before = activations().current;
+      stats.reset_peaks();
+      Call c;
+      c.y = mlp_gelu(v[0], p[1], p[2], p[3], p[4]).data();
+      c.peak = activations().peak - before;
+      return c;
+    };
+    const Call with_grad = call({p[0]});
+    Call no_grad;
+    {
+      NoGradGuard guard;
+      no_grad = call({p[0]});
+    }
+    std::optional<Call> first_run;
+    Variable y = checkpoint(
+        [&](const std::vector<Variable>& v) {
+          if (!first_run) first_run = call(v);
+          return std::vector<Variable>{mlp_gelu(v[0], p[1], p[2], p[3], p[4])};
+        },
+        {p[0]})[0];
+    EXPECT_FALSE(GradMode::will_be_replayed());  // the first run's mark is gone
+    const int64_t pre_bytes = N * 4 * C * static_cast<int64_t>(dtype_size(dt));
+    EXPECT_EQ(with_grad.peak - no_grad.peak, pre_bytes)
+        << with_grad.peak << " bytes with grad, " << no_grad.peak << " without";
+    ASSERT_TRUE(first_run.has_value());
+    EXPECT_EQ(first_run->peak, with_grad.peak);
+    EXPECT_TRUE(same_bits(no_grad.y, with_grad.y));
+    EXPECT_TRUE(same_bits(first_run->y, with_grad.y));
+    EXPECT_TRUE(same_bits(y.data(), with_grad.y));
   }
 }
 

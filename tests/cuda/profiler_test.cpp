@@ -18,6 +18,7 @@
 #include "core/timer.h"
 #include "models/flat_params.h"
 #include "models/gpt2/gpt2.h"
+#include "offload/memory_stats.h"
 #include "parallel/engine.h"
 #include "parallel/self_communicator.h"
 #include "tensor/backend.h"
@@ -87,6 +88,45 @@ TEST(CudaProfiler, TheLossIsFusedOnlyWhenAGradientIsWanted) {
     EXPECT_EQ(rows.count("cross_entropy_forward"), grad ? 0u : 1u);
     EXPECT_EQ(loss.requires_grad(), grad);
   }
+}
+
+// Note [Replayed forwards]: mlp_gelu's first GEMM writes the GELU input (pre) for backward only
+// when a graph is built now or later. Without one the GEMM runs GELU_BIAS and writes h alone: the
+// profile's linear_forward bytes and the device's activation peak both drop by pre's bytes, and
+// the output is the same up to the epilogue's choice of algorithm (the emulator's is the same).
+TEST(CudaProfiler, TheMlpWritesItsGeluInputOnlyForAGraph) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 64, C = 32;
+  const DType dt = DType::BF16;
+  auto param = [&](const tensor::Shape& s, uint64_t stream) {
+    return autograd::Variable(gpu_uniform(s, stream, dt), true);
+  };
+  const autograd::Variable x = param({N, C}, 50), w1 = param({4 * C, C}, 51),
+                           b1 = param({4 * C}, 52), w2 = param({C, 4 * C}, 53), b2 = param({C}, 54);
+  auto& stats = offload::MemoryStats::global();
+  struct Call {
+    Tensor y;
+    double linear_bytes = 0;
+    int64_t peak = 0;
+  };
+  auto call = [&](bool grad) {
+    std::optional<autograd::NoGradGuard> no_grad;
+    if (!grad) no_grad.emplace();
+    const int64_t before = stats.usage(offload::Tier::Gpu, offload::Category::Activation).current;
+    stats.reset_peaks();
+    tensor::cuda_profile_start();
+    Call c;
+    c.y = autograd::mlp_gelu(x, w1, b1, w2, b2).data().to(Device::cpu());
+    c.linear_bytes = by_name(tensor::cuda_profile_stop()).at("linear_forward").bytes;
+    c.peak = stats.usage(offload::Tier::Gpu, offload::Category::Activation).peak - before;
+    return c;
+  };
+  const Call with_grad = call(true), without = call(false);
+  const int64_t pre_bytes = N * 4 * C * static_cast<int64_t>(dtype_size(dt));
+  EXPECT_DOUBLE_EQ(with_grad.linear_bytes - without.linear_bytes, static_cast<double>(pre_bytes));
+  EXPECT_EQ(with_grad.peak - without.peak, pre_bytes)
+      << with_grad.peak << " bytes with grad, " << without.peak << " without";
+  EXPECT_LT(tensor::max_abs_diff(with_grad.y.to(DType::F32), without.y.to(DType::F32)), 2e-2);
 }
 
 TEST(CudaProfiler, CountsEachOpWithItsFlopsAndBytes) {

@@ -273,9 +273,10 @@ class GraphBuilder {
     ops_.push_back(op.get());
   }
 
+  // `h` null: a graph for a deviceless plan (Note [Deviceless cuDNN plans]).
   Desc& finalize_graph(cudnnHandle_t h) {
     Desc& g = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    g.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    if (h) g.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
           static_cast<int64_t>(ops_.size()), ops_.data());
     g.finalize("operation graph");
@@ -501,14 +502,17 @@ bool nondeterministic(cudnnBackendDescriptor_t engine) {
 
 // The first engine config (heuristics mode A, then the fallback list) that finalizes into a
 // plan; a backward one must not be marked non-deterministic. When none does, the error lists
-// what each config said.
-void choose_plan(SdpaPlanImpl& s, cudnnBackendDescriptor_t graph) {
+// what each config said. For s.handle's GPU, or, with `device`, for the GPU a device-properties
+// descriptor describes (Note [Deviceless cuDNN plans]).
+void choose_plan(SdpaPlanImpl& s, cudnnBackendDescriptor_t graph,
+                 cudnnBackendDescriptor_t device = nullptr) {
   std::string tried;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "fallback";
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
     heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (device) heur.set_desc(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, device);
     try {
       heur.finalize("engine heuristics");
     } catch (const CudnnError& e) {
@@ -547,7 +551,10 @@ void choose_plan(SdpaPlanImpl& s, cudnnBackendDescriptor_t graph) {
           continue;
         }
         auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &s.handle);
+        if (device)
+          plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, device);
+        else
+          plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &s.handle);
         plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[i]);
         plan->finalize("execution plan");
         int64_t ws = 0;
@@ -584,18 +591,27 @@ int64_t cudnn_loaded_version() {
   return g_api ? static_cast<int64_t>(g_api->get_version()) : 0;
 }
 
+namespace {
+
+// The operations of `key`'s graph: each is validated when finalized, with no device needed.
+std::shared_ptr<SdpaPlanImpl> operations_of(const SdpaKey& key) {
+  auto s = std::make_shared<SdpaPlanImpl>();
+  s->key = key;
+  if (key.backward) {
+    build_backward(s->graph, key);
+    s->row_sum_bytes = align256(key.b * key.h * key.tq * static_cast<int64_t>(sizeof(float)));
+  } else {
+    build_forward(s->graph, key);
+  }
+  return s;
+}
+
+}  // namespace
+
 std::shared_ptr<SdpaPlan> build_sdpa_plan(const SdpaKey& key, int device, std::string* err) {
   if (!cudnn_loaded(err)) return nullptr;
   try {
-    auto s = std::make_shared<SdpaPlanImpl>();
-    s->key = key;
-    // The operations first: each is validated when finalized, with no device needed.
-    if (key.backward) {
-      build_backward(s->graph, key);
-      s->row_sum_bytes = align256(key.b * key.h * key.tq * static_cast<int64_t>(sizeof(float)));
-    } else {
-      build_forward(s->graph, key);
-    }
+    auto s = operations_of(key);
     s->handle = handle_for(device);
     Desc& graph = s->graph.finalize_graph(s->handle);
     choose_plan(*s, graph.get());
@@ -603,6 +619,35 @@ std::shared_ptr<SdpaPlan> build_sdpa_plan(const SdpaKey& key, int device, std::s
   } catch (const CudnnError& e) {
     if (err) *err = e.what();
     return nullptr;
+  }
+}
+
+bool build_sdpa_plan_deviceless(const SdpaKey& key, const std::string& device_properties_json,
+                                DevicelessSdpaPlan* out, std::string* err) {
+  if (!cudnn_loaded(err)) return false;
+  const int64_t version = static_cast<int64_t>(g_api->get_version());
+  if (version < 90800) {
+    if (err)
+      *err = fmt::format("cuDNN {} builds no plan without a device (deviceless plans: 9.8 on)",
+                         version);
+    return false;
+  }
+  try {
+    Desc device(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+    device.set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+               static_cast<int64_t>(device_properties_json.size()), device_properties_json.data());
+    device.finalize("device properties");
+    auto s = operations_of(key);
+    Desc& graph = s->graph.finalize_graph(nullptr);
+    choose_plan(*s, graph.get(), device.get());
+    if (out) {
+      out->engine = s->engine;
+      out->workspace_bytes = s->workspace_bytes();
+    }
+    return true;
+  } catch (const CudnnError& e) {
+    if (err) *err = e.what();
+    return false;
   }
 }
 
@@ -634,6 +679,12 @@ int64_t cudnn_loaded_version() {
 std::shared_ptr<SdpaPlan> build_sdpa_plan(const SdpaKey&, int, std::string* err) {
   if (err) *err = kNotBuilt;
   return nullptr;
+}
+
+bool build_sdpa_plan_deviceless(const SdpaKey&, const std::string&, DevicelessSdpaPlan*,
+                                std::string* err) {
+  if (err) *err = kNotBuilt;
+  return false;
 }
 
 }  // namespace strata::tensor::cuda

@@ -55,4 +55,23 @@ class SdpaPlan {
 // engine for it, is not built in or cannot be loaded. Never throws.
 std::shared_ptr<SdpaPlan> build_sdpa_plan(const SdpaKey& key, int device, std::string* err);
 
+// Note [Deviceless cuDNN plans]
+// cuDNN (9.8 on) builds execution plans for a GPU that is not there: a device-properties
+// descriptor made from JSON (CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, the form cuDNN itself
+// serializes a device's properties to) stands in for the handle in the engine heuristics and the
+// plan, and the operation graph takes no handle. The loaded cuDNN then runs its whole path for
+// `key`'s graph - its support checks, heuristics, the engine's own checks and the kernel's
+// compilation - except loading the compiled kernel, which needs a CUDA driver: on a machine
+// without one, give cuDNN a stand-in libcuda.so.1 (tests/cudnn_deviceless/stub_libcuda.cpp).
+// What it shows: whether a real cuDNN accepts Strata's graphs for that GPU, which engine it
+// takes and the workspace it asks for. Not whether the plan runs or computes the right values.
+struct DevicelessSdpaPlan {
+  std::string engine;           // as SdpaPlan::engine_name
+  int64_t workspace_bytes = 0;  // as SdpaPlan::workspace_bytes
+};
+// true and `out` when cuDNN finalized a plan for the GPU `device_properties_json` describes;
+// false and `err` (cuDNN's reasons per engine config) when not. Never throws.
+bool build_sdpa_plan_deviceless(const SdpaKey& key, const std::string& device_properties_json,
+                                DevicelessSdpaPlan* out, std::string* err);
+
 }  // namespace strata::tensor::cuda

@@ -80,7 +80,7 @@ int cuGetErrorName(int error, const char** text) {
   return kSuccess;
 }
 
-// ---- the rest of what cuDNN 9.19 to 9.26 resolve: no device ----
+// ---- the rest of what cuDNN 9.12 to 9.26 resolve: no device ----
 #define STRATA_NO_DEVICE(name) \
   int name() {                 \
     return kNoDevice;          \

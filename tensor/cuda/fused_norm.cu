@@ -13,6 +13,7 @@
 // rounded again (the unfused graph's two roundings), written as dsum in the same pass. All sums
 // are f32 through the fixed shuffle tree of block_sum, so no atomics and the same bits every run;
 // dweight/dbias reuse the chunked partials of reduce_norm.cu (launch_norm_param_grads).
+#include <algorithm>
 #include <initializer_list>
 
 #include "tensor/cuda/common.cuh"
@@ -150,9 +151,15 @@ __global__ void add_norm_bwd(const T* dy, const T* ds, const T* s, const T* w, c
   }
 }
 
-// Threads per row for `units` accesses: a multiple of 32 (block_sum), at most 1024.
+// Threads per row for `units` accesses: a multiple of 32 (block_sum), at most 1024, and as few
+// as spread the accesses evenly: every thread makes ceil(units / 1024) of them, or one fewer.
+// GPT-2's rows in bf16 are 96, 128, 160 and 200 packs (C = 768 ... 1600): 96, 128, 160 and 224
+// threads, one pack each, where powers of two gave 64, 128, 128 and 128 threads with some
+// making two passes while the rest of the block waited at block_sum.
 int threads_for(int64_t units) {
-  return units >= 1024 ? 1024 : units >= 512 ? 512 : units >= 256 ? 256 : units >= 128 ? 128 : 64;
+  const int64_t per_thread = (units + 1023) / 1024;
+  const int64_t threads = (units + per_thread - 1) / per_thread;
+  return static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32));
 }
 
 // Whether the rows take 128-bit packs of T (Note [CUDA fused residual norm]).

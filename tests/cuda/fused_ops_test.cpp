@@ -86,8 +86,11 @@ struct NormCase {
   int64_t rows, c;
   bool misalign;  // operands 2 elements off a 16-byte boundary
 };
-// c = 96: 128-bit packs in every dtype; c = 17: the scalar path; c = 2048: 1024 threads per row.
-const NormCase kNormCases[] = {{37, 96, false}, {37, 96, true}, {5, 17, false}, {3, 2048, false}};
+// c = 96: 128-bit packs in every dtype; c = 17: the scalar path; c = 2048: 256 or 512 threads;
+// c = 1600 (GPT-2 1558M): 200 bf16 packs on 7 warps, so blocks that are not a power of two;
+// c = 2500 unaligned: 2500 single elements on 864 threads, three passes, the last one partial.
+const NormCase kNormCases[] = {{37, 96, false},  {37, 96, true},   {5, 17, false},
+                               {3, 2048, false}, {2, 1600, false}, {2, 2500, true}};
 
 TEST(CudaFusedNorm, AddLayerNormMatchesTheCpuAndTheUnfusedGpuOps) {
   SKIP_WITHOUT_GPU();

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "../../tools/tool_test_util.h"
+#include "../train_mpi_fixture.h"
 #include "tensor/cuda.h"
 #include "tensor/safetensors.h"
 
@@ -23,111 +23,24 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::CommandResult;
+using testing::describe;
+using testing::expect_close;
 using testing::ScratchDir;
 
 const std::string kBin = STRATA_BINARY_DIR;
 
-std::string config_text(const std::string& run, const std::string& data, int steps) {
-  return fmt::format(R"(run:
-  dir: {run}
-  seed: 5
-  device: cuda
-model:
-  name: gpt2-tiny
-  config:
-    n_layer: 2
-    n_embd: 32
-    n_head: 2
-    n_positions: 32
-data:
-  train: "{data}/train_*.bin"
-  val: "{data}/val_*.bin"
-  tokenizer: byte
-batch:
-  micro_batch_size: 2
-  global_batch_size: 8
-  seq_len: 16
-optimizer:
-  name: adamw
-  lr: 3.0e-3
-  grad_clip: 1.0
-schedule:
-  name: constant  # the rate must not depend on training.steps: runs stop early to be resumed
-  warmup_steps: 1
-training:
-  steps: {steps}
-  eval_every: 3
-  eval_batches: 2
-  keep_checkpoints: 0
-  progress: lines
-distributed:
-  timeout_s: 60
-zero_optimization:
-  reduce_bucket_size: 3000
-  allgather_bucket_size: 5000
-  stage3_prefetch_bucket_size: 20000
-  stage3_param_persistence_threshold: 1000
-)",
-                     fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps));
-}
-
-std::string describe(const CommandResult& r) {
-  return fmt::format("exit {}\n--- stdout\n{}\n--- stderr\n{}", r.exit_code, r.out, r.err);
-}
-
-class TrainGpuMpi : public ::testing::Test {
+class TrainGpuMpi : public testing::TrainMpiFixture {
  protected:
+  TrainGpuMpi() : TrainMpiFixture(kBin, "cuda") {}
   void SetUp() override {
+    TrainMpiFixture::SetUp();
     gpus_ = tensor::cuda_device_count();
-    testing::write_raw_shard(tmp_ / "data/train_000000.bin",
-                             {testing::pattern_tokens(4000, 200, 1)});
-    testing::write_raw_shard(tmp_ / "data/val_000000.bin", {testing::pattern_tokens(600, 200, 2)});
   }
-
-  std::string config(const std::string& name, int steps) {
-    std::string path = tmp_ / (name + ".yaml");
-    testing::write_text(path, config_text(tmp_ / name, tmp_ / "data", steps));
-    return path;
-  }
-
-  // np == 0: a plain process, no launcher.
-  CommandResult train(int np, const std::string& cfg, const std::vector<std::string>& sets) {
-    std::vector<std::string> argv;
-    if (np > 0)
-      argv = {"/usr/bin/mpirun", "--oversubscribe", "--allow-run-as-root", "-np",
-              std::to_string(np)};
-    argv.push_back(kBin + "/train");
-    argv.push_back("--config");
-    argv.push_back(cfg);
-    for (const std::string& s : sets) {
-      argv.push_back("--set");
-      argv.push_back(s);
-    }
-    return testing::run_command(argv, std::chrono::seconds(300));
-  }
-
-  std::vector<double> losses(const std::string& name) {
-    std::vector<double> out;
-    std::istringstream in(testing::read_text(tmp_ / (name + "/metrics.jsonl")));
-    std::string line;
-    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-    return out;
-  }
-
   int gpus_ = 0;
-  ScratchDir tmp_;
 };
 
 #define NEED_GPUS(n) \
   if (gpus_ < (n)) GTEST_SKIP() << "needs " << (n) << " visible GPU(s), this machine has " << gpus_
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_LE(std::abs(got[i] - want[i]), rel * std::abs(want[i]))
-        << what << ": step " << i + 1 << " loss " << got[i] << " vs " << want[i];
-}
 
 TEST_F(TrainGpuMpi, EveryZeroStageOverNcclReproducesOneGpu) {
   NEED_GPUS(2);

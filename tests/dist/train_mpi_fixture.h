@@ -1,0 +1,125 @@
+#pragma once
+// What the `train`-under-mpirun suites share (train_mpi_test.cpp on the CPU, gpu/
+// train_gpu_mpi_test.cpp on GPUs): the tiny GPT-2 run they train, its data, launching the binary
+// with or without mpirun, and reading back its losses.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../tools/tool_test_util.h"
+
+namespace strata::tools::testing {
+
+// The run both suites train. `device` empty leaves run.device at its default (the CPU).
+inline std::string train_mpi_config_text(const std::string& run, const std::string& data, int steps,
+                                         const std::string& device) {
+  return fmt::format(
+      R"(run:
+  dir: {run}
+  seed: 5
+{device_line}model:
+  name: gpt2-tiny
+  config:
+    n_layer: 2
+    n_embd: 32
+    n_head: 2
+    n_positions: 32
+data:
+  train: "{data}/train_*.bin"
+  val: "{data}/val_*.bin"
+  tokenizer: byte
+batch:
+  micro_batch_size: 2
+  global_batch_size: 8
+  seq_len: 16
+optimizer:
+  name: adamw
+  lr: 3.0e-3
+  grad_clip: 1.0
+schedule:
+  name: constant  # the rate must not depend on training.steps: runs stop early to be resumed
+  warmup_steps: 1
+training:
+  steps: {steps}
+  eval_every: 3
+  eval_batches: 2
+  keep_checkpoints: 0
+  progress: lines
+distributed:
+  timeout_s: 60
+zero_optimization:
+  reduce_bucket_size: 3000
+  allgather_bucket_size: 5000
+  stage3_prefetch_bucket_size: 20000
+  stage3_param_persistence_threshold: 1000
+)",
+      fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps),
+      fmt::arg("device_line", device.empty() ? std::string() : "  device: " + device + "\n"));
+}
+
+inline std::string describe(const CommandResult& r) {
+  return fmt::format("exit {}\n--- stdout\n{}\n--- stderr\n{}", r.exit_code, r.out, r.err);
+}
+
+inline void expect_close(const std::vector<double>& got, const std::vector<double>& want,
+                         double rel, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::abs(got[i] - want[i]), rel * std::abs(want[i]))
+        << what << ": step " << i + 1 << " loss " << got[i] << " vs " << want[i];
+}
+
+// A scratch directory with the run's token shards; `bin` is where the tool binaries are.
+class TrainMpiFixture : public ::testing::Test {
+ protected:
+  TrainMpiFixture(std::string bin, std::string device)
+      : bin_(std::move(bin)), device_(std::move(device)) {}
+
+  void SetUp() override {
+    write_raw_shard(tmp_ / "data/train_000000.bin", {pattern_tokens(4000, 200, 1)});
+    write_raw_shard(tmp_ / "data/val_000000.bin", {pattern_tokens(600, 200, 2)});
+  }
+
+  // Writes the config for run `name` (its directory is tmp_/name) and returns its path.
+  std::string config(const std::string& name, int steps) {
+    std::string path = tmp_ / (name + ".yaml");
+    write_text(path, train_mpi_config_text(tmp_ / name, tmp_ / "data", steps, device_));
+    return path;
+  }
+
+  // np == 0: a plain process, no launcher. `sets` are --set overrides.
+  CommandResult train(int np, const std::string& cfg, const std::vector<std::string>& sets) {
+    std::vector<std::string> argv;
+    if (np > 0)
+      argv = {"/usr/bin/mpirun", "--oversubscribe", "--allow-run-as-root", "-np",
+              std::to_string(np)};
+    argv.push_back(bin_ + "/train");
+    argv.push_back("--config");
+    argv.push_back(cfg);
+    for (const std::string& s : sets) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+    return run_command(argv, std::chrono::seconds(300));
+  }
+
+  // The per-step losses run `name` logged, in order.
+  std::vector<double> losses(const std::string& name) {
+    std::vector<double> out;
+    std::istringstream in(read_text(tmp_ / (name + "/metrics.jsonl")));
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  }
+
+  std::string bin_, device_;
+  ScratchDir tmp_;
+};
+
+}  // namespace strata::tools::testing

@@ -34,6 +34,21 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[m];
 }
 
+namespace {
+
+// Whether `part` occurs in `whole` as whole words: at a start or after '_', and at the end or
+// before '_'.
+bool holds_words(std::string_view whole, std::string_view part) {
+  for (size_t at = whole.find(part); at != std::string_view::npos; at = whole.find(part, at + 1)) {
+    const size_t end = at + part.size();
+    if ((at == 0 || whole[at - 1] == '_') && (end == whole.size() || whole[end] == '_'))
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::string nearest(std::string_view word, const std::vector<std::string>& candidates) {
   auto lower = [](std::string_view s) {
     std::string out(s);
@@ -47,10 +62,11 @@ std::string nearest(std::string_view word, const std::vector<std::string>& candi
     const std::string c = lower(candidate);
     const size_t d = edit_distance(w, c);
     // A typo changes about one character in three; a shortened or lengthened name
-    // ("warmup" for "warmup_steps") contains the other.
+    // ("warmup" for "warmup_steps") holds the other as whole '_'-separated words ("eps" inside
+    // "grad_accum_steps" is no such name).
     const size_t limit = std::max<size_t>(1, std::max(w.size(), c.size()) / 3);
-    const bool contains = std::min(w.size(), c.size()) >= 3 &&
-                          (c.find(w) != std::string::npos || w.find(c) != std::string::npos);
+    const bool contains =
+        std::min(w.size(), c.size()) >= 3 && (holds_words(c, w) || holds_words(w, c));
     if ((d <= limit || contains) && d < best_score) {
       best = candidate;
       best_score = d;

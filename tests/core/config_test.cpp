@@ -373,6 +373,12 @@ TEST(ConfigSuggest, NearestByEditDistance) {
   EXPECT_EQ(nearest("warmup", keys), "warmup_steps");  // a shortened name
   EXPECT_EQ(nearest("xy", keys), "");                  // two edits in two letters is no typo
   EXPECT_EQ(nearest("momentum", keys), "");
+  // A shortened name holds whole words of the other, not any run of letters.
+  const std::vector<std::string> batch{"micro_batch_size", "grad_accum_steps", "seq_len"};
+  EXPECT_EQ(nearest("eps", batch), "");  // not "grad_accum_steps", which only spells it
+  EXPECT_EQ(nearest("grad_accum", batch), "grad_accum_steps");
+  EXPECT_EQ(nearest("batch_size", batch), "micro_batch_size");
+  EXPECT_EQ(nearest("micro_batch_size_per_gpu", batch), "micro_batch_size");
 }
 
 TEST(ConfigEmit, ToYamlRoundTrips) {

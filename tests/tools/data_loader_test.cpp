@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <set>
 #include <vector>
 
@@ -15,6 +18,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::TempDir;
 
 std::vector<uint16_t> iota_tokens(int n, int start) {
@@ -123,6 +127,38 @@ TEST(DataLoader, GlobMatchingNothingNamesKeyAndPatternAndSuggestsTokenize) {
   DataLoaderOptions o = options(dir, 4);
   EXPECT_THAT(error_of(o),
               AllOf(HasSubstr("data.train"), HasSubstr(o.pattern), HasSubstr("tokenize")));
+}
+
+// A relative pattern is looked up from the working directory; the error says which one, and
+// names the config file that set the key.
+TEST(DataLoader, RelativeGlobMatchingNothingNamesTheConfigFileAndTheWorkingDirectory) {
+  DataLoaderOptions o;
+  o.pattern = "strata_no_such_dir/train_*.bin";
+  o.config_key = "data.val";
+  o.config_file = "configs/run.yaml";
+  o.seq_len = 4;
+  o.vocab_size = 1000;
+  const std::string cwd = std::filesystem::current_path().string();
+  EXPECT_THAT(error_of(o), AllOf(HasSubstr("configs/run.yaml: data.val: no token shards match "
+                                           "'strata_no_such_dir/train_*.bin'"),
+                                 HasSubstr("working directory '" + cwd + "'")));
+  // An absolute pattern has no working directory to blame.
+  TempDir dir;
+  o.pattern = dir.file("train_*.bin");
+  EXPECT_THAT(error_of(o),
+              AllOf(HasSubstr("configs/run.yaml: data.val"), Not(HasSubstr("working directory"))));
+}
+
+// A directory that glob cannot open for a reason other than not existing (here a symlink loop,
+// ELOOP even for root, who reads any directory whatever its mode) is named with the reason.
+TEST(DataLoader, UnreadableDirectoryInTheGlobIsNamedWithTheReason) {
+  TempDir dir;
+  std::filesystem::create_directory_symlink(dir.file("loop"), dir.file("loop"));
+  DataLoaderOptions o = options(dir, 4);
+  o.pattern = dir.file("loop/train_*.bin");
+  EXPECT_THAT(error_of(o), AllOf(HasSubstr("data.train: cannot expand '" + o.pattern + "'"),
+                                 HasSubstr("directory '" + dir.file("loop") + "'"),
+                                 HasSubstr(std::strerror(ELOOP))));
 }
 
 TEST(DataLoader, BadShardAndBadOptionsAreUserErrors) {

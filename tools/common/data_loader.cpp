@@ -3,7 +3,11 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <mutex>
+#include <system_error>
 #include <utility>
 
 #include "core/error.h"
@@ -19,22 +23,57 @@ struct DataLoader::PermutationCache {
 
 namespace {
 
+// "<config file>: <key>", or the key alone when no file sets it.
+std::string where(const DataLoaderOptions& o) {
+  return o.config_file.empty() ? o.config_key : fmt::format("{}: {}", o.config_file, o.config_key);
+}
+
+// glob(3)'s error callback has no user pointer: the first directory it could not read, and why.
+// A directory that does not exist (ENOENT) is no error: the pattern then matches nothing, which
+// gets the "no token shards" message below, not a claim that something is unreadable.
+thread_local std::string glob_failed_path;
+thread_local int glob_failed_errno = 0;
+
+int on_glob_error(const char* path, int err) {
+  if (err == ENOENT || err == ENOTDIR) return 0;
+  glob_failed_path = path;
+  glob_failed_errno = err;
+  return 1;  // stop: glob returns GLOB_ABORTED
+}
+
 std::vector<std::string> glob_sorted(const DataLoaderOptions& o) {
   glob_t g{};
-  int rc = ::glob(o.pattern.c_str(), GLOB_ERR | GLOB_TILDE, nullptr, &g);
+  glob_failed_path.clear();
+  glob_failed_errno = 0;
+  const int rc = ::glob(o.pattern.c_str(), GLOB_TILDE, on_glob_error, &g);
   std::vector<std::string> out;
   if (rc == 0) {
     for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   }
   ::globfree(&g);
-  if (rc == GLOB_NOMATCH || (rc == 0 && out.empty()))
+  if (rc == GLOB_NOMATCH || (rc == 0 && out.empty())) {
+    // A relative pattern is taken from the working directory, not from the config's folder: a
+    // run started elsewhere (configs/default.yaml expects the repository root) lands here.
+    std::error_code ec;
+    const std::string cwd = std::filesystem::current_path(ec).string();
+    const bool relative = o.pattern[0] != '/' && o.pattern[0] != '~';  // not empty: checked
+    const std::string from = relative && !ec
+                                 ? fmt::format(
+                                       " (a relative path, looked up from the working directory "
+                                       "'{}', not from the config's folder)",
+                                       cwd)
+                                 : "";
     user_error(
-        "{}: no token shards match '{}'; create them with `tokenize --output DIR ...` and point "
-        "{} at e.g. DIR/train_*.bin",
-        o.config_key, o.pattern, o.config_key);
-  if (rc != 0)
-    user_error("{}: cannot expand '{}' (glob error {}: a directory on the way is unreadable?)",
-               o.config_key, o.pattern, rc);
+        "{}: no token shards match '{}'{}; create them with `tokenize --output DIR ...` and "
+        "point {} at e.g. DIR/train_*.bin",
+        where(o), o.pattern, from, o.config_key);
+  }
+  if (rc == GLOB_ABORTED && !glob_failed_path.empty())
+    user_error(
+        "{}: cannot expand '{}': directory '{}' cannot be read ({}); fix that directory or point "
+        "{} at shards elsewhere",
+        where(o), o.pattern, glob_failed_path, std::strerror(glob_failed_errno), o.config_key);
+  if (rc != 0) user_error("{}: cannot expand '{}' (glob error {})", where(o), o.pattern, rc);
   // glob(3) sorts with the locale's collation; shard order must not depend on the locale.
   std::sort(out.begin(), out.end());
   return out;
@@ -46,7 +85,7 @@ DataLoader::DataLoader(DataLoaderOptions options)
     : options_(std::move(options)), cache_(std::make_unique<PermutationCache>()) {
   const auto& o = options_;
   STRATA_USER_CHECK(!o.pattern.empty(), "{}: no data path given; set it to a glob of token shards",
-                    o.config_key);
+                    where(o));
   STRATA_USER_CHECK(o.seq_len > 0, "{}: seq_len must be positive, got {}", o.config_key, o.seq_len);
   STRATA_USER_CHECK(o.vocab_size > 0, "{}: the model's vocab_size must be positive, got {}",
                     o.config_key, o.vocab_size);

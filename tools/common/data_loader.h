@@ -33,10 +33,11 @@
 namespace strata::tools {
 
 struct DataLoaderOptions {
-  std::string pattern;     // glob of shards (sorted by name); the config key names it in errors
-  std::string config_key;  // e.g. "data.train", used in error messages
-  int64_t seq_len = 0;     // T
-  int64_t vocab_size = 0;  // the model's; every token must be < it
+  std::string pattern;      // glob of shards (sorted by name); the config key names it in errors
+  std::string config_key;   // e.g. "data.train", used in error messages
+  std::string config_file;  // the config file that sets it, named in errors too ("" if none)
+  int64_t seq_len = 0;      // T
+  int64_t vocab_size = 0;   // the model's; every token must be < it
   bool shuffle = false;
   uint64_t seed = 0;
 };

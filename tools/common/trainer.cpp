@@ -206,6 +206,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   DataLoaderOptions dopts;
   dopts.pattern = c.data.train;
   dopts.config_key = "data.train";
+  dopts.config_file = c.source;
   dopts.seq_len = c.batch.seq_len;
   dopts.vocab_size = shape.vocab_size;
   dopts.shuffle = c.data.shuffle;

@@ -11,7 +11,9 @@
 // --device cuda: the model is built and loaded on the host, then its flat units move to the GPU
 // (models::move_flat_units, as `train` does: Note [Training on the GPU]); the sampler copies the
 // ids to where the parameters are and reads each step's logits back.
+#include <unistd.h>
 #include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <iostream>
 
@@ -22,6 +24,7 @@
 #include "tools/common/sampler.h"
 #include "tools/common/tokenizer.h"
 #include "tools/common/train_config.h"
+#include "tools/common/unicode.h"
 
 namespace strata::tools {
 namespace {
@@ -63,7 +66,10 @@ int run(const Args& args) {
   SampleOptions o = args.sample;
   o.stop_token = tok->eot_token();
   std::vector<int32_t> out = sample(*model, ids, o);
-  std::cout << args.prompt << tok->decode(out) << std::endl;
+  // The exact bytes into a pipe or file; on a terminal, malformed bytes and control characters as
+  // U+FFFD (unicode::printable), so a byte-level model's stray bytes cannot garble it.
+  const std::string text = args.prompt + tok->decode(out);
+  std::cout << (::isatty(STDOUT_FILENO) ? unicode::printable(text) : text) << std::endl;
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "tests/tools/temp_dir.h"
 #include "tools/common/bpe_tokenizer.h"
+#include "tools/common/unicode.h"
 
 namespace strata::tools {
 namespace {
@@ -162,6 +163,21 @@ TEST_F(Gpt2Files, MalformedMergesNameFileAndLine) {
   // A merge whose result is not in the vocabulary: the files do not belong together.
   EXPECT_THAT(load_error(vocab_text(), "#version: 0.2\nĠ t\nq z\n"),
               AllOf(HasSubstr(dir_.file("merges.txt") + ":3"), HasSubstr("same model")));
+}
+
+// Samples printed to the console (unicode::printable): valid UTF-8, newlines and tabs stay; a
+// malformed byte and a control character each become one U+FFFD.
+TEST(Printable, KeepsValidTextAndReplacesMalformedBytesAndControls) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(unicode::printable("plain text\n\tindented"), "plain text\n\tindented");
+  EXPECT_EQ(unicode::printable("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"),
+            "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");  // 2-, 3- and 4-byte sequences
+  EXPECT_EQ(unicode::printable(std::string("a\x96") + "b"), "a" + fffd + "b");  // stray byte
+  EXPECT_EQ(unicode::printable("x\xE2\x82"), "x" + fffd + fffd);          // a sequence cut short
+  EXPECT_EQ(unicode::printable("\x1b[2Jred\r"), fffd + "[2Jred" + fffd);  // escape, return
+  EXPECT_EQ(unicode::printable(std::string("a\0b\x7f", 4)), "a" + fffd + "b" + fffd);
+  EXPECT_EQ(unicode::printable("\xC2\x85"), fffd);  // U+0085, a C1 control
+  EXPECT_EQ(unicode::printable(""), "");
 }
 
 }  // namespace

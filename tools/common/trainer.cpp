@@ -33,6 +33,7 @@
 #include "tools/common/device_peaks.h"
 #include "tools/common/op_profile.h"
 #include "tools/common/sampler.h"
+#include "tools/common/unicode.h"
 
 namespace strata::tools {
 
@@ -651,7 +652,8 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
                                   step_, record.loss));
     }
     if ((t.sample_every > 0 && step_ % t.sample_every == 0) || (last && t.sample_every > 0)) {
-      console_->event(fmt::format("sample at step {}:\n{}\n---", step_, sample_text()));
+      console_->event(
+          fmt::format("sample at step {}:\n{}\n---", step_, unicode::printable(sample_text())));
     }
     if (t.checkpoint_every > 0 && step_ % t.checkpoint_every == 0) save("periodic");
   }

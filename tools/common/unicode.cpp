@@ -44,6 +44,24 @@ Decoded decode_utf8(std::string_view s, size_t i) {
   return {cp, len};
 }
 
+std::string printable(std::string_view text) {
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const Decoded d = decode_utf8(text, i);
+    const uint32_t cp = d.code_point;
+    const bool control = cp != '\n' && cp != '\t' && (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F));
+    if (cp == kInvalid || control) {
+      out += kReplacement;
+    } else {
+      out.append(text.substr(i, d.length));
+    }
+    i += d.length;
+  }
+  return out;
+}
+
 bool is_letter(uint32_t cp) {
   if (cp < 0x80) return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
   return cp != kInvalid && in_ranges(unicode_tables::kLetter, cp);

@@ -9,6 +9,7 @@
 // property, as in `regex` (it does not include U+001C..U+001F, unlike Python's str.isspace).
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace strata::tools::unicode {
@@ -25,6 +26,12 @@ struct Decoded {
 // sequences, surrogates, > U+10FFFF) yields kInvalid with length 1, so every byte of any input
 // is consumed exactly once and byte-level BPE still round-trips it.
 Decoded decode_utf8(std::string_view s, size_t i);
+
+// `text` made safe to print on a terminal: valid UTF-8 is kept, and each malformed byte and each
+// control character but newline and tab (C0 with carriage return and escape, DEL, C1) becomes
+// U+FFFD. A byte-level model's samples can hold any byte, and an escape sequence or a stray byte
+// would garble the console; `train` prints samples this way, `generate` when stdout is a terminal.
+std::string printable(std::string_view text);
 
 bool is_letter(uint32_t cp);  // \p{L}
 bool is_number(uint32_t cp);  // \p{N}

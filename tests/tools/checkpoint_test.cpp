@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "models/registry.h"
 #include "optim/adamw.h"
@@ -320,6 +321,37 @@ TEST_F(Checkpoint, MissingDanglingAndMalformedLatest) {
       EXPECT_NE(std::string(e.what()).find(latest.string()), std::string::npos) << e.what();
     }
   }
+  // A malformed pointer is quoted printable (unicode::printable), whatever bytes it holds.
+  std::ofstream(latest) << std::string("step_\0\x1b[2J", 10);
+  try {
+    find_latest_checkpoint(run_.string());
+    ADD_FAILURE() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("found 'step_\xEF\xBF\xBD\xEF\xBF\xBD[2J'"),
+              std::string::npos)
+        << e.what();
+  }
+  // No pointer beside step directories: neither "no checkpoint" (a fresh run would replace
+  // them) nor a guess; the error names the newest, and the files stay as they were.
+  save_checkpoint(run_.string(), *m, nullptr, make_state(7), "", 0);
+  fs::remove(latest);
+  for (auto find : {std::function<void()>([&] { find_latest_checkpoint(run_.string()); }),
+                    std::function<void()>([&] { resolve_checkpoint(run_.string()); })}) {
+    try {
+      find();
+      ADD_FAILURE() << "expected a UserError";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(latest.string() + ": missing"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("2 checkpoint directories (the newest step_00000007)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(latest));
+  EXPECT_TRUE(fs::is_directory(run_ / "checkpoints" / "step_00000001"));
+  fs::remove_all(run_ / "checkpoints" / "step_00000007");
+  std::ofstream(latest) << "step_00000001\n";
   // Saving again repairs the pointer; the earlier checkpoint stayed loadable throughout.
   auto fresh = make_model(2);
   load_checkpoint(good, *fresh, nullptr);

@@ -302,6 +302,16 @@ std::vector<BadCase> bad_cases() {
                    },
                    {"{run}/checkpoints/latest"},
                    true});
+  // A run whose pointer was deleted: a fresh start would replace and prune its step directories.
+  cases.push_back({"CheckpointsWithoutLatestPointer",
+                   [](const Env& e) {
+                     previous_run(e);
+                     fs::remove(e.run() + "/checkpoints/latest");
+                     testing::write_text(e.config(), good_config(e, "steps: 2", "steps: 4"));
+                     return std::vector<std::string>{};
+                   },
+                   {"{run}/checkpoints/latest: missing", "step_00000002", "training.resume"},
+                   true});
   cases.push_back({"ResumeNeverWithExistingCheckpoints",
                    [](const Env& e) {
                      previous_run(e);

@@ -17,6 +17,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "tensor/safetensors.h"
+#include "tools/common/unicode.h"
 
 namespace strata::tools {
 
@@ -291,7 +292,26 @@ std::string save_checkpoint(const std::string& run_dir, const models::CausalLM& 
 std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
   const std::string root = join(run_dir, "checkpoints");
   const std::string latest = join(root, kLatest);
-  if (!fs::exists(latest)) return std::nullopt;
+  if (!fs::exists(latest)) {
+    // Step directories without the pointer (deleted by hand, or a crash between a run's first
+    // checkpoint and its pointer): starting afresh would replace and prune them, so nothing is
+    // chosen here; the user says which one to resume from.
+    std::vector<std::pair<int64_t, std::string>> steps;
+    std::error_code ec;
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (auto step = parse_step_dir(name); step && it->is_directory())
+        steps.emplace_back(*step, name);
+    }
+    if (steps.empty()) return std::nullopt;
+    const std::string newest = std::max_element(steps.begin(), steps.end())->second;
+    user_error(
+        "{}: missing, but {} holds {} checkpoint director{} (the newest {}); a new run here "
+        "would replace them. To resume, write the name of one into it (e.g. `echo {} > {}`) or "
+        "set training.resume to its path; to start afresh, pick another run.dir. Nothing was "
+        "changed",
+        latest, root, steps.size(), steps.size() == 1 ? "y" : "ies", newest, newest, latest);
+  }
   std::string text = read_text(latest);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
     text.pop_back();
@@ -299,7 +319,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
     user_error(
         "{}: expected one line naming a step_<N> directory, found '{}'; delete it to start "
         "afresh or write the name of the checkpoint to resume from",
-        latest, text.substr(0, 80));
+        latest, unicode::printable(text.substr(0, 80)));
   const std::string dir = join(root, text);
   if (!fs::is_directory(dir))
     user_error(

@@ -58,7 +58,8 @@ std::string save_checkpoint(const std::string& run_dir, const models::CausalLM& 
                             const std::string& config_yaml, int64_t keep);
 
 // The checkpoint `latest` points at, if any: nullopt when run_dir/checkpoints/latest does not
-// exist; a user_error naming it when it is unreadable, malformed or dangling.
+// exist and there are no step_* directories; a user_error naming it when it is unreadable,
+// malformed or dangling, or missing beside step_* directories (a new run would replace them).
 std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
 
 // A checkpoint directory given either itself or a run directory (then its latest); a user_error

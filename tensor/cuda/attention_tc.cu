@@ -429,12 +429,13 @@ dim3 tc_grid(int64_t rows, const AttentionShape& s) {
 // Calls f(TypeTag<T>{}, std::integral_constant<int, D>{}) for the (dtype, head dim) pairs the
 // kernels are built for; false for any other.
 template <typename F>
-bool dispatch_tc(int dt, int64_t d, F&& f) {
+bool dispatch_tc(int dt, const AttentionShape& s, F&& f) {
+  const int64_t d = s.d;
   auto by_d = [&](auto tag) {
     if (d == 64) f(tag, std::integral_constant<int, 64>{});
     if (d == 128) f(tag, std::integral_constant<int, 128>{});
   };
-  if (!attention_tc_fits(dt, d)) return false;
+  if (!attention_tc_fits(dt, d, s.b, s.h)) return false;
   if (dt == kBF16) by_d(TypeTag<__nv_bfloat16>{});
   if (dt == kF16) by_d(TypeTag<__half>{});
   return true;
@@ -442,8 +443,9 @@ bool dispatch_tc(int dt, int64_t d, F&& f) {
 
 }  // namespace
 
-bool attention_tc_fits(int dt, int64_t d) {
-  return (dt == kBF16 || dt == kF16) && (d == 64 || d == 128);
+bool attention_tc_fits(int dt, int64_t d, int64_t b, int64_t h) {
+  // tc_grid puts the heads in grid.y and the batch in grid.z, which hold at most 65535 each.
+  return (dt == kBF16 || dt == kF16) && (d == 64 || d == 128) && b <= 65535 && h <= 65535;
 }
 
 bool launch_attention_tc_forward(int dt, const void* q, const void* k, const void* v, bool causal,
@@ -451,7 +453,7 @@ bool launch_attention_tc_forward(int dt, const void* q, const void* k, const voi
                                  Stream stream) {
   const unsigned packed =
       (packs(q, s.q) ? kPackQ : 0u) | (packs(k, s.k) ? kPackK : 0u) | (packs(v, s.v) ? kPackV : 0u);
-  return dispatch_tc(dt, s.d, [&](auto tag, auto dim) {
+  return dispatch_tc(dt, s, [&](auto tag, auto dim) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value;
     if (s.b * s.h * s.tq == 0) return;
@@ -467,7 +469,7 @@ bool launch_attention_tc_backward(int dt, const void* q, const void* k, const vo
                                   const AttentionShape& s, Stream stream) {
   const unsigned packed = (packs(q, s.q) ? kPackQ : 0u) | (packs(k, s.k) ? kPackK : 0u) |
                           (packs(v, s.v) ? kPackV : 0u) | (packs(dout, s.dout) ? kPackDout : 0u);
-  return dispatch_tc(dt, s.d, [&](auto tag, auto dim) {
+  return dispatch_tc(dt, s, [&](auto tag, auto dim) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value;
     const T* pq = static_cast<const T*>(q);

@@ -19,6 +19,15 @@ inline int blocks_for(int64_t n, int threads) {
   return static_cast<int>(b < 65535 * 32 ? (b < 1 ? 1 : b) : 65535 * 32);
 }
 
+// Note [Row chunks on grid.y]: the column reductions (bias, norm weight gradients) give each
+// chunk of rows a blockIdx.y, but grid.y holds at most 65535, which [N, C] with N above 65535
+// chunks (4.2M rows at 64 rows a chunk) would pass. The launch takes chunk_grid(chunks) blocks
+// in y and each block loops over the chunks blockIdx.y, + gridDim.y, ...: every chunk is still
+// summed alone in row order, so the partials, and the bits, do not depend on the grid.
+inline unsigned chunk_grid(int64_t chunks) {
+  return static_cast<unsigned>(chunks < 65535 ? (chunks < 1 ? 1 : chunks) : 65535);
+}
+
 // Loads element i of a typed array as double (exact for every Strata dtype but i64 > 2^53).
 __device__ inline double load_as_double(const void* p, int dtype, int64_t i) {
   switch (dtype) {

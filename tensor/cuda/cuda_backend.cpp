@@ -737,7 +737,8 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
         d, kAttentionMaxHeadDim);
   const int dt = compute_dt("attention", q, k, v, out);
   // Note [CUDA tensor-core attention]: the own kernel on the tensor cores where it is built for.
-  const bool tc = attention_mode() != AttentionMode::Simt && attention_tc_fits(dt, d);
+  const bool tc =
+      attention_mode() != AttentionMode::Simt && attention_tc_fits(dt, d, q.size(0), q.size(1));
   if (tc) set_last_attention_path(AttentionPath::OwnTensorCore);
   const auto launch = tc ? &launch_attention_tc_forward : &launch_attention_forward;
   launched(launch(dt, q.data_ptr(), k.data_ptr(), v.data_ptr(), causal, scale, out.data_ptr(),
@@ -762,7 +763,8 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   shape.dv = strides_of(dv);
   Tensor s = scratch(bh * tq * 4);
   const int dt = compute_dt("attention_backward", q, k, v, out, dout, dq, dk, dv);
-  const bool tc = attention_mode() != AttentionMode::Simt && attention_tc_fits(dt, d);
+  const bool tc =
+      attention_mode() != AttentionMode::Simt && attention_tc_fits(dt, d, q.size(0), q.size(1));
   if (tc) set_last_attention_path(AttentionPath::OwnTensorCore);
   const auto launch = tc ? &launch_attention_tc_backward : &launch_attention_backward;
   launched(launch(dt, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data<float>(),

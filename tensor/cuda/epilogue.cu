@@ -49,12 +49,15 @@ __global__ void gelu_backward_f32(float* dh, const T* pre, T* dpre, int64_t n) {
 template <typename TX>
 __global__ void column_partials(const TX* x, float* partial, int64_t rows, int64_t cols) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  const int64_t chunk = blockIdx.y;
   if (j >= cols) return;
-  const int64_t r0 = chunk * kNormRowChunk, r1 = min(rows, r0 + kNormRowChunk);
-  float acc = 0;
-  for (int64_t r = r0; r < r1; ++r) acc += to_f32(x[r * cols + j]);
-  partial[chunk * cols + j] = acc;
+  const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
+  // Note [Row chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kNormRowChunk, r1 = min(rows, r0 + kNormRowChunk);
+    float acc = 0;
+    for (int64_t r = r0; r < r1; ++r) acc += to_f32(x[r * cols + j]);
+    partial[chunk * cols + j] = acc;
+  }
 }
 
 template <typename T>
@@ -103,7 +106,7 @@ bool launch_column_sums(int x_dt, const void* x, int out_dt, void* out, float* s
       const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
       const unsigned cg = static_cast<unsigned>((cols + 255) / 256);
       if (chunks > 0)
-        STRATA_LAUNCH(dim3(cg, static_cast<unsigned>(chunks)), 256, 0, stream, column_partials<TX>)
+        STRATA_LAUNCH(dim3(cg, chunk_grid(chunks)), 256, 0, stream, column_partials<TX>)
       (static_cast<const TX*>(x), scratch, rows, cols);
       STRATA_LAUNCH(cg, 256, 0, stream, sum_partials_rows<TO>)
       (scratch, chunks, cols, static_cast<TO*>(out));

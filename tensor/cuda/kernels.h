@@ -189,9 +189,10 @@ bool launch_attention_backward(int dt, const void* q, const void* k, const void*
                                const AttentionShape& s, Stream stream);
 
 // ---- attention_tc.cu (Note [CUDA tensor-core attention]) ----
-// The own kernel on the tensor cores, for dt BF16/F16 with D 64 or 128 (attention_tc_fits); the
-// contract, arguments and scratch of the two above. Other dtypes and head dims return false.
-bool attention_tc_fits(int dt, int64_t d);
+// The own kernel on the tensor cores, for dt BF16/F16 with D 64 or 128 and b, h at most 65535
+// (its grid's y and z; attention_tc_fits); the contract, arguments and scratch of the two above.
+// Other dtypes, head dims and shapes return false.
+bool attention_tc_fits(int dt, int64_t d, int64_t b, int64_t h);
 bool launch_attention_tc_forward(int dt, const void* q, const void* k, const void* v, bool causal,
                                  float scale, void* out, float* lse, const AttentionShape& s,
                                  Stream stream);

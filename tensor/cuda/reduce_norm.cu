@@ -128,10 +128,14 @@ template <typename T>
 __global__ void column_sum_partials(const T* x, int64_t n, int64_t c, double* partial) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= c) return;
-  const int64_t r0 = blockIdx.y * kColumnSumRows, r1 = min(n, r0 + kColumnSumRows);
-  double s = 0;
-  for (int64_t r = r0; r < r1; ++r) s += to_f32(x[r * c + j]);
-  partial[blockIdx.y * c + j] = s;
+  const int64_t chunks = (n + kColumnSumRows - 1) / kColumnSumRows;
+  // Note [Row chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kColumnSumRows, r1 = min(n, r0 + kColumnSumRows);
+    double s = 0;
+    for (int64_t r = r0; r < r1; ++r) s += to_f32(x[r * c + j]);
+    partial[chunk * c + j] = s;
+  }
 }
 
 __global__ void column_sum_finish(const double* partial, int64_t chunks, int64_t c, void* out,
@@ -148,18 +152,21 @@ template <typename T>
 __global__ void norm_bwd_partials(const T* dy, const T* x, const float* mean, const float* rstd,
                                   float* partial_w, float* partial_b, int64_t n, int64_t c) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  const int64_t chunk = blockIdx.y;
   if (j >= c) return;
-  const int64_t r0 = chunk * kNormRowChunk, r1 = min(n, r0 + kNormRowChunk);
-  float sw = 0, sb = 0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float g = to_f32(dy[r * c + j]);
-    const float mu = mean ? mean[r] : 0.f;
-    sw += g * (to_f32(x[r * c + j]) - mu) * rstd[r];
-    sb += g;
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  // Note [Row chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kNormRowChunk, r1 = min(n, r0 + kNormRowChunk);
+    float sw = 0, sb = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float g = to_f32(dy[r * c + j]);
+      const float mu = mean ? mean[r] : 0.f;
+      sw += g * (to_f32(x[r * c + j]) - mu) * rstd[r];
+      sb += g;
+    }
+    partial_w[chunk * c + j] = sw;
+    if (partial_b) partial_b[chunk * c + j] = sb;
   }
-  partial_w[chunk * c + j] = sw;
-  if (partial_b) partial_b[chunk * c + j] = sb;
 }
 
 // out[j] = sum of the f32 partials in chunk order, rounded once.
@@ -622,7 +629,7 @@ bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double*
     if (c == 0) return;
     const unsigned cb = static_cast<unsigned>((c + 255) / 256);
     if (chunks > 0)
-      STRATA_LAUNCH(dim3(cb, static_cast<unsigned>(chunks)), 256, 0, stream, column_sum_partials<T>)
+      STRATA_LAUNCH(dim3(cb, chunk_grid(chunks)), 256, 0, stream, column_sum_partials<T>)
     (static_cast<const T*>(x), n, c, scratch);
     STRATA_LAUNCH(cb, 256, 0, stream, column_sum_finish)(scratch, chunks, c, out, out_dtype);
   });
@@ -634,7 +641,7 @@ bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float*
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-    const dim3 grid(static_cast<unsigned>((c + 255) / 256), static_cast<unsigned>(chunks));
+    const dim3 grid(static_cast<unsigned>((c + 255) / 256), chunk_grid(chunks));
     float* partial_b = db ? scratch + chunks * c : nullptr;
     if (chunks > 0) STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
     (static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, scratch, partial_b, n, c);

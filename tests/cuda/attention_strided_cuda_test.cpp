@@ -252,6 +252,21 @@ TEST(StridedAttentionCuda, TensorCoreKernelAgreesWithTheSimtKernel) {
     }
 }
 
+// The tensor-core kernel's grid has the heads in y and the batch in z, which hold at most 65535
+// each (attention_tc_fits): a larger batch takes the SIMT kernel, whose grid is 1-D, and still
+// matches the CPU (it was an invalid launch configuration, an internal error).
+TEST(StridedAttentionCuda, BatchesBeyondTheTensorCoreGridTakeTheSimtKernel) {
+  SKIP_WITHOUT_GPU();
+  ScopedAttentionMode m("own");
+  const Problem p{65536, 1, 2, 2, 64, true};
+  const DType dt = DType::BF16;
+  const std::vector<Tensor> host = host_inputs(p, dt);
+  const Outputs got = run(kGpu, p, dt, host, Layout::Contiguous, Layout::Contiguous);
+  EXPECT_EQ(got.forward_path, AttentionPath::Own);
+  EXPECT_EQ(got.backward_path, AttentionPath::Own);
+  expect_close(got, cpu_reference(p, host), tolerance(dt));
+}
+
 // GPT-2's layout: q, k, v in one [B, T, 3, H, D] buffer, out [B, T, H, D], dq, dk, dv in one
 // [B, T, 3, H, D] buffer; cuDNN must run on these views itself.
 // Where a known limit of the loaded cuDNN applies (Note [cuDNN SDPA limits]), that direction

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "tensor/backend.h"
 #include "tensor/cuda.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 
 namespace strata::tensor {
@@ -576,6 +577,52 @@ TEST(CudaOps, BadTokenIdsAreUserErrorsAtTheNextWait) {
                "embedding: a token id is outside [0, 10)");
   EXPECT_EQ(launches, 64);
   EXPECT_NO_THROW(embedding(w, good_ids).to(Device::cpu()));
+}
+
+// Note [Row chunks on grid.y] (tensor/cuda/common.cuh): the column reductions give a chunk of
+// rows a blockIdx.y, which holds at most 65535. One column of more rows than 65535 chunks (plus a
+// partial last chunk) through each of them: the bias-gradient sum (sum_to), the linear
+// epilogue's column sums and the norm weight/bias gradients. Values 0 and 1 make every partial
+// and total an integer below 2^24, exact in f32 in any order, so the sums must be exact.
+TEST(CudaOps, ColumnReductionsTakeMoreRowChunksThanGridYHolds) {
+  SKIP_WITHOUT_GPU();
+  const auto column = [](int64_t n, int64_t& ones_count) {
+    std::vector<float> v(static_cast<size_t>(n));
+    ones_count = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      v[static_cast<size_t>(r)] = (r * 7 + r / 3) % 5 < 2 ? 1.f : 0.f;
+      ones_count += v[static_cast<size_t>(r)] == 1.f;
+    }
+    return from_vector(v, {n, 1}).to(kGpu);
+  };
+  const auto stream = static_cast<cuda::Stream>(cuda_current_stream());
+  const auto f32 = static_cast<int>(DType::F32);
+  {
+    int64_t want = 0;
+    const int64_t n = 65537 * cuda::kColumnSumRows + 5;
+    const Tensor x = column(n, want);
+    EXPECT_EQ(sum_to(x, {1}).to(Device::cpu()).data<float>()[0], static_cast<float>(want));
+  }
+  int64_t want = 0;
+  const int64_t n = 65537 * cuda::kNormRowChunk + 5;
+  const int64_t chunks = (n + cuda::kNormRowChunk - 1) / cuda::kNormRowChunk;
+  const Tensor x = column(n, want);
+  Tensor scratch = zeros({2 * chunks}, DType::F32, kGpu);
+  Tensor out = zeros({1}, DType::F32, kGpu);
+  ASSERT_TRUE(cuda::launch_column_sums(f32, x.data_ptr(), f32, out.data_ptr(),
+                                       scratch.data<float>(), n, 1, stream));
+  EXPECT_EQ(out.to(Device::cpu()).data<float>()[0], static_cast<float>(want));
+  // dweight = sum dy * (x - mean) * rstd with dy = 1, mean = 0, rstd = 1: the count of ones;
+  // dbias = sum dy = n.
+  const Tensor dy = ones({n, 1}, DType::F32, kGpu);
+  const Tensor mean = zeros({n}, DType::F32, kGpu);
+  const Tensor rstd = ones({n}, DType::F32, kGpu);
+  Tensor dw = zeros({1}, DType::F32, kGpu), db = zeros({1}, DType::F32, kGpu);
+  ASSERT_TRUE(cuda::launch_norm_param_grads(f32, dy.data_ptr(), x.data_ptr(), mean.data<float>(),
+                                            rstd.data<float>(), dw.data_ptr(), db.data_ptr(),
+                                            scratch.data<float>(), n, 1, stream));
+  EXPECT_EQ(dw.to(Device::cpu()).data<float>()[0], static_cast<float>(want));
+  EXPECT_EQ(db.to(Device::cpu()).data<float>()[0], static_cast<float>(n));
 }
 
 TEST(CudaOps, WithoutADeviceInitFailsClearly) {

@@ -208,6 +208,9 @@ Tensor mean(const Tensor& x, int dim, bool keepdim) {
   return reduce(ReduceOp::Mean, x, dim, keepdim, nullptr);
 }
 MaxResult max(const Tensor& x, int dim, bool keepdim) {
+  // The maximum of no elements has no value (and no index): checked here, for every backend.
+  STRATA_CHECK(x.size(x.shape().normalize(dim)) > 0, "max over dim {} of {}, which has size 0", dim,
+               x.str());
   MaxResult r;
   r.values = reduce(ReduceOp::Max, x, dim, keepdim, &r.indices);
   return r;
@@ -282,6 +285,20 @@ void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, boo
   be(a).matmul(a.contiguous(), b.contiguous(), out, trans_a, trans_b, alpha, beta);
 }
 
+namespace {
+// t [..., C] as a [rows, C] view, also when C = 0 (view({-1, 0}) cannot infer the rows): the
+// linear ops take no-feature inputs (K = 0: y = bias) and no-output weights (N = 0) as matmul
+// does.
+int64_t rows_of(const Tensor& t) {
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < t.ndim(); ++i) rows *= t.size(i);
+  return rows;
+}
+Tensor rows2d(const Tensor& t) {
+  return t.view({rows_of(t), t.size(-1)});
+}
+}  // namespace
+
 LinearResult linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
                     bool save_pre) {
   STRATA_CHECK(x.ndim() >= 1 && weight.ndim() == 2 && weight.size(1) == x.size(-1),
@@ -300,11 +317,11 @@ LinearResult linear(const Tensor& x, const Tensor& weight, const Tensor& bias, A
   STRATA_CHECK(!save_pre || act != Activation::None, "linear: pre is kept only for an activation");
   Shape ys = x.shape();
   ys[ys.ndim() - 1] = n;
-  Tensor x2 = x.contiguous().view({-1, k});
+  Tensor x2 = rows2d(x.contiguous());
   LinearResult r;
   r.y = Tensor::empty(ys, dt, x.device());
   if (save_pre) r.pre = Tensor::empty(ys, dt, x.device());
-  Tensor y2 = r.y.view({-1, n}), pre2 = save_pre ? r.pre.view({-1, n}) : Tensor();
+  Tensor y2 = rows2d(r.y), pre2 = save_pre ? rows2d(r.pre) : Tensor();
   be(x).linear_forward(x2, weight.contiguous(), bias.defined() ? bias.contiguous() : Tensor(), act,
                        y2, pre2);
   return r;
@@ -317,9 +334,7 @@ namespace {
 LinearWeightGrads weight_grads(const Tensor& dy, const Tensor& x, bool with_bias,
                                Tensor* accumulate_into) {
   const char* op = accumulate_into ? "linear_backward_weight_into" : "linear_backward_weight";
-  STRATA_CHECK(dy.ndim() >= 1 && x.ndim() >= 1 &&
-                   dy.numel() / std::max<int64_t>(dy.size(-1), 1) ==
-                       x.numel() / std::max<int64_t>(x.size(-1), 1),
+  STRATA_CHECK(dy.ndim() >= 1 && x.ndim() >= 1 && rows_of(dy) == rows_of(x),
                "{}: dy {} and x {} differ in rows", op, dy.str(), x.str());
   same_device(dy, x, op);
   const DType dt = compute_dtype(op, {&dy, &x});
@@ -336,8 +351,8 @@ LinearWeightGrads weight_grads(const Tensor& dy, const Tensor& x, bool with_bias
     g.dweight = Tensor::empty({n, k}, dt, x.device());
   }
   if (with_bias) g.dbias = Tensor::empty({n}, dt, x.device());
-  be(x).linear_backward_weight(dy.contiguous().view({-1, n}), x.contiguous().view({-1, k}),
-                               g.dweight, g.dbias, accumulate_into != nullptr);
+  be(x).linear_backward_weight(rows2d(dy.contiguous()), rows2d(x.contiguous()), g.dweight, g.dbias,
+                               accumulate_into != nullptr);
   return g;
 }
 
@@ -355,9 +370,7 @@ Tensor linear_backward_weight_into(const Tensor& dy, const Tensor& x, Tensor& dw
 LinearGeluGrads linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,
                                      bool with_bias) {
   STRATA_CHECK(weight.ndim() == 2 && dz.ndim() >= 1 && dz.size(-1) == weight.size(0) &&
-                   pre.ndim() >= 1 && pre.size(-1) == weight.size(1) &&
-                   dz.numel() / std::max<int64_t>(dz.size(-1), 1) ==
-                       pre.numel() / std::max<int64_t>(pre.size(-1), 1),
+                   pre.ndim() >= 1 && pre.size(-1) == weight.size(1) && rows_of(dz) == rows_of(pre),
                "linear_backward_gelu: dz {} @ weight {} for pre {}", dz.str(), weight.str(),
                pre.str());
   same_device(dz, weight, "linear_backward_gelu");
@@ -367,9 +380,9 @@ LinearGeluGrads linear_backward_gelu(const Tensor& dz, const Tensor& weight, con
   LinearGeluGrads g;
   g.dpre = Tensor::empty(pre.shape(), dt, pre.device());
   if (with_bias) g.dbias = Tensor::empty({n}, dt, pre.device());
-  Tensor dpre2 = g.dpre.view({-1, n});
-  be(pre).linear_backward_gelu(dz.contiguous().view({-1, dz.size(-1)}), weight.contiguous(),
-                               pre.contiguous().view({-1, n}), dpre2, g.dbias);
+  Tensor dpre2 = rows2d(g.dpre);
+  be(pre).linear_backward_gelu(rows2d(dz.contiguous()), weight.contiguous(),
+                               rows2d(pre.contiguous()), dpre2, g.dbias);
   return g;
 }
 

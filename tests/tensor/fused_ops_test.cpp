@@ -212,6 +212,31 @@ TEST(Linear, KeepsLeadingDims) {
   EXPECT_TRUE(same_bits(r.y, linear(x.reshape({6, 5}), w, b, Activation::Gelu).y.view({2, 3, 4})));
 }
 
+// No input features (K = 0) or no outputs (N = 0), as matmul takes them: the empty sum is 0, so
+// y = act(bias) and the weight gradient over no features is [N, 0]; rows still pair up.
+TEST(Linear, TakesNoFeaturesAndNoOutputs) {
+  const Tensor x = zeros({2, 3, 0}, DType::F32), w = zeros({4, 0}, DType::F32), b = rand({4}, 64);
+  LinearResult r = linear(x, w, b, Activation::Gelu, true);
+  EXPECT_EQ(r.y.shape(), Shape({2, 3, 4}));
+  const Tensor want = gelu(b);
+  for (int64_t i = 0; i < 6; ++i)
+    for (int64_t j = 0; j < 4; ++j) {
+      EXPECT_EQ(r.y.data<float>()[i * 4 + j], want.data<float>()[j]);
+      EXPECT_EQ(r.pre.data<float>()[i * 4 + j], b.data<float>()[j]);
+    }
+  EXPECT_EQ(linear(rand({3, 5}, 65), zeros({0, 5}, DType::F32), zeros({0}, DType::F32)).y.shape(),
+            Shape({3, 0}));
+  const Tensor dy = rand({2, 3, 4}, 66);
+  LinearWeightGrads g = linear_backward_weight(dy, x, true);
+  EXPECT_EQ(g.dweight.shape(), Shape({4, 0}));
+  EXPECT_TRUE(same_bits(g.dbias, sum_to(dy.reshape({6, 4}), {4})));
+  LinearGeluGrads gg = linear_backward_gelu(dy, w, zeros({2, 3, 0}, DType::F32), true);
+  EXPECT_EQ(gg.dpre.shape(), Shape({2, 3, 0}));
+  EXPECT_EQ(gg.dbias.shape(), Shape({0}));
+  // Rows are counted without the feature dim: 6 rows of dy against 5 of x is still a mismatch.
+  EXPECT_THROW(linear_backward_weight(dy, zeros({5, 0}, DType::F32), true), InternalError);
+}
+
 // In f32 the CPU runs the unfused kernels themselves: the same bits (Note [Linear epilogues]).
 TEST(Linear, F32IsBitwiseTheUnfusedOps) {
   const int64_t m = 29, k = 48, n = 40, p = 24;

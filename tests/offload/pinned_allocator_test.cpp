@@ -12,8 +12,8 @@ namespace {
 
 TEST(PinnedAllocator, AlignedAccountedAndPooled) {
   MemoryStats stats;
-  PinnedAllocator alloc(&stats);
-  EXPECT_EQ(alloc.backing(), PinnedAllocator::Backing::Mlock);  // no GPU in the test machine
+  PinnedAllocator alloc(&stats, /*use_cuda=*/false);  // the mlock path, GPU or not
+  EXPECT_EQ(alloc.backing(), PinnedAllocator::Backing::Mlock);
   const size_t n = 3 * 4096 + 17;
   Block a = alloc.allocate(n, Category::Optimizer);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a.ptr) % 4096, 0u);
@@ -32,6 +32,31 @@ TEST(PinnedAllocator, AlignedAccountedAndPooled) {
   alloc.deallocate(b);
   alloc.deallocate(c);
   EXPECT_EQ(alloc.pooled_bytes(), 5 * 4096u);
+  alloc.release_pool();
+  EXPECT_EQ(alloc.pooled_bytes(), 0u);
+}
+
+// The default allocator takes cudaHostAlloc where a CUDA device is visible (a GPU machine, the
+// CUDA emulator) and mlock'ed memory elsewhere; either way the buffers are aligned, usable,
+// accounted and pooled. (The tests above ask for the mlock path, which a visible device would
+// otherwise replace.)
+TEST(PinnedAllocator, DefaultBackingHandsOutUsableAccountedBuffers) {
+  MemoryStats stats;
+  PinnedAllocator alloc(&stats);
+  SCOPED_TRACE(alloc.backing() == PinnedAllocator::Backing::CudaHost ? "cudaHostAlloc" : "mlock");
+  const size_t n = 2 * 4096 + 5;
+  Block a = alloc.allocate(n, Category::Activation);
+  ASSERT_NE(a.ptr, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.ptr) % 4096, 0u);
+  EXPECT_EQ(stats.usage(Tier::Pinned, Category::Activation).current, static_cast<int64_t>(n));
+  auto data = testing::random_bytes(n, 9);
+  std::memcpy(a.ptr, data.data(), n);
+  EXPECT_EQ(std::memcmp(a.ptr, data.data(), n), 0);
+  alloc.deallocate(a);
+  EXPECT_EQ(stats.tier_usage(Tier::Pinned).current, 0);
+  Block b = alloc.allocate(3 * 4096, Category::Activation);  // the same rounded size: pooled
+  EXPECT_EQ(b.ptr, a.ptr);
+  alloc.deallocate(b);
   alloc.release_pool();
   EXPECT_EQ(alloc.pooled_bytes(), 0u);
 }
@@ -81,7 +106,7 @@ TEST(PinnedAllocator, FallsBackToUnlockedMemoryWhenMlockIsRefused) {
     rlimit lim{64 * 1024, 64 * 1024};
     if (::setrlimit(RLIMIT_MEMLOCK, &lim) != 0) return std::string("setrlimit failed");
     MemoryStats stats;
-    PinnedAllocator alloc(&stats);
+    PinnedAllocator alloc(&stats, /*use_cuda=*/false);
     Block small = alloc.allocate(4096, Category::Param);   // fits the limit: locked
     Block big = alloc.allocate(1 << 20, Category::Param);  // does not: unlocked, counted
     std::memset(big.ptr, 1, 1 << 20);

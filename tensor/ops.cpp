@@ -20,6 +20,13 @@ void same_device(const Tensor& a, const Tensor& b, const char* op) {
                b.device().str());
 }
 
+// same_device for every defined operand of an op against the first.
+void same_devices(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor& first = **ts.begin();
+  for (const Tensor* t : ts)
+    if (t->defined()) same_device(first, *t, op);
+}
+
 void require_float(const Tensor& t, const char* op) {
   STRATA_CHECK(is_floating(t.dtype()), "{}: expected a float tensor, got {}", op, t.str());
 }
@@ -69,7 +76,8 @@ float default_scale(const Tensor& q, float scale) {
   return scale > 0.f ? scale : 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
 }
 
-void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  same_devices(op, {&q, &k, &v});
   STRATA_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4,
                "attention expects [B, H, T, D] tensors, got q {} k {} v {}", q.str(), k.str(),
                v.str());
@@ -228,9 +236,7 @@ double sum_squares(const Tensor& x) {
 }
 std::vector<double> sum_squares_many(const std::vector<Tensor>& xs) {
   if (xs.empty()) return {};
-  for (const Tensor& x : xs)
-    STRATA_CHECK(x.device() == xs.front().device(), "sum_squares_many: {} and {} differ in device",
-                 xs.front().str(), x.str());
+  for (const Tensor& x : xs) same_device(xs.front(), x, "sum_squares_many");
   return be(xs.front()).sum_squares_many(xs);
 }
 double l2_norm(const Tensor& x) {
@@ -297,13 +303,35 @@ int64_t rows_of(const Tensor& t) {
 Tensor rows2d(const Tensor& t) {
   return t.view({rows_of(t), t.size(-1)});
 }
+
+// Note [Norms over no features]: a norm or softmax over a last dim of size 0 has nothing to
+// normalise. Its outputs are empty like the input, its weight gradients are [0], and its per-row
+// statistics are those of no elements: the mean and variance of nothing are NaN (torch.mean of an
+// empty tensor is NaN too), so mean and rstd are NaN. No kernel is called: they assume rows of at
+// least one element.
+
+// The shapes a norm backward reads: dy like x [..., C], weight [C], each per-row statistic [rows]
+// (the kernels index them by x's rows and columns alone, so a smaller one would be read past its
+// end).
+void check_norm_backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                         std::initializer_list<const Tensor*> stats) {
+  same_devices(op, {&x, &dy, &weight});
+  for (const Tensor* st : stats) same_device(x, *st, op);
+  STRATA_CHECK(x.ndim() >= 1 && dy.shape() == x.shape(), "{}: dy {} for x {}", op, dy.str(),
+               x.str());
+  STRATA_CHECK(weight.shape() == Shape{x.size(-1)}, "{}: weight {} for x {}", op, weight.str(),
+               x.str());
+  for (const Tensor* st : stats)
+    STRATA_CHECK(st->shape() == Shape{rows_of(x)}, "{}: statistics {} for x {} (one per row)", op,
+                 st->str(), x.str());
+}
 }  // namespace
 
 LinearResult linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
                     bool save_pre) {
   STRATA_CHECK(x.ndim() >= 1 && weight.ndim() == 2 && weight.size(1) == x.size(-1),
                "linear: weight {} for input {}", weight.str(), x.str());
-  const int64_t k = x.size(-1), n = weight.size(0);
+  const int64_t n = weight.size(0);
   same_device(x, weight, "linear");
   DType dt;
   if (bias.defined()) {
@@ -393,12 +421,17 @@ NormResult layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   same_device(x, weight, "layernorm");
   same_device(x, bias, "layernorm");
   const DType dt = compute_dtype("layernorm", {&x, &weight, &bias});
-  Tensor x2 = x.contiguous().view({-1, c});
+  Tensor x2 = rows2d(x.contiguous());
   NormResult r;
   r.y = Tensor::empty(x.shape(), dt, x.device());
   r.mean = Tensor::empty({x2.size(0)}, DType::F32, x.device());
   r.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
-  Tensor y2 = r.y.view({-1, c});
+  if (c == 0) {  // Note [Norms over no features]
+    r.mean.fill_(std::nan(""));
+    r.rstd.copy_(r.mean);
+    return r;
+  }
+  Tensor y2 = rows2d(r.y);
   be(x).layernorm_forward(x2, weight.contiguous(), bias.contiguous(), eps, y2, r.mean, r.rstd);
   return r;
 }
@@ -409,13 +442,15 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   const DType dt = compute_dtype("layernorm_backward", {&dy, &x, &weight});
   require_f32(mean, "layernorm_backward", "mean");
   require_f32(rstd, "layernorm_backward", "rstd");
-  Tensor x2 = x.contiguous().view({-1, c});
-  Tensor dy2 = dy.contiguous().view({-1, c});
+  check_norm_backward("layernorm_backward", dy, x, weight, {&mean, &rstd});
+  Tensor x2 = rows2d(x.contiguous());
+  Tensor dy2 = rows2d(dy.contiguous());
   LayerNormGrads g;
   g.dx = Tensor::empty(x.shape(), dt, x.device());
   g.dweight = Tensor::empty({c}, dt, x.device());
   g.dbias = Tensor::empty({c}, dt, x.device());
-  Tensor dx2 = g.dx.view({-1, c});
+  if (c == 0) return g;  // Note [Norms over no features]
+  Tensor dx2 = rows2d(g.dx);
   be(x).layernorm_backward(dy2, x2, weight.contiguous(), mean, rstd, dx2, g.dweight, g.dbias);
   return g;
 }
@@ -425,11 +460,15 @@ NormResult rmsnorm(const Tensor& x, const Tensor& weight, float eps) {
   STRATA_CHECK(weight.shape() == Shape{c}, "rmsnorm: weight {} must be [{}]", weight.str(), c);
   same_device(x, weight, "rmsnorm");
   const DType dt = compute_dtype("rmsnorm", {&x, &weight});
-  Tensor x2 = x.contiguous().view({-1, c});
+  Tensor x2 = rows2d(x.contiguous());
   NormResult r;
   r.y = Tensor::empty(x.shape(), dt, x.device());
   r.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
-  Tensor y2 = r.y.view({-1, c});
+  if (c == 0) {  // Note [Norms over no features]
+    r.rstd.fill_(std::nan(""));
+    return r;
+  }
+  Tensor y2 = rows2d(r.y);
   be(x).rmsnorm_forward(x2, weight.contiguous(), eps, y2, r.rstd);
   return r;
 }
@@ -439,12 +478,14 @@ RmsNormGrads rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
   int64_t c = x.size(-1);
   const DType dt = compute_dtype("rmsnorm_backward", {&dy, &x, &weight});
   require_f32(rstd, "rmsnorm_backward", "rstd");
-  Tensor x2 = x.contiguous().view({-1, c});
-  Tensor dy2 = dy.contiguous().view({-1, c});
+  check_norm_backward("rmsnorm_backward", dy, x, weight, {&rstd});
+  Tensor x2 = rows2d(x.contiguous());
+  Tensor dy2 = rows2d(dy.contiguous());
   RmsNormGrads g;
   g.dx = Tensor::empty(x.shape(), dt, x.device());
   g.dweight = Tensor::empty({c}, dt, x.device());
-  Tensor dx2 = g.dx.view({-1, c});
+  if (c == 0) return g;  // Note [Norms over no features]
+  Tensor dx2 = rows2d(g.dx);
   be(x).rmsnorm_backward(dy2, x2, weight.contiguous(), rstd, dx2, g.dweight);
   return g;
 }
@@ -467,7 +508,7 @@ Tensor rows_or_none(const Tensor& ds, const Tensor& s, const char* op) {
   STRATA_CHECK(ds.shape() == s.shape() && ds.dtype() == s.dtype(), "{}: ds {} for s {}", op,
                ds.str(), s.str());
   same_device(ds, s, op);
-  return ds.contiguous().view({-1, s.size(-1)});
+  return rows2d(ds.contiguous());
 }
 }  // namespace
 
@@ -478,13 +519,18 @@ AddNormResult add_layernorm(const Tensor& x, const Tensor& r, const Tensor& weig
   STRATA_CHECK(bias.shape() == Shape{c}, "add_layernorm: bias {} must be [{}]", bias.str(), c);
   same_device(x, bias, "add_layernorm");
   const DType dt = compute_dtype("add_layernorm", {&x, &r, &weight, &bias});
-  Tensor x2 = x.contiguous().view({-1, c}), r2 = r.contiguous().view({-1, c});
+  Tensor x2 = rows2d(x.contiguous()), r2 = rows2d(r.contiguous());
   AddNormResult out;
   out.s = Tensor::empty(x.shape(), dt, x.device());
   out.y = Tensor::empty(x.shape(), dt, x.device());
   out.mean = Tensor::empty({x2.size(0)}, DType::F32, x.device());
   out.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
-  Tensor s2 = out.s.view({-1, c}), y2 = out.y.view({-1, c});
+  if (c == 0) {  // Note [Norms over no features]
+    out.mean.fill_(std::nan(""));
+    out.rstd.copy_(out.mean);
+    return out;
+  }
+  Tensor s2 = rows2d(out.s), y2 = rows2d(out.y);
   be(x).add_layernorm_forward(x2, r2, weight.contiguous(), bias.contiguous(), eps, s2, y2, out.mean,
                               out.rstd);
   return out;
@@ -499,13 +545,15 @@ LayerNormGrads add_layernorm_backward(const Tensor& dy, const Tensor& ds, const 
   const DType dt = compute_dtype("add_layernorm_backward", {&dy, &s, &weight});
   require_f32(mean, "add_layernorm_backward", "mean");
   require_f32(rstd, "add_layernorm_backward", "rstd");
-  Tensor s2 = s.contiguous().view({-1, c}), dy2 = dy.contiguous().view({-1, c});
+  check_norm_backward("add_layernorm_backward", dy, s, weight, {&mean, &rstd});
+  Tensor s2 = rows2d(s.contiguous()), dy2 = rows2d(dy.contiguous());
   Tensor ds2 = rows_or_none(ds, s, "add_layernorm_backward");
   LayerNormGrads g;
   g.dx = Tensor::empty(s.shape(), dt, s.device());
   g.dweight = Tensor::empty({c}, dt, s.device());
   g.dbias = Tensor::empty({c}, dt, s.device());
-  Tensor dx2 = g.dx.view({-1, c});
+  if (c == 0) return g;  // Note [Norms over no features]
+  Tensor dx2 = rows2d(g.dx);
   be(s).add_layernorm_backward(dy2, ds2, s2, weight.contiguous(), mean, rstd, dx2, g.dweight,
                                g.dbias);
   return g;
@@ -515,12 +563,16 @@ AddNormResult add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight
   check_add_norm(x, r, weight, "add_rmsnorm");
   const int64_t c = x.size(-1);
   const DType dt = compute_dtype("add_rmsnorm", {&x, &r, &weight});
-  Tensor x2 = x.contiguous().view({-1, c}), r2 = r.contiguous().view({-1, c});
+  Tensor x2 = rows2d(x.contiguous()), r2 = rows2d(r.contiguous());
   AddNormResult out;
   out.s = Tensor::empty(x.shape(), dt, x.device());
   out.y = Tensor::empty(x.shape(), dt, x.device());
   out.rstd = Tensor::empty({x2.size(0)}, DType::F32, x.device());
-  Tensor s2 = out.s.view({-1, c}), y2 = out.y.view({-1, c});
+  if (c == 0) {  // Note [Norms over no features]
+    out.rstd.fill_(std::nan(""));
+    return out;
+  }
+  Tensor s2 = rows2d(out.s), y2 = rows2d(out.y);
   be(x).add_rmsnorm_forward(x2, r2, weight.contiguous(), eps, s2, y2, out.rstd);
   return out;
 }
@@ -531,12 +583,14 @@ RmsNormGrads add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tens
   STRATA_CHECK(dy.shape() == s.shape(), "add_rmsnorm_backward: dy {} for s {}", dy.str(), s.str());
   const DType dt = compute_dtype("add_rmsnorm_backward", {&dy, &s, &weight});
   require_f32(rstd, "add_rmsnorm_backward", "rstd");
-  Tensor s2 = s.contiguous().view({-1, c}), dy2 = dy.contiguous().view({-1, c});
+  check_norm_backward("add_rmsnorm_backward", dy, s, weight, {&rstd});
+  Tensor s2 = rows2d(s.contiguous()), dy2 = rows2d(dy.contiguous());
   Tensor ds2 = rows_or_none(ds, s, "add_rmsnorm_backward");
   RmsNormGrads g;
   g.dx = Tensor::empty(s.shape(), dt, s.device());
   g.dweight = Tensor::empty({c}, dt, s.device());
-  Tensor dx2 = g.dx.view({-1, c});
+  if (c == 0) return g;  // Note [Norms over no features]
+  Tensor dx2 = rows2d(g.dx);
   be(s).add_rmsnorm_backward(dy2, ds2, s2, weight.contiguous(), rstd, dx2, g.dweight);
   return g;
 }
@@ -544,27 +598,32 @@ RmsNormGrads add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tens
 Tensor softmax(const Tensor& x) {
   const DType dt = compute_dtype("softmax", {&x});
   int64_t c = x.size(-1);
-  Tensor x2 = x.contiguous().view({-1, c});
+  Tensor x2 = rows2d(x.contiguous());
   Tensor y = Tensor::empty(x.shape(), dt, x.device());
-  Tensor y2 = y.view({-1, c});
+  if (c == 0) return y;  // Note [Norms over no features]
+  Tensor y2 = rows2d(y);
   be(x).softmax_forward(x2, y2);
   return y;
 }
 
 Tensor softmax_backward(const Tensor& y, const Tensor& dy) {
   int64_t c = y.size(-1);
+  same_device(y, dy, "softmax_backward");
   const DType dt = compute_dtype("softmax_backward", {&y, &dy});
-  Tensor y2 = y.contiguous().view({-1, c});
-  Tensor dy2 = dy.contiguous().view({-1, c});
+  STRATA_CHECK(y.ndim() >= 1 && dy.shape() == y.shape(), "softmax_backward: dy {} for y {}",
+               dy.str(), y.str());
+  Tensor y2 = rows2d(y.contiguous());
+  Tensor dy2 = rows2d(dy.contiguous());
   Tensor dx = Tensor::empty(y.shape(), dt, y.device());
-  Tensor dx2 = dx.view({-1, c});
+  if (c == 0) return dx;  // Note [Norms over no features]
+  Tensor dx2 = rows2d(dx);
   be(y).softmax_backward(y2, dy2, dx2);
   return dx;
 }
 
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                           float scale) {
-  check_attention(q, k, v);
+  check_attention(q, k, v, "attention");
   const DType dt = compute_dtype("attention", {&q, &k, &v});
   AttentionResult r;
   r.out = empty_heads_view(q.shape(), dt, q.device());
@@ -577,10 +636,16 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, const Tensor& dout,
                                   bool causal, float scale) {
-  check_attention(q, k, v);
-  STRATA_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(), "attention_backward shapes");
+  check_attention(q, k, v, "attention_backward");
+  same_devices("attention_backward", {&q, &out, &lse, &dout});
+  STRATA_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(),
+               "attention_backward: out {} and dout {} must be q's shape {}", out.str(), dout.str(),
+               q.str());
   const DType dt = compute_dtype("attention_backward", {&q, &k, &v, &out, &dout});
   require_f32(lse, "attention_backward", "lse");
+  STRATA_CHECK(lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}),
+               "attention_backward: lse {} for q {} (one per query row: [B, H, Tq])", lse.str(),
+               q.str());
   AttentionGrads g;
   g.dq = empty_heads_view(q.shape(), dt, q.device());
   g.dk = empty_heads_view(k.shape(), dt, q.device());
@@ -592,10 +657,17 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 void attention_backward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, const Tensor& dout, bool causal, float scale,
                              Tensor dq, Tensor dk, Tensor dv) {
-  check_attention(q, k, v);
-  STRATA_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(), "attention_backward shapes");
+  check_attention(q, k, v, "attention_backward");
+  same_devices("attention_backward", {&q, &out, &lse, &dout});
+  STRATA_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(),
+               "attention_backward: out {} and dout {} must be q's shape {}", out.str(), dout.str(),
+               q.str());
   const DType dt = compute_dtype("attention_backward", {&q, &k, &v, &out, &dout});
   require_f32(lse, "attention_backward", "lse");
+  STRATA_CHECK(lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}),
+               "attention_backward: lse {} for q {} (one per query row: [B, H, Tq])", lse.str(),
+               q.str());
+  same_devices("attention_backward", {&q, &dq, &dk, &dv});
   check_attention_grad(dq, q, dt, "dq");
   check_attention_grad(dk, k, dt, "dk");
   check_attention_grad(dv, v, dt, "dv");
@@ -609,6 +681,7 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool invers
                "rotary expects x [B, T, H, D] with even D, got {}", x.str());
   STRATA_CHECK(cos.shape() == Shape({x.size(1), x.size(3) / 2}) && sin.shape() == cos.shape(),
                "rotary tables {} must be [T, D/2] for x {}", cos.str(), x.str());
+  same_devices("rotary", {&x, &cos, &sin});
   // Note [Low-precision ops]: the tables are F32 (as rotary_tables makes them) or x's dtype.
   const DType dt = compute_dtype("rotary", {&x});
   if ((cos.dtype() != DType::F32 && cos.dtype() != dt) || sin.dtype() != cos.dtype())
@@ -650,6 +723,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
   STRATA_CHECK(dweight.is_contiguous() && dweight.ndim() == 2, "embedding_backward: dweight {}",
                dweight.str());
+  same_devices("embedding_backward", {&dweight, &ids, &dout});
   require_int(ids, "embedding_backward");
   compute_dtype("embedding_backward", {&dout, &dweight});
   Tensor flat = ids.contiguous().reshape({ids.numel()});
@@ -658,6 +732,22 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dweight) 
 }
 
 namespace {
+// What a cross-entropy backward reads per logit row: a target, an lse and a dloss, all on the
+// logits' device (the kernels index them by row, so a shorter one would be read past its end).
+void check_ce_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                       const Tensor& dloss, const char* op) {
+  same_devices(op, {&logits, &targets, &lse, &dloss});
+  require_int(targets, op);
+  require_f32(lse, op, "lse");
+  require_f32(dloss, op, "dloss");
+  const int64_t rows = rows_of(logits);
+  STRATA_CHECK(
+      logits.ndim() >= 1 && targets.numel() == rows && lse.numel() == rows && dloss.numel() == rows,
+      "{}: logits {} need one target, lse and dloss per row, got targets {}, lse {}, "
+      "dloss {}",
+      op, logits.str(), targets.str(), lse.str(), dloss.str());
+}
+
 int64_t ce_classes(int64_t classes, int64_t v, const char* op) {
   if (classes < 0) return v;
   STRATA_CHECK(classes >= 1 && classes <= v, "{}: classes {} must be in [1, {}]", op, classes, v);
@@ -720,8 +810,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   int64_t v = logits.size(-1);
   classes = ce_classes(classes, v, "cross_entropy_backward");
   const DType dt = compute_dtype("cross_entropy_backward", {&logits});
-  require_f32(lse, "cross_entropy_backward", "lse");
-  require_f32(dloss, "cross_entropy_backward", "dloss");
+  check_ce_backward(logits, targets, lse, dloss, "cross_entropy_backward");
   Tensor l2 = logits.contiguous().reshape({-1, v});
   Tensor t = targets.contiguous().reshape({targets.numel()});
   Tensor dlogits = Tensor::empty(logits.shape(), dt, logits.device());
@@ -736,8 +825,7 @@ void cross_entropy_backward_(Tensor& logits, const Tensor& targets, const Tensor
   int64_t v = logits.size(-1);
   classes = ce_classes(classes, v, "cross_entropy_backward_");
   compute_dtype("cross_entropy_backward_", {&logits});
-  require_f32(lse, "cross_entropy_backward_", "lse");
-  require_f32(dloss, "cross_entropy_backward_", "dloss");
+  check_ce_backward(logits, targets, lse, dloss, "cross_entropy_backward_");
   STRATA_CHECK(logits.is_contiguous(), "cross_entropy_backward_: logits {} are not contiguous",
                logits.str());
   Tensor l2 = logits.view({-1, v});

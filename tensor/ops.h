@@ -76,7 +76,8 @@ double sum_squares(const Tensor& x);
 // sum_squares on each, with one device synchronisation on a GPU.
 std::vector<double> sum_squares_many(const std::vector<Tensor>& xs);
 double l2_norm(const Tensor& x);
-// sqrt of the sum of squares over all tensors: global gradient norm.
+// sqrt of the sum of squares over all tensors: global gradient norm. The tensors may be on
+// different devices (each one's squares are summed where it is).
 double global_l2_norm(const std::vector<Tensor>& xs);
 
 // ---- matmul ----

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
 #include "tensor/cpu/attention_tiles.h"
 #include "tensor/ops.h"
 #include "tests/support/kernel_check.h"
@@ -244,6 +245,23 @@ TEST(Attention, NoKeysGiveZerosNotNaN) {
     for (float x : values(grads.dq)) EXPECT_EQ(x, 0.f);
     EXPECT_EQ(grads.dk.numel(), 0);
   }
+}
+
+// The backward reads one lse per query row ([B, H, Tq]) and out, dout of q's shape: others are
+// refused, not read past their ends.
+TEST(Attention, BackwardRefusesLseOrOutputsOfOtherShapes) {
+  const Config c{1, 2, 5, 5, 4, true, 0.5f};
+  Inputs in = make_inputs(c, 470);
+  AttentionResult f = attention(in.qt, in.kt, in.vt, c.causal, c.scale);
+  EXPECT_THROW(attention_backward(in.qt, in.kt, in.vt, f.out, f.lse.narrow(2, 0, 4), in.gt,
+                                  c.causal, c.scale),
+               InternalError);
+  EXPECT_THROW(attention_backward(in.qt, in.kt, in.vt, f.out, f.lse, in.gt.narrow(2, 0, 4),
+                                  c.causal, c.scale),
+               InternalError);
+  EXPECT_EQ(
+      attention_backward(in.qt, in.kt, in.vt, f.out, f.lse, in.gt, c.causal, c.scale).dq.shape(),
+      in.qt.shape());
 }
 
 TEST(Attention, DefaultScaleIsInverseSqrtHeadDim) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "tensor/ops.h"
 #include "tests/support/kernel_check.h"
 
@@ -145,6 +146,25 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
     EXPECT_TRUE(all_close(dx, finite_differences(loss, to_double(x)), 1e-6, 1e-5)) << n << "x" << v;
     for (int64_t j = 0; j < v; ++j) EXPECT_EQ(dx[1 * v + j], 0.f);  // the ignored row
   }
+}
+
+// The backward reads one target, lse and dloss per logit row: shorter ones are refused, not read
+// past their ends.
+TEST(CrossEntropy, BackwardRefusesTargetsLseOrDlossOfAnotherLength) {
+  const int64_t n = 4, v = 7;
+  Tensor x = make_tensor(random_normal(n * v, 30), {n, v}), t = from_ints({0, 1, 2, 3}, {n});
+  const CrossEntropyResult r = cross_entropy(x, t, kIgnore);
+  const Tensor dloss = make_tensor(random_normal(n, 31), {n});
+  const auto both = [&](const Tensor& tt, const Tensor& lse, const Tensor& dl) {
+    EXPECT_THROW(cross_entropy_backward(x, tt, lse, dl, kIgnore), InternalError);
+    Tensor in_place = x.clone();
+    EXPECT_THROW(cross_entropy_backward_(in_place, tt, lse, dl, kIgnore), InternalError);
+    EXPECT_EQ(values(in_place), values(x));  // refused before anything was written
+  };
+  both(t.narrow(0, 0, 3), r.lse, dloss);
+  both(t, r.lse.narrow(0, 0, 3), dloss);
+  both(t, r.lse, dloss.narrow(0, 0, 1));
+  EXPECT_EQ(cross_entropy_backward(x, t, r.lse, dloss, kIgnore).shape(), x.shape());
 }
 
 TEST(CrossEntropy, OutOfRangeTargetIsUserError) {

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/error.h"
 #include "tensor/ops.h"
 #include "tests/support/kernel_check.h"
 
@@ -23,6 +24,11 @@ using strata::testing::values;
 using strata::testing::with_threads;
 
 constexpr float kEps = 1e-5f;
+
+Tensor rand_tensor(const Shape& s) {
+  static uint64_t stream = 900;
+  return make_tensor(random_normal(s.numel(), stream++), s);
+}
 
 struct LayerNormRef {
   std::vector<double> y, mean, rstd;
@@ -184,6 +190,63 @@ TEST(Softmax, BackwardMatchesFiniteDifferences) {
     auto loss = [&](const std::vector<double>& v) { return dot(softmax_ref(v, n, c), gd); };
     EXPECT_TRUE(all_close(values(dx), finite_differences(loss, xd), 1e-6, 1e-5)) << n << "x" << c;
   }
+}
+
+// Note [Norms over no features] in tensor/ops.cpp: nothing to normalise, so empty outputs, [0]
+// weight gradients and the statistics of no elements (NaN), for every norm and softmax.
+TEST(Norms, OverNoFeaturesGiveEmptyOutputsAndNanStatistics) {
+  const Tensor x = zeros({2, 3, 0}), w = zeros({0});
+  const auto nan_rows = [](const Tensor& t) {
+    EXPECT_EQ(t.shape(), Shape({6}));
+    for (float v : values(t)) EXPECT_TRUE(std::isnan(v));
+  };
+  NormResult ln = layernorm(x, w, w, kEps);
+  EXPECT_EQ(ln.y.shape(), x.shape());
+  nan_rows(ln.mean);
+  nan_rows(ln.rstd);
+  LayerNormGrads lg = layernorm_backward(x, x, w, ln.mean, ln.rstd);
+  EXPECT_EQ(lg.dx.shape(), x.shape());
+  EXPECT_EQ(lg.dweight.shape(), Shape({0}));
+  EXPECT_EQ(lg.dbias.shape(), Shape({0}));
+  NormResult rn = rmsnorm(x, w, kEps);
+  EXPECT_EQ(rn.y.shape(), x.shape());
+  nan_rows(rn.rstd);
+  RmsNormGrads rg = rmsnorm_backward(x, x, w, rn.rstd);
+  EXPECT_EQ(rg.dx.shape(), x.shape());
+  EXPECT_EQ(rg.dweight.shape(), Shape({0}));
+  AddNormResult al = add_layernorm(x, x, w, w, kEps);
+  EXPECT_EQ(al.s.shape(), x.shape());
+  nan_rows(al.mean);
+  EXPECT_EQ(add_layernorm_backward(x, x, al.s, w, al.mean, al.rstd).dbias.shape(), Shape({0}));
+  AddNormResult ar = add_rmsnorm(x, x, w, kEps);
+  nan_rows(ar.rstd);
+  EXPECT_EQ(add_rmsnorm_backward(x, Tensor(), ar.s, w, ar.rstd).dx.shape(), x.shape());
+  const Tensor sm = softmax(x);
+  EXPECT_EQ(sm.shape(), x.shape());
+  EXPECT_EQ(softmax_backward(sm, x).shape(), x.shape());
+}
+
+// A backward reads dy, the weight and the statistics by x's rows and columns: operands of other
+// shapes are refused, not read past their ends.
+TEST(Norms, BackwardRefusesOperandsOfOtherShapes) {
+  const Tensor x = rand_tensor({4, 8}), w = rand_tensor({8}), b = rand_tensor({8});
+  NormResult ln = layernorm(x, w, b, kEps);
+  NormResult rn = rmsnorm(x, w, kEps);
+  const Tensor short_dy = rand_tensor({2, 8}), short_stats = ln.mean.narrow(0, 0, 3);
+  EXPECT_THROW(layernorm_backward(short_dy, x, w, ln.mean, ln.rstd), InternalError);
+  EXPECT_THROW(layernorm_backward(x, x, w, short_stats, ln.rstd), InternalError);
+  EXPECT_THROW(layernorm_backward(x, x, w, ln.mean, short_stats), InternalError);
+  EXPECT_THROW(layernorm_backward(x, x, rand_tensor({4}), ln.mean, ln.rstd), InternalError);
+  EXPECT_THROW(rmsnorm_backward(short_dy, x, w, rn.rstd), InternalError);
+  EXPECT_THROW(rmsnorm_backward(x, x, w, short_stats), InternalError);
+  AddNormResult al = add_layernorm(x, x, w, b, kEps);
+  EXPECT_THROW(add_layernorm_backward(x, Tensor(), al.s, w, short_stats, al.rstd), InternalError);
+  AddNormResult ar = add_rmsnorm(x, x, w, kEps);
+  EXPECT_THROW(add_rmsnorm_backward(x, Tensor(), ar.s, rand_tensor({9}), ar.rstd), InternalError);
+  EXPECT_THROW(softmax_backward(softmax(x), short_dy), InternalError);
+  // The right shapes still run.
+  EXPECT_EQ(layernorm_backward(x, x, w, ln.mean, ln.rstd).dx.shape(), x.shape());
+  EXPECT_EQ(add_rmsnorm_backward(x, Tensor(), ar.s, w, ar.rstd).dweight.shape(), w.shape());
 }
 
 // Large enough that every kernel takes its parallel path.

@@ -19,6 +19,17 @@
 // BF16 inputs use oneDNN's bf16 kernels where the CPU has a real (non-reference) one; otherwise
 // they, and F16 inputs always, are widened to f32 (exactly) and take the f32 path, with the f32
 // result rounded once when the output is BF16/F16 (Note [Widening adapter]).
+//
+// Note [No AMX for bf16 matmul]
+// On CPUs with AMX (Sapphire Rapids and later), oneDNN 2.6 (Debian's libdnnl2) picks its AMX
+// kernel, brg:avx512_core_amx_bf16, for bf16 matmuls, and that kernel returns wrong sums: for
+// every output width N from 49 to 63 with B transposed (errors of 10 to 90 on values of 50), and
+// now and then with B as it is, differing from run to run (seen with a plain oneDNN program too,
+// no Strata code involved). So Strata caps oneDNN at AVX512_CORE_BF16 before its first kernel
+// (dnnl::set_max_cpu_isa, which overrides ONEDNN_MAX_CPU_ISA), whose bf16 kernels agree with the
+// f32 product on every width, and refuses any AMX implementation that still comes up (the cap
+// can fail, e.g. in a oneDNN built without it): that problem is widened to f32 instead.
+// Matmul.Bf16EveryOutputWidthMatchesTheF32Product checks widths 1 to 130.
 #include "tensor/cpu/matmul.h"
 
 #include <omp.h>
@@ -201,7 +212,16 @@ class PrimitiveCache {
 
  private:
   static constexpr size_t kMaxCached = 512;
-  PrimitiveCache() : engine_(dnnl::engine::kind::cpu, 0) {}
+  PrimitiveCache() : engine_(make_engine()) {}
+
+  static dnnl::engine make_engine() {
+    try {  // Note [No AMX for bf16 matmul]; before any kernel is generated
+      dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+    } catch (const dnnl::error&) {
+      // Too late or not built in: create() still refuses the AMX kernels.
+    }
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }
 
   Cached create(const Key& key) const {
     using dnnl::memory;
@@ -223,9 +243,11 @@ class PrimitiveCache {
     Cached c;
     try {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
-      // Reference kernels are correct but far slower than widening to f32.
+      // Reference kernels are correct but far slower than widening to f32; the AMX ones are
+      // wrong (Note [No AMX for bf16 matmul]).
+      const std::string_view impl = pd.impl_info_str();
       if (key.in != memory::data_type::f32 &&
-          std::string_view(pd.impl_info_str()).starts_with("ref"))
+          (impl.starts_with("ref") || impl.find("amx") != std::string_view::npos))
         return c;
       c.prim = dnnl::matmul(pd);
       c.a_md = a_md;

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "autograd/grad_sink.h"
@@ -249,6 +251,62 @@ TEST(TrainGpu, LlamaGradientsMatchTheCpu) {
       expect_gradients_match(*cpu, *gpu, testing::make_batch(3, 4),
                              dtype == DType::F32 ? 1e-4 : 2e-2);
     }
+}
+
+// Both families on model shapes drawn at random (fixed seeds): any head count and head dim
+// (the tensor-core attention's 64 and the SIMT kernel's others), LLaMA's grouped key/value heads
+// and any FFN width, vocabularies padded or not, sequences of 1 to 48 tokens, micro-batches of 1 to
+// 3. Each parameter's gradient on the GPU against the CPU's for one batch, fp32 and bf16, to the
+// tolerances of the tests above.
+TEST(TrainGpu, RandomModelShapesGiveTheCpuGradients) {
+  SKIP_WITHOUT_GPU();
+  const auto& registry = models::ModelRegistry::global();
+  const char* more = std::getenv("STRATA_RANDOM_SHAPES_DRAWS");  // as in random_shapes_cuda_test
+  const int draws = more ? std::atoi(more) : 8;
+  for (int draw = 0; draw < draws; ++draw) {
+    std::mt19937_64 rng(4000 + static_cast<uint64_t>(draw));
+    const auto size = [&](int64_t lo, int64_t hi) {
+      return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+    };
+    const bool llama = draw % 2 == 1;
+    const int64_t heads = size(1, 4),
+                  head_dim = std::vector<int64_t>{8, 16, 24, 32, 64}[size(0, 4)];
+    const int64_t vocab = size(2, 300), T = size(1, 48), micro = size(1, 3);
+    models::ModelOptions o;
+    o.seed = static_cast<uint64_t>(50 + draw);
+    o.overrides = {{"n_layer", std::to_string(size(1, 2))},
+                   {"n_head", std::to_string(heads)},
+                   {"n_embd", std::to_string(heads * head_dim)},
+                   {"vocab_size", std::to_string(vocab)},
+                   {"block_size", "64"}};
+    if (size(0, 1) == 1) o.overrides["padded_vocab_size"] = std::to_string(vocab);
+    if (llama) {
+      std::vector<int64_t> divisors;
+      for (int64_t k = 1; k <= heads; ++k)
+        if (heads % k == 0) divisors.push_back(k);
+      o.overrides["n_kv_head"] = std::to_string(divisors[size(0, divisors.size() - 1)]);
+      o.overrides["intermediate_size"] = std::to_string(size(8, 200));
+    }
+    std::vector<int64_t> ids(static_cast<size_t>(micro * T)), targets(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = size(0, vocab - 1), targets[i] = size(0, vocab - 1);
+    const testing::Batch b{tensor::from_ints(ids, {micro, T}),
+                           tensor::from_ints(targets, {micro, T})};
+    std::string what = llama ? "llama-tiny" : "gpt2-tiny";
+    for (const auto& [k, v] : o.overrides) what += " " + k + "=" + v;
+    what += " T=" + std::to_string(T) + " B=" + std::to_string(micro);
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(what + " " + std::string(dtype_name(dtype)));
+      auto cpu = registry.create(what.substr(0, what.find(' ')), o);
+      auto gpu = registry.create(what.substr(0, what.find(' ')), o);
+      if (dtype != DType::F32) {
+        models::cast_flat_units(cpu->flat_units(), dtype);
+        models::cast_flat_units(gpu->flat_units(), dtype);
+      }
+      models::move_flat_units(gpu->flat_units(), kGpu);
+      expect_gradients_match(*cpu, *gpu, b, dtype == DType::F32 ? 1e-4 : 2e-2);
+    }
+  }
 }
 
 // DESIGN.md decision 7 on the GPU: bf16 params and grads with fp32 masters track fp32 training.

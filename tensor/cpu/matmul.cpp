@@ -26,9 +26,10 @@
 // every output width N from 49 to 63 with B transposed (errors of 10 to 90 on values of 50), and
 // now and then with B as it is, differing from run to run (seen with a plain oneDNN program too,
 // no Strata code involved). So Strata caps oneDNN at AVX512_CORE_BF16 before its first kernel
-// (dnnl::set_max_cpu_isa, which overrides ONEDNN_MAX_CPU_ISA), whose bf16 kernels agree with the
-// f32 product on every width, and refuses any AMX implementation that still comes up (the cap
-// can fail, e.g. in a oneDNN built without it): that problem is widened to f32 instead.
+// (dnnl::set_max_cpu_isa; not where ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA sets a cap of the
+// user's), whose bf16 kernels agree with the f32 product on every width, and refuses any AMX
+// implementation that still comes up (the cap can fail, e.g. in a oneDNN built without it, or
+// the user's may allow AMX): that problem is widened to f32 instead.
 // Matmul.Bf16EveryOutputWidthMatchesTheF32Product checks widths 1 to 130.
 #include "tensor/cpu/matmul.h"
 
@@ -215,10 +216,15 @@ class PrimitiveCache {
   PrimitiveCache() : engine_(make_engine()) {}
 
   static dnnl::engine make_engine() {
-    try {  // Note [No AMX for bf16 matmul]; before any kernel is generated
-      dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
-    } catch (const dnnl::error&) {
-      // Too late or not built in: create() still refuses the AMX kernels.
+    // Note [No AMX for bf16 matmul]: before any kernel is generated, unless the user capped the
+    // ISA already (the call would override their cap, which may be lower).
+    if (std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr &&
+        std::getenv("DNNL_MAX_CPU_ISA") == nullptr) {
+      try {
+        dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+      } catch (const dnnl::error&) {
+        // Too late or not built in: create() still refuses the AMX kernels.
+      }
     }
     return dnnl::engine(dnnl::engine::kind::cpu, 0);
   }

@@ -4,8 +4,10 @@
 #include <fmt/ranges.h>
 
 #include <charconv>
+#include <cmath>
 
 #include "core/error.h"
+#include "models/config_limits.h"
 
 namespace strata::models::gpt2 {
 
@@ -13,6 +15,11 @@ void GPT2Config::validate() const {
   STRATA_USER_CHECK(vocab_size > 0 && n_positions > 0 && n_embd > 0 && n_layer > 0 && n_head > 0,
                     "GPT-2 config: vocab_size, n_positions, n_embd, n_layer and n_head must be "
                     "positive");
+  check_limit("GPT-2", "vocab_size", vocab_size, kMaxVocab);
+  check_limit("GPT-2", "padded_vocab_size", padded_vocab_size, kMaxPaddedVocab);
+  check_limit("GPT-2", "n_positions", n_positions, kMaxContext);
+  check_limit("GPT-2", "n_embd", n_embd, kMaxWidth);
+  check_limit("GPT-2", "n_layer", n_layer, kMaxLayers);
   STRATA_USER_CHECK(padded_vocab_size >= vocab_size,
                     "GPT-2 config: padded_vocab_size {} is smaller than vocab_size {}",
                     padded_vocab_size, vocab_size);
@@ -22,11 +29,12 @@ void GPT2Config::validate() const {
                     n_embd, n_head);
   STRATA_USER_CHECK(dropout >= 0.f && dropout < 1.f, "GPT-2 config: dropout {} must be in [0, 1)",
                     dropout);
-  STRATA_USER_CHECK(layer_norm_epsilon > 0.f, "GPT-2 config: layer_norm_epsilon must be positive");
+  STRATA_USER_CHECK(layer_norm_epsilon > 0.f && std::isfinite(layer_norm_epsilon),
+                    "GPT-2 config: layer_norm_epsilon must be positive and finite");
 }
 
 int64_t pad_vocab(int64_t vocab_size, int64_t multiple) {
-  return (vocab_size + multiple - 1) / multiple * multiple;
+  return round_up_vocab(vocab_size, multiple);
 }
 
 namespace {

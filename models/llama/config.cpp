@@ -4,8 +4,10 @@
 #include <fmt/ranges.h>
 
 #include <charconv>
+#include <cmath>
 
 #include "core/error.h"
+#include "models/config_limits.h"
 
 namespace strata::models::llama {
 
@@ -16,6 +18,12 @@ void LlamaConfig::validate() const {
                     "LLaMA config: vocab_size, max_position_embeddings, hidden_size, "
                     "intermediate_size, num_hidden_layers, num_attention_heads and "
                     "num_key_value_heads must be positive");
+  check_limit("LLaMA", "vocab_size", vocab_size, kMaxVocab);
+  check_limit("LLaMA", "padded_vocab_size", padded_vocab_size, kMaxPaddedVocab);
+  check_limit("LLaMA", "max_position_embeddings", max_position_embeddings, kMaxContext);
+  check_limit("LLaMA", "hidden_size", hidden_size, kMaxWidth);
+  check_limit("LLaMA", "intermediate_size", intermediate_size, kMaxFfnWidth);
+  check_limit("LLaMA", "num_hidden_layers", num_hidden_layers, kMaxLayers);
   STRATA_USER_CHECK(padded_vocab_size >= vocab_size,
                     "LLaMA config: padded_vocab_size {} is smaller than vocab_size {}",
                     padded_vocab_size, vocab_size);
@@ -31,9 +39,12 @@ void LlamaConfig::validate() const {
                     "LLaMA config: the head size {} (hidden_size / num_attention_heads) must be "
                     "even for rotary embeddings",
                     head_dim());
-  STRATA_USER_CHECK(rms_norm_eps > 0.f, "LLaMA config: rms_norm_eps must be positive");
-  STRATA_USER_CHECK(rope_theta > 0.0, "LLaMA config: rope_theta must be positive");
-  STRATA_USER_CHECK(initializer_range >= 0.f, "LLaMA config: initializer_range must be >= 0");
+  STRATA_USER_CHECK(rms_norm_eps > 0.f && std::isfinite(rms_norm_eps),
+                    "LLaMA config: rms_norm_eps must be positive and finite");
+  STRATA_USER_CHECK(rope_theta > 0.0 && std::isfinite(rope_theta),
+                    "LLaMA config: rope_theta must be positive and finite");
+  STRATA_USER_CHECK(initializer_range >= 0.f && std::isfinite(initializer_range),
+                    "LLaMA config: initializer_range must be >= 0 and finite");
 }
 
 namespace {
@@ -69,10 +80,6 @@ bool parse_bool(const std::string& key, const std::string& value) {
   if (value == "true" || value == "1" || value == "on" || value == "yes") return true;
   if (value == "false" || value == "0" || value == "off" || value == "no") return false;
   user_error("LLaMA config: '{}' must be true or false, got '{}'", key, value);
-}
-
-int64_t pad_to_64(int64_t n) {
-  return (n + 63) / 64 * 64;
 }
 
 }  // namespace
@@ -153,7 +160,7 @@ LlamaConfig with_overrides(LlamaConfig c, const std::map<std::string, std::strin
           key);
     }
   }
-  if (vocab_changed && !padded_given) c.padded_vocab_size = pad_to_64(c.vocab_size);
+  if (vocab_changed && !padded_given) c.padded_vocab_size = round_up_vocab(c.vocab_size, 64);
   c.validate();
   return c;
 }

@@ -1,6 +1,7 @@
 // LLaMA presets in the registry, config overrides and parameter counts (Note [LLaMA presets]).
 #include <gtest/gtest.h>
 
+#include "models/config_limits.h"
 #include "models/llama/llama.h"
 #include "models/registry.h"
 
@@ -88,8 +89,34 @@ TEST(LlamaRegistry, BadOverridesAreUserErrors) {
   EXPECT_THROW(create({{"rope_theta", "-1"}}), UserError);
   EXPECT_THROW(create({{"tie_word_embeddings", "maybe"}}), UserError);
   EXPECT_THROW(create({{"vocab_size", "300"}, {"padded_vocab_size", "256"}}), UserError);
+  EXPECT_THROW(create({{"rope_theta", "inf"}}), UserError);
+  EXPECT_THROW(create({{"rms_norm_eps", "inf"}}), UserError);
   EXPECT_THROW(llama::preset("llama-3b"), UserError);
   EXPECT_NO_THROW(create({{"activation_checkpointing", "true"}, {"rope_theta", "500000"}}));
+}
+
+// Note [Model size limits].
+TEST(LlamaConfig, SizesAboveTheLimitsAreUserErrorsNamingTheKey) {
+  const ModelRegistry& r = ModelRegistry::global();
+  for (const auto& [key, limit] :
+       std::vector<std::pair<std::string, int64_t>>{{"vocab_size", kMaxVocab},
+                                                    {"padded_vocab_size", kMaxPaddedVocab},
+                                                    {"max_position_embeddings", kMaxContext},
+                                                    {"hidden_size", kMaxWidth},
+                                                    {"intermediate_size", kMaxFfnWidth},
+                                                    {"num_hidden_layers", kMaxLayers}}) {
+    ModelOptions o;
+    o.overrides = {{key, std::to_string(limit + 1)}};
+    try {
+      r.shape("llama-tiny", o);
+      ADD_FAILURE() << key << " above its limit was accepted";
+    } catch (const UserError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(key + " " + std::to_string(limit + 1) + " is above the limit"),
+                std::string::npos)
+          << msg;
+    }
+  }
 }
 
 TEST(LlamaConfig, ParameterCountsMatchTheModelForSmallConfigs) {

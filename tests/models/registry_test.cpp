@@ -1,6 +1,7 @@
 // The model registry (Note [Model registry]) and GPT-2 configs and parameter counts.
 #include <gtest/gtest.h>
 
+#include "models/config_limits.h"
 #include "models/gpt2/gpt2.h"
 #include "models/registry.h"
 
@@ -112,6 +113,49 @@ TEST(Gpt2Config, ParameterCountsOfThePublishedModels) {
   EXPECT_EQ(s.n_embd, 12288);
   EXPECT_EQ(s.max_seq_len, 2048);
   EXPECT_EQ(s.num_parameters, count("gpt3-175b", true));
+}
+
+// Note [Model size limits]: sizes far beyond any model are refused by name, through shape() (no
+// allocation) as through create(); a count computed from them used to overflow int64
+// (n_embd 2^62: a signed overflow in num_parameters, found by UBSan on a mutated config).
+TEST(Gpt2Config, SizesAboveTheLimitsAreUserErrorsNamingTheKey) {
+  const ModelRegistry& r = ModelRegistry::global();
+  auto shape_error = [&](std::map<std::string, std::string> ov) -> std::string {
+    ModelOptions o;
+    o.overrides = std::move(ov);
+    try {
+      r.shape("gpt2-tiny", o);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  for (const auto& [key, limit] :
+       std::vector<std::pair<std::string, int64_t>>{{"vocab_size", kMaxVocab},
+                                                    {"padded_vocab_size", kMaxPaddedVocab},
+                                                    {"n_positions", kMaxContext},
+                                                    {"n_embd", kMaxWidth},
+                                                    {"n_layer", kMaxLayers}}) {
+    const std::string msg = shape_error({{key, std::to_string(limit + 1)}});
+    EXPECT_NE(msg.find(key + " " + std::to_string(limit + 1) + " is above the limit"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_NE(shape_error({{"n_embd", "4611686018427387904"}}).find("n_embd"), std::string::npos);
+  EXPECT_NE(shape_error({{"vocab_size", "9223372036854775807"}}).find("vocab_size"),
+            std::string::npos);
+  EXPECT_NE(shape_error({{"layer_norm_epsilon", "inf"}}).find("finite"), std::string::npos);
+  // At the limits the count is exact and fits int64 (n_head 1 keeps n_embd divisible).
+  ModelOptions o;
+  o.overrides = {{"vocab_size", std::to_string(kMaxVocab)},
+                 {"padded_vocab_size", std::to_string(kMaxPaddedVocab)},
+                 {"n_positions", std::to_string(kMaxContext)},
+                 {"n_embd", std::to_string(kMaxWidth)},
+                 {"n_layer", std::to_string(kMaxLayers)},
+                 {"n_head", "1"}};
+  const int64_t C = kMaxWidth;
+  EXPECT_EQ(r.shape("gpt2-tiny", o).num_parameters,
+            kMaxPaddedVocab * C + kMaxContext * C + kMaxLayers * (12 * C * C + 13 * C) + 2 * C);
 }
 
 TEST(Gpt2Config, PadVocab) {

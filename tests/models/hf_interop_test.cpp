@@ -14,6 +14,7 @@
 #include "models/gpt2/hf_interop.h"
 #include "models/registry.h"
 #include "tensor/ops.h"
+#include "tests/support/mutate.h"
 
 namespace strata::models {
 namespace {
@@ -248,6 +249,30 @@ TEST_F(HfInterop, CorruptFilesAndOtherFamiliesAreUserErrors) {
 
   auto llama = make_model({}, 0, "llama-tiny");
   expect_load_error(*llama, reference_path(kHfFile), {"gpt2-family", "llama"});
+}
+
+// Note [Hostile input tests] (tests/support/mutate.h): mutants of the transformers-written file
+// load or are refused with a UserError, and a refusal leaves the model as it was.
+TEST_F(HfInterop, MutatedFilesLoadOrAreRefusedWithoutTouchingTheModel) {
+  std::ifstream in(reference_path(kHfFile), std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_FALSE(good.empty());
+  const fs::path path = dir_ / "mutant.safetensors";
+  auto m = make_model();
+  const int n = ::strata::testing::hostile_iterations(300);
+  const auto tally =
+      ::strata::testing::check_hostile("HF model.safetensors", path, good, n, 31, [&] {
+        const auto before = snapshot(*m);
+        try {
+          load_hf_gpt2(*m, path.string());
+        } catch (const UserError&) {
+          EXPECT_TRUE(snapshot(*m) == before) << "a refused load touched the model";
+          throw;
+        }
+      });
+  std::printf("HF model.safetensors: %d mutants taken, %d refused\n", tally.accepted,
+              tally.refused);
+  EXPECT_GT(tally.refused, 0);
 }
 
 TEST_F(HfInterop, ExportThenLoadIsBitwiseAndWritesAnHfConfig) {

@@ -150,6 +150,15 @@ TEST_F(Gpt2Files, MalformedVocabIsNamed) {
   EXPECT_THAT(load_error("[1, 2]", merges_text()), HasSubstr(dir_.file("vocab.json")));
   EXPECT_THAT(load_error("{\"a\": \"x\"}", merges_text()),
               AllOf(HasSubstr(dir_.file("vocab.json")), HasSubstr("token 'a'")));
+  EXPECT_THAT(load_error("{\"a\": -1}", merges_text()),
+              AllOf(HasSubstr(dir_.file("vocab.json")), HasSubstr("token 'a' has id -1")));
+  // An id of a billion would size the id table at 32 GB (it once threw std::bad_alloc); one
+  // below the limit is a sparse vocabulary, and is then refused only for its missing bytes.
+  EXPECT_THAT(load_error("{\"a\": 1000000000}", merges_text()),
+              AllOf(HasSubstr(dir_.file("vocab.json")),
+                    HasSubstr("token 'a' has id 1000000000, expected an integer from 0 to "
+                              "4194303")));
+  EXPECT_THAT(load_error("{\"a\": 4194303}", merges_text()), HasSubstr("byte 0x00 has no token"));
   // Only ASCII letters: most bytes have no token.
   EXPECT_THAT(load_error("{\"a\": 0, \"b\": 1}", merges_text()),
               AllOf(HasSubstr(dir_.file("vocab.json")), HasSubstr("byte 0x00 has no token")));

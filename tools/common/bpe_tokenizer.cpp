@@ -161,11 +161,15 @@ BpeTokenizer::BpeTokenizer(const std::string& vocab_json, const std::string& mer
   if (!vocab.is_object() || vocab.empty())
     user_error("{}: expected a non-empty JSON object {{\"token\": id, ...}} (GPT-2 vocab.json)",
                vocab_json);
+  // Ids index a table of max id + 1 entries: a made-up id of a billion would ask for 32 GB
+  // before anything else is checked. No byte-level BPE vocabulary comes near 2^22 (GPT-2's has
+  // 50257 ids, the largest in use about 2^18).
+  constexpr int64_t kIdLimit = int64_t{1} << 22;
   int64_t max_id = -1;
   for (const auto& [tok, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
-      user_error("{}: token '{}' has id {}, expected a non-negative integer", vocab_json, tok,
-                 id.dump());
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kIdLimit)
+      user_error("{}: token '{}' has id {}, expected an integer from 0 to {}", vocab_json, tok,
+                 id.dump(), kIdLimit - 1);
     max_id = std::max(max_id, id.get<int64_t>());
   }
   id_to_bytes_.assign(static_cast<size_t>(max_id + 1), {});

@@ -38,8 +38,12 @@ MetricsFile::MetricsFile(const std::string& path, int64_t keep_through) : path_(
     while (std::getline(in, line)) {
       if (line.empty()) continue;
       auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      // A torn last line (killed mid-write) is dropped like a record past the checkpoint.
-      if (j.is_discarded() || !j.contains("step")) continue;
+      // A torn last line (killed mid-write) is dropped like a record past the checkpoint, and
+      // so is any line that is not a step record (an object with an integer "step"): a file
+      // edited or damaged by hand must not stop the resume.
+      if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+          !j["step"].is_number_integer())
+        continue;
       if (j["step"].get<int64_t>() <= keep_through) kept.push_back(line);
     }
   }

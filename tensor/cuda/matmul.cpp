@@ -53,8 +53,9 @@
 // tuning file keeps them equal. Every choice is appended to it as it is made: one line with the
 // Key, the candidate's rank, the algorithm's 64 bytes (cublasLt.h: they restore with the same
 // cuBLASLt version) and the times. A file that exists is read first, so a process using it takes
-// the recorded algorithm for every problem it lists (once cublasLtMatmulAlgoCheck accepts it) and
-// times only new ones: a rerun or a resume with the same file gives the same bits. The file's
+// the recorded algorithm for every problem it lists (once cublasLtMatmulAlgoCheck accepts it and
+// a trial run succeeds; else the problem is timed again and the new line wins) and times only
+// new ones: a rerun or a resume with the same file gives the same bits. The file's
 // second line names the cuBLASLt version and the GPU; a file made with others is moved to
 // <file>.old with a warning and tuning starts over. A last line cut short (a crash while writing)
 // is dropped with a warning; any other malformed line is a UserError naming the file and line.
@@ -405,25 +406,6 @@ struct GemmCall {
 std::optional<cublasLtMatmulAlgo_t> tune(Tuning& t, const Key& key, const GemmCall& call,
                                          cublasLtMatmulPreference_t pref, Device device) {
   if (!t.file.empty() && !t.file_read) read_tuning_file(t);
-  if (auto r = t.recorded.find(key); r != t.recorded.end()) {
-    cublasLtMatmulHeuristicResult_t check{};
-    const cublasStatus_t st = cublasLtMatmulAlgoCheck(call.lt, call.op, call.la, call.lb, call.lc,
-                                                      call.lc, &r->second.second, &check);
-    if (st == CUBLAS_STATUS_SUCCESS &&
-        check.workspaceSize <= static_cast<size_t>(kWorkspaceBytes)) {
-      t.choices.push_back({describe(key), r->second.first, 0, 0.0, 0.0, true});
-      return r->second.second;
-    }
-    log::warn(
-        "matmul tuning file '{}': cuBLASLt refuses the algorithm recorded for {} (status {}); "
-        "timing the candidates again",
-        t.file, describe(key), static_cast<int>(st));
-  }
-  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
-  int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-      call.lt, call.op, call.la, call.lb, call.lc, call.lc, pref, kTuneCandidates, results, &found);
-  if (st != CUBLAS_STATUS_SUCCESS || found < 1) return std::nullopt;
 
   // With beta != 0 out is an input: each run starts from its saved value.
   Tensor saved;
@@ -440,6 +422,34 @@ std::optional<cublasLtMatmulAlgo_t> tune(Tuning& t, const Key& key, const GemmCa
                                  cudaMemcpyDeviceToDevice, call.stream),
                  "matmul tuning: restore out");
   };
+
+  // A recorded algorithm is used when cuBLASLt accepts it for this problem and runs it once: a
+  // file from elsewhere or edited by hand can hold one that passes cublasLtMatmulAlgoCheck but
+  // that cublasLtMatmul refuses (an alignment it does not have here), which would otherwise
+  // fail the step's own GEMM. A refused run enqueues nothing; the trial run's output is undone.
+  if (auto r = t.recorded.find(key); r != t.recorded.end()) {
+    cublasLtMatmulHeuristicResult_t check{};
+    cublasStatus_t st = cublasLtMatmulAlgoCheck(call.lt, call.op, call.la, call.lb, call.lc,
+                                                call.lc, &r->second.second, &check);
+    if (st == CUBLAS_STATUS_SUCCESS && check.workspaceSize > static_cast<size_t>(kWorkspaceBytes))
+      st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (st == CUBLAS_STATUS_SUCCESS) st = call.run(r->second.second);
+    restore();
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      t.choices.push_back({describe(key), r->second.first, 0, 0.0, 0.0, true});
+      return r->second.second;
+    }
+    log::warn(
+        "matmul tuning file '{}': cuBLASLt refuses the algorithm recorded for {} (status {}); "
+        "timing the candidates again",
+        t.file, describe(key), static_cast<int>(st));
+  }
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
+  int found = 0;
+  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
+      call.lt, call.op, call.la, call.lb, call.lc, call.lc, pref, kTuneCandidates, results, &found);
+  if (heuristic != CUBLAS_STATUS_SUCCESS || found < 1) return std::nullopt;
+
   std::vector<cudaEvent_t> events(2 * kTuneRuns);
   for (auto& e : events) check_cuda(cudaEventCreate(&e), "matmul tuning: cudaEventCreate");
   struct EventGuard {

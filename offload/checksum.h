@@ -8,8 +8,10 @@
 // the reference values. The store's blocks are long (1 MiB by default), so the XXH3 path is the
 // one that matters: its 8 lanes of 32x32->64-bit multiplies map onto SSE2/AVX2, where XXH64's
 // 64-bit multiply chain cannot, which is what keeps verifying a read from costing as much CPU
-// as the read itself on a small machine (Note [Checksums overlap the I/O]). The sums live only
-// in memory, never on disk, so the function may change between versions. Neither hash is
+// as the read itself on a small machine (Note [Checksums overlap the I/O]). The NVMe store keeps
+// its sums in memory only, but files carry them too (Note [Safetensors digests], Note [Checkpoint
+// digests]), so the function must not change: both hashes are fixed by their specification and
+// checked against reference values. Neither hash is
 // cryptographic; they catch torn, stale, misplaced or bit-flipped blocks.
 #include <cstddef>
 #include <cstdint>

@@ -3,16 +3,21 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+
+#include "offload/checksum.h"
 
 namespace strata::tensor {
 
@@ -63,6 +68,101 @@ template <typename... Args>
              fmt::format(f, std::forward<Args>(args)...));
 }
 
+// Note [Safetensors digests].
+constexpr std::string_view kHeaderDigestKey = "strata.header_digest";
+constexpr std::string_view kDigestPrefix = "strata.digest.";
+constexpr size_t kDigestBlock = size_t{1} << 20;
+
+bool is_digest_key(std::string_view key) {
+  return key == kHeaderDigestKey || key.starts_with(kDigestPrefix);
+}
+
+std::string hex_digest(uint64_t d) {
+  return fmt::format("{:016x}", d);
+}
+
+bool parse_hex_digest(const std::string& s, uint64_t& out) {
+  if (s.size() != 16) return false;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out, 16);
+  return ec == std::errc() && ptr == s.data() + s.size();
+}
+
+// checksum64 of the little-endian checksum64s of 1 MiB blocks, fed in pieces of any size.
+class BlockDigest {
+ public:
+  void feed(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      if (pending_.empty() && bytes >= kDigestBlock) {  // a whole block in place
+        sums_.push_back(offload::checksum64(p, kDigestBlock));
+        p += kDigestBlock;
+        bytes -= kDigestBlock;
+        continue;
+      }
+      const size_t take = std::min(bytes, kDigestBlock - pending_.size());
+      pending_.append(p, take);
+      p += take;
+      bytes -= take;
+      if (pending_.size() == kDigestBlock) {
+        sums_.push_back(offload::checksum64(pending_.data(), pending_.size()));
+        pending_.clear();
+      }
+    }
+  }
+  uint64_t finish() {
+    if (!pending_.empty() || sums_.empty())
+      sums_.push_back(offload::checksum64(pending_.data(), pending_.size()));
+    pending_.clear();
+    return offload::checksum64(sums_.data(), sums_.size() * sizeof(uint64_t));
+  }
+
+ private:
+  std::string pending_;
+  std::vector<uint64_t> sums_;
+};
+
+uint64_t tensor_digest(const void* data, size_t bytes) {
+  BlockDigest d;
+  d.feed(data, bytes);
+  return d.finish();
+}
+
+// The header's content in a canonical form: entries in file order (ties by name), then the
+// metadata by key without the header digest itself.
+uint64_t header_digest(std::vector<const SafetensorsEntry*> entries,
+                       const std::map<std::string, std::string>& metadata) {
+  std::sort(entries.begin(), entries.end(),
+            [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
+              return a->begin != b->begin ? a->begin < b->begin : a->name < b->name;
+            });
+  std::string text;
+  for (const SafetensorsEntry* e : entries) {
+    text += e->name;
+    text += '\0';
+    text += st_dtype_name(e->dtype);
+    text += '\0';
+    for (int64_t d : e->shape) text += fmt::format("{},", d);
+    text += fmt::format("{}{}{}{}\n", '\0', e->begin, '\0', e->end);
+  }
+  text += "--\n";
+  for (const auto& [k, v] : metadata) {
+    if (k == kHeaderDigestKey) continue;
+    text += k;
+    text += '\0';
+    text += v;
+    text += '\n';
+  }
+  return offload::checksum64(text.data(), text.size());
+}
+
+[[noreturn]] void damaged(const std::string& path, std::string_view what) {
+  user_error(
+      "{}: {} does not match the digest written with it: the file was damaged or changed after "
+      "it was written (Note [Safetensors digests]); restore it from a copy, or use another "
+      "checkpoint",
+      path, what);
+}
+
 }  // namespace
 
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
@@ -108,12 +208,19 @@ SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) 
     const json& shape = value["shape"];
     if (!shape.is_array() || shape.size() > static_cast<size_t>(kMaxDims))
       malformed(path_, "entry '{}' has a bad shape {}", key, shape.dump());
-    uint64_t numel = 1;
+    // Every dim, and the bytes of the non-zero dims' product, must fit int64: a product that
+    // wraps would pass the size check below with an empty data range.
+    uint64_t numel = 1, span = dtype_size(e.dtype);
     for (const json& d : shape) {
       if (!d.is_number_unsigned())
         malformed(path_, "entry '{}' has a bad shape {}", key, shape.dump());
-      e.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
+      const uint64_t n = d.get<uint64_t>();
+      if (n != 0 && (__builtin_mul_overflow(span, n, &span) ||
+                     span > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+        malformed(path_, "entry '{}' has shape {}, more bytes than a file can hold", key,
+                  shape.dump());
+      e.shape.push_back(static_cast<int64_t>(n));
+      numel *= n;
     }
     const json& off = value["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
@@ -134,6 +241,36 @@ SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) 
   for (size_t i = 1; i < entries_.size(); ++i)
     if (entries_[i].begin < entries_[i - 1].end)
       malformed(path_, "the data of '{}' and '{}' overlap", entries_[i - 1].name, entries_[i].name);
+
+  // Note [Safetensors digests].
+  size_t tensor_digests = 0;
+  for (const auto& [key, value] : metadata_) {
+    if (!key.starts_with(kDigestPrefix)) continue;
+    const std::string name = key.substr(kDigestPrefix.size());
+    auto e = std::find_if(entries_.begin(), entries_.end(),
+                          [&](const SafetensorsEntry& x) { return x.name == name; });
+    uint64_t d = 0;
+    if (e == entries_.end() || !parse_hex_digest(value, d))
+      malformed(path_, "metadata '{}' names no tensor or is not a 16-digit hex digest", key);
+    e->digest = d;
+    ++tensor_digests;
+  }
+  auto hd = metadata_.find(std::string(kHeaderDigestKey));
+  if (hd == metadata_.end()) {
+    if (tensor_digests > 0)
+      malformed(path_, "it has tensor digests but no '{}' (Note [Safetensors digests])",
+                kHeaderDigestKey);
+    return;
+  }
+  uint64_t want = 0;
+  if (!parse_hex_digest(hd->second, want))
+    malformed(path_, "metadata '{}' is not a 16-digit hex digest", kHeaderDigestKey);
+  for (const SafetensorsEntry& e : entries_)
+    if (!e.digest) malformed(path_, "tensor '{}' has no digest beside the header digest", e.name);
+  std::vector<const SafetensorsEntry*> ptrs;
+  for (const SafetensorsEntry& e : entries_) ptrs.push_back(&e);
+  if (header_digest(ptrs, metadata_) != want) damaged(path_, "its header");
+  has_digests_ = true;
 }
 
 bool SafetensorsReader::contains(std::string_view name) const {
@@ -155,7 +292,28 @@ Tensor SafetensorsReader::read(std::string_view name) const {
   in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
   in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
   if (!in) user_error("{}: could not read the data of '{}' (file truncated?)", path_, name);
+  if (e.digest && tensor_digest(t.data_ptr(), e.end - e.begin) != *e.digest)
+    damaged(path_, fmt::format("tensor '{}'", name));
   return t;
+}
+
+void SafetensorsReader::verify() const {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) user_error("{}: cannot open for reading ({})", path_, std::strerror(errno));
+  std::string buf(kDigestBlock, '\0');
+  for (const SafetensorsEntry& e : entries_) {
+    if (!e.digest) continue;
+    in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+    BlockDigest d;
+    for (uint64_t left = e.end - e.begin; left > 0;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
+      in.read(buf.data(), static_cast<std::streamsize>(n));
+      if (!in) user_error("{}: could not read the data of '{}' (file truncated?)", path_, e.name);
+      d.feed(buf.data(), n);
+      left -= n;
+    }
+    if (d.finish() != *e.digest) damaged(path_, fmt::format("tensor '{}'", e.name));
+  }
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path) {
@@ -172,6 +330,12 @@ void save_safetensors(const std::string& path,
                       const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   std::vector<Tensor> host;
+  std::vector<SafetensorsEntry> entries;
+  // Note [Safetensors digests]: the caller's digest entries (a file read and written again) are
+  // replaced by this file's.
+  std::map<std::string, std::string> meta;
+  for (const auto& [k, v] : metadata)
+    if (!is_digest_key(k)) meta[k] = v;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     STRATA_USER_CHECK(name != "__metadata__" && !header.contains(name),
@@ -182,10 +346,15 @@ void save_safetensors(const std::string& path,
     header[name] = {{"dtype", std::string(st_dtype_name(h.dtype()))},
                     {"shape", shape},
                     {"data_offsets", {offset, offset + h.nbytes()}}};
+    entries.push_back({name, h.dtype(), h.shape(), offset, offset + h.nbytes(), std::nullopt});
+    meta[std::string(kDigestPrefix) + name] = hex_digest(tensor_digest(h.data_ptr(), h.nbytes()));
     offset += h.nbytes();
     host.push_back(std::move(h));
   }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<const SafetensorsEntry*> ptrs;
+  for (const SafetensorsEntry& e : entries) ptrs.push_back(&e);
+  meta[std::string(kHeaderDigestKey)] = hex_digest(header_digest(ptrs, meta));
+  header["__metadata__"] = meta;
   std::string text = header.dump();
   // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
   text.append((8 - text.size() % 8) % 8, ' ');

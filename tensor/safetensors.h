@@ -9,8 +9,29 @@
 // offsets inside the file and not overlapping) and raises strata::user_error naming the file on
 // anything malformed. Writing goes to a temporary name, is fsynced, then renamed over the
 // target, so a crash never leaves a half-written file (DESIGN.md decision 12).
+//
+// Note [Safetensors digests]
+// A file that is well-formed can still have been damaged or changed after it was written (a
+// flipped bit on disk, a copy cut short and padded, a hand edit): its tensors then load with
+// other values and nothing says so. Every file Strata writes carries checksums in its metadata:
+//   "strata.digest.<tensor>"  per tensor, over its bytes;
+//   "strata.header_digest"    over the header's content: each entry's name, dtype, shape and
+//                             offsets in file order, then every other metadata entry (the
+//                             tensors' digests among them) by key, in a canonical form, so the
+//                             JSON's spacing and key order do not matter.
+// Each is offload::checksum64 (XXH3-64, fixed by its specification; Note [Block checksum
+// function]) written as 16 hex digits; a tensor's is taken block-wise, the checksum of the
+// little-endian checksums of its 1 MiB blocks, so it can be checked in a stream (verify()) without
+// holding the tensor. The reader checks the header digest when it opens a file and a tensor's
+// digest whenever it reads the tensor; a mismatch is a UserError naming the file (and tensor).
+// Files without digests (other writers', Strata's from before them) are read unchecked;
+// has_digests() tells a caller that needs them (checkpoints: Note [Checkpoint digests]). A file
+// with tensor digests but no header digest, or a header digest and a tensor without one, is
+// refused: that is what a damaged key name looks like. Hugging Face's libraries ignore metadata
+// they do not know, so exported files keep loading there.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,6 +47,7 @@ struct SafetensorsEntry {
   Shape shape;
   uint64_t begin = 0;  // byte offsets relative to the start of the data section
   uint64_t end = 0;
+  std::optional<uint64_t> digest;  // "strata.digest.<name>" (Note [Safetensors digests])
 };
 
 class SafetensorsReader {
@@ -39,20 +61,30 @@ class SafetensorsReader {
   bool contains(std::string_view name) const;
   // strata::user_error naming the file when absent.
   const SafetensorsEntry& entry(std::string_view name) const;
-  // A fresh contiguous CPU tensor, charged to the current category.
+  // A fresh contiguous CPU tensor, charged to the current category; its digest checked when the
+  // file has one (a strata::user_error naming the file and tensor on a mismatch).
   Tensor read(std::string_view name) const;
+
+  // Whether the file carries digests (Note [Safetensors digests]); its header digest was checked
+  // when it was opened.
+  bool has_digests() const { return has_digests_; }
+  // Reads every tensor with a digest in a stream of 1 MiB blocks and checks it, holding nothing
+  // (a strata::user_error naming the file and tensor on a mismatch).
+  void verify() const;
 
  private:
   std::string path_;
   uint64_t data_start_ = 0;  // 8 + header length
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
+  bool has_digests_ = false;
 };
 
 // Every tensor of a file, by name.
 std::map<std::string, Tensor> load_safetensors(const std::string& path);
 
-// Writes `tensors` (any dtype Strata has, any layout and device) in the given order.
+// Writes `tensors` (any dtype Strata has, any layout and device) in the given order, with their
+// digests (Note [Safetensors digests]; digest entries in `metadata` are replaced).
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});

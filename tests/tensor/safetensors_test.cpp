@@ -130,10 +130,153 @@ TEST_F(Safetensors, MalformedFilesAreUserErrorsNamingTheFile) {
                  12, "h"),
              "overlap");
   expect_bad(raw(R"({"__metadata__": {"k": 1}})", 0, "i"), "non-string metadata");
+  // Shapes whose element count wraps uint64 to 0 bytes, with an empty data range: once accepted
+  // (a dim of 2^63 read back as a negative int64; 2^32 x 2^32 elements in 0 bytes).
+  expect_bad(raw(R"({"x": {"dtype": "F32", "shape": [9223372036854775808, 2],
+                     "data_offsets": [0, 0]}})",
+                 0, "j"),
+             "a dim above int64");
+  expect_bad(raw(R"({"x": {"dtype": "F32", "shape": [4294967296, 4294967296],
+                     "data_offsets": [0, 0]}})",
+                 0, "k"),
+             "an element count that wraps");
+  expect_bad(raw(R"({"x": {"dtype": "F32", "shape": [4611686018427387904, 0, 4],
+                     "data_offsets": [0, 0]}})",
+                 0, "l"),
+             "a dim of 2^62 beside a zero");
   // And a well-formed one through the same helper is accepted.
   SafetensorsReader ok(
       raw(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 8, "ok"));
   EXPECT_EQ(to_float_vector(ok.read("x")), (std::vector<float>{0, 0}));
+}
+
+// Note [Safetensors digests].
+class SafetensorsDigests : public Safetensors {
+ protected:
+  // A file with a tensor over 1 MiB (blocks and a tail), a small one and an empty one.
+  std::string written(const std::string& name) {
+    std::vector<float> big(300000);
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 1013) * 0.25f;
+    const std::string p = path(name);
+    save_safetensors(p,
+                     {{"big", from_vector(big, {300000})},
+                      {"small", from_vector({1, 2, 3}, {3})},
+                      {"empty", Tensor::empty({0, 2})}},
+                     {{"format", "pt"}});
+    return p;
+  }
+  static std::string bytes_of(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  static void put(const std::string& p, const std::string& b) {
+    std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), b.size());
+  }
+  static uint64_t data_start(const std::string& b) {
+    uint64_t n = 0;
+    std::memcpy(&n, b.data(), 8);
+    return 8 + n;
+  }
+  // `f` must raise a UserError whose message holds every needle.
+  template <typename F>
+  static void expect_error(F&& f, const std::vector<std::string>& needles) {
+    try {
+      f();
+      ADD_FAILURE() << "no error";
+    } catch (const UserError& e) {
+      for (const std::string& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+  }
+};
+
+TEST_F(SafetensorsDigests, WrittenFilesCarryThemAndReadBack) {
+  const std::string p = written("a.safetensors");
+  SafetensorsReader r(p);
+  EXPECT_TRUE(r.has_digests());
+  for (const auto& e : r.entries()) EXPECT_TRUE(e.digest.has_value()) << e.name;
+  EXPECT_EQ(r.metadata().at("strata.header_digest").size(), 16u);
+  EXPECT_NO_THROW(r.verify());
+  EXPECT_EQ(r.read("big").numel(), 300000);
+  // A file read and written again with its metadata gets this content's digests, not the old.
+  std::vector<std::pair<std::string, Tensor>> ts = {{"small", from_vector({4, 5}, {2})}};
+  save_safetensors(path("b.safetensors"), ts, r.metadata());
+  SafetensorsReader again(path("b.safetensors"));
+  EXPECT_TRUE(again.has_digests());
+  EXPECT_FALSE(again.contains("big"));
+  EXPECT_FALSE(again.metadata().contains("strata.digest.big"));
+  EXPECT_NO_THROW(again.verify());
+  EXPECT_EQ(to_float_vector(again.read("small")), (std::vector<float>{4, 5}));
+}
+
+TEST_F(SafetensorsDigests, AChangedByteInAnyTensorIsRefusedNamingIt) {
+  const std::string p = written("a.safetensors");
+  const std::string good = bytes_of(p);
+  const uint64_t start = data_start(good);
+  // The last byte of each tensor: "big" at 1.14 MiB (its second, short block), "small".
+  for (const auto& [name, at] : std::vector<std::pair<std::string, uint64_t>>{
+           {"big", 300000 * 4 - 1}, {"big", 5}, {"small", 300000 * 4 + 11}}) {
+    std::string bad = good;
+    bad[start + at] = static_cast<char>(bad[start + at] ^ 0x10);
+    put(p, bad);
+    SafetensorsReader r(p);  // the header is unchanged
+    expect_error([&] { r.read(name); }, {p, "tensor '" + name + "'", "damaged or changed"});
+    expect_error([&] { r.verify(); }, {p, "tensor '" + name + "'", "damaged or changed"});
+    const std::string other = name == "big" ? "small" : "big";
+    EXPECT_NO_THROW(r.read(other)) << "only the damaged tensor is refused";
+  }
+}
+
+TEST_F(SafetensorsDigests, AChangedHeaderIsRefusedWhenOpened) {
+  const std::string p = written("a.safetensors");
+  const std::string good = bytes_of(p);
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string b = good;
+    const size_t at = b.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    b.replace(at, from.size(), to);
+    put(p, b);
+  };
+  // A metadata value of the same length, and a shape that still matches its bytes.
+  edited("\"format\":\"pt\"", "\"format\":\"tf\"");
+  expect_error([&] { SafetensorsReader r(p); }, {p, "its header", "damaged or changed"});
+  edited("\"shape\":[0,2]", "\"shape\":[2,0]");
+  expect_error([&] { SafetensorsReader r(p); }, {p, "its header"});
+  // Digest keys renamed: tensor digests without a header digest, or a tensor without one.
+  edited("strata.header_digest", "strata.header_digesT");
+  expect_error([&] { SafetensorsReader r(p); }, {p, "no 'strata.header_digest'"});
+  edited("strata.digest.small", "strata.digest.smalL");
+  expect_error([&] { SafetensorsReader r(p); }, {p, "names no tensor"});
+  // The JSON's spacing is not content: the header written again with newlines and a space
+  // after every comma between keys (longer, so the length word changes) still opens and reads.
+  const uint64_t start = data_start(good);
+  std::string header = good.substr(8, start - 8);
+  header = header.substr(0, header.find_last_not_of(' ') + 1);
+  std::string relaid = "{\n  " + header.substr(1, header.size() - 2) + "\n}";
+  for (size_t at = 0; (at = relaid.find("\",\"", at)) != std::string::npos; at += 4)
+    relaid.replace(at, 3, "\",  \"");
+  ASSERT_NE(relaid.size(), header.size());
+  uint64_t len = relaid.size();
+  std::string b(reinterpret_cast<const char*>(&len), 8);
+  b += relaid + good.substr(start);
+  put(p, b);
+  SafetensorsReader r(p);
+  EXPECT_TRUE(r.has_digests());
+  EXPECT_NO_THROW(r.verify());
+  EXPECT_EQ(r.read("small").numel(), 3);
+}
+
+TEST_F(SafetensorsDigests, FilesWithoutThemAreReadUnchecked) {
+  // Written raw, as other writers (and Strata before digests) do.
+  SafetensorsReader r(
+      raw(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 8, "plain"));
+  EXPECT_FALSE(r.has_digests());
+  EXPECT_FALSE(r.entry("x").digest.has_value());
+  EXPECT_NO_THROW(r.verify());
+  EXPECT_EQ(to_float_vector(r.read("x")), (std::vector<float>{0, 0}));
+  SafetensorsReader hf(std::string(STRATA_SOURCE_DIR) +
+                       "/tests/reference/gpt2_hf_tiny/model.safetensors");
+  EXPECT_FALSE(hf.has_digests());
 }
 
 }  // namespace

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "models/registry.h"
 #include "optim/adamw.h"
@@ -85,6 +87,30 @@ std::vector<std::vector<char>> opt_state(const optim::Optimizer& o) {
   std::vector<std::vector<char>> out;
   for (const optim::NamedTensor& t : o.state_dict().tensors) out.push_back(bytes(t.tensor));
   return out;
+}
+
+std::string read_file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file_bytes(const fs::path& p, const std::string& b) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), b.size());
+}
+
+// A safetensors file's bytes with its digests taken out (Note [Safetensors digests]), as a writer
+// without them would have written it.
+std::string without_digests(const std::string& file) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  auto header = nlohmann::json::parse(file.substr(8, n));
+  auto& meta = header["__metadata__"];
+  for (auto it = meta.begin(); it != meta.end();)
+    it = it.key().starts_with("strata.") ? meta.erase(it) : std::next(it);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t len = text.size();
+  return std::string(reinterpret_cast<const char*>(&len), 8) + text + file.substr(8 + n);
 }
 
 TrainerState make_state(int64_t step) {
@@ -303,6 +329,71 @@ TEST_F(Checkpoint, BrokenCheckpointsAreUserErrorsThatTouchNothing) {
   expect_good_still_loads();
   // The bad checkpoint was never partially applied: the target still has its own init.
   EXPECT_TRUE(weights(*target) == weights(*make_model(5)));
+}
+
+// Note [Checkpoint digests]: a byte changed in any file after the save is refused, naming the
+// file, before the model or the optimizer is touched; so is a safetensors file without digests
+// put in a checkpoint written with them.
+TEST_F(Checkpoint, DamagedFilesAreRefusedBeforeAnythingIsTouched) {
+  auto m = make_model(1);
+  auto opt = make_adamw(*m);
+  train_step(*m, *opt, 0);
+  const fs::path dir = save_checkpoint(run_.string(), *m, opt.get(), make_state(1), "", 0);
+  auto target = make_model(5);
+  auto target_opt = make_adamw(*target);
+  auto flip = [](const fs::path& f, int64_t from_end) {
+    std::string b = read_file_bytes(f);
+    b[b.size() - static_cast<size_t>(from_end)] ^= 0x01;
+    write_file_bytes(f, b);
+  };
+  for (const char* name : {"model.safetensors", "optimizer.safetensors"}) {
+    const fs::path f = dir / name;
+    const std::string good = read_file_bytes(f);
+    flip(f, 3);  // the last tensor's data: the header still opens
+    expect_load_error(dir.string(), *target, target_opt.get(), {f.string(), "damaged or changed"});
+    write_file_bytes(f, good);
+  }
+  const fs::path state = dir / "trainer_state.json";
+  const std::string good_state = read_file_bytes(state);
+  std::string bad_state = good_state;
+  const std::string step_one = "\"step\": 1,";
+  ASSERT_NE(bad_state.find(step_one), std::string::npos) << bad_state;
+  bad_state.replace(bad_state.find(step_one), step_one.size(), "\"step\": 7,");
+  write_file_bytes(state, bad_state);
+  expect_load_error(dir.string(), *target, target_opt.get(),
+                    {state.string(), "damaged or changed"});
+  write_file_bytes(state, good_state);
+  // optimizer.safetensors replaced by a file without digests.
+  const fs::path of = dir / "optimizer.safetensors";
+  const std::string good_opt = read_file_bytes(of);
+  write_file_bytes(of, without_digests(good_opt));
+  expect_load_error(dir.string(), *target, target_opt.get(),
+                    {of.string(), "has no digests", "trainer_state.json"});
+  write_file_bytes(of, good_opt);
+  load_checkpoint(dir.string(), *target, target_opt.get());
+  EXPECT_TRUE(weights(*target) == weights(*m));
+}
+
+// Checkpoints written before digests (no "digest" in trainer_state.json, none in the
+// safetensors files) still load, bitwise.
+TEST_F(Checkpoint, CheckpointsWithoutDigestsStillLoad) {
+  auto m = make_model(1);
+  auto opt = make_adamw(*m);
+  train_step(*m, *opt, 0);
+  const fs::path dir = save_checkpoint(run_.string(), *m, opt.get(), make_state(1), "", 0);
+  for (const char* name : {"model.safetensors", "optimizer.safetensors"})
+    write_file_bytes(dir / name, without_digests(read_file_bytes(dir / name)));
+  auto state = nlohmann::ordered_json::parse(read_file_bytes(dir / "trainer_state.json"));
+  ASSERT_TRUE(state.contains("digest"));
+  state.erase("digest");
+  write_file_bytes(dir / "trainer_state.json", state.dump(2) + "\n");
+  auto target = make_model(5);
+  auto target_opt = make_adamw(*target);
+  const TrainerState s = load_checkpoint(dir.string(), *target, target_opt.get());
+  EXPECT_FALSE(s.digests);
+  EXPECT_EQ(s.step, 1);
+  EXPECT_TRUE(weights(*target) == weights(*m));
+  EXPECT_TRUE(opt_state(*target_opt) == opt_state(*opt));
 }
 
 TEST_F(Checkpoint, MissingDanglingAndMalformedLatest) {

@@ -49,8 +49,39 @@ void expect_both_outcomes(const std::string& what, const HostileTally& t, int it
   std::printf("%s: %d mutants taken, %d refused\n", what.c_str(), t.accepted, t.refused);
 }
 
+// Every tensor's name, dtype, shape and bytes, and the metadata a writer gave (the digests left
+// out), in one comparable value.
+std::map<std::string, std::string> contents(const std::string& path) {
+  std::map<std::string, std::string> out;
+  tensor::SafetensorsReader r(path);
+  for (const auto& e : r.entries()) {
+    const tensor::Tensor t = r.read(e.name);
+    const char* p = static_cast<const char*>(t.data_ptr());
+    out[e.name] = fmt::format("{} {} ", dtype_name(t.dtype()), t.shape().str()) +
+                  std::string(p, p + t.nbytes());
+  }
+  for (const auto& [k, v] : r.metadata())
+    if (!k.starts_with("strata.")) out["meta:" + k] = v;
+  return out;
+}
+
+// Files without digests (transformers' own; Strata's before Note [Safetensors digests]): the
+// parser alone decides, so both outcomes occur. Strata's files carry digests: a mutant that
+// loads must load exactly the original's tensors and metadata, anything else is refused.
 TEST(HostileInput, SafetensorsFilesAreReadOrRefused) {
   TempDir dir;
+  const std::string path = dir.file("mutant.safetensors");
+  const int n = hostile_iterations(600);
+
+  const std::string hf = read_bytes(kSource + "/tests/reference/gpt2_hf_tiny/model.safetensors");
+  ASSERT_FALSE(hf.empty());
+  const HostileTally plain = check_hostile("safetensors without digests", path, hf, n, 1, [&] {
+    tensor::SafetensorsReader r(path);
+    EXPECT_FALSE(r.has_digests());
+    contents(path);  // every tensor read
+  });
+  expect_both_outcomes("safetensors without digests", plain, n);
+
   const std::string good_path = dir.file("good.safetensors");
   tensor::save_safetensors(good_path,
                            {{"a", tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3})},
@@ -59,18 +90,18 @@ TEST(HostileInput, SafetensorsFilesAreReadOrRefused) {
                             {"empty", tensor::Tensor::empty({0, 4})},
                             {"scalar", tensor::from_vector({3.f}, {})}},
                            {{"format", "pt"}, {"step", "12"}});
-  const std::string good = read_bytes(good_path);
-  const std::string path = dir.file("mutant.safetensors");
-  const int n = hostile_iterations(600);
-  const HostileTally t = check_hostile("safetensors", path, good, n, 1, [&] {
-    for (const auto& [name, tensor] : tensor::load_safetensors(path)) {
-      // Touch every byte the reader handed out.
-      const char* p = static_cast<const char*>(tensor.data_ptr());
-      volatile char sink = 0;
-      for (size_t i = 0; i < tensor.nbytes(); ++i) sink = static_cast<char>(sink ^ p[i]);
-    }
-  });
-  expect_both_outcomes("safetensors", t, n);
+  ASSERT_TRUE(tensor::SafetensorsReader(good_path).has_digests());
+  const auto want = contents(good_path);
+  int changed = 0;
+  const HostileTally digested =
+      check_hostile("safetensors with digests", path, read_bytes(good_path), n, 2, [&] {
+        tensor::SafetensorsReader(path).verify();
+        if (contents(path) != want) ++changed;
+      });
+  std::printf("safetensors with digests: %d mutants taken, %d refused\n", digested.accepted,
+              digested.refused);
+  EXPECT_EQ(changed, 0) << "mutants whose changed content loaded past the digests";
+  EXPECT_GT(digested.refused, 0);
 }
 
 std::string raw_shard(const std::vector<uint16_t>& tokens, int32_t vocab) {
@@ -182,11 +213,30 @@ TEST(HostileInput, TrainConfigsAreReadOrRefused) {
   expect_both_outcomes("--set", HostileTally{taken, refused}, n);
 }
 
-// Every file of a checkpoint a Trainer resumes from, mutated in turn: the Trainer resumes or
-// refuses with a UserError, and a refusal changes nothing under checkpoints/; and the run's
+// Every file of a checkpoint a Trainer resumes from, mutated in turn: the Trainer resumes to the
+// state the unmutated checkpoint gives (the digests let no damaged value through) or refuses
+// with a UserError, and a refusal changes nothing under checkpoints/; and the run's
 // metrics.jsonl, which a resume reads and cuts back to the checkpoint's step. (config.yaml is
 // not read by a resume, which runs the config it is given; `generate` and `convert` read it
 // through load_train_config, which TrainConfigsAreReadOrRefused covers.)
+// What a resume restored: the step, the model's parameters (stage 0; at stage 3 they are in the
+// shards) and every shard the engine would checkpoint (optimizer states, stage 3 parameters).
+std::string resumed_state(Trainer& t, int stage) {
+  std::string out = fmt::format("step {}\n", t.step());
+  auto bytes = [&](const tensor::Tensor& x) {
+    const tensor::Tensor h = x.to(Device::cpu()).contiguous();
+    const char* p = static_cast<const char*>(h.data_ptr());
+    out.append(p, p + h.nbytes());
+  };
+  if (stage == 0)
+    for (const auto& u : t.model().flat_units()) bytes(u.params);
+  for (const auto& sh : t.engine().shards()) {
+    out += fmt::format("{} {} {}\n", sh.unit, sh.key, sh.begin);
+    bytes(sh.data);
+  }
+  return out;
+}
+
 void check_resume(int stage, uint64_t seed) {
   ScratchDir tmp;
   const std::string data = tmp / "data";
@@ -215,6 +265,13 @@ zero_optimization: {{stage: {stage}}}
   for (const auto& e : fs::recursive_directory_iterator(ckpts))
     if (e.is_regular_file()) before[e.path().string()] = read_bytes(e.path().string());
   ASSERT_GE(before.size(), 5u);
+  std::string want;  // the state the unmutated checkpoint resumes to
+  {
+    ::testing::internal::CaptureStdout();
+    Trainer resumed(config);
+    ::testing::internal::GetCapturedStdout();
+    want = resumed_state(resumed, stage);
+  }
   // metrics.jsonl is read back on a resume too (records past the checkpoint are cut).
   std::map<std::string, std::string> mutated = before;
   mutated[run + "/metrics.jsonl"] = read_bytes(run + "/metrics.jsonl");
@@ -224,11 +281,13 @@ zero_optimization: {{stage: {stage}}}
   for (const auto& [path, good] : mutated) {
     if (fs::path(path).filename() == "config.yaml") continue;
     const std::string what = fmt::format("ZeRO-{} {}", stage, fs::path(path).filename().string());
+    int changed = 0;  // mutants a resume took and restored another state from
     const HostileTally t = check_hostile(what, path, good, n, seed * 100 + file_seed++, [&] {
       ::testing::internal::CaptureStdout();  // each resume prints its banner
       try {
         Trainer resumed(config);
         ::testing::internal::GetCapturedStdout();
+        if (resumed_state(resumed, stage) != want) ++changed;
       } catch (const UserError&) {
         ::testing::internal::GetCapturedStdout();
         // Nothing under checkpoints/ may change but the mutant itself.
@@ -243,6 +302,8 @@ zero_optimization: {{stage: {stage}}}
       }
     });
     std::printf("%s: %d mutants taken, %d refused\n", what.c_str(), t.accepted, t.refused);
+    // Note [Checkpoint digests]: no damaged file resumes to another state.
+    EXPECT_EQ(changed, 0) << what << ": mutants that resumed to another state";
     if (n >= 20 && fs::path(path).filename() != "metrics.jsonl") {  // its bad lines are dropped
       EXPECT_GT(t.refused, 0) << what << ": no mutant was refused";
     }

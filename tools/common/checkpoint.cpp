@@ -16,6 +16,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "offload/checksum.h"
 #include "tensor/safetensors.h"
 #include "tools/common/unicode.h"
 
@@ -151,6 +152,8 @@ void write_trainer_files(const std::string& dir, const TrainerState& state,
     j["loss_scale_hysteresis_left"] = state.loss_scale_hysteresis_left;
   }
   j["model_name"] = state.model_name;
+  const std::string body = j.dump(2);
+  j["digest"] = fmt::format("{:016x}", offload::checksum64(body.data(), body.size()));
   write_text_atomic(join(dir, kStateFile), j.dump(2) + "\n");
   write_text_atomic(join(dir, kConfigFile), config_yaml);
   fsync_path(dir, true);
@@ -177,23 +180,44 @@ void prune(const std::string& root, int64_t keep, const std::string& current) {
   }
 }
 
-int64_t json_int(const json& j, const char* key, const std::string& path) {
+template <typename Json>
+int64_t json_int(const Json& j, const char* key, const std::string& path) {
   if (!j.contains(key) || !j[key].is_number_integer())
     user_error("{}: '{}' is missing or not an integer", path, key);
-  return j[key].get<int64_t>();
+  return j[key].template get<int64_t>();
 }
 
-uint64_t json_uint(const json& j, const char* key, const std::string& path) {
+template <typename Json>
+uint64_t json_uint(const Json& j, const char* key, const std::string& path) {
   if (!j.contains(key) || !j[key].is_number_unsigned())
     user_error("{}: '{}' is missing or not a non-negative integer", path, key);
-  return j[key].get<uint64_t>();
+  return j[key].template get<uint64_t>();
 }
 
 TrainerState read_trainer_state(const std::string& path) {
-  json j = json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
+  // Parsed in file order: the digest is over the text written without it (Note [Checkpoint
+  // digests]).
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(read_text(path), nullptr,
+                                                           /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     user_error("{}: not valid JSON; the checkpoint is corrupt", path);
   TrainerState s;
+  if (j.contains("digest")) {
+    uint64_t want = 0;
+    const auto& d = j["digest"];
+    const std::string hex = d.is_string() ? d.get<std::string>() : std::string();
+    const auto [ptr, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), want, 16);
+    if (hex.size() != 16 || ec != std::errc() || ptr != hex.data() + hex.size())
+      user_error("{}: 'digest' is not a 16-digit hex checksum; the checkpoint is corrupt", path);
+    j.erase("digest");
+    const std::string body = j.dump(2);
+    if (offload::checksum64(body.data(), body.size()) != want)
+      user_error(
+          "{}: does not match the digest written with it: the file was damaged or changed after "
+          "it was written (Note [Checkpoint digests]); restore it, or use another checkpoint",
+          path);
+    s.digests = true;
+  }
   s.step = json_int(j, "step", path);
   s.samples_consumed = json_int(j, "samples_consumed", path);
   s.rng_seed = json_uint(j, "rng_seed", path);
@@ -213,6 +237,18 @@ TrainerState read_trainer_state(const std::string& path) {
   if (s.step < 0 || s.samples_consumed < 0)
     user_error("{}: step and samples_consumed must not be negative", path);
   return s;
+}
+
+// Note [Checkpoint digests]: a checkpoint whose trainer_state.json has a digest was written with
+// digests in every file.
+void require_digests(const SafetensorsReader& r, const TrainerState& state,
+                     const std::string& dir) {
+  if (state.digests && !r.has_digests())
+    user_error(
+        "{}: has no digests, but {} was written with them: the file was replaced or damaged after "
+        "the checkpoint was written (Note [Checkpoint digests]); restore it, or use another "
+        "checkpoint",
+        r.path(), join(dir, kStateFile));
 }
 
 std::string require_file(const std::string& dir, std::string_view name) {
@@ -345,6 +381,11 @@ TrainerState load_checkpoint(const std::string& dir, models::CausalLM& model,
   if (optimizer == nullptr && !fs::exists(join(dir, kModelFile))) {
     // ZeRO-3 checkpoints hold the parameters in per-rank shards (Note [Distributed checkpoints]).
     OpenedCheckpoint opened = open_checkpoint(dir, model, expected_model_name);
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+      const std::string f = e.path().filename().string();
+      if (f.starts_with("model.rank") && f.ends_with(".safetensors"))
+        SafetensorsReader(e.path().string()).verify();  // before the model is touched
+    }
     for (const models::FlatUnit& u : model.flat_units())
       opened.index->fill(u.name, "param", 0, u.params);
     return opened.state;
@@ -359,6 +400,7 @@ TrainerState load_checkpoint(const std::string& dir, models::CausalLM& model,
                state.model_name, expected_model_name);
 
   SafetensorsReader model_reader(model_path);
+  require_digests(model_reader, state, dir);
   auto family = model_reader.metadata().find("family");
   if (family != model_reader.metadata().end() && family->second != model.family())
     user_error("{}: checkpoint is of a '{}'-family model, this model is '{}'", model_path,
@@ -372,6 +414,7 @@ TrainerState load_checkpoint(const std::string& dir, models::CausalLM& model,
   int64_t opt_step = 0;
   if (optimizer != nullptr) {
     opt_reader.emplace(opt_path);
+    require_digests(*opt_reader, state, dir);
     const auto& meta = opt_reader->metadata();
     auto name = meta.find("optimizer");
     if (name == meta.end() || name->second != optimizer->name())
@@ -387,6 +430,10 @@ TrainerState load_checkpoint(const std::string& dir, models::CausalLM& model,
       opt_expected.emplace_back(t.name, t.tensor.shape());
     check_tensors(*opt_reader, opt_expected, "optimizer state");
   }
+
+  // Every tensor through its digest (Note [Checkpoint digests]) before the model is touched.
+  model_reader.verify();
+  if (opt_reader) opt_reader->verify();
 
   // ---- load: same dtype and shape, so each copy is the exact bytes ----
   for (const models::FlatUnit& u : model.flat_units())
@@ -568,8 +615,10 @@ OpenedCheckpoint open_checkpoint(const std::string& dir, const models::CausalLM&
         "{}: no model.safetensors and no model.rank*.safetensors; the checkpoint is "
         "incomplete or not a checkpoint",
         dir);
+  for (const std::string& f : model_shards) require_digests(SafetensorsReader(f), out.state, dir);
   for (const std::string& f : whole) {
     SafetensorsReader r(f);
+    require_digests(r, out.state, dir);
     auto family = r.metadata().find("family");
     if (family != r.metadata().end() && family->second != model.family())
       user_error("{}: checkpoint is of a '{}'-family model, this model is '{}'", f, family->second,
@@ -577,6 +626,7 @@ OpenedCheckpoint open_checkpoint(const std::string& dir, const models::CausalLM&
   }
   for (const std::string& f : optimizer_files) {
     SafetensorsReader r(f);
+    require_digests(r, out.state, dir);
     const auto& meta = r.metadata();
     auto name = meta.find("optimizer");
     auto step = meta.find("step");

@@ -21,6 +21,21 @@
 // only after the step directory is in place, so it never names a checkpoint that is not
 // complete. A failure removes the temporary directory and leaves earlier checkpoints as they
 // were. Loading validates every file before it touches the model or the optimizer.
+//
+// Note [Checkpoint digests]
+// A checkpoint that was written whole can still be damaged later (bit rot, a copy cut short, a
+// hand edit), and a damaged value would load without a word: a resumed run would train from
+// other weights, or at another step. So every file carries a digest: the safetensors files in
+// their metadata (Note [Safetensors digests]), trainer_state.json as its last key "digest" (the
+// checksum of the file's own text written without it, two-space indented, so a changed value
+// fails and a file re-indented by hand does too). Loading checks trainer_state.json's digest
+// first; when it has one, every safetensors file of the checkpoint must have digests (a file
+// without them was replaced), and their headers are checked when opened. load_checkpoint streams
+// every tensor through its digest before it touches the model (one more read of the files);
+// a Trainer's resume (open_checkpoint, then FlatShardIndex::fill on each rank) checks each tensor
+// as it reads it, so a rank reads only the files it loads from. Checkpoints written before digests
+// (no "digest" in trainer_state.json) load unchecked. config.yaml and `latest` carry none:
+// a resume runs the config it is given, and `latest` only names a directory.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -47,6 +62,9 @@ struct TrainerState {
   int64_t loss_scale_last_overflow = -1;
   int loss_scale_hysteresis_left = 0;
   std::string model_name;  // registry name, checked on load
+  // Read back: trainer_state.json carried a digest, so its safetensors files must carry theirs
+  // (Note [Checkpoint digests]). Every checkpoint written now has one.
+  bool digests = false;
 };
 
 // Writes run_dir/checkpoints/step_<state.step, 8 digits>/ and points `latest` at it (Note

@@ -18,17 +18,20 @@
 //   "strata.header_digest"    over the header's content: each entry's name, dtype, shape and
 //                             offsets in file order, then every other metadata entry (the
 //                             tensors' digests among them) by key, in a canonical form, so the
-//                             JSON's spacing and key order do not matter.
+//                             JSON's spacing and key order do not matter. The form: per entry
+//                             (ties in offset by name) name NUL dtype NUL each dim and ',' NUL
+//                             begin NUL end LF, in decimal; then "--" LF; then per metadata
+//                             entry but this one, key NUL value LF.
 // Each is offload::checksum64 (XXH3-64, fixed by its specification; Note [Block checksum
 // function]) written as 16 hex digits; a tensor's is taken block-wise, the checksum of the
 // little-endian checksums of its 1 MiB blocks, so it can be checked in a stream (verify()) without
-// holding the tensor. The reader checks the header digest when it opens a file and a tensor's
-// digest whenever it reads the tensor; a mismatch is a UserError naming the file (and tensor).
-// Files without digests (other writers', Strata's from before them) are read unchecked;
-// has_digests() tells a caller that needs them (checkpoints: Note [Checkpoint digests]). A file
-// with tensor digests but no header digest, or a header digest and a tensor without one, is
-// refused: that is what a damaged key name looks like. Hugging Face's libraries ignore metadata
-// they do not know, so exported files keep loading there.
+// holding the tensor, and its blocks summed by the OpenMP threads side by side. The reader checks
+// the header digest when it opens a file and a tensor's digest whenever it reads the tensor; a
+// mismatch is a UserError naming the file (and tensor). Files without digests (other writers',
+// Strata's from before them) are read unchecked; has_digests() tells a caller that needs them
+// (checkpoints: Note [Checkpoint digests]). A file with tensor digests but no header digest, or a
+// header digest and a tensor without one, is refused: that is what a damaged key name looks like.
+// Hugging Face's libraries ignore metadata they do not know, so exported files keep loading there.
 #include <cstdint>
 #include <map>
 #include <optional>

@@ -1,11 +1,13 @@
 // tensor/safetensors: round trips, the committed reference files, and malformed files.
 // (Kept with the model tests, its first user; it may move to tests/tensor/.)
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "offload/checksum.h"
 #include "tensor/safetensors.h"
 
 namespace strata::tensor {
@@ -207,6 +209,46 @@ TEST_F(SafetensorsDigests, WrittenFilesCarryThemAndReadBack) {
   EXPECT_FALSE(again.metadata().contains("strata.digest.big"));
   EXPECT_NO_THROW(again.verify());
   EXPECT_EQ(to_float_vector(again.read("small")), (std::vector<float>{4, 5}));
+}
+
+// The digest's definition, computed here from offload::checksum64 alone: it is on disk in every
+// checkpoint, so it must never change. A tensor of 4 whole blocks (summed in parallel) and a tail.
+TEST_F(SafetensorsDigests, ATensorsDigestIsTheChecksumOfItsBlocksChecksums) {
+  const size_t block = size_t{1} << 20;
+  std::vector<float> v(4 * block / 4 + 12345);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 4099) - 7.5f;
+  save_safetensors(path("d.safetensors"), {{"v", from_vector(v, {static_cast<int64_t>(v.size())})},
+                                           {"e", Tensor::empty({0})}});
+  const char* bytes = reinterpret_cast<const char*>(v.data());
+  const size_t n = v.size() * sizeof(float);
+  std::vector<uint64_t> sums;
+  for (size_t at = 0; at < n; at += block)
+    sums.push_back(offload::checksum64(bytes + at, std::min(block, n - at)));
+  ASSERT_EQ(sums.size(), 5u);
+  const uint64_t want = offload::checksum64(sums.data(), sums.size() * sizeof(uint64_t));
+  const uint64_t empty_sum = offload::checksum64(nullptr, 0);
+  const uint64_t want_empty = offload::checksum64(&empty_sum, sizeof(empty_sum));
+  SafetensorsReader r(path("d.safetensors"));
+  EXPECT_EQ(r.metadata().at("strata.digest.v"), fmt::format("{:016x}", want));
+  EXPECT_EQ(r.metadata().at("strata.digest.e"), fmt::format("{:016x}", want_empty));
+  EXPECT_NO_THROW(r.verify());
+}
+
+// And the header digest's canonical form, spelled out as the Note gives it.
+TEST_F(SafetensorsDigests, TheHeaderDigestIsTheChecksumOfItsCanonicalForm) {
+  save_safetensors(path("h.safetensors"),
+                   {{"x", from_vector({1, 2, 3, 4, 5, 6}, {2, 3})}, {"e", Tensor::empty({0})}},
+                   {{"format", "pt"}});
+  SafetensorsReader r(path("h.safetensors"));
+  const auto& m = r.metadata();
+  using namespace std::string_literals;
+  // "x" at [0, 24), then the empty "e" at [24, 24).
+  const std::string form = "x\0F32\0"s + "2,3,\0"s + "0\0"s + "24\n"s + "e\0F32\0"s + "0,\0"s +
+                           "24\0"s + "24\n"s + "--\n"s + "format\0pt\n"s + "strata.digest.e\0"s +
+                           m.at("strata.digest.e"s) + "\n"s + "strata.digest.x\0"s +
+                           m.at("strata.digest.x"s) + "\n"s;
+  EXPECT_EQ(m.at("strata.header_digest"),
+            fmt::format("{:016x}", offload::checksum64(form.data(), form.size())));
 }
 
 TEST_F(SafetensorsDigests, AChangedByteInAnyTensorIsRefusedNamingIt) {

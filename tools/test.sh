@@ -28,4 +28,6 @@ else
   # an assumed order between blocks shows in one of the two runs (simt.h, control.h).
   STRATA_CUDA_EMU_THREAD_ORDER=reverse STRATA_CUDA_EMU_BLOCK_ORDER=reverse \
     ctest --test-dir "$EMU_BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 900 -L '^cuda$'
+  STRATA_CUDA_EMU_BLOCK_ORDER=shuffle STRATA_CUDA_EMU_SEED="${STRATA_CUDA_EMU_SEED:-20261125}" \
+    ctest --test-dir "$EMU_BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 900 -L '^cuda$'
 fi

@@ -8,8 +8,12 @@
 namespace strata::cuda_emu {
 
 // STRATA_CUDA_EMU_BLOCK_ORDER=reverse: blocks run from the last to the first, which exposes
-// kernels that assume an order between blocks (the device promises none).
-enum class BlockOrder { Forward, Reverse };
+// kernels that assume an order between blocks (the device promises none). =shuffle: each launch
+// runs its blocks in an order of its own, b = (a k + c) mod blocks for the k-th block run, with a
+// coprime to the count and a, c drawn per launch from STRATA_CUDA_EMU_SEED (default 1) and the
+// launch's number: neither forward nor reverse, so a kernel that needs a block to run before one
+// other than its neighbour shows it too. (Threads take forward or reverse only.)
+enum class BlockOrder { Forward, Reverse, Shuffle };
 void set_block_order(BlockOrder order);
 BlockOrder block_order();
 // STRATA_CUDA_EMU_THREAD_ORDER=reverse: a block's threads start and wake from barriers from the

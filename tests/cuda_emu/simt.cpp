@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -91,9 +92,26 @@ size_t stack_bytes() {
 
 BlockOrder initial_order() {
   const char* v = std::getenv("STRATA_CUDA_EMU_BLOCK_ORDER");
-  return v != nullptr && std::strcmp(v, "reverse") == 0 ? BlockOrder::Reverse : BlockOrder::Forward;
+  if (v != nullptr && std::strcmp(v, "reverse") == 0) return BlockOrder::Reverse;
+  if (v != nullptr && std::strcmp(v, "shuffle") == 0) return BlockOrder::Shuffle;
+  return BlockOrder::Forward;
 }
 BlockOrder g_order = initial_order();
+
+// BlockOrder::Shuffle (control.h): the launches counted so far and the seed they draw from.
+uint64_t g_shuffle_launches = 0;
+uint64_t shuffle_seed() {
+  static const uint64_t seed = [] {
+    const char* v = std::getenv("STRATA_CUDA_EMU_SEED");
+    return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : uint64_t{1};
+  }();
+  return seed;
+}
+uint64_t mix64(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 // STRATA_CUDA_EMU_THREAD_ORDER=reverse: the threads of a block start, and wake from barriers and
 // warp collectives, from the highest index down. A missing __syncthreads between one thread's
@@ -365,8 +383,20 @@ void run_launch(const LaunchConfig& config, KernelJob& job, BlockOrder order,
 
   const uint64_t gx = config.grid.x, gy = config.grid.y, gz = config.grid.z;
   const uint64_t blocks = gx * gy * gz;
+  // Shuffle: k -> (a k + c) mod blocks, a permutation when gcd(a, blocks) = 1.
+  uint64_t a = 1, c = 0;
+  if (order == BlockOrder::Shuffle && blocks > 1) {
+    const uint64_t r = mix64(shuffle_seed() * 0x9E3779B97F4A7C15ull + ++g_shuffle_launches);
+    c = r % blocks;
+    a = 1 + (r >> 32) % (blocks - 1);
+    while (std::gcd(a, blocks) != 1) a = a % (blocks - 1) + 1;
+  }
   for (uint64_t k = 0; k < blocks; ++k) {
-    const uint64_t b = order == BlockOrder::Reverse ? blocks - 1 - k : k;
+    const uint64_t b =
+        order == BlockOrder::Reverse ? blocks - 1 - k
+        : order == BlockOrder::Shuffle
+            ? static_cast<uint64_t>((static_cast<unsigned __int128>(a) * k + c) % blocks)
+            : k;
     run_block(u3(static_cast<unsigned>(b % gx), static_cast<unsigned>((b / gx) % gy),
                  static_cast<unsigned>(b / (gx * gy))));
   }

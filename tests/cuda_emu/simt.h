@@ -8,8 +8,9 @@
 // libcublasLt. What runs is the kernels' own code, so indexing, reductions, shuffles and launch
 // configurations are checked as written.
 //   - A launch is enqueued on its stream (Note [Emulated streams]); when it runs, it runs on the
-//     host thread that waits for it, blocks one after another (in reverse
-//     order when asked, to expose code that assumes an order between blocks). The threads of a
+//     host thread that waits for it, blocks one after another (in reverse order, or in an
+//     order of the launch's own, when asked: control.h; to expose code that assumes an order
+//     between blocks). The threads of a
 //     block are fibers on their own stacks, scheduled cooperatively: a thread runs until it
 //     reaches a barrier or returns, then the next ready thread of the block runs. The context
 //     switch is a few instructions of assembly (fiber.cpp); stacks are reused across launches.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "tests/cuda_emu/control.h"
@@ -246,6 +247,26 @@ TEST(CudaEmu, BlocksRunForwardOrReversed) {
   STRATA_LAUNCH(5, 32, 0, nullptr, block_order_probe)(order.get(), next2.get());
   set_block_order(saved);
   EXPECT_EQ(order.host(), (std::vector<int>{4, 3, 2, 1, 0}));
+}
+
+TEST(CudaEmu, ShuffledBlocksRunOnceEachInOrdersOfTheirOwn) {
+  const BlockOrder saved = block_order();
+  set_block_order(BlockOrder::Shuffle);
+  const std::vector<int> forward = {0, 1, 2, 3, 4, 5, 6, 7, 8},
+                         reverse = {8, 7, 6, 5, 4, 3, 2, 1, 0};
+  std::set<std::vector<int>> seen;
+  for (int launch = 0; launch < 20; ++launch) {
+    DeviceVector<int> order(9), next(1, 0);
+    STRATA_LAUNCH(9, 32, 0, nullptr, block_order_probe)(order.get(), next.get());
+    std::vector<int> o = order.host();
+    seen.insert(o);
+    std::sort(o.begin(), o.end());
+    EXPECT_EQ(o, forward) << "every block once";
+  }
+  set_block_order(saved);
+  seen.erase(forward);
+  seen.erase(reverse);
+  EXPECT_GE(seen.size(), 3u) << "orders other than forward and reverse, and not one alone";
 }
 
 TEST(CudaEmu, BadLaunchConfigurationsRunNothingAndSetTheError) {

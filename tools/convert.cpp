@@ -2,6 +2,12 @@
 //
 //   convert --checkpoint runs/tiny --to-hf out/tiny-hf
 //   convert --checkpoint runs/zero3 --consolidate out/model.safetensors
+//   convert --checkpoint runs/tiny --verify
+//
+// --verify checks every file of the checkpoint against the digests written with it (Note
+// [Checkpoint digests]) without building the model, e.g. after copying a checkpoint to another
+// machine; exit status 1 names the first damaged file. With --to-hf or --consolidate it runs
+// first (those load through load_checkpoint, which checks the files it reads anyway).
 //
 // --to-hf writes a Hugging Face GPT-2 directory (model.safetensors + config.json) that
 // transformers.GPT2LMHeadModel.from_pretrained loads (models/gpt2/hf_interop.h); only gpt2-family
@@ -10,6 +16,7 @@
 // per-rank shards of a ZeRO-3 checkpoint (Note [Distributed checkpoints]). --checkpoint is a
 // checkpoint directory or a run directory (then its latest checkpoint); the model and its
 // overrides come from the checkpoint's config.yaml.
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -24,8 +31,25 @@
 namespace strata::tools {
 namespace {
 
-int run(const std::string& checkpoint, const std::string& to_hf, const std::string& consolidate) {
+int run(const std::string& checkpoint, const std::string& to_hf, const std::string& consolidate,
+        bool verify) {
   const std::string dir = resolve_checkpoint(checkpoint);
+  if (verify) {
+    const CheckpointCheck c = verify_checkpoint(dir);
+    if (c.digests)
+      std::cout << fmt::format(
+                       "convert: {}: {} files, {} tensors, {:.1f} MiB: every digest matches", dir,
+                       c.files, c.tensors, static_cast<double>(c.bytes) / (1 << 20))
+                << std::endl;
+    else
+      std::cout << fmt::format(
+                       "convert: {}: {} files, {} tensors, {:.1f} MiB read; written before "
+                       "checkpoint digests, so nothing could be checked beyond the files' "
+                       "structure",
+                       dir, c.files, c.tensors, static_cast<double>(c.bytes) / (1 << 20))
+                << std::endl;
+    if (to_hf.empty() && consolidate.empty()) return 0;
+  }
   const TrainConfig cfg = load_train_config(checkpoint_config_path(dir));
   models::ModelOptions options;
   options.seed = cfg.run.seed;
@@ -61,6 +85,7 @@ int run(const std::string& checkpoint, const std::string& to_hf, const std::stri
 
 int main(int argc, char** argv) {
   std::string checkpoint, to_hf, consolidate;
+  bool verify = false;
   CLI::App app{"Convert a Strata checkpoint to another format."};
   app.add_option("--checkpoint", checkpoint,
                  "checkpoint directory, or run directory (then its latest checkpoint)")
@@ -70,14 +95,18 @@ int main(int argc, char** argv) {
   app.add_option("--consolidate", consolidate,
                  "write all parameters (ZeRO-3 shards gathered) into this one "
                  "safetensors file, in Strata's layout");
+  app.add_flag("--verify", verify,
+               "check every file against the digests written with it (Note [Checkpoint "
+               "digests]), without building the model");
   CLI11_PARSE(app, argc, argv);
-  if (to_hf.empty() && consolidate.empty()) {
+  if (to_hf.empty() && consolidate.empty() && !verify) {
     std::fprintf(stderr,
-                 "convert: error: nothing to do; give --to-hf DIR and/or --consolidate FILE\n");
+                 "convert: error: nothing to do; give --to-hf DIR, --consolidate FILE and/or "
+                 "--verify\n");
     return 1;
   }
   try {
-    return strata::tools::run(checkpoint, to_hf, consolidate);
+    return strata::tools::run(checkpoint, to_hf, consolidate, verify);
   } catch (const strata::Error& e) {
     std::fprintf(stderr, "convert: error: %s\n", e.what());
     return 1;

@@ -15,6 +15,7 @@
 #include "models/registry.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
+#include "tensor/safetensors.h"
 
 namespace strata::tools {
 namespace {
@@ -167,6 +168,17 @@ class Checkpoint : public ::testing::Test {
       EXPECT_TRUE(opt_state(*o) == s) << "a failed load must not touch the optimizer";
     }
     expect_no_tmp();
+  }
+
+  // verify_checkpoint (convert --verify) must refuse `dir` with every needle in its message.
+  static void expect_verify_error(const fs::path& dir, const std::vector<std::string>& needles) {
+    try {
+      verify_checkpoint(dir.string());
+      ADD_FAILURE() << "verify_checkpoint accepted a damaged checkpoint";
+    } catch (const UserError& e) {
+      for (const std::string& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
   }
 
   fs::path run_;
@@ -351,6 +363,7 @@ TEST_F(Checkpoint, DamagedFilesAreRefusedBeforeAnythingIsTouched) {
     const std::string good = read_file_bytes(f);
     flip(f, 3);  // the last tensor's data: the header still opens
     expect_load_error(dir.string(), *target, target_opt.get(), {f.string(), "damaged or changed"});
+    expect_verify_error(dir, {f.string(), "damaged or changed"});
     write_file_bytes(f, good);
   }
   const fs::path state = dir / "trainer_state.json";
@@ -362,6 +375,7 @@ TEST_F(Checkpoint, DamagedFilesAreRefusedBeforeAnythingIsTouched) {
   write_file_bytes(state, bad_state);
   expect_load_error(dir.string(), *target, target_opt.get(),
                     {state.string(), "damaged or changed"});
+  expect_verify_error(dir, {state.string(), "damaged or changed"});
   write_file_bytes(state, good_state);
   // optimizer.safetensors replaced by a file without digests.
   const fs::path of = dir / "optimizer.safetensors";
@@ -369,7 +383,15 @@ TEST_F(Checkpoint, DamagedFilesAreRefusedBeforeAnythingIsTouched) {
   write_file_bytes(of, without_digests(good_opt));
   expect_load_error(dir.string(), *target, target_opt.get(),
                     {of.string(), "has no digests", "trainer_state.json"});
+  expect_verify_error(dir, {of.string(), "has no digests"});
   write_file_bytes(of, good_opt);
+  const CheckpointCheck check = verify_checkpoint(dir.string());
+  EXPECT_TRUE(check.digests);
+  EXPECT_EQ(check.files, 2);
+  const size_t tensors =
+      tensor::SafetensorsReader((dir / "model.safetensors").string()).entries().size() +
+      tensor::SafetensorsReader(of.string()).entries().size();
+  EXPECT_EQ(check.tensors, static_cast<int64_t>(tensors));
   load_checkpoint(dir.string(), *target, target_opt.get());
   EXPECT_TRUE(weights(*target) == weights(*m));
 }
@@ -391,6 +413,7 @@ TEST_F(Checkpoint, CheckpointsWithoutDigestsStillLoad) {
   auto target_opt = make_adamw(*target);
   const TrainerState s = load_checkpoint(dir.string(), *target, target_opt.get());
   EXPECT_FALSE(s.digests);
+  EXPECT_FALSE(verify_checkpoint(dir.string()).digests);
   EXPECT_EQ(s.step, 1);
   EXPECT_TRUE(weights(*target) == weights(*m));
   EXPECT_TRUE(opt_state(*target_opt) == opt_state(*opt));

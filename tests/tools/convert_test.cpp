@@ -152,6 +152,31 @@ TEST_F(ToolsOnCheckpoint, ConvertAndGenerateReportBadInputAndExit1) {
   EXPECT_NE(g.err.find(latest.string()), std::string::npos) << g.err;
 }
 
+// Note [Checkpoint digests]: `convert --verify` checks every file without building the model,
+// and names the damaged one with exit status 1.
+TEST_F(ToolsOnCheckpoint, ConvertVerifyChecksEveryFileAndNamesADamagedOne) {
+  make_checkpoint("256");
+  const std::string run_dir = (dir_ / "run").string();
+  Result ok = run(tool("convert") + " --checkpoint " + run_dir + " --verify", dir_);
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_NE(ok.out.find("1 files"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("every digest matches"), std::string::npos) << ok.out;
+
+  const fs::path model = dir_ / "run" / "checkpoints" / "step_00000003" / "model.safetensors";
+  std::string bytes = slurp(model);
+  ASSERT_GT(bytes.size(), 100u);
+  bytes[bytes.size() - 5] = static_cast<char>(bytes[bytes.size() - 5] ^ 0x40);
+  std::ofstream(model, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());
+  Result bad = run(
+      tool("convert") + " --checkpoint " + run_dir + " --verify --to-hf " + (dir_ / "hf").string(),
+      dir_);
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_TRUE(bad.err.starts_with("convert: error: ")) << bad.err;
+  EXPECT_NE(bad.err.find(model.string()), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("damaged or changed"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(dir_ / "hf")) << "nothing written from a damaged checkpoint";
+}
+
 TEST_F(ToolsOnCheckpoint, GeneratePrintsThePromptAndTheSampledContinuation) {
   auto model = make_checkpoint("256");  // the byte tokenizer: ids are bytes
   const std::string prompt = "Hello, Strata";

@@ -451,6 +451,31 @@ TrainerState load_checkpoint(const std::string& dir, models::CausalLM& model,
   return state;
 }
 
+CheckpointCheck verify_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) user_error("{}: checkpoint directory does not exist", dir);
+  const TrainerState state = read_trainer_state(require_file(dir, kStateFile));
+  std::vector<std::string> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors")
+      files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  if (files.empty())
+    user_error("{}: no .safetensors files; the checkpoint is incomplete or not a checkpoint", dir);
+  CheckpointCheck out;
+  out.digests = state.digests;
+  for (const std::string& f : files) {
+    SafetensorsReader r(f);
+    require_digests(r, state, dir);
+    r.verify();
+    ++out.files;
+    for (const auto& e : r.entries()) {
+      ++out.tensors;
+      out.bytes += e.end - e.begin;
+    }
+  }
+  return out;
+}
+
 std::string checkpoint_config_path(const std::string& checkpoint_dir) {
   return require_file(checkpoint_dir, kConfigFile);
 }

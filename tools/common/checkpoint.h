@@ -98,6 +98,19 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, models::CausalLM
 // a user_error when it is missing.
 std::string checkpoint_config_path(const std::string& checkpoint_dir);
 
+// Checks a checkpoint's files without a model (`convert --verify`; Note [Checkpoint digests]):
+// trainer_state.json (and its digest), then every *.safetensors file of the directory, each
+// header and each tensor streamed through its digest. A user_error naming the first damaged
+// file (and tensor). `digests` is false for a checkpoint written before digests: then only the
+// files' structure was checked.
+struct CheckpointCheck {
+  bool digests = false;
+  int64_t files = 0;  // safetensors files read
+  int64_t tensors = 0;
+  uint64_t bytes = 0;  // tensor bytes read
+};
+CheckpointCheck verify_checkpoint(const std::string& checkpoint_dir);
+
 // Note [Distributed checkpoints]
 // With data parallelism every rank takes part in a checkpoint. Rank 0 creates the temporary step
 // directory and tells the others its name; each rank writes its own files into it:

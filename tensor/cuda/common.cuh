@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tensor/cuda/kernels.h"
@@ -169,6 +170,122 @@ struct alignas(16) Pack {
 
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// Note [CUDA element groups]
+// Kernels that stream contiguous data give each thread a group of K consecutive elements (K
+// elements of every array the kernel touches fill whole 128-bit words: group_width). When every
+// pointer is 16-byte aligned (and, for the column kernels, the row length a multiple of K) the
+// group moves as 128-bit loads and stores (load_wide/store_wide); otherwise load_group and
+// store_group move it one element at a time, and a group cut short by the end of the data reads
+// 0 past it and writes nothing there. Which thread owns which element, and the order in which it
+// combines them, is the same on both paths, so a packed and an unpacked launch give the same bits
+// (tests/cuda/cuda_ops_test.cpp, CudaOps.PackedAndScalarPathsAgree), and
+// tests/tools/ptx_test.cpp checks in the compiled PTX that the packed paths are 128 bits wide.
+template <typename... T>
+inline constexpr int group_width = static_cast<int>(16 / std::min({sizeof(T)...}));
+
+template <int K, typename T>
+__device__ __forceinline__ void load_wide(const T* p, float (&out)[K]) {
+  constexpr int N = Pack<T>::kN;
+  static_assert(K % N == 0, "a group is whole 128-bit packs");
+#pragma unroll
+  for (int q = 0; q < K / N; ++q) {
+    const Pack<T> pk = reinterpret_cast<const Pack<T>*>(p)[q];
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[q * N + e] = to_f32(pk.v[e]);
+  }
+}
+
+template <int K, typename T>
+__device__ __forceinline__ void store_wide(T* p, const float (&in)[K]) {
+  constexpr int N = Pack<T>::kN;
+  static_assert(K % N == 0, "a group is whole 128-bit packs");
+#pragma unroll
+  for (int q = 0; q < K / N; ++q) {
+    Pack<T> pk;
+#pragma unroll
+    for (int e = 0; e < N; ++e) pk.v[e] = from_f32<T>(in[q * N + e]);
+    reinterpret_cast<Pack<T>*>(p)[q] = pk;
+  }
+}
+
+// Threads and blocks for a column kernel whose threads own K columns each (Note [CUDA element
+// groups]): as few threads per block as cover the row, at most 256.
+struct ColumnLaunch {
+  unsigned blocks;
+  int threads;
+};
+inline ColumnLaunch column_launch(int64_t c, int k) {
+  const int64_t groups = (c + k - 1) / k;
+  const int64_t threads = std::min<int64_t>(256, (groups + 31) / 32 * 32);
+  return {static_cast<unsigned>((groups + threads - 1) / threads), static_cast<int>(threads)};
+}
+
+// The K elements at p, of which the first `valid` exist (K of them when `wide`).
+template <int K, typename T>
+__device__ __forceinline__ void load_group(bool wide, const T* p, int64_t valid, float (&out)[K]) {
+  if constexpr (K % Pack<T>::kN == 0) {
+    if (wide) {
+      load_wide<K>(p, out);
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < K; ++e) out[e] = e < valid ? to_f32(p[e]) : 0.f;
+}
+
+template <int K, typename T>
+__device__ __forceinline__ void store_group(bool wide, T* p, int64_t valid, const float (&in)[K]) {
+  if constexpr (K % Pack<T>::kN == 0) {
+    if (wide) {
+      store_wide<K>(p, in);
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < K; ++e)
+    if (e < valid) p[e] = from_f32<T>(in[e]);
+}
+
+// The groups of K elements of [0, n) this thread owns (the grid strides over groups): calls
+// f(i0, valid, w) with i0 the group's first element, valid = n - i0 (K or more but in the last
+// group) and w = `wide` for a whole group, false for the last one cut short.
+template <int K, typename F>
+__device__ __forceinline__ void for_each_group(int64_t n, bool wide, F&& f) {
+  const int64_t groups = (n + K - 1) / K;
+  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups;
+       g += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i0 = g * K, valid = n - i0;
+    f(i0, valid, wide && valid >= K);
+  }
+}
+
+// partial[chunk, j] = the sum in Acc, in row order, of x[r, j] over the chunk's kRows rows of
+// x [n, c], for the K consecutive columns j this thread owns (columns j0 = (blockIdx.x *
+// blockDim.x + threadIdx.x) * K on); `wide`: c a multiple of K and x 16-byte aligned. Note [Row
+// chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
+template <typename Acc, int64_t kRows, typename T>
+__device__ __forceinline__ void column_chunk_sums(const T* x, int64_t n, int64_t c, bool wide,
+                                                  Acc* partial) {
+  constexpr int K = group_width<T>;
+  const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * K;
+  if (j >= c) return;
+  const int64_t valid = c - j;
+  const int64_t chunks = (n + kRows - 1) / kRows;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kRows, r1 = r0 + kRows < n ? r0 + kRows : n;
+    Acc s[K] = {};
+    for (int64_t r = r0; r < r1; ++r) {
+      float v[K];
+      load_group<K>(wide, x + r * c + j, valid, v);
+#pragma unroll
+      for (int e = 0; e < K; ++e) s[e] += v[e];
+    }
+#pragma unroll
+    for (int e = 0; e < K; ++e)
+      if (e < valid) partial[chunk * c + j + e] = s[e];
+  }
 }
 
 template <typename T>

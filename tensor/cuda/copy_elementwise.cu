@@ -5,6 +5,7 @@
 // pointer is 16-byte aligned, with a scalar tail, and fall back to one element per thread
 // otherwise. The f32 instantiations compute exactly what the f32-only kernels computed before.
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "tensor/cuda/common.cuh"
@@ -88,9 +89,15 @@ __global__ void copy_same_kernel(const E* src, Strided32 sv, E* dst, Strided32 d
 
 // Contiguous float -> float cast (the master-weights -> model-copy path): same rounding as
 // copy_kernel's store_float, without the per-element index arithmetic.
+// Groups of K elements (Note [CUDA element groups]): 128-bit words of both arrays when `wide`.
 template <typename TS, typename TD>
-__global__ void cast_contig_kernel(const TS* src, TD* dst, int64_t n) {
-  STRATA_GRID_LOOP(i, n) dst[i] = from_f32<TD>(to_f32(src[i]));
+__global__ void cast_contig_kernel(const TS* src, TD* dst, int64_t n, bool wide) {
+  constexpr int K = group_width<TS, TD>;
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float v[K];
+    load_group<K>(w, src + i0, valid, v);
+    store_group<K>(w, dst + i0, valid, v);
+  });
 }
 
 __device__ inline void store_double(void* p, int dt, int64_t i, double v) {
@@ -103,6 +110,43 @@ __device__ inline void store_double(void* p, int dt, int64_t i, double v) {
 
 __global__ void fill_kernel(void* dst, int dt, Strided v, int64_t n, double value) {
   STRATA_GRID_LOOP(i, n) store_double(dst, dt, strided_offset(v, i), value);
+}
+
+__host__ __device__ inline int element_bytes(int dtype) {
+  switch (dtype) {
+    case kI64:
+      return 8;
+    case kF32:
+    case kI32:
+      return 4;
+    case kBF16:
+    case kF16:
+    case kU16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// A contiguous fill: the element's bytes as fill_kernel stores them, repeated into a 16-byte word
+// that goes out as 128-bit stores from the first 16-byte boundary on; the elements before it and
+// after the last whole word are stored one at a time. dst is aligned to its element size.
+__global__ void fill_contig_kernel(void* dst, int dt, int64_t n, double value) {
+  const int es = element_bytes(dt);
+  alignas(8) unsigned char one[8] = {};
+  store_double(one, dt, 0, value);
+  uint64_t bits;
+  memcpy(&bits, one, sizeof bits);
+  for (int shift = es * 8; shift < 64; shift *= 2) bits |= bits << shift;
+  const auto lo = static_cast<uint32_t>(bits), hi = static_cast<uint32_t>(bits >> 32);
+  const uint4 word = make_uint4(lo, hi, lo, hi);
+  const auto addr = reinterpret_cast<uintptr_t>(dst);
+  const int64_t head = min(n, static_cast<int64_t>(((16 - (addr & 15)) & 15) / es));
+  const int64_t per_word = 16 / es, words = (n - head) / per_word;
+  uint4* body = reinterpret_cast<uint4*>(static_cast<char*>(dst) + head * es);
+  STRATA_GRID_LOOP(w, words) body[w] = word;
+  const int64_t rest = n - words * per_word;  // head + tail, fewer than 2 * 16 elements
+  STRATA_GRID_LOOP(r, rest) store_double(dst, dt, r < head ? r : r + words * per_word, value);
 }
 
 __global__ void arange_kernel(void* dst, int dt, int64_t n, double start, double step) {
@@ -267,26 +311,20 @@ __global__ void affine_kernel(const T* x, Strided xv, float alpha, float beta, T
   STRATA_GRID_LOOP(i, n) out[i] = from_f32<T>(alpha * to_f32(x[strided_offset(xv, i)]) + beta);
 }
 
-// y = round_y(f32(y) + alpha * f32(x)). Packs only when x and y share a type (`vec`).
+// y = round_y(f32(y) + alpha * f32(x)), in groups of K elements (Note [CUDA element groups]):
+// 128-bit words of both arrays when both are 16-byte aligned (`wide`), whether or not they share
+// a dtype (gradient accumulation adds bf16 into f32 and back).
 template <typename TX, typename TY>
-__global__ void axpy_kernel(float alpha, const TX* x, TY* y, int64_t n, bool vec) {
-  int64_t done = 0;
-  if constexpr (std::is_same<TX, TY>::value) {
-    constexpr int N = Pack<TY>::kN;
-    const int64_t np = vec ? n / N : 0;
-    STRATA_GRID_LOOP(p, np) {
-      const Pack<TX> a = reinterpret_cast<const Pack<TX>*>(x)[p];
-      Pack<TY> b = reinterpret_cast<Pack<TY>*>(y)[p];
+__global__ void axpy_kernel(float alpha, const TX* x, TY* y, int64_t n, bool wide) {
+  constexpr int K = group_width<TX, TY>;
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float a[K], b[K];
+    load_group<K>(w, x + i0, valid, a);
+    load_group<K>(w, y + i0, valid, b);
 #pragma unroll
-      for (int e = 0; e < N; ++e) b.v[e] = from_f32<TY>(to_f32(b.v[e]) + alpha * to_f32(a.v[e]));
-      reinterpret_cast<Pack<TY>*>(y)[p] = b;
-    }
-    done = np * N;
-  }
-  STRATA_GRID_LOOP(j, n - done) {
-    const int64_t i = done + j;
-    y[i] = from_f32<TY>(to_f32(y[i]) + alpha * to_f32(x[i]));
-  }
+    for (int e = 0; e < K; ++e) b[e] += alpha * a[e];
+    store_group<K>(w, y + i0, valid, b);
+  });
 }
 
 // out = x + bias[i % cols]; `vec`: pointers aligned and cols a multiple of the pack width, so a
@@ -312,15 +350,25 @@ __global__ void bias_add_kernel(const T* x, const T* bias, T* out, int64_t n, in
 
 template <typename T>
 __global__ void dropout_kernel(const T* x, T* out, int64_t n, float keep, uint64_t seed,
-                               uint64_t sid) {
-  // One Philox block feeds four consecutive elements, as on the CPU.
-  STRATA_GRID_LOOP(blk, (n + 3) / 4) {
-    const U4 r = philox(seed, sid, static_cast<uint64_t>(blk));
-    for (int l = 0; l < 4 && blk * 4 + l < n; ++l) {
-      const float m = unit_float(lane_of(r, l)) < keep ? 1.f : 0.f;
-      out[blk * 4 + l] = from_f32<T>(to_f32(x[blk * 4 + l]) * m / keep);
+                               uint64_t sid, bool wide) {
+  // One Philox block feeds four consecutive elements, as on the CPU; a group (Note [CUDA element
+  // groups]) is one block's four f32 or two blocks' eight bf16/f16.
+  constexpr int K = group_width<T>;
+  static_assert(K % 4 == 0, "a group is whole Philox blocks");
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float v[K];
+    load_group<K>(w, x + i0, valid, v);
+#pragma unroll
+    for (int q = 0; q < K / 4; ++q) {
+      const U4 r = philox(seed, sid, static_cast<uint64_t>(i0 / 4 + q));
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {
+        const float m = unit_float(lane_of(r, l)) < keep ? 1.f : 0.f;
+        v[q * 4 + l] = v[q * 4 + l] * m / keep;
+      }
     }
-  }
+    store_group<K>(w, out + i0, valid, v);
+  });
 }
 
 template <typename T>
@@ -340,22 +388,6 @@ __global__ void rotary_kernel(const T* x, const void* cs, const void* sn, int cs
 }  // namespace
 
 namespace {
-
-int element_bytes(int dtype) {
-  switch (dtype) {
-    case kI64:
-      return 8;
-    case kF32:
-    case kI32:
-      return 4;
-    case kBF16:
-    case kF16:
-    case kU16:
-      return 2;
-    default:
-      return 1;
-  }
-}
 
 // Note [CUDA same-dtype copies]: drops size-1 dims and merges dim d into d + 1 when both views
 // step over d as over one longer d + 1. False if the result does not fit Strided32.
@@ -423,8 +455,10 @@ void launch_copy(const void* src, int src_dtype, const Strided& src_view, void* 
       using TS = typename decltype(s)::type;
       dispatch_float(dst_dtype, [&](auto d) {
         using TD = typename decltype(d)::type;
-        STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, cast_contig_kernel<TS, TD>)
-        (static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+        constexpr int K = group_width<TS, TD>;
+        STRATA_LAUNCH(blocks_for((n + K - 1) / K, kThreads), kThreads, 0, stream,
+                      cast_contig_kernel<TS, TD>)
+        (static_cast<const TS*>(src), static_cast<TD*>(dst), n, aligned16(src) && aligned16(dst));
       });
     });
     return;
@@ -449,6 +483,12 @@ void launch_copy(const void* src, int src_dtype, const Strided& src_view, void* 
 
 void launch_fill(void* dst, int dtype, const Strided& view, int64_t n, double value,
                  Stream stream) {
+  if (contiguous(view)) {
+    STRATA_LAUNCH(blocks_for(n * element_bytes(dtype) / 16 + 1, kThreads), kThreads, 0, stream,
+                  fill_contig_kernel)
+    (dst, dtype, n, value);
+    return;
+  }
   STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, fill_kernel)
   (dst, dtype, view, n, value);
 }
@@ -519,15 +559,16 @@ bool launch_affine(int dt, const void* x, const Strided& x_view, float alpha, fl
 
 bool launch_axpy(float alpha, const void* x, int x_dtype, void* y, int y_dtype, int64_t n,
                  Stream stream) {
-  // A pack access would fault on unaligned views: those take the scalar path.
-  const bool vec = x_dtype == y_dtype && aligned16(x) && aligned16(y);
+  // A pack access would fault on unaligned views: those take the one-element path.
+  const bool wide = aligned16(x) && aligned16(y);
   bool ok = false;
   dispatch_float(x_dtype, [&](auto xt) {
     using TX = typename decltype(xt)::type;
     ok = dispatch_float(y_dtype, [&](auto yt) {
       using TY = typename decltype(yt)::type;
-      STRATA_LAUNCH(grid_for<TY>(n, vec), kThreads, 0, stream, axpy_kernel<TX, TY>)
-      (alpha, static_cast<const TX*>(x), static_cast<TY*>(y), n, vec);
+      constexpr int K = group_width<TX, TY>;
+      STRATA_LAUNCH(blocks_for((n + K - 1) / K, kThreads), kThreads, 0, stream, axpy_kernel<TX, TY>)
+      (alpha, static_cast<const TX*>(x), static_cast<TY*>(y), n, wide);
     });
   });
   return ok;
@@ -568,8 +609,10 @@ bool launch_dropout(int dt, const void* x, void* out, int64_t n, float p, uint64
                     uint64_t stream_id, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    STRATA_LAUNCH(blocks_for((n + 3) / 4, kThreads), kThreads, 0, stream, dropout_kernel<T>)
-    (static_cast<const T*>(x), static_cast<T*>(out), n, 1.f - p, seed, stream_id);
+    constexpr int K = group_width<T>;
+    STRATA_LAUNCH(blocks_for((n + K - 1) / K, kThreads), kThreads, 0, stream, dropout_kernel<T>)
+    (static_cast<const T*>(x), static_cast<T*>(out), n, 1.f - p, seed, stream_id,
+     aligned16(x) && aligned16(out));
   });
 }
 

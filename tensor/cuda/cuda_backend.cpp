@@ -544,9 +544,9 @@ std::vector<double> CudaBackend::sum_squares_many(const std::vector<Tensor>& xs)
     Tensor xc = x.is_contiguous() ? x : Tensor::empty(x.shape(), x.dtype(), device());
     if (!xc.is_same(x)) copy_on_device(x, xc);
     double* slot = p + static_cast<int64_t>(i) * slots;
-    launch_sum_squares(xc.data_ptr(), dt(xc.dtype()), xc.numel(), slot, slot + kSumSquaresBlocks,
-                       stream_);
-    check_launch("sum_squares");
+    launched(launch_sum_squares(xc.data_ptr(), dt(xc.dtype()), xc.numel(), slot,
+                                slot + kSumSquaresBlocks, stream_),
+             "sum_squares");
   }
   std::vector<double> all(xs.size() * static_cast<size_t>(slots), 0.0);
   check_cuda(

@@ -24,40 +24,56 @@ __device__ __forceinline__ float gelu_grad_f(float v) {
   return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
 }
 
+// Note [CUDA element groups]: K = group_width<float, T> consecutive elements per thread; `wide`
+// when cols is a multiple of K and every pointer is 16-byte aligned, so a group never straddles
+// a row and its bias slice is whole packs too.
 template <typename T>
 __global__ void bias_act(const float* acc, const T* bias, int act, T* y, T* pre, int64_t n,
-                         int64_t cols) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = acc[i] + (bias ? to_f32(bias[i % cols]) : 0.f);
-    if (pre) pre[i] = from_f32<T>(v);
-    y[i] = from_f32<T>(act == 1 ? gelu_f(v) : v);
-  }
+                         int64_t cols, bool wide) {
+  constexpr int K = group_width<float, T>;
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float v[K], b[K];
+    load_group<K>(w, acc + i0, valid, v);
+    if (bias == nullptr) {
+#pragma unroll
+      for (int e = 0; e < K; ++e) b[e] = 0.f;
+    } else if (w) {
+      load_wide<K>(bias + i0 % cols, b);
+    } else {
+#pragma unroll
+      for (int e = 0; e < K; ++e) b[e] = e < valid ? to_f32(bias[(i0 + e) % cols]) : 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < K; ++e) v[e] += b[e];
+    if (pre) store_group<K>(w, pre + i0, valid, v);
+    if (act == 1) {
+#pragma unroll
+      for (int e = 0; e < K; ++e) v[e] = gelu_f(v[e]);
+    }
+    store_group<K>(w, y + i0, valid, v);
+  });
 }
 
 template <typename T>
-__global__ void gelu_backward_f32(float* dh, const T* pre, T* dpre, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = dh[i] * gelu_grad_f(to_f32(pre[i]));
-    dh[i] = v;
-    dpre[i] = from_f32<T>(v);
-  }
+__global__ void gelu_backward_f32(float* dh, const T* pre, T* dpre, int64_t n, bool wide) {
+  constexpr int K = group_width<float, T>;  // Note [CUDA element groups]
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float d[K], p[K];
+    load_group<K>(w, dh + i0, valid, d);
+    load_group<K>(w, pre + i0, valid, p);
+#pragma unroll
+    for (int e = 0; e < K; ++e) d[e] *= gelu_grad_f(p[e]);
+    store_group<K>(w, dh + i0, valid, d);
+    store_group<K>(w, dpre + i0, valid, d);
+  });
 }
 
-// partial[chunk, j] = sum of x[r, j] over the chunk's rows, in row order.
+// partial[chunk, j] = sum of x[r, j] over the chunk's kNormRowChunk rows, in row order, in f32;
+// K consecutive columns per thread (Note [CUDA element groups]).
 template <typename TX>
-__global__ void column_partials(const TX* x, float* partial, int64_t rows, int64_t cols) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= cols) return;
-  const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
-  // Note [Row chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
-  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
-    const int64_t r0 = chunk * kNormRowChunk, r1 = min(rows, r0 + kNormRowChunk);
-    float acc = 0;
-    for (int64_t r = r0; r < r1; ++r) acc += to_f32(x[r * cols + j]);
-    partial[chunk * cols + j] = acc;
-  }
+__global__ void column_partials(const TX* x, float* partial, int64_t rows, int64_t cols,
+                                bool wide) {
+  column_chunk_sums<float, kNormRowChunk>(x, rows, cols, wide, partial);
 }
 
 template <typename T>
@@ -79,8 +95,12 @@ bool launch_bias_act(int dt, const float* acc, const void* bias, int act, void* 
     using T = STRATA_FLOAT_TYPE(tag);
     const int64_t n = rows * cols;
     if (n == 0) return;
-    STRATA_LAUNCH(blocks_for(n, 256), 256, 0, stream, bias_act<T>)
-    (acc, static_cast<const T*>(bias), act, static_cast<T*>(y), static_cast<T*>(pre), n, cols);
+    constexpr int K = group_width<float, T>;
+    const bool wide = cols % K == 0 && aligned16(acc) && (bias == nullptr || aligned16(bias)) &&
+                      aligned16(y) && (pre == nullptr || aligned16(pre));
+    STRATA_LAUNCH(blocks_for((n + K - 1) / K, 256), 256, 0, stream, bias_act<T>)
+    (acc, static_cast<const T*>(bias), act, static_cast<T*>(y), static_cast<T*>(pre), n, cols,
+     wide);
   });
 }
 
@@ -90,8 +110,10 @@ bool launch_gelu_backward_f32(int dt, float* dh, const void* pre, void* dpre, in
     using T = STRATA_FLOAT_TYPE(tag);
     const int64_t n = rows * cols;
     if (n == 0) return;
-    STRATA_LAUNCH(blocks_for(n, 256), 256, 0, stream, gelu_backward_f32<T>)
-    (dh, static_cast<const T*>(pre), static_cast<T*>(dpre), n);
+    constexpr int K = group_width<float, T>;
+    const bool wide = aligned16(dh) && aligned16(pre) && aligned16(dpre);
+    STRATA_LAUNCH(blocks_for((n + K - 1) / K, 256), 256, 0, stream, gelu_backward_f32<T>)
+    (dh, static_cast<const T*>(pre), static_cast<T*>(dpre), n, wide);
   });
 }
 
@@ -105,9 +127,12 @@ bool launch_column_sums(int x_dt, const void* x, int out_dt, void* out, float* s
       if (cols == 0) return;
       const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
       const unsigned cg = static_cast<unsigned>((cols + 255) / 256);
+      constexpr int K = group_width<TX>;
+      const ColumnLaunch l = column_launch(cols, K);
+      const bool wide = cols % K == 0 && aligned16(x);
       if (chunks > 0)
-        STRATA_LAUNCH(dim3(cg, chunk_grid(chunks)), 256, 0, stream, column_partials<TX>)
-      (static_cast<const TX*>(x), scratch, rows, cols);
+        STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream, column_partials<TX>)
+      (static_cast<const TX*>(x), scratch, rows, cols, wide);
       STRATA_LAUNCH(cg, 256, 0, stream, sum_partials_rows<TO>)
       (scratch, chunks, cols, static_cast<TO*>(out));
     });

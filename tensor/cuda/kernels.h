@@ -70,7 +70,7 @@ void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, c
 // partial[blocks] then total: sum of squares of n contiguous elements, in f64, into *result
 // (device). `scratch` holds at least kSumSquaresBlocks doubles.
 inline constexpr int kSumSquaresBlocks = 256;
-void launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
+bool launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
                         Stream stream);
 // The norms (layernorm, rmsnorm) live in fused_norm.cu, as the residual-free case of the fused
 // kernels (Note [CUDA fused residual norm]): 128-bit packs when the rows allow; their dweight and

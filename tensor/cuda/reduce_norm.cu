@@ -21,10 +21,12 @@
 //      larger merge stage global compare-exchange passes down to the tile, then the tile's
 //      passes in shared memory again). Keys are distinct (rows are), so the sorted order is
 //      fixed: the rows of each id in increasing order, ids in increasing order.
-//   3. a thread per (column, segment start) starts from the old dweight value, adds that id's
-//      dout rows in order in f32 and stores once: no atomics, no f32 scratch. The walk reads
-//      kEmbedUnroll keys and rows at a time (independent loads), then adds the matching ones in
-//      order, so a frequent token's long run is not one dependent load after another.
+//   3. a thread per (column group, segment start) starts from the old dweight values, adds that
+//      id's dout rows in order in f32 and stores once: no atomics, no f32 scratch. A group is K
+//      consecutive columns moved as 128-bit words when the row length and both arrays allow
+//      (Note [CUDA element groups] in common.cuh), else one column. The walk reads several keys
+//      and rows at a time (independent loads), then adds the matching ones in order, so a
+//      frequent token's long run is not one dependent load after another.
 // Untouched rows are never written. Ids are below 2^32 - 1 and rows below 2^32 (checked).
 // The norm-gradient, softmax, cross-entropy and embedding kernels are templates on the element type
 // (Note [CUDA low-precision kernels] in common.cuh); mean/rstd/lse/losses/dloss and every partial
@@ -96,14 +98,19 @@ __global__ void reduce_kernel(int op, const void* x, int xdt, Strided outer, Str
   }
 }
 
-__global__ void sum_squares_partial(const void* x, int dt, int64_t n, double* partial) {
+// Note [CUDA element groups]: thread t of the grid owns groups t, t + threads, ... of K elements
+// and adds their squares in element order, packed or not.
+template <typename T>
+__global__ void sum_squares_partial(const T* x, int64_t n, bool wide, double* partial) {
+  constexpr int K = group_width<T>;
   __shared__ double sh[32];
   double acc = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const double v = load_float(x, dt, i);
-    acc += v * v;
-  }
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float v[K];
+    load_group<K>(w, x + i0, valid, v);
+#pragma unroll
+    for (int e = 0; e < K; ++e) acc += static_cast<double>(v[e]) * static_cast<double>(v[e]);
+  });
   acc = block_sum(acc, sh);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -120,22 +127,14 @@ __global__ void sum_partials(const double* partial, int n, double* result) {
 // sum_to of [N, C] -> [C] (every bias gradient) through the generic reduce_kernel would give each
 // column a block whose threads read elements C apart: uncoalesced, one 32-byte sector per 2- or
 // 4-byte value, with int64 index arithmetic per element - for GPT-2 at B*T = 16K rows, tens of
-// milliseconds per step over its 48 bias gradients. Instead each thread owns a column of a chunk
-// of kColumnSumRows rows (consecutive threads, consecutive columns: coalesced), sums it in f64,
-// and a second kernel adds the chunk partials in chunk order and rounds once. The split depends
-// only on N, so the bits are the same on every run.
+// milliseconds per step over its 48 bias gradients. Instead each thread owns a group of K
+// consecutive columns of a chunk of kColumnSumRows rows (consecutive threads, consecutive groups:
+// coalesced, 128-bit words when aligned, Note [CUDA element groups]), sums each column in f64, and
+// a second kernel adds the chunk partials in chunk order and rounds once. The split depends only on
+// N, so the bits are the same on every run.
 template <typename T>
-__global__ void column_sum_partials(const T* x, int64_t n, int64_t c, double* partial) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= c) return;
-  const int64_t chunks = (n + kColumnSumRows - 1) / kColumnSumRows;
-  // Note [Row chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
-  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
-    const int64_t r0 = chunk * kColumnSumRows, r1 = min(n, r0 + kColumnSumRows);
-    double s = 0;
-    for (int64_t r = r0; r < r1; ++r) s += to_f32(x[r * c + j]);
-    partial[chunk * c + j] = s;
-  }
+__global__ void column_sum_partials(const T* x, int64_t n, int64_t c, bool wide, double* partial) {
+  column_chunk_sums<double, kColumnSumRows>(x, n, c, wide, partial);
 }
 
 __global__ void column_sum_finish(const double* partial, int64_t chunks, int64_t c, void* out,
@@ -148,24 +147,33 @@ __global__ void column_sum_finish(const double* partial, int64_t chunks, int64_t
 }
 
 // partial_w[chunk, j] = sum over the chunk's rows of dy * xhat; partial_b likewise of dy (f32).
+// Note [CUDA element groups]: K consecutive columns per thread, each summed alone in row order.
 template <typename T>
 __global__ void norm_bwd_partials(const T* dy, const T* x, const float* mean, const float* rstd,
-                                  float* partial_w, float* partial_b, int64_t n, int64_t c) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+                                  float* partial_w, float* partial_b, int64_t n, int64_t c,
+                                  bool wide) {
+  constexpr int K = group_width<T>;
+  const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * K;
   if (j >= c) return;
+  const int64_t valid = c - j;
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   // Note [Row chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
   for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
     const int64_t r0 = chunk * kNormRowChunk, r1 = min(n, r0 + kNormRowChunk);
-    float sw = 0, sb = 0;
+    float sw[K] = {}, sb[K] = {};
     for (int64_t r = r0; r < r1; ++r) {
-      const float g = to_f32(dy[r * c + j]);
-      const float mu = mean ? mean[r] : 0.f;
-      sw += g * (to_f32(x[r * c + j]) - mu) * rstd[r];
-      sb += g;
+      float g[K], xv[K];
+      load_group<K>(wide, dy + r * c + j, valid, g);
+      load_group<K>(wide, x + r * c + j, valid, xv);
+      const float mu = mean ? mean[r] : 0.f, rs = rstd[r];
+#pragma unroll
+      for (int e = 0; e < K; ++e) {
+        sw[e] += g[e] * (xv[e] - mu) * rs;
+        sb[e] += g[e];
+      }
     }
-    partial_w[chunk * c + j] = sw;
-    if (partial_b) partial_b[chunk * c + j] = sb;
+    store_group<K>(wide, partial_w + chunk * c + j, valid, sw);
+    if (partial_b) store_group<K>(wide, partial_b + chunk * c + j, valid, sb);
   }
 }
 
@@ -346,9 +354,15 @@ __global__ void bitonic_pass(uint64_t* keys, int64_t padded, int64_t j, int64_t 
   }
 }
 
-template <typename TD, typename TW>
+// K consecutive columns per thread (Note [CUDA element groups]): K = 1 reads one element of a
+// row at a time, kEmbedUnroll rows ahead; K > 1 (c a multiple of K, both arrays 16-byte aligned)
+// reads K columns of a row as 128-bit words, kEmbedUnroll / 4 rows ahead. Each column still adds
+// its id's rows in order to the old value, so both give the same bits.
+template <typename TD, typename TW, int K>
 __global__ void embedding_bwd(const uint64_t* keys, int64_t n, const TD* dout, TW* dw, int64_t c) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  constexpr int U = K == 1 ? kEmbedUnroll : kEmbedUnroll / 4;
+  constexpr bool kWide = K > 1;
+  const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * K;
   if (j >= c) return;
   for (int64_t first = blockIdx.y * kEmbedStartsPerBlock; first < n;
        first += int64_t{gridDim.y} * kEmbedStartsPerBlock) {
@@ -357,22 +371,31 @@ __global__ void embedding_bwd(const uint64_t* keys, int64_t n, const TD* dout, T
       const uint64_t id = keys[s] >> 32;
       if (keys[s] == kNoKey || (s > 0 && keys[s - 1] >> 32 == id)) continue;  // not a start
       TW* w = dw + static_cast<int64_t>(id) * c + j;
-      float acc = to_f32(*w);
-      for (int64_t k = s;; k += kEmbedUnroll) {
-        float v[kEmbedUnroll];
-        bool hit[kEmbedUnroll];
+      float acc[K];
+      load_group<K>(kWide, w, K, acc);
+      for (int64_t k = s;; k += U) {
+        float v[U][K];
+        bool hit[U];
 #pragma unroll
-        for (int e = 0; e < kEmbedUnroll; ++e) {
-          const uint64_t key = k + e < n ? keys[k + e] : kNoKey;
-          hit[e] = key >> 32 == id;
-          v[e] = hit[e] ? to_f32(dout[static_cast<int64_t>(key & 0xffffffffu) * c + j]) : 0.f;
+        for (int u = 0; u < U; ++u) {
+          const uint64_t key = k + u < n ? keys[k + u] : kNoKey;
+          hit[u] = key >> 32 == id;
+          if (hit[u]) {
+            load_group<K>(kWide, dout + static_cast<int64_t>(key & 0xffffffffu) * c + j, K, v[u]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < K; ++e) v[u][e] = 0.f;
+          }
         }
 #pragma unroll
-        for (int e = 0; e < kEmbedUnroll; ++e)
-          if (hit[e]) acc += v[e];
-        if (!hit[kEmbedUnroll - 1]) break;  // sorted: the run ended within these keys
+        for (int u = 0; u < U; ++u)
+          if (hit[u]) {
+#pragma unroll
+            for (int e = 0; e < K; ++e) acc[e] += v[u][e];
+          }
+        if (!hit[U - 1]) break;  // sorted: the run ended within these keys
       }
-      *w = from_f32<TW>(acc);
+      store_group<K>(kWide, w, K, acc);
     }
   }
 }
@@ -573,13 +596,19 @@ __global__ void ce_fused(T* x, const void* targets, bool i64, int64_t ignore, fl
 // x *= g / expected unless g == expected (Backend::scale_unless_equal): every block reads g and
 // returns at once when they are equal.
 template <typename T>
-__global__ void scale_unless_equal_kernel(T* x, int64_t n, const float* g, float expected) {
+__global__ void scale_unless_equal_kernel(T* x, int64_t n, const float* g, float expected,
+                                          bool wide) {
   const float r = *g;
   if (r == expected) return;
   const float f = r / expected;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    x[i] = from_f32<T>(to_f32(x[i]) * f);
+  constexpr int K = group_width<T>;  // Note [CUDA element groups]
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float v[K];
+    load_group<K>(w, x + i0, valid, v);
+#pragma unroll
+    for (int e = 0; e < K; ++e) v[e] *= f;
+    store_group<K>(w, x + i0, valid, v);
+  });
 }
 
 // out = {m, 1 / m}, m = max(1, number of targets not equal to `ignore`): the mean's divisor of
@@ -613,13 +642,17 @@ void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, c
   (op, x, x_dtype, x_outer, x_red, red_n, out, out_dtype, indices);
 }
 
-void launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
-                        Stream stream) {
-  STRATA_LAUNCH(kSumSquaresBlocks, 256, 0, stream, sum_squares_partial)(x, dtype, n, scratch);
-  STRATA_LAUNCH(1, 256, 0, stream, sum_partials)(scratch, kSumSquaresBlocks, result);
-}
-
 #define STRATA_FLOAT_TYPE(tag) typename decltype(tag)::type
+
+bool launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
+                        Stream stream) {
+  return dispatch_float(dtype, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    STRATA_LAUNCH(kSumSquaresBlocks, 256, 0, stream, sum_squares_partial<T>)
+    (static_cast<const T*>(x), n, aligned16(x), scratch);
+    STRATA_LAUNCH(1, 256, 0, stream, sum_partials)(scratch, kSumSquaresBlocks, result);
+  });
+}
 
 bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double* scratch, void* out,
                        int out_dtype, Stream stream) {
@@ -628,9 +661,12 @@ bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double*
     using T = STRATA_FLOAT_TYPE(tag);
     if (c == 0) return;
     const unsigned cb = static_cast<unsigned>((c + 255) / 256);
+    constexpr int K = group_width<T>;
+    const ColumnLaunch l = column_launch(c, K);
     if (chunks > 0)
-      STRATA_LAUNCH(dim3(cb, chunk_grid(chunks)), 256, 0, stream, column_sum_partials<T>)
-    (static_cast<const T*>(x), n, c, scratch);
+      STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream,
+                    column_sum_partials<T>)
+    (static_cast<const T*>(x), n, c, c % K == 0 && aligned16(x), scratch);
     STRATA_LAUNCH(cb, 256, 0, stream, column_sum_finish)(scratch, chunks, c, out, out_dtype);
   });
 }
@@ -641,10 +677,16 @@ bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float*
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-    const dim3 grid(static_cast<unsigned>((c + 255) / 256), chunk_grid(chunks));
+    constexpr int K = group_width<T>;
+    const ColumnLaunch l = column_launch(c, K);
     float* partial_b = db ? scratch + chunks * c : nullptr;
-    if (chunks > 0) STRATA_LAUNCH(grid, 256, 0, stream, norm_bwd_partials<T>)
-    (static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, scratch, partial_b, n, c);
+    // The f32 partials' rows are c floats: 16-byte aligned when c is a multiple of K (>= 4).
+    const bool wide = c % K == 0 && aligned16(dy) && aligned16(x) && aligned16(scratch) &&
+                      (partial_b == nullptr || aligned16(partial_b));
+    if (chunks > 0)
+      STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream, norm_bwd_partials<T>)
+    (static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, scratch, partial_b, n, c,
+     wide);
     const unsigned cg = static_cast<unsigned>((c + 255) / 256);
     STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)(scratch, chunks, c, static_cast<T*>(dw));
     if (db)
@@ -723,15 +765,22 @@ bool launch_embedding_backward(const void* ids, bool ids_i64, int64_t n, int64_t
     STRATA_LAUNCH(tiles, tile / 2, 0, stream, bitonic_tile)(keys, tile, k);
   }
   const int64_t groups = (n + kEmbedStartsPerBlock - 1) / kEmbedStartsPerBlock;
-  const dim3 grid(static_cast<unsigned>((c + 127) / 128),
-                  static_cast<unsigned>(groups < 65535 ? groups : 65535));
+  const unsigned grid_y = static_cast<unsigned>(groups < 65535 ? groups : 65535);
   bool ok = false;
   dispatch_float(dout_dtype, [&](auto dtag) {
     using TD = STRATA_FLOAT_TYPE(dtag);
     ok = dispatch_float(dw_dtype, [&](auto wtag) {
       using TW = STRATA_FLOAT_TYPE(wtag);
-      STRATA_LAUNCH(grid, 128, 0, stream, embedding_bwd<TD, TW>)
-      (keys, n, static_cast<const TD*>(dout), static_cast<TW*>(dweight), c);
+      constexpr int K = group_width<TD, TW>;
+      const auto* d = static_cast<const TD*>(dout);
+      auto* w = static_cast<TW*>(dweight);
+      if (c % K == 0 && aligned16(dout) && aligned16(dweight)) {
+        const dim3 grid(static_cast<unsigned>((c / K + 127) / 128), grid_y);
+        STRATA_LAUNCH(grid, 128, 0, stream, embedding_bwd<TD, TW, K>)(keys, n, d, w, c);
+      } else {
+        const dim3 grid(static_cast<unsigned>((c + 127) / 128), grid_y);
+        STRATA_LAUNCH(grid, 128, 0, stream, embedding_bwd<TD, TW, 1>)(keys, n, d, w, c);
+      }
     });
   });
   return ok;
@@ -784,9 +833,10 @@ bool launch_scale_unless_equal(int dt, void* x, int64_t n, const float* g, float
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
-    const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+    const int64_t groups = (n + group_width<T> - 1) / group_width<T>;
+    const int64_t blocks = std::min<int64_t>((groups + 255) / 256, 4096);
     STRATA_LAUNCH(static_cast<unsigned>(blocks), 256, 0, stream, scale_unless_equal_kernel<T>)
-    (static_cast<T*>(x), n, g, expected);
+    (static_cast<T*>(x), n, g, expected, aligned16(x));
   });
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -397,6 +398,104 @@ TEST(CudaOps, UnalignedRowsTakeTheOneElementPaths) {
     EXPECT_EQ(max_abs_diff(embedding(w.to(kGpu), ids).to(Device::cpu()).to(DType::F32),
                            embedding(shifted_on_gpu(w), ids).to(Device::cpu()).to(DType::F32)),
               0.0);
+  }
+}
+
+// Note [CUDA element groups]: the kernels that give each thread K consecutive elements (or
+// columns) read and write them as 128-bit words when every pointer is 16-byte aligned, and one
+// element at a time otherwise, each combining them in the same order: the same values one element
+// into a buffer (shifted_on_gpu) must give the same bits. Sizes leave a group cut short at the end,
+// and the row counts several row chunks and a partial last one.
+TEST(CudaOps, GroupedKernelsGiveTheSameBitsPackedOrNot) {
+  SKIP_WITHOUT_GPU();
+  auto bits_equal = [](const Tensor& p, const Tensor& q) {
+    const Tensor a = p.to(Device::cpu()), b = q.to(Device::cpu());
+    return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+           std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
+  };
+  for (DType dt : kDtypes) {
+    SCOPED_TRACE(dtype_tag(dt));
+    const Tensor x = rnd({1003}, 70).to(dt);
+    const Tensor xa = x.to(kGpu), xu = shifted_on_gpu(x);
+    EXPECT_EQ(sum_squares(xa), sum_squares(xu));  // f64 sums of the same terms in the same order
+    // Gradient clipping's in-place scale, and the pass-through when g equals expected.
+    const Tensor g = from_vector({0.375f}, {1}).to(kGpu);
+    Tensor sa = xa.clone(), su = shifted_on_gpu(x);
+    scale_unless_equal_(sa, g, 1.5f);
+    scale_unless_equal_(su, g, 1.5f);
+    EXPECT_TRUE(bits_equal(sa, su));
+    EXPECT_FALSE(bits_equal(sa, xa));
+    scale_unless_equal_(sa, g, 0.375f);
+    EXPECT_TRUE(bits_equal(sa, su));
+    // Contiguous casts into every float dtype.
+    for (DType to : kDtypes) {
+      SCOPED_TRACE(std::string("to ") + dtype_tag(to));
+      EXPECT_TRUE(bits_equal(xa.to(to), xu.to(to)));
+    }
+    EXPECT_TRUE(bits_equal(dropout(xa, 0.3f, {9, 1}), dropout(xu, 0.3f, {9, 1})));
+    // Gradient accumulation: x of dtype dt added into a y of every float dtype.
+    for (DType to : kDtypes) {
+      SCOPED_TRACE(std::string("axpy into ") + dtype_tag(to));
+      const Tensor y = rnd({1003}, 76).to(to);
+      Tensor ya = y.to(kGpu), yu = shifted_on_gpu(y);
+      axpy_(-0.75f, xa, ya);
+      axpy_(-0.75f, xu, yu);
+      EXPECT_TRUE(bits_equal(ya, yu));
+    }
+
+    // Column kernels: 300 rows (two whole chunks of 128 and a partial one), 96 columns.
+    const Tensor dy = rnd({300, 96}, 71).to(dt), xr = rnd({300, 96}, 72).to(dt);
+    const Tensor w = rnd({96}, 73).to(dt);
+    const NormResult ln = layernorm(xr, w, rnd({96}, 74).to(dt), 1e-5f);
+    const Tensor mean = ln.mean.to(kGpu), rstd = ln.rstd.to(kGpu), wg = w.to(kGpu);
+    const LayerNormGrads la = layernorm_backward(dy.to(kGpu), xr.to(kGpu), wg, mean, rstd);
+    const LayerNormGrads lu =
+        layernorm_backward(shifted_on_gpu(dy), shifted_on_gpu(xr), wg, mean, rstd);
+    EXPECT_TRUE(bits_equal(la.dweight, lu.dweight));
+    EXPECT_TRUE(bits_equal(la.dbias, lu.dbias));
+    const RmsNormGrads ra = rmsnorm_backward(dy.to(kGpu), xr.to(kGpu), wg, rstd);
+    const RmsNormGrads ru = rmsnorm_backward(shifted_on_gpu(dy), shifted_on_gpu(xr), wg, rstd);
+    EXPECT_TRUE(bits_equal(ra.dweight, ru.dweight));
+    // Bias gradients (Note [CUDA column sums]).
+    EXPECT_TRUE(bits_equal(sum_to(dy.to(kGpu), {96}), sum_to(shifted_on_gpu(dy), {96})));
+    // Embedding backward into a zero and a non-zero table, 40 of 300 rows per id.
+    std::vector<int64_t> id_values(300);
+    for (size_t i = 0; i < id_values.size(); ++i) id_values[i] = static_cast<int64_t>(i * 7 % 40);
+    const Tensor ids = from_ints(id_values, {300}, DType::I32).to(kGpu);
+    for (bool zero : {true, false}) {
+      const Tensor start = zero ? zeros({40, 96}, dt) : rnd({40, 96}, 75).to(dt);
+      Tensor ea = start.to(kGpu), eu = start.to(kGpu);
+      embedding_backward(ids, dy.to(kGpu), ea);
+      embedding_backward(ids, shifted_on_gpu(dy), eu);
+      EXPECT_TRUE(bits_equal(ea, eu)) << (zero ? "into zeros" : "into a table");
+    }
+  }
+}
+
+// A non-zero fill of a contiguous range that starts and ends off a 16-byte boundary (the elements
+// before the first whole word and after the last are stored one at a time), and of a strided
+// view, in every dtype: the CPU's bytes.
+TEST(CudaOps, FillsMatchTheCpuAtEveryAlignment) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    for (int64_t start : {0, 1, 3, 5}) {
+      for (int64_t len : {0, 1, 7, 33, 100}) {
+        SCOPED_TRACE("start " + std::to_string(start) + " len " + std::to_string(len));
+        Tensor c = zeros({120}, dt), gpu = zeros({120}, dt, kGpu);
+        c.narrow(0, start, len).fill_(-2.75);
+        Tensor v = gpu.narrow(0, start, len);
+        v.fill_(-2.75);
+        const Tensor back = gpu.to(Device::cpu());
+        EXPECT_EQ(std::memcmp(back.data_ptr(), c.data_ptr(), c.nbytes()), 0);
+      }
+    }
+    Tensor c = zeros({6, 10}, dt), gpu = zeros({6, 10}, dt, kGpu);
+    c.narrow(1, 2, 5).fill_(3.0);
+    Tensor v = gpu.narrow(1, 2, 5);
+    v.fill_(3.0);
+    const Tensor back = gpu.to(Device::cpu());
+    EXPECT_EQ(std::memcmp(back.data_ptr(), c.data_ptr(), c.nbytes()), 0);
   }
 }
 

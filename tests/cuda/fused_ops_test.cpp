@@ -286,5 +286,33 @@ TEST(CudaLinear, SameInputsGiveTheSameBits) {
     }
 }
 
+// Note [CUDA element groups]: the fallback kernels read and write 128-bit words when the row
+// length and every pointer allow, one element at a time otherwise, combining the elements in the
+// same order: a bias, a GELU input or an output gradient 2 elements off a 16-byte boundary gives
+// the same bits as the aligned one.
+TEST(CudaLinear, FallbackKernelsGiveTheSameBitsPackedOrNot) {
+  SKIP_WITHOUT_GPU();
+  EpiloguesOff off;
+  const LinearCase lc = kLinearCases[0];  // n = 96: whole 128-bit words in every dtype
+  for (DType dt : kDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = on(rnd({lc.m, lc.k}, 51), dt, kGpu),
+                 w = on(rnd({lc.n, lc.k}, 52, -0.3f, 0.3f), dt, kGpu),
+                 b = on(rnd({lc.n}, 53), dt, kGpu), dy = on(rnd({lc.m, lc.n}, 54), dt, kGpu),
+                 dz = on(rnd({lc.m, lc.p}, 55), dt, kGpu), w2 = on(rnd({lc.p, lc.n}, 56), dt, kGpu),
+                 pre = on(rnd({lc.m, lc.n}, 57, -3.f, 3.f), dt, kGpu);
+    const LinearResult ya = linear(x, w, b, Activation::Gelu, true),
+                       yu = linear(x, w, unaligned(b), Activation::Gelu, true);
+    EXPECT_TRUE(same_bits(ya.y, yu.y));
+    EXPECT_TRUE(same_bits(ya.pre, yu.pre));
+    const LinearGeluGrads ga = linear_backward_gelu(dz, w2, pre, true),
+                          gu = linear_backward_gelu(dz, w2, unaligned(pre), true);
+    EXPECT_TRUE(same_bits(ga.dpre, gu.dpre));
+    EXPECT_TRUE(same_bits(ga.dbias, gu.dbias));
+    EXPECT_TRUE(same_bits(linear_backward_weight(dy, x, true).dbias,
+                          linear_backward_weight(unaligned(dy), x, true).dbias));
+  }
+}
+
 }  // namespace
 }  // namespace strata::tensor

@@ -181,7 +181,7 @@ inline bool aligned16(const void* p) {
 // 0 past it and writes nothing there. Which thread owns which element, and the order in which it
 // combines them, is the same on both paths, so a packed and an unpacked launch give the same bits
 // (tests/cuda/cuda_ops_test.cpp, CudaOps.PackedAndScalarPathsAgree), and
-// tests/tools/ptx_test.cpp checks in the compiled PTX that the packed paths are 128 bits wide.
+// tests/ptx/ptx_test.cpp checks in the compiled PTX that the packed paths are 128 bits wide.
 template <typename... T>
 inline constexpr int group_width = static_cast<int>(16 / std::min({sizeof(T)...}));
 

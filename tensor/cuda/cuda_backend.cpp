@@ -528,11 +528,12 @@ double bytes_of_all(const std::vector<Tensor>& xs) {
 
 std::vector<double> CudaBackend::sum_squares_many(const std::vector<Tensor>& xs) {
   OpScope prof(stream_, "sum_squares", 0, bytes_of_all(xs));
-  // Each tensor's total lands in its own slot of one device array; one copy back, one wait.
-  const int64_t slots = kSumSquaresBlocks + 1;
-  Tensor s =
-      scratch(static_cast<int64_t>(xs.size()) * slots * static_cast<int64_t>(sizeof(double)));
-  double* p = static_cast<double*>(s.data_ptr());
+  // Each tensor's total lands in its own slot of one device array; one copy back of those, one
+  // wait. The launches share one region of block partials: the stream runs them in order.
+  const auto n = static_cast<int64_t>(xs.size());
+  Tensor s = scratch((n + kSumSquaresBlocks) * static_cast<int64_t>(sizeof(double)));
+  double* totals = static_cast<double*>(s.data_ptr());
+  double* partials = totals + n;
   std::vector<char> empty(xs.size(), 0);
   for (size_t i = 0; i < xs.size(); ++i) {
     const Tensor& x = xs[i];
@@ -543,19 +544,17 @@ std::vector<double> CudaBackend::sum_squares_many(const std::vector<Tensor>& xs)
     }
     Tensor xc = x.is_contiguous() ? x : Tensor::empty(x.shape(), x.dtype(), device());
     if (!xc.is_same(x)) copy_on_device(x, xc);
-    double* slot = p + static_cast<int64_t>(i) * slots;
-    launched(launch_sum_squares(xc.data_ptr(), dt(xc.dtype()), xc.numel(), slot,
-                                slot + kSumSquaresBlocks, stream_),
+    launched(launch_sum_squares(xc.data_ptr(), dt(xc.dtype()), xc.numel(), partials,
+                                totals + static_cast<int64_t>(i), stream_),
              "sum_squares");
   }
-  std::vector<double> all(xs.size() * static_cast<size_t>(slots), 0.0);
+  std::vector<double> r(xs.size(), 0.0);
   check_cuda(
-      cudaMemcpyAsync(all.data(), p, all.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(r.data(), totals, r.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_),
       "cudaMemcpyAsync");
   synchronize();
-  std::vector<double> r(xs.size(), 0.0);
   for (size_t i = 0; i < xs.size(); ++i)
-    if (!empty[i]) r[i] = all[i * static_cast<size_t>(slots) + kSumSquaresBlocks];
+    if (empty[i]) r[i] = 0.0;  // its slot was never written
   return r;
 }
 

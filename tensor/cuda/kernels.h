@@ -68,8 +68,9 @@ bool launch_rotary(int dt, const void* x, const void* cos, const void* sin, int 
 void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, const Strided& x_red,
                    void* out, int out_dtype, int64_t n_out, int64_t* indices, Stream stream);
 // partial[blocks] then total: sum of squares of n contiguous elements, in f64, into *result
-// (device). `scratch` holds at least kSumSquaresBlocks doubles.
-inline constexpr int kSumSquaresBlocks = 256;
+// (device). `scratch` holds at least kSumSquaresBlocks doubles; the blocks, and so the order of
+// the sum, depend on n alone.
+inline constexpr int kSumSquaresBlocks = 1024;
 bool launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
                         Stream stream);
 // The norms (layernorm, rmsnorm) live in fused_norm.cu, as the residual-free case of the fused

@@ -648,9 +648,15 @@ bool launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, do
                         Stream stream) {
   return dispatch_float(dtype, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
-    STRATA_LAUNCH(kSumSquaresBlocks, 256, 0, stream, sum_squares_partial<T>)
+    // Enough blocks to fill the GPU with loads in flight for a large tensor (a 128-bit group
+    // per thread per step), fewer for a small one; the count depends on n alone, so the sum
+    // does too (Note [CUDA element groups]).
+    const int64_t groups = (n + group_width<T> - 1) / group_width<T>;
+    const int blocks =
+        static_cast<int>(std::clamp<int64_t>((groups + 255) / 256, 1, kSumSquaresBlocks));
+    STRATA_LAUNCH(blocks, 256, 0, stream, sum_squares_partial<T>)
     (static_cast<const T*>(x), n, aligned16(x), scratch);
-    STRATA_LAUNCH(1, 256, 0, stream, sum_partials)(scratch, kSumSquaresBlocks, result);
+    STRATA_LAUNCH(1, 256, 0, stream, sum_partials)(scratch, blocks, result);
   });
 }
 

@@ -472,6 +472,26 @@ TEST(CudaOps, GroupedKernelsGiveTheSameBitsPackedOrNot) {
   }
 }
 
+// sum_squares_many: one total per tensor, copied back alone (an empty tensor's is 0), from
+// launches that share one region of block partials in stream order; a large tensor takes many
+// blocks, a small one one.
+TEST(CudaOps, SumSquaresManyGivesEachTensorItsTotal) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<Tensor> cpu = {rnd({600001}, 80), Tensor::empty({0}, DType::F32),
+                                   rnd({3, 5}, 81).to(DType::BF16),
+                                   rnd({300000}, 82).to(DType::F16), rnd({7}, 83)};
+  std::vector<Tensor> gpu;
+  for (const Tensor& t : cpu) gpu.push_back(t.to(kGpu));
+  const std::vector<double> got = sum_squares_many(gpu);
+  ASSERT_EQ(got.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double want = sum_squares(cpu[i]);
+    EXPECT_NEAR(got[i], want, 1e-12 * want) << "tensor " << i;
+    EXPECT_EQ(got[i], sum_squares(gpu[i])) << "tensor " << i;  // alone: the same blocks, bits
+  }
+  EXPECT_EQ(got[1], 0.0);
+}
+
 // A non-zero fill of a contiguous range that starts and ends off a 16-byte boundary (the elements
 // before the first whole word and after the last are stored one at a time), and of a strided
 // view, in every dtype: the CPU's bytes.

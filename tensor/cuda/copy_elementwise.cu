@@ -371,18 +371,35 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t n, float keep, uint64
   });
 }
 
+// Rows of d = 2 * half elements, pairs (2k, 2k + 1) rotated by the angle of (position, k).
+// Groups of K elements (K / 2 pairs, Note [CUDA element groups]); `wide` when x and out are
+// 16-byte aligned and half is a multiple of K / 2, so that a group never straddles a row. The
+// row, k and position are carried from pair to pair (one division per group and per row).
 template <typename T>
 __global__ void rotary_kernel(const T* x, const void* cs, const void* sn, int cs_dt, float sign,
-                              T* out, int64_t pairs, int64_t t, int64_t h, int64_t half) {
-  STRATA_GRID_LOOP(i, pairs) {
-    const int64_t row = i / half, k = i % half;
-    const int64_t pos = (row / h) % t;
-    const float c = load_float(cs, cs_dt, pos * half + k);
-    const float s = sign * load_float(sn, cs_dt, pos * half + k);
-    const float a = to_f32(x[2 * i]), b = to_f32(x[2 * i + 1]);
-    out[2 * i] = from_f32<T>(a * c - b * s);
-    out[2 * i + 1] = from_f32<T>(a * s + b * c);
-  }
+                              T* out, int64_t pairs, int64_t t, int64_t h, int64_t half,
+                              bool wide) {
+  constexpr int K = group_width<T>;
+  for_each_group<K>(2 * pairs, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float v[K];
+    load_group<K>(w, x + i0, valid, v);
+    int64_t row = i0 / 2 / half, k = i0 / 2 % half, pos = row / h % t;
+#pragma unroll
+    for (int q = 0; q < K / 2; ++q) {
+      if (2 * q < valid) {
+        const float c = load_float(cs, cs_dt, pos * half + k);
+        const float s = sign * load_float(sn, cs_dt, pos * half + k);
+        const float a = v[2 * q], b = v[2 * q + 1];
+        v[2 * q] = a * c - b * s;
+        v[2 * q + 1] = a * s + b * c;
+      }
+      if (++k == half) {
+        k = 0;
+        pos = ++row / h % t;
+      }
+    }
+    store_group<K>(w, out + i0, valid, v);
+  });
 }
 
 }  // namespace
@@ -623,9 +640,12 @@ bool launch_rotary(int dt, const void* x, const void* cos, const void* sin, int 
   const int64_t pairs = b * t * h * (d / 2);
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    STRATA_LAUNCH(blocks_for(pairs, kThreads), kThreads, 0, stream, rotary_kernel<T>)
+    constexpr int K = group_width<T>;
+    const bool wide = (d / 2) % (K / 2) == 0 && aligned16(x) && aligned16(out);
+    STRATA_LAUNCH(blocks_for((2 * pairs + K - 1) / K, kThreads), kThreads, 0, stream,
+                  rotary_kernel<T>)
     (static_cast<const T*>(x), cos, sin, cs_dtype, inverse ? -1.f : 1.f, static_cast<T*>(out),
-     pairs, t, h, d / 2);
+     pairs, t, h, d / 2, wide);
   });
 }
 

@@ -77,7 +77,7 @@ std::vector<Case> cases(DType dt) {
   const Tensor logits = rnd({7, 50}, 16, -5.f, 5.f);
   const Tensor targets = from_ints({1, -100, 49, 0, 3, 3, 20}, {7});
   const Tensor dloss = rnd({7}, 17);
-  const Tensor rx = rnd({2, 5, 3, 8}, 18);
+  const Tensor rx = rnd({2, 5, 3, 8}, 18), rx6 = rnd({2, 5, 3, 6}, 27);
   const Tensor cols = rnd({3, 100, 40}, 25), cols2 = rnd({1000, 24}, 26);
   // Cross-entropy over the first `classes` columns (Note [CUDA cross-entropy]): a row length
   // that takes 128-bit packs (136: 272 bytes in bf16) and one that does not (75).
@@ -219,6 +219,10 @@ std::vector<Case> cases(DType dt) {
          auto [cs, sn] = rotary_tables(5, 8, 10000.0, 0, d);
          std::vector<Tensor> r{rotary(on(rx, d), cs, sn, false), rotary(on(rx, d), cs, sn, true)};
          if (lowp) r.push_back(rotary(on(rx, d), cs.to(dt), sn.to(dt), false));
+         // Head dim 6 (3 pairs): groups of 2 or 4 pairs (Note [CUDA element groups]) straddle
+         // rows, so the one-element path, carrying the position from row to row.
+         auto [cs6, sn6] = rotary_tables(5, 6, 10000.0, 0, d);
+         r.push_back(rotary(on(rx6, d), cs6, sn6, false));
          return r;
        }});
   c.push_back({"embedding_backward_cross_entropy", [=](Device d) {
@@ -433,6 +437,13 @@ TEST(CudaOps, GroupedKernelsGiveTheSameBitsPackedOrNot) {
       EXPECT_TRUE(bits_equal(xa.to(to), xu.to(to)));
     }
     EXPECT_TRUE(bits_equal(dropout(xa, 0.3f, {9, 1}), dropout(xu, 0.3f, {9, 1})));
+    {  // rotary of [B, T, H, D] = [2, 5, 3, 16]: 8 pairs a row, whole groups in every dtype
+      const Tensor rx = rnd({2, 5, 3, 16}, 77).to(dt);
+      auto [cs, sn] = rotary_tables(5, 16, 10000.0, 0, kGpu);
+      for (bool inverse : {false, true})
+        EXPECT_TRUE(bits_equal(rotary(rx.to(kGpu), cs, sn, inverse),
+                               rotary(shifted_on_gpu(rx), cs, sn, inverse)));
+    }
     // Gradient accumulation: x of dtype dt added into a y of every float dtype.
     for (DType to : kDtypes) {
       SCOPED_TRACE(std::string("axpy into ") + dtype_tag(to));

@@ -1,10 +1,10 @@
-// The CUDA kernels as nvcc compiles them (PTX for sm_90, built by the strata_kernels_ptx target in
-// tests/CMakeLists.txt), checked without a GPU: every kernel is named in the table below, the
-// kernels meant to move 128-bit words (Note [CUDA element groups] in tensor/cuda/common.cuh, and
-// the row kernels' packs) have 128-bit global loads and stores in their code, no kernel but the
-// normal draw keeps a stack frame in local memory, and ptxas spills no kernel's registers. PTX is
-// what ptxas turns into the GPU's code: a vector access there becomes one 128-bit LDG/STG
-// instruction.
+// The CUDA kernels as nvcc compiles them (PTX for each architecture of STRATA_CUDA_ARCHS, built by
+// the strata_kernels_ptx_sm* targets in tests/CMakeLists.txt), checked without a GPU: every kernel
+// is named in the table below, the kernels meant to move 128-bit words (Note [CUDA element groups]
+// in tensor/cuda/common.cuh, and the row kernels' packs) have 128-bit global loads and stores in
+// their code, no kernel but the normal draw keeps a stack frame in local memory, and ptxas spills
+// no kernel's registers. PTX is what ptxas turns into the GPU's code: a vector access there becomes
+// one 128-bit LDG/STG instruction.
 #include <cxxabi.h>
 #include <gtest/gtest.h>
 
@@ -99,6 +99,24 @@ std::vector<Kernel> all_kernels() {
     all.insert(all.end(), ks.begin(), ks.end());
   }
   return all;
+}
+
+// The PTX files name their architecture in `.target sm_XX`; ptxas is run for it.
+std::string ptx_target(const std::string& path) {
+  static const std::regex target(R"(\n\.target[ \t]+(sm_[0-9]+a?))");
+  const std::string text = read_file(path);
+  std::smatch m;
+  return std::regex_search(text, m, target) ? m[1].str() : std::string();
+}
+
+// One PTX file per kernel source and architecture (STRATA_CUDA_ARCHS): how many architectures.
+int ptx_files_per_kernel_file() {
+  std::ifstream list(STRATA_PTX_LIST);
+  std::map<std::string, int> per_name;
+  std::string path;
+  while (std::getline(list, path))
+    if (!path.empty()) ++per_name[path.substr(path.find_last_of('/') + 1)];
+  return per_name.empty() ? 0 : per_name.begin()->second;
 }
 
 // What a kernel's code must hold: 128-bit loads (L), stores (S), both, or nothing (a kernel that
@@ -208,13 +226,13 @@ TEST(KernelPtx, NoKernelButTheNormalDrawUsesLocalMemory) {
     }
     EXPECT_FALSE(k.local_memory) << k.file << ": " << k.name;
   }
-  EXPECT_EQ(normal, 3);  // f32, bf16, f16
+  EXPECT_EQ(normal, 3 * ptx_files_per_kernel_file());  // f32, bf16, f16, for each architecture
 }
 
-// ptxas (the toolkit's, as the build runs it: sm_90, -maxrregcount=64) on the same PTX: no kernel
+// ptxas (the toolkit's, as the build runs it: the PTX's architecture, -maxrregcount=64): no kernel
 // spills registers to local memory or keeps a stack frame there, but the normal draw (above).
 // The build prints spills as warnings (-Xptxas=-warn-spills); this makes one fail.
-TEST(KernelPtx, PtxasSpillsNoRegistersOnSm90) {
+TEST(KernelPtx, PtxasSpillsNoRegisters) {
   std::ifstream list(STRATA_PTX_LIST);
   const std::string cubin = ::testing::TempDir() + "/strata_ptx_test.cubin";
   static const std::regex props(
@@ -225,8 +243,10 @@ TEST(KernelPtx, PtxasSpillsNoRegistersOnSm90) {
     if (path.empty()) continue;
     SCOPED_TRACE(path);
     kernels += static_cast<int>(parse_ptx(path).size());
-    const std::string cmd = std::string(STRATA_PTXAS) + " -arch=sm_90 --maxrregcount=64 -v '" +
-                            path + "' -o '" + cubin + "' 2>&1";
+    const std::string arch = ptx_target(path);
+    ASSERT_FALSE(arch.empty()) << "no .target line";
+    const std::string cmd = std::string(STRATA_PTXAS) + " -arch=" + arch +
+                            " --maxrregcount=64 -v '" + path + "' -o '" + cubin + "' 2>&1";
     std::unique_ptr<FILE, decltype(&pclose)> pipe(popen(cmd.c_str(), "r"), &pclose);
     ASSERT_NE(pipe, nullptr) << cmd;
     std::string out;
@@ -267,6 +287,7 @@ TEST(KernelPtx, TheParserReadsEntriesAndAccessWidths) {
          "%r4};\n}\n";
   }
   const std::vector<Kernel> ks = parse_ptx(path);
+  EXPECT_EQ(ptx_target(path), "sm_90");
   std::remove(path.c_str());
   ASSERT_EQ(ks.size(), 2u);
   EXPECT_EQ(ks[0].name, "one(float*)");

@@ -24,6 +24,7 @@ struct Kernel {
   std::string name;  // demangled, without return type and strata:: qualifiers
   std::string file;
   int wide_loads = 0, wide_stores = 0;
+  int float_atomics = 0;  // atom.* / red.* on a floating-point type
   bool local_memory = false;
 };
 
@@ -66,6 +67,8 @@ std::vector<Kernel> parse_ptx(const std::string& path) {
   static const std::regex entry(
       R"((?:^|\n)[ \t]*(?:\.visible[ \t]+|\.weak[ \t]+)?\.entry[ \t]+([A-Za-z0-9_$]+)\()");
   static const std::regex access(R"(\b(ld|st)\.global[.\w:]*)");
+  static const std::regex atomic(R"(\b(atom|red)\.[.\w:]*)");
+  static const std::regex float_type(R"(\.(b?f16(x2)?|f32|f64)\b)");
   for (std::sregex_iterator it(text.begin(), text.end(), entry), end; it != end; ++it) {
     Kernel k;
     k.name = demangle((*it)[1]);
@@ -79,6 +82,8 @@ std::vector<Kernel> parse_ptx(const std::string& path) {
     }
     const std::string body = text.substr(open, close - open);
     k.local_memory = body.find("__local_depot") != std::string::npos;
+    for (std::sregex_iterator a(body.begin(), body.end(), atomic), e; a != e; ++a)
+      if (std::regex_search(a->str(), float_type)) ++k.float_atomics;
     for (std::sregex_iterator a(body.begin(), body.end(), access), e; a != e; ++a) {
       if (access_bits(a->str()) < 128) continue;
       ((*a)[1] == "ld" ? k.wide_loads : k.wide_stores)++;
@@ -229,6 +234,13 @@ TEST(KernelPtx, NoKernelButTheNormalDrawUsesLocalMemory) {
   EXPECT_EQ(normal, 3 * ptx_files_per_kernel_file());  // f32, bf16, f16, for each architecture
 }
 
+// DESIGN.md, decision 9 (determinism: no order-dependent atomics in reductions): no kernel adds
+// floats with atomics, whose order, and so whose rounding, varies from run to run; sums go through
+// fixed trees and chunk orders instead. Integer atomics (exact in any order) are allowed.
+TEST(KernelPtx, NoKernelAddsFloatsAtomically) {
+  for (const Kernel& k : all_kernels()) EXPECT_EQ(k.float_atomics, 0) << k.file << ": " << k.name;
+}
+
 // ptxas (the toolkit's, as the build runs it: the PTX's architecture, -maxrregcount=64): no kernel
 // spills registers to local memory or keeps a stack frame there, but the normal draw (above).
 // The build prints spills as warnings (-Xptxas=-warn-spills); this makes one fail.
@@ -283,6 +295,8 @@ TEST(KernelPtx, TheParserReadsEntriesAndAccessWidths) {
          "\tst.global.u16 [%rd3], %rs1;\n}\n"
          ".weak .entry _Z3twoPf(\n\t.param .u64 p\n)\n{\n"
          "\t.local .align 8 .b8 __local_depot1[16];\n"
+         "\tatom.global.add.u32 %r5, [%rd4], 1;\n\tred.global.add.f32 [%rd4], %f1;\n"
+         "\tatom.global.add.noftz.bf16x2 %r6, [%rd4], %r7;\n"
          "\tld.global.v2.f32 {%f1, %f2}, [%rd1];\n\tst.global.v4.b32 [%rd1], {%r1, %r2, %r3, "
          "%r4};\n}\n";
   }
@@ -298,6 +312,8 @@ TEST(KernelPtx, TheParserReadsEntriesAndAccessWidths) {
   EXPECT_EQ(ks[1].wide_loads, 0);  // v2.f32: 64 bits
   EXPECT_EQ(ks[1].wide_stores, 1);
   EXPECT_TRUE(ks[1].local_memory);
+  EXPECT_EQ(ks[0].float_atomics, 0);
+  EXPECT_EQ(ks[1].float_atomics, 2);  // red .f32 and atom .bf16x2; the .u32 one is not
   EXPECT_EQ(access_bits("ld.global.nc.L1::no_allocate.v4.u32"), 128);
   EXPECT_EQ(access_bits("st.global.v8.b16"), 128);
 }

@@ -2,9 +2,9 @@
 // the strata_kernels_ptx_sm* targets in tests/CMakeLists.txt), checked without a GPU: every kernel
 // is named in the table below, the kernels meant to move 128-bit words (Note [CUDA element groups]
 // in tensor/cuda/common.cuh, and the row kernels' packs) have 128-bit global loads and stores in
-// their code, no kernel but the normal draw keeps a stack frame in local memory, and ptxas spills
-// no kernel's registers. PTX is what ptxas turns into the GPU's code: a vector access there becomes
-// one 128-bit LDG/STG instruction.
+// their code, no kernel but the normal draw keeps a stack frame in local memory, none adds floats
+// atomically (determinism), and ptxas spills no kernel's registers. PTX is what ptxas turns into
+// the GPU's code: a vector access there becomes one 128-bit LDG/STG instruction.
 #include <cxxabi.h>
 #include <gtest/gtest.h>
 

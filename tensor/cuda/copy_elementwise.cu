@@ -153,29 +153,51 @@ __global__ void arange_kernel(void* dst, int dt, int64_t n, double start, double
   STRATA_GRID_LOOP(i, n) store_double(dst, dt, i, start + static_cast<double>(i) * step);
 }
 
+// The draws in groups of K elements (Note [CUDA element groups]): a Philox block gives four
+// consecutive elements, so a group takes K / 4 blocks (each element's value is the one the CPU
+// draws for its index) and is stored as 128-bit words when dst is 16-byte aligned.
 template <typename T>
-__global__ void uniform_kernel(T* dst, int64_t n, uint64_t seed, uint64_t sid, float lo, float hi) {
+__global__ void uniform_kernel(T* dst, int64_t n, uint64_t seed, uint64_t sid, float lo, float hi,
+                               bool wide) {
+  constexpr int K = group_width<T>;
   const float span = hi - lo;
-  STRATA_GRID_LOOP(i, n) {
-    const U4 r = philox(seed, sid, static_cast<uint64_t>(i) >> 2);
-    dst[i] = from_f32<T>(lo + span * unit_float(lane_of(r, static_cast<int>(i & 3))));
-  }
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float v[K];
+#pragma unroll
+    for (int q = 0; q < K / 4; ++q) {
+      const U4 r = philox(seed, sid, static_cast<uint64_t>(i0 / 4 + q));
+#pragma unroll
+      for (int l = 0; l < 4; ++l) v[q * 4 + l] = lo + span * unit_float(lane_of(r, l));
+    }
+    store_group<K>(w, dst + i0, valid, v);
+  });
 }
 
+// Box-Muller on the lanes of a Philox block: lanes (0, 1) give elements 4b and 4b + 1 (cos, sin),
+// lanes (2, 3) elements 4b + 2 and 4b + 3.
 template <typename T>
 __global__ void normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t sid, float mean,
-                              float stddev) {
-  STRATA_GRID_LOOP(i, n) {
-    const U4 r = philox(seed, sid, static_cast<uint64_t>(i) >> 2);
-    const int pair = static_cast<int>((i >> 1) & 1);
-    const float u1 = (static_cast<float>(lane_of(r, 2 * pair) >> 8) + 1.0f) * (1.0f / 16777216.0f);
-    const float u2 = unit_float(lane_of(r, 2 * pair + 1));
-    // Full-precision libm-equivalents (no fast-math), so the values match the CPU's to ~1 ulp.
-    const float rad = sqrtf(-2.0f * logf(u1));
-    const float theta = 6.283185307179586f * u2;
-    const float z = (i & 1) ? rad * sinf(theta) : rad * cosf(theta);
-    dst[i] = from_f32<T>(mean + stddev * z);
-  }
+                              float stddev, bool wide) {
+  constexpr int K = group_width<T>;
+  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
+    float v[K];
+#pragma unroll
+    for (int q = 0; q < K / 4; ++q) {
+      const U4 r = philox(seed, sid, static_cast<uint64_t>(i0 / 4 + q));
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        const float u1 =
+            (static_cast<float>(lane_of(r, 2 * pair) >> 8) + 1.0f) * (1.0f / 16777216.0f);
+        const float u2 = unit_float(lane_of(r, 2 * pair + 1));
+        // Full-precision libm-equivalents (no fast-math), so the values match the CPU's to ~1 ulp.
+        const float rad = sqrtf(-2.0f * logf(u1));
+        const float theta = 6.283185307179586f * u2;
+        v[q * 4 + 2 * pair] = mean + stddev * (rad * cosf(theta));
+        v[q * 4 + 2 * pair + 1] = mean + stddev * (rad * sinf(theta));
+      }
+    }
+    store_group<K>(w, dst + i0, valid, v);
+  });
 }
 
 __device__ inline float binop(int op, float a, float b) {
@@ -519,8 +541,9 @@ bool launch_random_uniform(void* dst, int dt, int64_t n, uint64_t seed, uint64_t
                            float lo, float hi, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, uniform_kernel<T>)
-    (static_cast<T*>(dst), n, seed, stream_id, lo, hi);
+    constexpr int K = group_width<T>;
+    STRATA_LAUNCH(blocks_for((n + K - 1) / K, kThreads), kThreads, 0, stream, uniform_kernel<T>)
+    (static_cast<T*>(dst), n, seed, stream_id, lo, hi, aligned16(dst));
   });
 }
 
@@ -528,8 +551,9 @@ bool launch_random_normal(void* dst, int dt, int64_t n, uint64_t seed, uint64_t 
                           float mean, float stddev, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    STRATA_LAUNCH(blocks_for(n, kThreads), kThreads, 0, stream, normal_kernel<T>)
-    (static_cast<T*>(dst), n, seed, stream_id, mean, stddev);
+    constexpr int K = group_width<T>;
+    STRATA_LAUNCH(blocks_for((n + K - 1) / K, kThreads), kThreads, 0, stream, normal_kernel<T>)
+    (static_cast<T*>(dst), n, seed, stream_id, mean, stddev, aligned16(dst));
   });
 }
 

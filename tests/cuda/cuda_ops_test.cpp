@@ -437,6 +437,16 @@ TEST(CudaOps, GroupedKernelsGiveTheSameBitsPackedOrNot) {
       EXPECT_TRUE(bits_equal(xa.to(to), xu.to(to)));
     }
     EXPECT_TRUE(bits_equal(dropout(xa, 0.3f, {9, 1}), dropout(xu, 0.3f, {9, 1})));
+    {  // random draws: each element's value depends on its index alone
+      Tensor na = Tensor::empty({1003}, dt, kGpu), nu = shifted_on_gpu(zeros({1003}, dt));
+      Tensor ua = Tensor::empty({1003}, dt, kGpu), uu = shifted_on_gpu(zeros({1003}, dt));
+      backend_for(kGpu).random_normal(na, {7, 8}, 0.5f, 2.f);
+      backend_for(kGpu).random_normal(nu, {7, 8}, 0.5f, 2.f);
+      backend_for(kGpu).random_uniform(ua, {7, 9}, -1.f, 3.f);
+      backend_for(kGpu).random_uniform(uu, {7, 9}, -1.f, 3.f);
+      EXPECT_TRUE(bits_equal(na, nu));
+      EXPECT_TRUE(bits_equal(ua, uu));
+    }
     {  // rotary of [B, T, H, D] = [2, 5, 3, 16]: 8 pairs a row, whole groups in every dtype
       const Tensor rx = rnd({2, 5, 3, 16}, 77).to(dt);
       auto [cs, sn] = rotary_tables(5, 16, 10000.0, 0, kGpu);

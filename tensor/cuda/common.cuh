@@ -180,7 +180,7 @@ inline bool aligned16(const void* p) {
 // store_group move it one element at a time, and a group cut short by the end of the data reads
 // 0 past it and writes nothing there. Which thread owns which element, and the order in which it
 // combines them, is the same on both paths, so a packed and an unpacked launch give the same bits
-// (tests/cuda/cuda_ops_test.cpp, CudaOps.PackedAndScalarPathsAgree), and
+// (CudaOps.GroupedKernelsGiveTheSameBitsPackedOrNot, CudaLinear.FallbackKernelsGive...), and
 // tests/ptx/ptx_test.cpp checks in the compiled PTX that the packed paths are 128 bits wide.
 template <typename... T>
 inline constexpr int group_width = static_cast<int>(16 / std::min({sizeof(T)...}));

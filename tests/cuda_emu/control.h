@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace strata::cuda_emu {
 
@@ -49,6 +51,29 @@ struct Stats {
   uint64_t idle_waits = 0;          // those that left no work queued: the device would idle
 };
 Stats stats();
+
+// The emulated device's multiprocessors (an H100 SXM's 132), as cudaGetDeviceProperties says.
+inline constexpr int kMultiprocessors = 132;
+
+// Note [Launch sites]
+// Every valid launch is counted at its STRATA_LAUNCH (file and line), dry runs included: how
+// often, and with how many blocks of how many threads. The host code that picks a launch's
+// geometry is the code a GPU runs, so these are the grids the GPU would get (the emulated device
+// has an H100's 132 multiprocessors). A launch with fewer blocks than multiprocessors leaves some
+// of them idle for its whole run; bench_gpt2_cuda --launches lists a training step's sites.
+struct LaunchSite {
+  std::string kernel;  // the kernel expression as written (template arguments unexpanded)
+  std::string file;
+  int line = 0;
+  uint64_t launches = 0;
+  uint64_t blocks = 0;  // over all launches
+  uint64_t min_blocks = 0, max_blocks = 0;
+  uint32_t min_threads = 0, max_threads = 0;  // per block
+  uint64_t under_sms = 0;                     // launches with fewer blocks than kMultiprocessors
+};
+// Totals since the process started or the last reset_launch_sites, ordered by file and line.
+std::vector<LaunchSite> launch_sites();
+void reset_launch_sites();
 
 // Set by the runtime: the error the next cudaGetLastError returns.
 void record_error(cudaError_t e);

@@ -273,7 +273,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->major = 9;
   prop->minor = 0;
   prop->textureAlignment = 512;
-  prop->multiProcessorCount = 132;
+  prop->multiProcessorCount = kMultiprocessors;
   prop->canMapHostMemory = 1;
   prop->concurrentKernels = 1;
   prop->asyncEngineCount = 2;
@@ -317,7 +317,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
       *value = 32;
       return cudaSuccess;
     case cudaDevAttrMultiProcessorCount:
-      *value = 132;
+      *value = strata::cuda_emu::kMultiprocessors;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor:
       *value = 9;

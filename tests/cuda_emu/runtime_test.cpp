@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "tests/cuda_emu/control.h"
@@ -136,6 +137,59 @@ TEST(CudaEmuRuntime, KernelsReachMemoryThroughStoredPointers) {
   for (int i = 0; i < 100; ++i) EXPECT_EQ(h[i], 2 * i);
   cudaFree(data);
   cudaFree(table);
+}
+
+// Note [Launch sites]: launches are counted where they are written, invalid ones not at all.
+__global__ void count_blocks(int* out) {
+  if (threadIdx.x == 0) out[blockIdx.x] = 1;
+}
+
+void launch_count_blocks(unsigned blocks, unsigned threads, int* out) {
+  STRATA_LAUNCH(blocks, threads, 0, nullptr, count_blocks)(out);
+}
+
+TEST(CudaEmuRuntime, CountsEachLaunchSiteAndItsGeometry) {
+  int* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 200 * sizeof(int)), cudaSuccess);
+  launch_count_blocks(4, 64, out);
+  launch_count_blocks(200, 32, out);
+  launch_count_blocks(131, 128, out);
+  launch_count_blocks(2, 2048, out);  // too many threads: refused, not counted
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  const int own_line = __LINE__ + 1;
+  STRATA_LAUNCH(132, 96, 0, nullptr, count_blocks)(out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<LaunchSite> sites = launch_sites();
+  int here = 0;
+  for (const LaunchSite& s : sites)
+    if (s.kernel == "count_blocks") {
+      EXPECT_NE(s.file.find("runtime_test.cpp"), std::string::npos);
+      ++here;
+    }
+  EXPECT_EQ(here, 2);  // the helper's launch and the test's own
+  const LaunchSite* helper = nullptr;
+  for (const LaunchSite& s : sites)
+    if (s.kernel == "count_blocks" && s.launches == 3) helper = &s;
+  ASSERT_NE(helper, nullptr);
+  EXPECT_EQ(helper->blocks, 4u + 200u + 131u);
+  EXPECT_EQ(helper->min_blocks, 4u);
+  EXPECT_EQ(helper->max_blocks, 200u);
+  EXPECT_EQ(helper->min_threads, 32u);
+  EXPECT_EQ(helper->max_threads, 128u);
+  EXPECT_EQ(helper->under_sms, 2u);  // 4 and 131 blocks; the device has 132 multiprocessors
+  const LaunchSite* own = nullptr;
+  for (const LaunchSite& s : sites)
+    if (s.kernel == "count_blocks" && s.launches == 1) own = &s;
+  ASSERT_NE(own, nullptr);
+  EXPECT_EQ(own->line, own_line);
+  EXPECT_EQ(own->blocks, 132u);
+  EXPECT_EQ(own->under_sms, 0u);
+  reset_launch_sites();
+  launch_count_blocks(1, 32, out);
+  ASSERT_EQ(launch_sites().size(), 1u);
+  EXPECT_EQ(launch_sites()[0].launches, 1u);
+  EXPECT_EQ(launch_sites()[0].min_blocks, 1u);
+  cudaFree(out);
 }
 
 __global__ void write_past_end(float* p, int n) {

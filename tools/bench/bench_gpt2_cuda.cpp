@@ -61,11 +61,13 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autograd/functions.h"
@@ -108,8 +110,9 @@ struct Options {
   int64_t seq_len = 1024;
   bool fill = false;
   uint64_t seed = 1337;
-  bool on_cpu = false;  // --device cpu: a smoke test of this program where there is no GPU
-  int profile = 0;      // --profile N: N more steps timed per op (Note [CUDA op profiler])
+  bool on_cpu = false;    // --device cpu: a smoke test of this program where there is no GPU
+  int profile = 0;        // --profile N: N more steps timed per op (Note [CUDA op profiler])
+  bool launches = false;  // --launches: the emulator's launch sites of the timed steps
 
   Device device() const { return on_cpu ? Device::cpu() : Device::cuda(0); }
 };
@@ -148,6 +151,36 @@ DeviceCounts device_counts() {
   c.idle_waits = s.idle_waits;
 #endif
   return c;
+}
+
+// Note [Launch sites] (tests/cuda_emu/control.h): the emulator's count of every kernel launch
+// by where it is written, with its grid; empty on a GPU.
+#if defined(STRATA_CUDA_EMULATION)
+constexpr int kSiteMultiprocessors = strata::cuda_emu::kMultiprocessors;
+#else
+constexpr int kSiteMultiprocessors = 0;  // --launches is refused
+#endif
+
+struct SiteRow {
+  std::string kernel, where;
+  uint64_t launches = 0, blocks = 0, min_blocks = 0, max_blocks = 0, under_sms = 0;
+  uint32_t min_threads = 0, max_threads = 0;
+};
+
+void reset_sites() {
+#if defined(STRATA_CUDA_EMULATION)
+  strata::cuda_emu::reset_launch_sites();
+#endif
+}
+
+std::vector<SiteRow> read_sites() {
+  std::vector<SiteRow> rows;
+#if defined(STRATA_CUDA_EMULATION)
+  for (const strata::cuda_emu::LaunchSite& s : strata::cuda_emu::launch_sites())
+    rows.push_back({s.kernel, fmt::format("{}:{}", s.file, s.line), s.launches, s.blocks,
+                    s.min_blocks, s.max_blocks, s.under_sms, s.min_threads, s.max_threads});
+#endif
+  return rows;
 }
 
 bool is_oom(const UserError& e) {
@@ -243,6 +276,7 @@ struct Row {
   int64_t peak_bytes = 0;
   DeviceCounts per_step;  // over the timed steps, divided by their number (emulator only)
   std::vector<tensor::CudaOpTime> ops;  // --profile: totals over the profiled steps
+  std::vector<SiteRow> sites;           // --launches: totals over the timed steps
   double profiled_s = 0.0;              // their wall time (host clock), all together
 };
 
@@ -256,6 +290,7 @@ Row measure(Bench& bench, int64_t batch, const Options& o) {
   Row row;
   row.batch = batch;
   const DeviceCounts before = device_counts();
+  reset_sites();
   for (int i = 0; i < o.steps; ++i) {
     Stopwatch watch;
     row.loss = bench.step(x);
@@ -263,6 +298,7 @@ Row measure(Bench& bench, int64_t batch, const Options& o) {
     times.push_back(watch.seconds());
   }
   const DeviceCounts after = device_counts();
+  if (o.launches) row.sites = read_sites();
   const auto steps = static_cast<uint64_t>(o.steps);
   row.per_step = {(after.launches - before.launches) / steps,
                   (after.matmuls - before.matmuls) / steps,
@@ -353,6 +389,54 @@ void print_profile(const std::string& name, const Row& r, const Options& o,
         100.0 * model_flops_per_step / (bound * 1e-3 * o.peak_tflops * 1e12));
 }
 
+// "min-max", or one number when they agree.
+std::string span(uint64_t lo, uint64_t hi) {
+  return lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
+}
+
+// --launches: a step's kernel launches by site (Note [Launch sites]), those that leave
+// multiprocessors idle first.
+void print_launches(const std::string& name, const Row& r, const Options& o) {
+  std::vector<SiteRow> sites = r.sites;
+  // Paths from the directory all sites share (the repository's root when they span it).
+  std::string prefix = sites.empty() ? std::string() : sites.front().where;
+  for (const SiteRow& s : sites) {
+    size_t k = 0;
+    while (k < prefix.size() && k < s.where.size() && prefix[k] == s.where[k]) ++k;
+    prefix.resize(k);
+  }
+  prefix.resize(prefix.rfind('/') == std::string::npos ? 0 : prefix.rfind('/') + 1);
+  std::sort(sites.begin(), sites.end(), [](const SiteRow& a, const SiteRow& b) {
+    return std::tie(b.under_sms, b.launches, a.where) < std::tie(a.under_sms, a.launches, b.where);
+  });
+  const auto steps = static_cast<uint64_t>(o.steps);
+  uint64_t launches = 0, under = 0, under_sites = 0;
+  for (const SiteRow& s : sites) {
+    launches += s.launches;
+    under += s.under_sms;
+    under_sites += s.under_sms > 0 ? 1 : 0;
+  }
+  fmt::print(
+      "\nKernel launches per step by site, {} at B = {}, T = {}, {} ({} timed steps; the grids "
+      "a GPU gets, on an emulated device of {} multiprocessors)\n\n",
+      name, r.batch, o.seq_len, o.dtype, o.steps, kSiteMultiprocessors);
+  fmt::print(
+      "| kernel | launched at | launches/step | blocks per launch | mean blocks | threads per "
+      "block | launches/step under {} blocks |\n|---|---|---|---|---|---|---|\n",
+      kSiteMultiprocessors);
+  for (const SiteRow& s : sites)
+    fmt::print("| `{}` | {} | {:.4g} | {} | {:.0f} | {} | {:.4g} |\n", s.kernel,
+               s.where.substr(prefix.size()), static_cast<double>(s.launches) / steps,
+               span(s.min_blocks, s.max_blocks),
+               static_cast<double>(s.blocks) / static_cast<double>(s.launches),
+               span(s.min_threads, s.max_threads), static_cast<double>(s.under_sms) / steps);
+  fmt::print(
+      "\n{:.4g} of {:.4g} kernel launches per step ({} of {} sites) have fewer blocks than the "
+      "{} multiprocessors: those leave some idle while they run.\n",
+      static_cast<double>(under) / steps, static_cast<double>(launches) / steps, under_sites,
+      sites.size(), kSiteMultiprocessors);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -399,6 +483,9 @@ int main(int argc, char** argv) {
                  "one table per model of time, TFLOP/s and GB/s by op")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
+  app.add_flag("--launches", o.launches,
+               "emulator builds only (tools/bench/run_host_overhead.sh): after each model, the "
+               "timed steps' kernel launches by site with their blocks and threads");
   std::string device = "cuda";
   app.add_option("--device", device,
                  "cpu only smoke-tests this program where there is no GPU (e.g. --models "
@@ -420,6 +507,13 @@ int main(int argc, char** argv) {
     if (o.batch < 0) user_error("--B must be positive, got {}", o.batch);
     if (o.fill && o.on_cpu) user_error("--fill needs the GPU (it probes for out-of-memory)");
     if (o.profile > 0 && o.on_cpu) user_error("--profile times GPU ops; it needs --device cuda");
+#if !defined(STRATA_CUDA_EMULATION)
+    if (o.launches)
+      user_error(
+          "--launches reads the CUDA emulator's launch counts: use a build with "
+          "-DSTRATA_CUDA_EMULATION=ON (tools/bench/run_host_overhead.sh)");
+#endif
+    if (o.launches && o.on_cpu) user_error("--launches counts GPU kernels; it needs --device cuda");
     if (o.matmul_tune && o.on_cpu) user_error("--matmul-tune times GPU GEMMs; it needs the GPU");
     if (!o.on_cpu) {
       tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
@@ -452,7 +546,7 @@ int main(int argc, char** argv) {
       const double params = static_cast<double>(shapes[i].num_parameters) / 1e6;
       try {
         const Row r = run_model(name, o, world);
-        if (o.profile > 0) profiled.emplace_back(name, r);
+        if (o.profile > 0 || o.launches) profiled.emplace_back(name, r);
         const double tokens_s = static_cast<double>(r.batch * o.seq_len) / r.step_s;
         const double flops_per_token = tools::training_flops_per_token(shapes[i], o.seq_len);
         // --device cpu has no peak unless --peak-tflops gives one: MFU "-".
@@ -489,9 +583,11 @@ int main(int argc, char** argv) {
     }
     for (const auto& [name, r] : profiled) {
       const auto& shape = registry.shape(name);
-      print_profile(name, r, o,
-                    tools::training_flops_per_token(shape, o.seq_len) *
-                        static_cast<double>(r.batch * o.seq_len));
+      if (o.profile > 0)
+        print_profile(name, r, o,
+                      tools::training_flops_per_token(shape, o.seq_len) *
+                          static_cast<double>(r.batch * o.seq_len));
+      if (o.launches) print_launches(name, r, o);
     }
     parallel::finalize_world();
   } catch (const Error& e) {

@@ -11,6 +11,8 @@
 #
 # BUILD_DIR (default build-emu) is configured and built when it has no bench_gpt2_cuda. Without
 # options: --fill --warmup 2 --steps 5 for GPT-2 124M, 350M, 774M and 1558M at T = 1024.
+# --launches adds each model's kernel launches by site with their grids (Note [Launch sites] in
+# tests/cuda_emu/control.h); --profile N the per-op table with its roofline bound.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=build-emu

@@ -76,15 +76,6 @@ __global__ void column_partials(const TX* x, float* partial, int64_t rows, int64
   column_chunk_sums<float, kNormRowChunk>(x, rows, cols, wide, partial);
 }
 
-template <typename T>
-__global__ void sum_partials_rows(const float* partial, int64_t chunks, int64_t cols, T* out) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= cols) return;
-  float acc = 0;
-  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + j];
-  out[j] = from_f32<T>(acc);
-}
-
 #define STRATA_FLOAT_TYPE(tag) typename decltype(tag)::type
 
 }  // namespace
@@ -122,19 +113,16 @@ bool launch_column_sums(int x_dt, const void* x, int out_dt, void* out, float* s
   bool ok = false;
   dispatch_float(x_dt, [&](auto xtag) {
     using TX = STRATA_FLOAT_TYPE(xtag);
-    ok = dispatch_float(out_dt, [&](auto otag) {
-      using TO = STRATA_FLOAT_TYPE(otag);
+    ok = dispatch_float(out_dt, [&](auto) {
       if (cols == 0) return;
       const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
-      const unsigned cg = static_cast<unsigned>((cols + 255) / 256);
       constexpr int K = group_width<TX>;
       const ColumnLaunch l = column_launch(cols, K);
       const bool wide = cols % K == 0 && aligned16(x);
       if (chunks > 0)
         STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream, column_partials<TX>)
       (static_cast<const TX*>(x), scratch, rows, cols, wide);
-      STRATA_LAUNCH(cg, 256, 0, stream, sum_partials_rows<TO>)
-      (scratch, chunks, cols, static_cast<TO*>(out));
+      launch_chunk_column_sums<float>(scratch, out, nullptr, nullptr, out_dt, chunks, cols, stream);
     });
   });
   return ok;

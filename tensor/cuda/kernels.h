@@ -81,8 +81,13 @@ bool launch_layernorm_forward(int dt, const void* x, const void* w, const void* 
                               void* y, float* mean, float* rstd, int64_t n, int64_t c,
                               Stream stream);
 // scratch: 2 * ceil(n / kNormRowChunk) * c floats (per-chunk f32 partial dweight/dbias, summed
-// in chunk order and rounded once into dw/db). dy, x, w, dx, dw, db of dtype dt.
-inline constexpr int64_t kNormRowChunk = 128;
+// in a fixed order and rounded once into dw/db: Note [Chunk partial sums] in common.cuh). dy, x,
+// w, dx, dw, db of dtype dt. 32 rows a chunk: GPT-2 1558M's rows of 1600 columns (one block of
+// 224 threads across) at B*T = 16K make 512 blocks, about four per multiprocessor of an H100;
+// chunks of 128 rows made 128 blocks, one per multiprocessor and 4 of the 132 idle (Note [Launch
+// sites] in tests/cuda_emu/control.h). The partials then move 2 * 4 bytes per column per 32 rows
+// against the 2 * 2 bytes per element of dy and x a bf16 chunk reads: 1/16 more.
+inline constexpr int64_t kNormRowChunk = 32;
 bool launch_layernorm_backward(int dt, const void* dy, const void* x, const void* w,
                                const float* mean, const float* rstd, void* dx, void* dw, void* db,
                                float* scratch, int64_t n, int64_t c, Stream stream);
@@ -162,8 +167,8 @@ bool launch_bias_act(int dt, const float* acc, const void* bias, int act, void* 
 bool launch_gelu_backward_f32(int dt, float* dh, const void* pre, void* dpre, int64_t rows,
                               int64_t cols, Stream stream);
 // out [cols] (dtype out_dt) = column sums of x [rows, cols] (dtype x_dt), f32 partials over
-// chunks of kNormRowChunk rows added in chunk order, rounded once. scratch: ceil(rows /
-// kNormRowChunk) * cols floats.
+// chunks of kNormRowChunk rows added in a fixed order (Note [Chunk partial sums]), rounded once.
+// scratch: ceil(rows / kNormRowChunk) * cols floats.
 bool launch_column_sums(int x_dt, const void* x, int out_dt, void* out, float* scratch,
                         int64_t rows, int64_t cols, Stream stream);
 

@@ -5,7 +5,8 @@
 // No reduction uses atomics. A sum is split the same way on every run: each thread accumulates a
 // fixed strided subset, then a fixed shuffle tree combines them (block_sum in common.cuh). Column
 // sums over many rows (layernorm's dweight/dbias) write one partial per chunk of kNormRowChunk
-// rows and a second kernel adds the partials in chunk order. The embedding backward gives each
+// rows and a second kernel adds the partials in a fixed order (Note [Chunk partial sums] in
+// common.cuh). The embedding backward gives each
 // thread one (id, column) and walks that id's rows in order (Note [CUDA embedding backward]).
 // The fused cross-entropy never writes the softmax: forward keeps only lse per row, backward
 // recomputes exp(x - lse) while writing dlogits (Note [CUDA cross-entropy]).
@@ -130,20 +131,11 @@ __global__ void sum_partials(const double* partial, int n, double* result) {
 // milliseconds per step over its 48 bias gradients. Instead each thread owns a group of K
 // consecutive columns of a chunk of kColumnSumRows rows (consecutive threads, consecutive groups:
 // coalesced, 128-bit words when aligned, Note [CUDA element groups]), sums each column in f64, and
-// a second kernel adds the chunk partials in chunk order and rounds once. The split depends only on
-// N, so the bits are the same on every run.
+// a second kernel adds the chunk partials in a fixed order and rounds once (Note [Chunk partial
+// sums] in common.cuh). The split depends only on N, so the bits are the same on every run.
 template <typename T>
 __global__ void column_sum_partials(const T* x, int64_t n, int64_t c, bool wide, double* partial) {
   column_chunk_sums<double, kColumnSumRows>(x, n, c, wide, partial);
-}
-
-__global__ void column_sum_finish(const double* partial, int64_t chunks, int64_t c, void* out,
-                                  int out_dtype) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= c) return;
-  double s = 0;
-  for (int64_t k = 0; k < chunks; ++k) s += partial[k * c + j];
-  store_float(out, out_dtype, j, static_cast<float>(s));
 }
 
 // partial_w[chunk, j] = sum over the chunk's rows of dy * xhat; partial_b likewise of dy (f32).
@@ -175,16 +167,6 @@ __global__ void norm_bwd_partials(const T* dy, const T* x, const float* mean, co
     store_group<K>(wide, partial_w + chunk * c + j, valid, sw);
     if (partial_b) store_group<K>(wide, partial_b + chunk * c + j, valid, sb);
   }
-}
-
-// out[j] = sum of the f32 partials in chunk order, rounded once.
-template <typename T>
-__global__ void sum_chunks(const float* partial, int64_t chunks, int64_t c, T* out) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= c) return;
-  float s = 0;
-  for (int64_t k = 0; k < chunks; ++k) s += partial[k * c + j];
-  out[j] = from_f32<T>(s);
 }
 
 // Note [CUDA softmax]: one block per row, three passes (max, sum of exp, write) for the forward,
@@ -666,14 +648,13 @@ bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double*
   return dispatch_float(x_dtype, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (c == 0) return;
-    const unsigned cb = static_cast<unsigned>((c + 255) / 256);
     constexpr int K = group_width<T>;
     const ColumnLaunch l = column_launch(c, K);
     if (chunks > 0)
       STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream,
                     column_sum_partials<T>)
     (static_cast<const T*>(x), n, c, c % K == 0 && aligned16(x), scratch);
-    STRATA_LAUNCH(cb, 256, 0, stream, column_sum_finish)(scratch, chunks, c, out, out_dtype);
+    launch_chunk_column_sums<double>(scratch, out, nullptr, nullptr, out_dtype, chunks, c, stream);
   });
 }
 
@@ -693,10 +674,8 @@ bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float*
       STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream, norm_bwd_partials<T>)
     (static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, scratch, partial_b, n, c,
      wide);
-    const unsigned cg = static_cast<unsigned>((c + 255) / 256);
-    STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)(scratch, chunks, c, static_cast<T*>(dw));
-    if (db)
-      STRATA_LAUNCH(cg, 256, 0, stream, sum_chunks<T>)(partial_b, chunks, c, static_cast<T*>(db));
+    // Note [Chunk partial sums]: dweight and dbias in one launch.
+    launch_chunk_column_sums<float>(scratch, dw, partial_b, db, dt, chunks, c, stream);
   });
 }
 

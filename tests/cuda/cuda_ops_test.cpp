@@ -3,6 +3,9 @@
 // checked everywhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -763,6 +766,57 @@ TEST(CudaOps, ColumnReductionsTakeMoreRowChunksThanGridYHolds) {
                                             scratch.data<float>(), n, 1, stream));
   EXPECT_EQ(dw.to(Device::cpu()).data<float>()[0], static_cast<float>(want));
   EXPECT_EQ(db.to(Device::cpu()).data<float>()[0], static_cast<float>(n));
+}
+
+// Note [Chunk partial sums] (tensor/cuda/common.cuh): the column sums add each chunk's rows in
+// row order, the chunks in 32 contiguous runs of ceil(chunks / 32), and the runs in order, all in
+// f32. Values of many magnitudes make the order show in the bits; the host adds in that order and
+// the GPU must give the same bits, for a chunk count that leaves the last runs short or empty.
+TEST(CudaOps, ColumnSumsAddChunkPartialsInTheirNotedOrder) {
+  SKIP_WITHOUT_GPU();
+  const int64_t c = 37, chunks = 32 * 3 + 7, n = (chunks - 1) * cuda::kNormRowChunk + 5;
+  std::vector<float> x(static_cast<size_t>(n * c));
+  uint64_t state = 12345;
+  for (float& v : x) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const auto bits = static_cast<uint32_t>(state >> 33);
+    v = static_cast<float>(static_cast<int>(bits % 2001) - 1000) *
+        std::ldexp(1.f, static_cast<int>(bits >> 20) % 24 - 12);
+  }
+  std::vector<float> want(static_cast<size_t>(c));
+  const int64_t per_run = (chunks + 31) / 32;
+  // The chunks one after another differ somewhere, or the test could not tell the orders apart.
+  bool order_shows = false;
+  for (int64_t j = 0; j < c; ++j) {
+    std::vector<float> partial(static_cast<size_t>(chunks));
+    for (int64_t k = 0; k < chunks; ++k) {
+      float p = 0;
+      for (int64_t r = k * cuda::kNormRowChunk; r < std::min(n, (k + 1) * cuda::kNormRowChunk); ++r)
+        p += x[static_cast<size_t>(r * c + j)];
+      partial[static_cast<size_t>(k)] = p;
+    }
+    float total = 0, chunk_by_chunk = 0;
+    for (int64_t y = 0; y < 32; ++y) {
+      float run = 0;
+      for (int64_t k = y * per_run; k < std::min(chunks, (y + 1) * per_run); ++k)
+        run += partial[static_cast<size_t>(k)];
+      total += run;
+    }
+    for (float p : partial) chunk_by_chunk += p;
+    want[static_cast<size_t>(j)] = total;
+    order_shows = order_shows || chunk_by_chunk != total;
+  }
+  ASSERT_TRUE(order_shows);
+  const Tensor xg = from_vector(x, {n, c}).to(kGpu);
+  Tensor scratch = zeros({chunks * c}, DType::F32, kGpu);
+  Tensor out = zeros({c}, DType::F32, kGpu);
+  const auto f32 = static_cast<int>(DType::F32);
+  ASSERT_TRUE(cuda::launch_column_sums(f32, xg.data_ptr(), f32, out.data_ptr(),
+                                       scratch.data<float>(), n, c,
+                                       static_cast<cuda::Stream>(cuda_current_stream())));
+  const Tensor got = out.to(Device::cpu());
+  for (int64_t j = 0; j < c; ++j)
+    EXPECT_EQ(got.data<float>()[j], want[static_cast<size_t>(j)]) << "column " << j;
 }
 
 TEST(CudaOps, WithoutADeviceInitFailsClearly) {

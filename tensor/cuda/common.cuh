@@ -291,9 +291,10 @@ __device__ __forceinline__ void column_chunk_sums(const T* x, int64_t n, int64_t
 // Note [Chunk partial sums]
 // The second pass of the column reductions (bias gradients, the norms' weight gradients): out[j]
 // = the sum over chunks k of partial[k * c + j], in Acc, rounded once to out's dtype. A block of
-// 32 x 32 threads owns 32 columns: thread (x, y) sums, in chunk order, the y-th of 32 contiguous
-// runs of ceil(chunks / 32) chunks of column x (a warp reads 32 consecutive columns of one chunk,
-// coalesced), and thread (x, 0) adds the 32 run sums in run order. The order depends only on the
+// 32 x R threads owns 32 columns, R = min(32, chunks): thread (x, y) sums, in chunk order, the
+// y-th of R contiguous runs of ceil(chunks / R) chunks of column x (a warp reads 32 consecutive
+// columns of one chunk, coalesced), and thread (x, 0) adds the R run sums in run order (with
+// fewer than 32 chunks, one chunk a run: the chunks in order). The order depends only on the
 // chunk count, so the bits are the same on every run. blockIdx.y picks one of up to two (partial,
 // out) pairs: a layernorm's dweight and dbias take one launch. One thread per column walking
 // every chunk gave GPT-2 1558M's 1600 columns 7 blocks, each thread 128 or more dependent adds,
@@ -314,7 +315,7 @@ __global__ void __launch_bounds__(32 * kChunkRuns)
   const bool second = blockIdx.y != 0;
   const Acc* partial = second ? sums.partial[1] : sums.partial[0];
   const int64_t j = blockIdx.x * int64_t{32} + threadIdx.x;
-  const int64_t per_run = (chunks + kChunkRuns - 1) / kChunkRuns;
+  const int64_t per_run = (chunks + blockDim.y - 1) / blockDim.y;
   const int64_t k0 = threadIdx.y * per_run, k1 = k0 + per_run < chunks ? k0 + per_run : chunks;
   Acc acc = 0;
   if (j < c)
@@ -323,8 +324,7 @@ __global__ void __launch_bounds__(32 * kChunkRuns)
   __syncthreads();
   if (threadIdx.y != 0 || j >= c) return;
   Acc total = 0;
-#pragma unroll
-  for (int y = 0; y < kChunkRuns; ++y) total += runs[y][threadIdx.x];
+  for (unsigned y = 0; y < blockDim.y; ++y) total += runs[y][threadIdx.x];
   store_float(second ? sums.out[1] : sums.out[0], out_dtype, j, static_cast<float>(total));
 }
 
@@ -335,7 +335,8 @@ void launch_chunk_column_sums(const Acc* partial0, void* out0, const Acc* partia
   if (c == 0) return;
   const ChunkSums<Acc> sums{{partial0, partial1}, {out0, out1}};
   const dim3 grid(static_cast<unsigned>((c + 31) / 32), partial1 != nullptr ? 2u : 1u);
-  STRATA_LAUNCH(grid, dim3(32, kChunkRuns), 0, stream, chunk_column_sums<Acc>)
+  const auto runs = static_cast<unsigned>(std::clamp<int64_t>(chunks, 1, kChunkRuns));
+  STRATA_LAUNCH(grid, dim3(32, runs), 0, stream, chunk_column_sums<Acc>)
   (sums, chunks, c, out_dtype);
 }
 

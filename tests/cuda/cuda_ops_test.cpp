@@ -819,6 +819,28 @@ TEST(CudaOps, ColumnSumsAddChunkPartialsInTheirNotedOrder) {
     EXPECT_EQ(got.data<float>()[j], want[static_cast<size_t>(j)]) << "column " << j;
 }
 
+// Note [CUDA column sums]: sum_to over a few leading rows of many columns (GPT-2 1558M's
+// position-embedding gradient: 16 rows of 1.6M) takes the column kernels too, where the generic
+// reduce gave each column a block. The values (22-bit integers / 4096) add exactly in f64, so
+// every column must be its exact sum rounded once; which kernels ran, bench_gpt2_cuda --launches
+// shows (no reduce_kernel of 1.6M blocks in a 1558M step).
+TEST(CudaOps, SumToOverFewRowsOfManyColumnsIsTheRowOrderSum) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 5, c = 40000;
+  std::vector<float> x(static_cast<size_t>(n * c));
+  uint64_t state = 777;
+  for (float& v : x) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<float>(static_cast<int64_t>(state >> 40) - (int64_t{1} << 23)) / 4096.f;
+  }
+  const Tensor got = sum_to(from_vector(x, {n, c}).to(kGpu), {c}).to(Device::cpu());
+  for (int64_t j = 0; j < c; ++j) {
+    double want = 0;
+    for (int64_t r = 0; r < n; ++r) want += x[static_cast<size_t>(r * c + j)];
+    ASSERT_EQ(got.data<float>()[j], static_cast<float>(want)) << "column " << j;
+  }
+}
+
 TEST(CudaOps, WithoutADeviceInitFailsClearly) {
   if (cuda_available()) GTEST_SKIP() << "a GPU is visible";
   EXPECT_EQ(cuda_device_count(), 0);

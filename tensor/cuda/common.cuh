@@ -290,15 +290,17 @@ __device__ __forceinline__ void column_chunk_sums(const T* x, int64_t n, int64_t
 
 // Note [Chunk partial sums]
 // The second pass of the column reductions (bias gradients, the norms' weight gradients): out[j]
-// = the sum over chunks k of partial[k * c + j], in Acc, rounded once to out's dtype. A block of
-// 32 x R threads owns 32 columns, R = min(32, chunks): thread (x, y) sums, in chunk order, the
-// y-th of R contiguous runs of ceil(chunks / R) chunks of column x (a warp reads 32 consecutive
-// columns of one chunk, coalesced), and thread (x, 0) adds the R run sums in run order (with
-// fewer than 32 chunks, one chunk a run: the chunks in order). The order depends only on the
-// chunk count, so the bits are the same on every run. blockIdx.y picks one of up to two (partial,
-// out) pairs: a layernorm's dweight and dbias take one launch. One thread per column walking
-// every chunk gave GPT-2 1558M's 1600 columns 7 blocks, each thread 128 or more dependent adds,
-// on a device of 132 multiprocessors (bench_gpt2_cuda --launches, Note [Launch sites]).
+// = the sum over chunks k of partial[k * c + j], in Acc, rounded once to out's dtype. With R =
+// min(32, chunks) runs, a block of W x R threads owns W = 32 * floor(32 / R) columns: thread
+// (x, y) sums, in chunk order, the y-th of R contiguous runs of ceil(chunks / R) chunks of column
+// x (a warp reads 32 consecutive columns of one chunk, coalesced), and thread (x, 0) adds the R
+// run sums in run order (with fewer than 32 chunks, one chunk a run: the chunks in order). The
+// order depends only on the chunk count, so the bits are the same on every run; fewer runs give
+// a block more columns, so it keeps about 1024 threads. blockIdx.y picks one of up to two
+// (partial, out) pairs: a layernorm's dweight and dbias take one launch. One thread per column
+// walking every chunk gave GPT-2 1558M's 1600 columns 7 blocks, each thread 128 or more
+// dependent adds, on a device of 132 multiprocessors (bench_gpt2_cuda --launches, Note [Launch
+// sites]).
 inline constexpr int kChunkRuns = 32;
 
 template <typename Acc>
@@ -310,21 +312,21 @@ struct ChunkSums {
 template <typename Acc>
 __global__ void __launch_bounds__(32 * kChunkRuns)
     chunk_column_sums(ChunkSums<Acc> sums, int64_t chunks, int64_t c, int out_dtype) {
-  __shared__ Acc runs[kChunkRuns][33];
+  __shared__ Acc runs[32 * kChunkRuns];  // [y][x], blockDim.x * blockDim.y <= 1024
   // Selected, not indexed: a parameter indexed by a run-time value is copied to local memory.
   const bool second = blockIdx.y != 0;
   const Acc* partial = second ? sums.partial[1] : sums.partial[0];
-  const int64_t j = blockIdx.x * int64_t{32} + threadIdx.x;
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t per_run = (chunks + blockDim.y - 1) / blockDim.y;
   const int64_t k0 = threadIdx.y * per_run, k1 = k0 + per_run < chunks ? k0 + per_run : chunks;
   Acc acc = 0;
   if (j < c)
     for (int64_t k = k0; k < k1; ++k) acc += partial[k * c + j];
-  runs[threadIdx.y][threadIdx.x] = acc;
+  runs[threadIdx.y * blockDim.x + threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y != 0 || j >= c) return;
   Acc total = 0;
-  for (unsigned y = 0; y < blockDim.y; ++y) total += runs[y][threadIdx.x];
+  for (unsigned y = 0; y < blockDim.y; ++y) total += runs[y * blockDim.x + threadIdx.x];
   store_float(second ? sums.out[1] : sums.out[0], out_dtype, j, static_cast<float>(total));
 }
 
@@ -334,9 +336,10 @@ void launch_chunk_column_sums(const Acc* partial0, void* out0, const Acc* partia
                               int out_dtype, int64_t chunks, int64_t c, Stream stream) {
   if (c == 0) return;
   const ChunkSums<Acc> sums{{partial0, partial1}, {out0, out1}};
-  const dim3 grid(static_cast<unsigned>((c + 31) / 32), partial1 != nullptr ? 2u : 1u);
   const auto runs = static_cast<unsigned>(std::clamp<int64_t>(chunks, 1, kChunkRuns));
-  STRATA_LAUNCH(grid, dim3(32, runs), 0, stream, chunk_column_sums<Acc>)
+  const unsigned width = 32 * (kChunkRuns / runs);
+  const dim3 grid(static_cast<unsigned>((c + width - 1) / width), partial1 != nullptr ? 2u : 1u);
+  STRATA_LAUNCH(grid, dim3(width, runs), 0, stream, chunk_column_sums<Acc>)
   (sums, chunks, c, out_dtype);
 }
 

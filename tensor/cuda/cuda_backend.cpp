@@ -531,32 +531,35 @@ double bytes_of_all(const std::vector<Tensor>& xs) {
 std::vector<double> CudaBackend::sum_squares_many(const std::vector<Tensor>& xs) {
   OpScope prof(stream_, "sum_squares", 0, bytes_of_all(xs));
   // Each tensor's total lands in its own slot of one device array; one copy back of those, one
-  // wait. The launches share one region of block partials: the stream runs them in order.
+  // wait. The tensors go in groups of up to kGroup: each writes its row of block partials, then
+  // one launch adds every row of the group into its slot. The stream runs the groups in order,
+  // so they share the rows.
+  constexpr int64_t kGroup = 64;
   const auto n = static_cast<int64_t>(xs.size());
-  Tensor s = scratch((n + kSumSquaresBlocks) * static_cast<int64_t>(sizeof(double)));
+  Tensor s = scratch((n + kGroup * kSumSquaresBlocks) * static_cast<int64_t>(sizeof(double)));
   double* totals = static_cast<double*>(s.data_ptr());
-  double* partials = totals + n;
-  std::vector<char> empty(xs.size(), 0);
-  for (size_t i = 0; i < xs.size(); ++i) {
-    const Tensor& x = xs[i];
-    STRATA_CHECK(is_floating(x.dtype()), "sum_squares of {}", x.str());
-    if (x.numel() == 0) {
-      empty[i] = 1;
-      continue;
+  double* rows = totals + n;
+  for (int64_t g0 = 0; g0 < n; g0 += kGroup) {
+    const int64_t g1 = std::min(n, g0 + kGroup);
+    for (int64_t i = g0; i < g1; ++i) {
+      const Tensor& x = xs[static_cast<size_t>(i)];
+      STRATA_CHECK(is_floating(x.dtype()), "sum_squares of {}", x.str());
+      // An empty tensor's one block reads nothing and writes a row of zeros: its total is 0.
+      const bool as_is = x.is_contiguous() || x.numel() == 0;
+      Tensor xc = as_is ? x : Tensor::empty(x.shape(), x.dtype(), device());
+      if (!as_is) copy_on_device(x, xc);
+      launched(launch_sum_squares_partials(xc.data_ptr(), dt(xc.dtype()), xc.numel(),
+                                           rows + (i - g0) * kSumSquaresBlocks, stream_),
+               "sum_squares");
     }
-    Tensor xc = x.is_contiguous() ? x : Tensor::empty(x.shape(), x.dtype(), device());
-    if (!xc.is_same(x)) copy_on_device(x, xc);
-    launched(launch_sum_squares(xc.data_ptr(), dt(xc.dtype()), xc.numel(), partials,
-                                totals + static_cast<int64_t>(i), stream_),
-             "sum_squares");
+    launch_sum_squares_totals(rows, static_cast<int>(g1 - g0), totals + g0, stream_);
+    check_launch("sum_squares");
   }
   std::vector<double> r(xs.size(), 0.0);
   check_cuda(
       cudaMemcpyAsync(r.data(), totals, r.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_),
       "cudaMemcpyAsync");
   synchronize();
-  for (size_t i = 0; i < xs.size(); ++i)
-    if (empty[i]) r[i] = 0.0;  // its slot was never written
   return r;
 }
 

@@ -67,12 +67,15 @@ bool launch_rotary(int dt, const void* x, const void* cos, const void* sin, int 
 // Sums accumulate in f64, in a fixed order (deterministic); any float dtypes for x and out.
 void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, const Strided& x_red,
                    void* out, int out_dtype, int64_t n_out, int64_t* indices, Stream stream);
-// partial[blocks] then total: sum of squares of n contiguous elements, in f64, into *result
-// (device). `scratch` holds at least kSumSquaresBlocks doubles; the blocks, and so the order of
-// the sum, depend on n alone.
+// The sum of squares of n contiguous elements, in f64, in two passes. The first writes one
+// partial per block into `row` (kSumSquaresBlocks doubles: the blocks, whose count and so the
+// order of the sum depend on n alone, then zeros). The second adds each of `count` such rows,
+// kSumSquaresBlocks doubles apart, into totals[i] (device), in one launch for all of them: the
+// gradient norm's 50 tensors of GPT-2 1558M took 50 one-block launches (Note [Launch sites]).
+// The zeros change no bits: the second pass adds them to sums of squares, never -0.
 inline constexpr int kSumSquaresBlocks = 1024;
-bool launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
-                        Stream stream);
+bool launch_sum_squares_partials(const void* x, int dtype, int64_t n, double* row, Stream stream);
+void launch_sum_squares_totals(const double* rows, int count, double* totals, Stream stream);
 // The norms (layernorm, rmsnorm) live in fused_norm.cu, as the residual-free case of the fused
 // kernels (Note [CUDA fused residual norm]): 128-bit packs when the rows allow; their dweight and
 // dbias are launch_norm_param_grads here.

@@ -114,14 +114,19 @@ __global__ void sum_squares_partial(const T* x, int64_t n, bool wide, double* pa
   });
   acc = block_sum(acc, sh);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  // The rest of the row, for the totals' pass to read as zeros.
+  if (blockIdx.x == 0)
+    for (int i = gridDim.x + threadIdx.x; i < kSumSquaresBlocks; i += blockDim.x) partial[i] = 0;
 }
 
+// result[b] = the sum of row b of partial (n doubles a row).
 __global__ void sum_partials(const double* partial, int n, double* result) {
   __shared__ double sh[32];
+  const double* row = partial + int64_t{blockIdx.x} * n;
   double acc = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) acc += row[i];
   acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) *result = acc;
+  if (threadIdx.x == 0) result[blockIdx.x] = acc;
 }
 
 // Note [CUDA column sums]
@@ -626,8 +631,7 @@ void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, c
 
 #define STRATA_FLOAT_TYPE(tag) typename decltype(tag)::type
 
-bool launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, double* result,
-                        Stream stream) {
+bool launch_sum_squares_partials(const void* x, int dtype, int64_t n, double* row, Stream stream) {
   return dispatch_float(dtype, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     // Enough blocks to fill the GPU with loads in flight for a large tensor (a 128-bit group
@@ -637,9 +641,13 @@ bool launch_sum_squares(const void* x, int dtype, int64_t n, double* scratch, do
     const int blocks =
         static_cast<int>(std::clamp<int64_t>((groups + 255) / 256, 1, kSumSquaresBlocks));
     STRATA_LAUNCH(blocks, 256, 0, stream, sum_squares_partial<T>)
-    (static_cast<const T*>(x), n, aligned16(x), scratch);
-    STRATA_LAUNCH(1, 256, 0, stream, sum_partials)(scratch, blocks, result);
+    (static_cast<const T*>(x), n, aligned16(x), row);
   });
+}
+
+void launch_sum_squares_totals(const double* rows, int count, double* totals, Stream stream) {
+  if (count > 0)
+    STRATA_LAUNCH(count, 256, 0, stream, sum_partials)(rows, kSumSquaresBlocks, totals);
 }
 
 bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double* scratch, void* out,

@@ -514,6 +514,20 @@ TEST(CudaOps, SumSquaresManyGivesEachTensorItsTotal) {
     EXPECT_EQ(got[i], sum_squares(gpu[i])) << "tensor " << i;  // alone: the same blocks, bits
   }
   EXPECT_EQ(got[1], 0.0);
+  // More tensors than one group of rows holds (64): three groups, empty tensors at their edges.
+  std::vector<Tensor> many_cpu, many_gpu;
+  for (int i = 0; i < 150; ++i) {
+    const int64_t len = i == 63 || i == 64 || i == 128 ? 0 : 1 + (i * 7919) % 5000;
+    many_cpu.push_back(rnd({len}, 100 + static_cast<uint64_t>(i)));
+    many_gpu.push_back(many_cpu.back().to(kGpu));
+  }
+  const std::vector<double> many = sum_squares_many(many_gpu);
+  ASSERT_EQ(many.size(), many_cpu.size());
+  for (size_t i = 0; i < many.size(); ++i) {
+    const double want = sum_squares(many_cpu[i]);
+    EXPECT_NEAR(many[i], want, 1e-12 * want) << "tensor " << i;
+    EXPECT_EQ(many[i], sum_squares(many_gpu[i])) << "tensor " << i;
+  }
 }
 
 // A non-zero fill of a contiguous range that starts and ends off a 16-byte boundary (the elements

@@ -185,7 +185,7 @@ const Rule kRules[] = {
     {R"(binary_kernel<)", kNone, "broadcast / strided operands"},
     {R"(affine_kernel<)", kNone, "strided operand"},
     {R"(reduce_kernel\()", kNone, "strided reduction"},
-    {R"(sum_partials\()", kNone, "256 partial sums"},
+    {R"(sum_partials\()", kNone, "rows of kSumSquaresBlocks partial sums"},
     {R"(chunk_column_sums<)", kNone, "chunk partials, c per chunk (Note [Chunk partial sums])"},
     {R"(embedding_keys\()", kNone, "one sort key per id"},
     {R"(bitonic_(tile|pass)\()", kNone, "sort network"},

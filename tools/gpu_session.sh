@@ -14,10 +14,16 @@
 #   bash tools/gpu_session.sh bench MODELS [ARGS...]
 #                                           there: tools/bench/run_gpt2_cuda.sh --fill for MODELS
 #                                           (comma-separated) against PyTorch eager and compile
+#   bash tools/gpu_session.sh switches [MODEL [ARGS...]]
+#                                           there: Strata-only step benchmarks of MODEL (gpt2 by
+#                                           default; ARGS e.g. --B 16) with the per-op table of
+#                                           --profile, as built and with each switch that picks
+#                                           an older path (STRATA_NORM_GRADS=separate,
+#                                           STRATA_GRAD_INTO_BUFFER=off): what each path buys
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
-# `bench`).
+# `bench`, switch-*.md from `switches`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
@@ -95,8 +101,23 @@ case ${1:-} in
       > "$OUT/bench-${models//,/_}.md" 2> "$OUT/bench-${models//,/_}.log"
     cat "$OUT/bench-${models//,/_}.md"
     ;;
+  switches)
+    device_env
+    model=${2:-gpt2}
+    shift $(($# < 2 ? $# : 2))
+    set +e
+    # Three runs of at most 180 s each: under the 600 s a command may take.
+    for sw in "" STRATA_NORM_GRADS=separate STRATA_GRAD_INTO_BUFFER=off; do
+      name=${sw:-as_built}
+      name=${name//=/_}
+      env $sw timeout 180 "$BUILD/bin/bench_gpt2_cuda" --models "$model" --warmup 2 --steps 5 \
+        --profile 3 "$@" > "$OUT/switch-$model-$name.md" 2>> "$OUT/switch-$model.log"
+      echo "bench $model ${sw:-as built} exit $?" | tee -a "$OUT/switch-$model.log"
+      cat "$OUT/switch-$model-$name.md"
+    done
+    ;;
   *)
-    sed -n '2,17p' "$0" >&2
+    sed -n '2,23p' "$0" >&2
     exit 2
     ;;
 esac

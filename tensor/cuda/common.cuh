@@ -210,6 +210,16 @@ __device__ __forceinline__ void store_wide(T* p, const float (&in)[K]) {
   }
 }
 
+// One row's terms of a norm's weight and bias gradients at one column: sw += dy * xhat with
+// xhat = (x - mu) * rs, and sb += dy, all in f32. The separate partials kernel (reduce_norm.cu)
+// and the fused backward (Note [Fused norm weight gradients] in fused_norm.cu) both add through
+// here, with the one rounding of the fmaf pinned, so the two give the same bits.
+__device__ __forceinline__ void add_norm_param_terms(float dy, float x, float mu, float rs,
+                                                     float& sw, float& sb) {
+  sw = fmaf(dy * (x - mu), rs, sw);
+  sb += dy;
+}
+
 // Threads and blocks for a column kernel whose threads own K columns each (Note [CUDA element
 // groups]): as few threads per block as cover the row, at most 256.
 struct ColumnLaunch {

@@ -101,6 +101,16 @@ bool poison_allocations() {
 #endif
 }
 
+// STRATA_NORM_GRADS (Note [Fused norm weight gradients] in fused_norm.cu), read once.
+bool fused_norm_grads() {
+  static const bool fused =
+      env_choice(
+          "STRATA_NORM_GRADS",
+          {{"fused", "the norm backward's dx kernel also sums the weight/bias gradients"},
+           {"separate", "a second kernel re-reads dy and x for the weight/bias gradients"}}) == 0;
+  return fused;
+}
+
 Strided view_of(const Tensor& t) {
   STRATA_CHECK(t.ndim() <= kMaxDims, "CUDA kernels take at most {} dims, got {}", kMaxDims,
                t.str());
@@ -583,12 +593,12 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(2 * chunks * c * 4);
-  launched(
-      launch_layernorm_backward(compute_dt("layernorm_backward", x, dy, weight, dx, dweight, dbias),
-                                dy.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data<float>(),
-                                rstd.data<float>(), dx.data_ptr(), dweight.data_ptr(),
-                                dbias.data_ptr(), static_cast<float*>(s.data_ptr()), n, c, stream_),
-      "layernorm_backward");
+  launched(launch_norm_backward(
+               compute_dt("layernorm_backward", x, dy, weight, dx, dweight, dbias), dy.data_ptr(),
+               nullptr, x.data_ptr(), weight.data_ptr(), mean.data<float>(), rstd.data<float>(),
+               dx.data_ptr(), dweight.data_ptr(), dbias.data_ptr(),
+               static_cast<float*>(s.data_ptr()), n, c, fused_norm_grads(), stream_),
+           "layernorm_backward");
 }
 
 void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
@@ -606,11 +616,12 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(chunks * c * 4);
-  launched(launch_rmsnorm_backward(compute_dt("rmsnorm_backward", x, dy, weight, dx, dweight),
-                                   dy.data_ptr(), x.data_ptr(), weight.data_ptr(),
-                                   rstd.data<float>(), dx.data_ptr(), dweight.data_ptr(),
-                                   static_cast<float*>(s.data_ptr()), n, c, stream_),
-           "rmsnorm_backward");
+  launched(
+      launch_norm_backward(compute_dt("rmsnorm_backward", x, dy, weight, dx, dweight),
+                           dy.data_ptr(), nullptr, x.data_ptr(), weight.data_ptr(), nullptr,
+                           rstd.data<float>(), dx.data_ptr(), dweight.data_ptr(), nullptr,
+                           static_cast<float*>(s.data_ptr()), n, c, fused_norm_grads(), stream_),
+      "rmsnorm_backward");
 }
 
 // Note [CUDA fused residual norm] (fused_norm.cu).
@@ -634,16 +645,14 @@ void CudaBackend::add_layernorm_backward(const Tensor& dy, const Tensor& ds, con
   const int64_t n = s.size(0), c = s.size(1);
   const int t = compute_dt("add_layernorm_backward", s, dy, weight, dsum, dweight, dbias);
   if (ds.defined()) compute_dt("add_layernorm_backward", s, ds);
-  launched(launch_add_norm_backward(t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr,
-                                    s.data_ptr(), weight.data_ptr(), mean.data<float>(),
-                                    rstd.data<float>(), dsum.data_ptr(), n, c, stream_),
-           "add_layernorm_backward");
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor sc = scratch(2 * chunks * c * 4);
-  launched(launch_norm_param_grads(t, dy.data_ptr(), s.data_ptr(), mean.data<float>(),
-                                   rstd.data<float>(), dweight.data_ptr(), dbias.data_ptr(),
-                                   static_cast<float*>(sc.data_ptr()), n, c, stream_),
-           "add_layernorm_backward");
+  launched(
+      launch_norm_backward(t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr, s.data_ptr(),
+                           weight.data_ptr(), mean.data<float>(), rstd.data<float>(),
+                           dsum.data_ptr(), dweight.data_ptr(), dbias.data_ptr(),
+                           static_cast<float*>(sc.data_ptr()), n, c, fused_norm_grads(), stream_),
+      "add_layernorm_backward");
 }
 
 void CudaBackend::add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
@@ -664,15 +673,12 @@ void CudaBackend::add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const
   const int64_t n = s.size(0), c = s.size(1);
   const int t = compute_dt("add_rmsnorm_backward", s, dy, weight, dsum, dweight);
   if (ds.defined()) compute_dt("add_rmsnorm_backward", s, ds);
-  launched(launch_add_norm_backward(t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr,
-                                    s.data_ptr(), weight.data_ptr(), nullptr, rstd.data<float>(),
-                                    dsum.data_ptr(), n, c, stream_),
-           "add_rmsnorm_backward");
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor sc = scratch(chunks * c * 4);
-  launched(launch_norm_param_grads(t, dy.data_ptr(), s.data_ptr(), nullptr, rstd.data<float>(),
-                                   dweight.data_ptr(), nullptr, static_cast<float*>(sc.data_ptr()),
-                                   n, c, stream_),
+  launched(launch_norm_backward(
+               t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr, s.data_ptr(),
+               weight.data_ptr(), nullptr, rstd.data<float>(), dsum.data_ptr(), dweight.data_ptr(),
+               nullptr, static_cast<float*>(sc.data_ptr()), n, c, fused_norm_grads(), stream_),
            "add_rmsnorm_backward");
 }
 

@@ -77,28 +77,23 @@ inline constexpr int kSumSquaresBlocks = 1024;
 bool launch_sum_squares_partials(const void* x, int dtype, int64_t n, double* row, Stream stream);
 void launch_sum_squares_totals(const double* rows, int count, double* totals, Stream stream);
 // The norms (layernorm, rmsnorm) live in fused_norm.cu, as the residual-free case of the fused
-// kernels (Note [CUDA fused residual norm]): 128-bit packs when the rows allow; their dweight and
-// dbias are launch_norm_param_grads here.
+// kernels (Note [CUDA fused residual norm]): 128-bit packs when the rows allow; their backward
+// is launch_norm_backward (below, with the residual norms').
 // x, w, b, y of dtype dt; mean, rstd F32.
 bool launch_layernorm_forward(int dt, const void* x, const void* w, const void* b, float eps,
                               void* y, float* mean, float* rstd, int64_t n, int64_t c,
                               Stream stream);
-// scratch: 2 * ceil(n / kNormRowChunk) * c floats (per-chunk f32 partial dweight/dbias, summed
-// in a fixed order and rounded once into dw/db: Note [Chunk partial sums] in common.cuh). dy, x,
-// w, dx, dw, db of dtype dt. 32 rows a chunk: GPT-2 1558M's rows of 1600 columns (one block of
-// 224 threads across) at B*T = 16K make 512 blocks, about four per multiprocessor of an H100;
-// chunks of 128 rows made 128 blocks, one per multiprocessor and 4 of the 132 idle (Note [Launch
-// sites] in tests/cuda_emu/control.h). The partials then move 2 * 4 bytes per column per 32 rows
-// against the 2 * 2 bytes per element of dy and x a bf16 chunk reads: 1/16 more.
+// A norm backward's scratch: 2 * ceil(n / kNormRowChunk) * c floats (per-chunk f32 partial
+// dweight/dbias, summed in a fixed order and rounded once into dw/db: Note [Chunk partial sums] in
+// common.cuh). dy, x, w, dx, dw, db of dtype dt. 32 rows a chunk: GPT-2 1558M's rows of 1600
+// columns (one block of 224 threads across) at B*T = 16K make 512 blocks, about four per
+// multiprocessor of an H100; chunks of 128 rows made 128 blocks, one per multiprocessor and 4 of
+// the 132 idle (Note [Launch sites] in tests/cuda_emu/control.h). The partials then move 2 * 4
+// bytes per column per 32 rows against the 2 * 2 bytes per element of dy and x a bf16 chunk reads:
+// 1/16 more.
 inline constexpr int64_t kNormRowChunk = 32;
-bool launch_layernorm_backward(int dt, const void* dy, const void* x, const void* w,
-                               const float* mean, const float* rstd, void* dx, void* dw, void* db,
-                               float* scratch, int64_t n, int64_t c, Stream stream);
 bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, void* y, float* rstd,
                             int64_t n, int64_t c, Stream stream);
-bool launch_rmsnorm_backward(int dt, const void* dy, const void* x, const void* w,
-                             const float* rstd, void* dx, void* dw, float* scratch, int64_t n,
-                             int64_t c, Stream stream);
 // dweight (and dbias unless db is null) of layernorm (mean given) or rmsnorm (mean null) at the
 // rows x [n, c]: the chunked f32 partials of layernorm_backward (scratch as there), rounded once.
 bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float* mean,
@@ -159,6 +154,14 @@ bool launch_add_rmsnorm_forward(int dt, const void* x, const void* r, const void
 bool launch_add_norm_backward(int dt, const void* dy, const void* ds, const void* s, const void* w,
                               const float* mean, const float* rstd, void* dsum, int64_t n,
                               int64_t c, Stream stream);
+// The whole backward of a norm (plain: ds null; residual: ds given) at the rows s [n, c]: dsum as
+// launch_add_norm_backward, dw (and db unless null) as launch_norm_param_grads (scratch as there).
+// fused: one kernel for dsum and the partials where a row fits one block of 512 threads, else
+// (or !fused) those two launches; the same bits either way (Note [Fused norm weight gradients]
+// in fused_norm.cu). The plain norms pass x as s.
+bool launch_norm_backward(int dt, const void* dy, const void* ds, const void* s, const void* w,
+                          const float* mean, const float* rstd, void* dsum, void* dw, void* db,
+                          float* scratch, int64_t n, int64_t c, bool fused, Stream stream);
 
 // ---- epilogue.cu: the unfused fallbacks of the linear epilogues (tensor/cuda/matmul.cpp) ----
 // acc [rows, cols] F32 (may be y itself when dt is F32); bias [cols] or null; act 0 none, 1 GELU.

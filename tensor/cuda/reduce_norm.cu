@@ -164,10 +164,7 @@ __global__ void norm_bwd_partials(const T* dy, const T* x, const float* mean, co
       load_group<K>(wide, x + r * c + j, valid, xv);
       const float mu = mean ? mean[r] : 0.f, rs = rstd[r];
 #pragma unroll
-      for (int e = 0; e < K; ++e) {
-        sw[e] += g[e] * (xv[e] - mu) * rs;
-        sb[e] += g[e];
-      }
+      for (int e = 0; e < K; ++e) add_norm_param_terms(g[e], xv[e], mu, rs, sw[e], sb[e]);
     }
     store_group<K>(wide, partial_w + chunk * c + j, valid, sw);
     if (partial_b) store_group<K>(wide, partial_b + chunk * c + j, valid, sb);

@@ -19,6 +19,10 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 
+#if defined(STRATA_CUDA_EMULATION)
+#include "tests/cuda_emu/control.h"
+#endif
+
 namespace strata::tensor {
 namespace {
 
@@ -831,6 +835,69 @@ TEST(CudaOps, ColumnSumsAddChunkPartialsInTheirNotedOrder) {
   const Tensor got = out.to(Device::cpu());
   for (int64_t j = 0; j < c; ++j)
     EXPECT_EQ(got.data<float>()[j], want[static_cast<size_t>(j)]) << "column " << j;
+}
+
+// Note [Fused norm weight gradients] (tensor/cuda/fused_norm.cu): the norm backward's one-kernel
+// path (dsum and the weight/bias partials in one pass) gives the bits of the two-kernel path, for
+// layernorm and rmsnorm, with and without the residual's ds, in every float dtype: rows of packs
+// with a short last chunk, rows that take no packs, a single row, and rows of 512 packs (the
+// largest block the fused path takes). In the emulator it also checks which kernels ran.
+TEST(CudaOps, FusedNormBackwardGivesTheSeparatePathsBits) {
+  SKIP_WITHOUT_GPU();
+  const auto stream = static_cast<cuda::Stream>(cuda_current_stream());
+  auto bytes = [](const Tensor& t) {
+    const Tensor h = t.to(Device::cpu());
+    const auto* p = static_cast<const unsigned char*>(h.data_ptr());
+    return std::vector<unsigned char>(p,
+                                      p + h.numel() * static_cast<int64_t>(dtype_size(h.dtype())));
+  };
+  uint64_t draw = 900;
+  for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const auto pack = static_cast<int64_t>(16 / dtype_size(dt));
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {
+        {75, 8 * pack}, {70, 37}, {1, pack}, {40, 512 * pack}};
+    for (const auto& [n, c] : shapes)
+      for (const bool layer : {true, false})
+        for (const bool with_ds : {false, true}) {
+          SCOPED_TRACE(dtype_tag(dt) + " n=" + std::to_string(n) + " c=" + std::to_string(c) +
+                       (layer ? " layernorm" : " rmsnorm") + (with_ds ? " with ds" : ""));
+          const Tensor dy = rnd({n, c}, ++draw).to(dt).to(kGpu);
+          const Tensor x = rnd({n, c}, ++draw).to(dt).to(kGpu);
+          const Tensor ds = rnd({n, c}, ++draw).to(dt).to(kGpu);
+          const Tensor w = rnd({c}, ++draw).to(dt).to(kGpu);
+          const Tensor mean = rnd({n}, ++draw, -0.5f, 0.5f).to(kGpu);
+          const Tensor rstd = rnd({n}, ++draw, 0.5f, 2.f).to(kGpu);
+          const int64_t chunks = (n + cuda::kNormRowChunk - 1) / cuda::kNormRowChunk;
+          std::vector<std::vector<unsigned char>> got[2];
+          for (const bool fused : {false, true}) {
+            Tensor dsum = zeros({n, c}, dt, kGpu), dw = zeros({c}, dt, kGpu),
+                   db = zeros({c}, dt, kGpu);
+            Tensor scratch = zeros({2 * chunks * c}, DType::F32, kGpu);
+#if defined(STRATA_CUDA_EMULATION)
+            cuda_emu::reset_launch_sites();
+#endif
+            ASSERT_TRUE(cuda::launch_norm_backward(
+                static_cast<int>(dt), dy.data_ptr(), with_ds ? ds.data_ptr() : nullptr,
+                x.data_ptr(), w.data_ptr(), layer ? mean.data<float>() : nullptr,
+                rstd.data<float>(), dsum.data_ptr(), dw.data_ptr(), layer ? db.data_ptr() : nullptr,
+                scratch.data<float>(), n, c, fused, stream));
+#if defined(STRATA_CUDA_EMULATION)
+            uint64_t fused_launches = 0, partial_launches = 0;
+            for (const cuda_emu::LaunchSite& site : cuda_emu::launch_sites()) {
+              if (site.kernel.find("add_norm_bwd_fused") != std::string::npos)
+                fused_launches += site.launches;
+              if (site.kernel.find("norm_bwd_partials") != std::string::npos)
+                partial_launches += site.launches;
+            }
+            EXPECT_EQ(fused_launches, fused ? 1u : 0u);
+            EXPECT_EQ(partial_launches, fused ? 0u : 1u);
+#endif
+            got[fused] = {bytes(dsum), bytes(dw), bytes(db)};
+          }
+          const char* names[] = {"dsum", "dweight", "dbias"};
+          for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[0][i] == got[1][i]) << names[i];
+        }
+  }
 }
 
 // Note [CUDA column sums]: sum_to over a few leading rows of many columns (GPT-2 1558M's

@@ -45,6 +45,8 @@
 #define __forceinline__ inline
 #undef __launch_bounds__
 #define __launch_bounds__(...)
+#undef __maxnreg__
+#define __maxnreg__(...)
 #undef __grid_constant__
 #define __grid_constant__
 

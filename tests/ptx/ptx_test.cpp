@@ -160,6 +160,7 @@ const Rule kRules[] = {
     // Row kernels: packs of a row per thread when the rows are aligned.
     {R"(add_norm_fwd<[^,]+, [48], )", kBoth, "residual + norm forward, packed"},
     {R"(add_norm_bwd<[^,]+, [48], )", kBoth, "residual + norm backward, packed"},
+    {R"(add_norm_bwd_fused<[^,]+, [48], )", kBoth, "norm backward with its weight gradients"},
     {R"(softmax_fwd<[^,]+, true>)", kBoth, "softmax, packed"},
     {R"(softmax_bwd<[^,]+, true>)", kBoth, "softmax backward, packed"},
     {R"(ce_fwd<)", kLoads, "cross-entropy forward"},
@@ -174,6 +175,7 @@ const Rule kRules[] = {
     {R"(attn_bwd_dkv_tc<)", kLoads, "own tensor-core attention"},
     // One element at a time by design.
     {R"(add_norm_(fwd|bwd)<[^,]+, 1, )", kNone, "rows not 16-byte aligned"},
+    {R"(add_norm_bwd_fused<[^,]+, 1, )", kNone, "rows not 16-byte aligned"},
     {R"(softmax_(fwd|bwd)<[^,]+, false>)", kNone, "rows not 16-byte aligned"},
     {R"(attn_(fwd|bwd_dq|bwd_dkv)<[^,]+, false>)", kNone, "rows not 16-byte aligned"},
     {R"(embedding_bwd<[^,]+, [^,]+, 1>)", kNone, "columns not whole 128-bit words"},

@@ -5,6 +5,11 @@
 
 #include "core/error.h"
 #include "offload/memory_stats.h"
+#include "tensor/cuda.h"
+
+#ifdef STRATA_OPTIM_HAVE_CUDA
+#include "optim/cuda/sgd_cuda.h"
+#endif
 
 namespace strata::optim {
 
@@ -51,12 +56,6 @@ std::vector<std::string> state_names(const SgdConfig& c) {
 
 Sgd::Sgd(std::vector<ParamGroup> groups, const SgdConfig& config)
     : Optimizer(std::move(groups), state_names(config)), config_(config) {
-  // No SGD kernel on the GPU (Note [Optimizer devices]): say so before the first step.
-  if (device_.is_cuda())
-    user_error(
-        "optimizer.name: sgd runs on the CPU only, and the parameters are on {}; use adamw "
-        "(or run.device: cpu)",
-        device_.str());
   const SgdConfig& c = config_;
   if (!(c.lr >= 0)) user_error("SGD: lr must be >= 0, got {}", c.lr);
   if (!(c.momentum >= 0)) user_error("SGD: momentum must be >= 0, got {}", c.momentum);
@@ -82,10 +81,15 @@ void Sgd::step(double lr) {
                static_cast<float>(lr),
                /*first=*/step_ == 0,
                c.nesterov};
-  SgdScalars no_decay = s;
-  no_decay.weight_decay = 0.f;
   const float scale = grad_scale_;
   grad_scale_ = 1.f;
+  if (device_.is_cuda()) {
+    step_cuda(s.weight_decay, s.momentum, s.one_minus_dampening, s.lr, s.first, scale);
+    ++step_;
+    return;
+  }
+  SgdScalars no_decay = s;
+  no_decay.weight_decay = 0.f;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const ParamGroup& g = groups_[gi];
     float* p = g.param.data<float>();
@@ -108,6 +112,57 @@ void Sgd::step(double lr) {
     if (g.low_precision_copy.defined()) tensor::Tensor(g.low_precision_copy).copy_(g.param);
   }
   ++step_;
+}
+
+// Note [CUDA SGD] (optim/cuda/sgd_cuda.h): every run of every group in one launcher call on the
+// backend's compute stream, in order with the backward that wrote the gradients. The decay-free
+// runs take the same scalars with the weight-decay flag off, which is the CPU's no_decay.
+void Sgd::step_cuda(float weight_decay, float momentum, float one_minus_dampening, float lr,
+                    bool first, float scale) {
+#ifdef STRATA_OPTIM_HAVE_CUDA
+  std::vector<cuda::SgdCudaTensor> list;
+  double bytes = 0;  // param read and written, grad read, buffer read and written, copy written
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const ParamGroup& g = groups_[gi];
+    const size_t grad_bytes = dtype_size(g.grad.dtype());
+    const bool copy = g.low_precision_copy.defined();
+    float* buf = config_.momentum == 0.0 ? nullptr : state(gi, 0).data<float>();
+    for (const Run& r : runs(gi)) {
+      cuda::SgdCudaTensor t;
+      t.param = g.param.data<float>() + r.offset;
+      t.grad = static_cast<const char*>(g.grad.data_ptr()) + r.offset * grad_bytes;
+      t.grad_dtype = static_cast<int>(g.grad.dtype());
+      t.momentum_buffer = buf == nullptr ? nullptr : buf + r.offset;
+      if (copy) {
+        t.model_copy = static_cast<char*>(g.low_precision_copy.data_ptr()) +
+                       r.offset * dtype_size(g.low_precision_copy.dtype());
+        t.copy_dtype = static_cast<int>(g.low_precision_copy.dtype());
+      }
+      t.numel = r.numel;
+      t.weight_decay = r.decay;
+      list.push_back(t);
+      bytes +=
+          static_cast<double>(r.numel) * (8.0 + grad_bytes + (buf ? 8.0 : 0.0) +
+                                          (copy ? dtype_size(g.low_precision_copy.dtype()) : 0));
+    }
+  }
+  if (list.empty()) return;
+  const cuda::SgdCudaScalars cs{.weight_decay = weight_decay,
+                                .momentum = momentum,
+                                .one_minus_dampening = one_minus_dampening,
+                                .lr = lr,
+                                .grad_scale = scale,
+                                .first = first,
+                                .nesterov = config_.nesterov};
+  tensor::CudaProfileScope prof("sgd", 0.0, bytes);
+  const int rc = cuda::launch_sgd_multi_tensor(list.data(), static_cast<int>(list.size()), cs,
+                                               tensor::cuda_current_stream());
+  STRATA_CHECK(rc == 0, "SGD: the CUDA step over {} buffers failed to launch (code {})",
+               list.size(), rc);
+#else
+  (void)weight_decay, (void)momentum, (void)one_minus_dampening, (void)lr, (void)first, (void)scale;
+  user_error("SGD: the parameters are on {} but this build has no CUDA SGD", device_.str());
+#endif
 }
 
 }  // namespace strata::optim

@@ -6,7 +6,8 @@
 //   d = nesterov ? d + momentum * buf : buf
 //   p = p - lr * d
 // Without momentum there is no state; with it, "momentum_buffer" per group (Note [Optimizer
-// state]).
+// state]). Groups on a GPU take the multi-tensor kernel of Note [CUDA SGD]
+// (optim/cuda/sgd_cuda.h), which gives these bits.
 #include "optim/optimizer.h"
 
 namespace strata::optim {
@@ -34,6 +35,10 @@ class Sgd final : public Optimizer {
   tensor::Tensor momentum_buffer(size_t group) const;
 
  private:
+  // The step on GPU groups (Note [CUDA SGD]); the scalars as the CPU loop rounds them.
+  void step_cuda(float weight_decay, float momentum, float one_minus_dampening, float lr,
+                 bool first, float scale);
+
   SgdConfig config_;
 };
 

@@ -1,27 +1,11 @@
-// The fused multi-tensor AdamW kernel (Note [CUDA AdamW] in adamw_cuda.h).
-//
-// Tensors are packed into the kernel's parameter block kMaxTensors at a time (like PyTorch's
-// multi_tensor_apply, without its chunk table): blockIdx.y picks the tensor, and the blocks along
-// x walk its elements with a grid-stride loop. Short tensors leave some blocks idle; the step is
-// memory-bound and one launch per ~kMaxTensors buffers is what matters. A thread updates four
-// consecutive elements with vector loads when the buffers are 16-byte aligned (always, for the
-// engine's flat buffers), else one element at a time.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
-
+// The fused multi-tensor AdamW kernel (Note [CUDA AdamW] in adamw_cuda.h); the launch loop and
+// the gradient and model-copy accessors are multi_tensor.cuh's.
 #include "optim/cuda/adamw_cuda.h"
-#include "tensor/cuda/launch.cuh"
+#include "optim/cuda/multi_tensor.cuh"
 
 namespace strata::optim::cuda {
 
 namespace {
-
-constexpr int kMaxTensors = 32;  // 32 * 64 bytes + scalars: well under the 4 KiB parameter limit
-constexpr int kThreads = 256;
-constexpr int kMaxBlocksX = 1024;
 
 struct TensorArgs {
   float* param;
@@ -35,26 +19,6 @@ struct TensorArgs {
   int weight_decay;
 };
 
-struct LaunchArgs {
-  TensorArgs t[kMaxTensors];
-};
-
-__device__ __forceinline__ float load_grad(const void* p, int dtype, int64_t i) {
-  if (dtype == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  if (dtype == 2) return __half2float(static_cast<const __half*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
-
-__device__ __forceinline__ void store_copy(void* p, int dtype, int64_t i, float v) {
-  if (dtype == 1) {
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  } else if (dtype == 2) {
-    static_cast<__half*>(p)[i] = __float2half_rn(v);
-  } else {
-    static_cast<float*>(p)[i] = v;
-  }
-}
-
 // Note [AdamW arithmetic], one IEEE operation per intrinsic, in the CPU kernel's order.
 __device__ __forceinline__ void adamw_element(float g_raw, float& p, float& m, float& v,
                                               int weight_decay, const AdamWCudaScalars& s) {
@@ -66,10 +30,6 @@ __device__ __forceinline__ void adamw_element(float g_raw, float& p, float& m, f
   p = __fsub_rn(p, __fdiv_rn(__fmul_rn(s.step_size, m), denom));
 }
 
-__device__ __forceinline__ bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
-
 // Four elements per thread with 128-bit loads and stores of param/exp_avg/exp_avg_sq (and 64- or
 // 128-bit ones of grad and copy) when every pointer allows it; the arithmetic per element is
 // adamw_element's either way, so the packed and scalar paths give the same bits.
@@ -78,50 +38,7 @@ __device__ __forceinline__ bool packable(const TensorArgs& t) {
          aligned16(t.grad) && (t.copy == nullptr || aligned16(t.copy));
 }
 
-__device__ __forceinline__ float4 load_grad4(const void* p, int dtype, int64_t k) {
-  if (dtype == 0) return static_cast<const float4*>(p)[k];
-  const uint2 raw = static_cast<const uint2*>(p)[k];  // four 16-bit values
-  const uint16_t h[4] = {static_cast<uint16_t>(raw.x), static_cast<uint16_t>(raw.x >> 16),
-                         static_cast<uint16_t>(raw.y), static_cast<uint16_t>(raw.y >> 16)};
-  float f[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if (dtype == 1) {
-      __nv_bfloat16_raw r;
-      r.x = h[e];
-      f[e] = __bfloat162float(__nv_bfloat16(r));
-    } else {
-      __half_raw r;
-      r.x = h[e];
-      f[e] = __half2float(__half(r));
-    }
-  }
-  return make_float4(f[0], f[1], f[2], f[3]);
-}
-
-__device__ __forceinline__ void store_copy4(void* p, int dtype, int64_t k, float4 v) {
-  if (dtype == 0) {
-    static_cast<float4*>(p)[k] = v;
-    return;
-  }
-  const float f[4] = {v.x, v.y, v.z, v.w};
-  uint16_t h[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if (dtype == 1) {
-      const __nv_bfloat16_raw r = __float2bfloat16_rn(f[e]);
-      h[e] = r.x;
-    } else {
-      const __half_raw r = __float2half_rn(f[e]);
-      h[e] = r.x;
-    }
-  }
-  static_cast<uint2*>(p)[k] =
-      make_uint2(static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16),
-                 static_cast<uint32_t>(h[2]) | (static_cast<uint32_t>(h[3]) << 16));
-}
-
-__global__ void adamw_kernel(LaunchArgs args, AdamWCudaScalars s) {
+__global__ void adamw_kernel(LaunchArgs<TensorArgs> args, AdamWCudaScalars s) {
   const TensorArgs& t = args.t[blockIdx.y];
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -154,38 +71,21 @@ __global__ void adamw_kernel(LaunchArgs args, AdamWCudaScalars s) {
   }
 }
 
-bool valid_float_dtype(int d) {
-  return d == 0 || d == 1 || d == 2;
-}
-
 }  // namespace
 
 int launch_adamw_multi_tensor(const AdamWCudaTensor* list, int count, const AdamWCudaScalars& s,
                               void* stream) {
-  for (int i = 0; i < count; ++i) {
-    if (!valid_float_dtype(list[i].grad_dtype)) return -1;
-    if (list[i].model_copy != nullptr && !valid_float_dtype(list[i].copy_dtype)) return -1;
-  }
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  for (int first = 0; first < count; first += kMaxTensors) {
-    const int n = std::min(kMaxTensors, count - first);
-    LaunchArgs args{};
-    int64_t longest = 0;
-    for (int j = 0; j < n; ++j) {
-      const AdamWCudaTensor& in = list[first + j];
-      args.t[j] = {in.param, in.grad,       in.exp_avg,    in.exp_avg_sq,          in.model_copy,
-                   in.numel, in.grad_dtype, in.copy_dtype, in.weight_decay ? 1 : 0};
-      longest = std::max(longest, in.numel);
-    }
-    if (longest == 0) continue;
-    const int64_t want = ((longest + 3) / 4 + kThreads - 1) / kThreads;
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(want, kMaxBlocksX)),
-                    static_cast<unsigned>(n));
-    STRATA_LAUNCH(grid, kThreads, 0, st, adamw_kernel)(args, s);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
-  return 0;
+  return launch_in_groups<TensorArgs>(
+      list, count,
+      [](const AdamWCudaTensor& in) {
+        return TensorArgs{in.param,      in.grad,       in.exp_avg,
+                          in.exp_avg_sq, in.model_copy, in.numel,
+                          in.grad_dtype, in.copy_dtype, in.weight_decay ? 1 : 0};
+      },
+      [&](dim3 grid, const LaunchArgs<TensorArgs>& args) {
+        STRATA_LAUNCH(grid, kStepThreads, 0, st, adamw_kernel)(args, s);
+      });
 }
 
 }  // namespace strata::optim::cuda

@@ -516,24 +516,22 @@ TEST(TrainGpu, AdamWOnGpuGroupsMatchesTheCpuBitwise) {
   EXPECT_EQ(host_bytes(gpu_opt.exp_avg(0)), host_bytes(cpu_opt.exp_avg(0)));
 }
 
-TEST(TrainGpu, OptimizerRejectsMixedDevicesAndSgdOnTheGpu) {
+TEST(TrainGpu, OptimizerRejectsMixedDevices) {
   SKIP_WITHOUT_GPU();
   optim::ParamGroup g;
   g.param = tensor::zeros({32}, DType::F32, kGpu);
   g.grad = tensor::zeros({32});  // on the host
-  try {
-    optim::AdamW opt({g});
-    ADD_FAILURE() << "a group with its grad on the host was accepted";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("one device"), std::string::npos) << e.what();
-  }
-  g.grad = tensor::zeros({32}, DType::F32, kGpu);
-  try {
-    optim::Sgd opt({g});
-    ADD_FAILURE() << "SGD accepted GPU groups";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("sgd runs on the CPU only"), std::string::npos)
-        << e.what();
+  for (int which = 0; which < 2; ++which) {
+    try {
+      if (which == 0) {
+        optim::AdamW opt({g});
+      } else {
+        optim::Sgd opt({g});
+      }
+      ADD_FAILURE() << "a group with its grad on the host was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("one device"), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -552,8 +550,10 @@ TEST(TrainGpu, GradClipOnTheGpuAgreesWithTheCpu) {
 
 // `train` on the GPU, in process: a tiny bf16 config trains, checkpoints, and a run stopped and
 // resumed reproduces the uninterrupted one bitwise (dropout on: the RNG state resumes too).
+constexpr const char* kAdamW = "{name: adamw, lr: 1.0e-2, weight_decay: 0.1, grad_clip: 1.0}";
+
 std::string gpu_config(const std::string& data, const std::string& run, int64_t steps,
-                       bool matmul_tuning = false) {
+                       bool matmul_tuning = false, const std::string& optimizer = kAdamW) {
   return fmt::format(
       R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16, matmul_tuning: {tune}}}
 model:
@@ -561,18 +561,19 @@ model:
   config: {{n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32, dropout: 0.1}}
 data: {{train: "{data}/train_*.bin", val: "{data}/val_*.bin", tokenizer: byte, shuffle: true}}
 batch: {{micro_batch_size: 4, grad_accum_steps: 2, seq_len: 32}}
-optimizer: {{name: adamw, lr: 1.0e-2, weight_decay: 0.1, grad_clip: 1.0}}
+optimizer: {optimizer}
 schedule: {{name: cosine, warmup_steps: 2, min_lr: 1.0e-3}}
 training: {{steps: {steps}, eval_every: 3, eval_batches: 2, sample_every: 4, sample_tokens: 8,
            checkpoint_every: 2, progress: lines}}
 )",
       fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps),
-      fmt::arg("tune", matmul_tuning ? "on" : "off"));
+      fmt::arg("tune", matmul_tuning ? "on" : "off"), fmt::arg("optimizer", optimizer));
 }
 
 // gpu_config's run `name` (run.dir tmp/run_<name>) over shards in tmp/data, written once.
 tools::TrainConfig two_runs(const tools::testing::ScratchDir& tmp, const std::string& name,
-                            int64_t steps, bool matmul_tuning = false) {
+                            int64_t steps, bool matmul_tuning = false,
+                            const std::string& optimizer = kAdamW) {
   const std::string data = tmp / "data";
   if (!tools::testing::fs::exists(data)) {
     tools::testing::write_raw_shard(data + "/train_000000.bin",
@@ -581,14 +582,17 @@ tools::TrainConfig two_runs(const tools::testing::ScratchDir& tmp, const std::st
                                     {tools::testing::pattern_tokens(2000, 200, 3)});
   }
   const std::string file = tmp / (name + ".yaml");
-  tools::testing::write_text(file, gpu_config(data, tmp / ("run_" + name), steps, matmul_tuning));
+  tools::testing::write_text(
+      file, gpu_config(data, tmp / ("run_" + name), steps, matmul_tuning, optimizer));
   return tools::load_train_config(file);
 }
 
-TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
-  SKIP_WITHOUT_GPU();
+// `train` on the GPU with `optimizer` (a YAML flow map): 7 steps, and the same run stopped after
+// step 4 and resumed from its checkpoint, which must end with the uninterrupted run's bits.
+void trains_checkpoints_and_resumes_bitwise(const std::string& optimizer) {
   tools::testing::ScratchDir tmp;
-  const tools::TrainConfig ca = two_runs(tmp, "a", 7), cb = two_runs(tmp, "b", 7);
+  const tools::TrainConfig ca = two_runs(tmp, "a", 7, false, optimizer),
+                           cb = two_runs(tmp, "b", 7, false, optimizer);
 
   tools::Trainer a(ca);
   EXPECT_TRUE(a.model().flat_units().front().params.device().is_cuda());
@@ -628,6 +632,19 @@ TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
         << ua[u].name << " master";
   }
   EXPECT_FALSE(a.sample_text().empty());
+}
+
+TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
+  SKIP_WITHOUT_GPU();
+  trains_checkpoints_and_resumes_bitwise(kAdamW);
+}
+
+// Note [CUDA SGD]: SGD's momentum buffers live on the GPU, go into the checkpoint and come back.
+TEST(TrainGpu, SgdWithNesterovMomentumTrainsAndResumesBitwise) {
+  SKIP_WITHOUT_GPU();
+  trains_checkpoints_and_resumes_bitwise(
+      "{name: sgd, lr: 5.0e-2, momentum: 0.9, nesterov: true, weight_decay: 0.01, "
+      "grad_clip: 1.0}");
 }
 
 // Note [cuBLASLt tuning] in train: run.matmul_tuning: on keeps each rank's choices in run.dir, and

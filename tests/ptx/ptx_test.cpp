@@ -152,6 +152,7 @@ const Rule kRules[] = {
     {R"(bias_act<)", kBoth, "linear epilogue fallback"},
     {R"(gelu_backward_f32<)", kBoth, "linear epilogue fallback"},
     {R"(adamw_kernel\()", kBoth, "fused AdamW"},
+    {R"(sgd_kernel\()", kBoth, "multi-tensor SGD"},
     // Column kernels: K consecutive columns per thread.
     {R"(column_partials<)", kLoads, "bias gradient (epilogue fallback); f32 partials"},
     {R"(column_sum_partials<)", kLoads, "bias gradient (sum_to); f64 partials"},

@@ -1,10 +1,10 @@
 // `train` on GPUs under mpirun, end to end through the real binary (label cuda): every ZeRO stage
-// over nccl reproduces one GPU's losses, a bf16 ZeRO-3 checkpoint written by two GPU ranks
-// resumes bitwise on two and continues on one GPU and on the CPU, ranks share one GPU over mpi,
-// and nccl with more ranks than GPUs stops with a clear error. Each test skips without the GPUs
-// it needs; the emulation build runs them on emulated GPUs, one per process (Note [Emulated
-// NCCL]; its ctest sets STRATA_CUDA_EMU_DEVICES=2). On one real GPU only the mpi and the error
-// cases run.
+// over nccl reproduces one GPU's losses (and SGD at stage 2), a bf16 ZeRO-3 checkpoint written by
+// two GPU ranks resumes bitwise on two and continues on one GPU and on the CPU, ranks share one GPU
+// over mpi, and nccl with more ranks than GPUs stops with a clear error. Each test skips without
+// the GPUs it needs; the emulation build runs them on emulated GPUs, one per process (Note
+// [Emulated NCCL]; its ctest sets STRATA_CUDA_EMU_DEVICES=2). On one real GPU only the mpi and the
+// error cases run.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -59,6 +59,26 @@ TEST_F(TrainGpuMpi, EveryZeroStageOverNcclReproducesOneGpu) {
     EXPECT_NE(r.out.find("rank 1: model states"), std::string::npos) << r.out;
     expect_close(losses(name), want, 1e-5, name);
   }
+}
+
+// SGD with momentum on the GPU (Note [CUDA SGD]): each ZeRO-2 rank steps its partition of the
+// momentum buffers on its own GPU and the two ranks track one GPU's losses.
+TEST_F(TrainGpuMpi, SgdWithMomentumAtZeroTwoOverNcclReproducesOneGpu) {
+  NEED_GPUS(2);
+  const int kSteps = 6;
+  const std::vector<std::string> sgd = {"run.dtype=fp32", "optimizer.name=sgd", "optimizer.lr=0.05",
+                                        "optimizer.momentum=0.9"};
+  CommandResult one = train(0, config("sgd_one", kSteps), sgd);
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  const std::vector<double> want = losses("sgd_one");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(want.back(), want.front()) << "the one-GPU SGD run did not train";
+  std::vector<std::string> two = sgd;
+  two.push_back("zero_optimization.stage=2");
+  CommandResult r = train(2, config("sgd_two", kSteps), two);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("| cuda | 2 ranks (nccl)"), std::string::npos) << r.out;
+  expect_close(losses("sgd_two"), want, 1e-5, "sgd stage 2");
 }
 
 // bf16 (the GPU default): ZeRO-3's shards hold the bf16 parameters beside the fp32 masters.

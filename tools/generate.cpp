@@ -18,6 +18,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "core/logging.h"
 #include "models/registry.h"
 #include "tensor/cuda.h"
 #include "tools/common/checkpoint.h"
@@ -47,6 +48,11 @@ int run(const Args& args) {
       models::ModelRegistry::global().create(cfg.model.name, options);
   load_checkpoint(dir, *model, nullptr, cfg.model.name);
   if (args.device == "cuda") models::move_flat_units(model->flat_units(), Device::cuda(0));
+  int64_t parameters = 0;
+  for (const models::FlatUnit& u : model->flat_units()) parameters += u.params.numel();
+  log::info("{} ({} parameters, {}) on {}", cfg.model.name, parameters,
+            dtype_name(model->flat_units().front().params.dtype()),
+            model->flat_units().front().params.device().str());
 
   std::unique_ptr<Tokenizer> tok =
       make_tokenizer(cfg.data.tokenizer, cfg.data.vocab, cfg.data.merges);

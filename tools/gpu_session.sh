@@ -7,7 +7,8 @@
 #   bash tools/gpu_session.sh pack          here: build-gpu for sm_90 (no oneDNN, no MPI), the
 #                                           Debian libraries the binaries need, .gpu/run.tgz
 #   bash tools/gpu_session.sh check         there (run with carry [".gpu"]): nvidia-smi, every
-#                                           test_cuda test, a gpt2-tiny-gpu training smoke run,
+#                                           test_cuda test, a gpt2-tiny-gpu training smoke run
+#                                           and generate --device cuda on its checkpoint,
 #                                           and short Strata-only step benchmarks of GPT-2 124M
 #                                           (as built, with the per-op device-time table of
 #                                           --profile, and with STRATA_GRAD_INTO_BUFFER=off)
@@ -27,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
-BINS=(test_cuda bench_gpt2_cuda train tokenize)
+BINS=(test_cuda bench_gpt2_cuda train tokenize generate)
 
 # The libraries of the binaries there: the carried Debian ones first, then the toolkit's, then the
 # PyTorch virtual environment's nvidia-* wheels (cuDNN, NCCL, nvrtc live only there).
@@ -61,7 +62,7 @@ case ${1:-} in
   check)
     device_env
     set +e  # one failing step must not hide the others' results
-    # One command may run 600 s: each step has its own limit (they add up to 550 s) and writes
+    # One command may run 600 s: each step has its own limit (they add up to 570 s) and writes
     # its output line by line, so a step that hangs or is cut leaves what it printed and the
     # steps after it still run.
     nvidia-smi > "$OUT/smi.txt" 2>&1
@@ -82,6 +83,9 @@ case ${1:-} in
       --set "data.train=$data/train_*.bin" --set "data.val=$data/val_*.bin" \
       --set run.dir="$data/run" >> "$OUT/train.log" 2>&1
     echo "train exit $?" | tee -a "$OUT/train.log"
+    timeout 20 "$BUILD/bin/generate" --checkpoint "$data/run" --prompt "The GPU" \
+      --max-new-tokens 64 --device cuda >> "$OUT/train.log" 2>&1
+    echo "generate exit $?" | tee -a "$OUT/train.log"
     timeout 120 "$BUILD/bin/bench_gpt2_cuda" --models gpt2 --warmup 2 --steps 5 --profile 3 \
       > "$OUT/bench.md" 2> "$OUT/bench.log"
     echo "bench exit $?" | tee -a "$OUT/bench.log"
@@ -117,7 +121,7 @@ case ${1:-} in
     done
     ;;
   *)
-    sed -n '2,23p' "$0" >&2
+    sed -n '2,24p' "$0" >&2
     exit 2
     ;;
 esac

@@ -12,6 +12,7 @@
 
 #include "autograd/variable.h"
 #include "models/registry.h"
+#include "tensor/cuda.h"
 #include "tensor/safetensors.h"
 #include "tools/common/checkpoint.h"
 #include "tools/common/sampler.h"
@@ -150,6 +151,16 @@ TEST_F(ToolsOnCheckpoint, ConvertAndGenerateReportBadInputAndExit1) {
   g = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --prompt hi", dir_);
   EXPECT_EQ(g.rc, 1);
   EXPECT_NE(g.err.find(latest.string()), std::string::npos) << g.err;
+
+  // --device cuda where there is no GPU (CI) or no CUDA build: init_cuda's message, before the
+  // checkpoint is read. With a GPU it samples there
+  // (TrainGpuMpi.GenerateOnTheGpuDrawsTheCpusTokens).
+  if (!tensor::cuda_available()) {
+    g = run(tool("generate") + " --checkpoint " + missing + " --device cuda", dir_);
+    EXPECT_EQ(g.rc, 1);
+    EXPECT_TRUE(g.err.starts_with("generate: error: device: cuda requested but ")) << g.err;
+    EXPECT_EQ(g.err.find(missing), std::string::npos) << g.err;
+  }
 }
 
 // Note [Checkpoint digests]: `convert --verify` checks every file without building the model,

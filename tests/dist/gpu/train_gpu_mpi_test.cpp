@@ -1,10 +1,11 @@
 // `train` on GPUs under mpirun, end to end through the real binary (label cuda): every ZeRO stage
 // over nccl reproduces one GPU's losses (and SGD at stage 2), a bf16 ZeRO-3 checkpoint written by
 // two GPU ranks resumes bitwise on two and continues on one GPU and on the CPU, ranks share one GPU
-// over mpi, and nccl with more ranks than GPUs stops with a clear error. Each test skips without
+// over mpi, `generate --device cuda` samples the CPU's text from a GPU checkpoint, and nccl with
+// more ranks than GPUs stops with a clear error. Each test skips without
 // the GPUs it needs; the emulation build runs them on emulated GPUs, one per process (Note
-// [Emulated NCCL]; its ctest sets STRATA_CUDA_EMU_DEVICES=2). On one real GPU only the mpi and the
-// error cases run.
+// [Emulated NCCL]; its ctest sets STRATA_CUDA_EMU_DEVICES=2). On one real GPU only the mpi,
+// generate and error cases run.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -141,6 +142,31 @@ TEST_F(TrainGpuMpi, RanksShareOneGpuOverMpi) {
   ASSERT_EQ(two.exit_code, 0) << describe(two);
   EXPECT_NE(two.out.find("| cuda | 2 ranks (mpi)"), std::string::npos) << two.out;
   expect_close(losses("two"), losses("one"), 1e-5, "2 ranks on one GPU over mpi");
+}
+
+// `generate --device cuda` on a checkpoint that `train` wrote on the GPU (bf16): the model is
+// built and loaded on the host, moved to the GPU, and samples there. Temperature 1 over the whole
+// vocabulary, so each token is an inverse-CDF draw from the f32 probabilities: the GPU's text is
+// the CPU's as long as no draw lands within the two devices' f32 difference (~1e-6) of a bucket's
+// edge. The tiny model's text is bytes of every kind; it must be the prompt and 48 new ones.
+TEST_F(TrainGpuMpi, GenerateOnTheGpuDrawsTheCpusTokens) {
+  NEED_GPUS(1);
+  CommandResult t = train(0, config("gen", 12), {});
+  ASSERT_EQ(t.exit_code, 0) << describe(t);
+  std::string text[2];
+  for (int d = 0; d < 2; ++d) {
+    CommandResult g =
+        testing::run_command({kBin + "/generate", "--checkpoint", tmp_ / "gen", "--prompt",
+                              "The GPU", "--max-new-tokens", "48", "--temperature", "1.0",
+                              "--top-k", "0", "--seed", "3", "--device", d ? "cuda" : "cpu"},
+                             std::chrono::seconds(120));
+    ASSERT_EQ(g.exit_code, 0) << describe(g);
+    EXPECT_NE(g.err.find(d ? ") on cuda:0" : ") on cpu"), std::string::npos) << g.err;
+    text[d] = g.out;
+  }
+  EXPECT_EQ(text[0].rfind("The GPU", 0), 0u) << text[0];
+  EXPECT_EQ(text[0].size(), std::string("The GPU").size() + 48 + 1) << text[0];  // + newline
+  EXPECT_EQ(text[1], text[0]);
 }
 
 TEST_F(TrainGpuMpi, NcclWithMoreRanksThanGpusIsAClearError) {

@@ -672,14 +672,15 @@ TEST(TrainGpu, GradClipOnTheGpuAgreesWithTheCpu) {
 // `train` on the GPU, in process: a tiny bf16 config trains, checkpoints, and a run stopped and
 // resumed reproduces the uninterrupted one bitwise (dropout on: the RNG state resumes too).
 constexpr const char* kAdamW = "{name: adamw, lr: 1.0e-2, weight_decay: 0.1, grad_clip: 1.0}";
+constexpr const char* kGpt2Tiny =
+    "{name: gpt2-tiny, config: {n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32, dropout: 0.1}}";
 
 std::string gpu_config(const std::string& data, const std::string& run, int64_t steps,
-                       bool matmul_tuning = false, const std::string& optimizer = kAdamW) {
+                       bool matmul_tuning = false, const std::string& optimizer = kAdamW,
+                       const std::string& model = kGpt2Tiny) {
   return fmt::format(
       R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16, matmul_tuning: {tune}}}
-model:
-  name: gpt2-tiny
-  config: {{n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32, dropout: 0.1}}
+model: {model}
 data: {{train: "{data}/train_*.bin", val: "{data}/val_*.bin", tokenizer: byte, shuffle: true}}
 batch: {{micro_batch_size: 4, grad_accum_steps: 2, seq_len: 32}}
 optimizer: {optimizer}
@@ -688,13 +689,15 @@ training: {{steps: {steps}, eval_every: 3, eval_batches: 2, sample_every: 4, sam
            checkpoint_every: 2, progress: lines}}
 )",
       fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps),
-      fmt::arg("tune", matmul_tuning ? "on" : "off"), fmt::arg("optimizer", optimizer));
+      fmt::arg("tune", matmul_tuning ? "on" : "off"), fmt::arg("optimizer", optimizer),
+      fmt::arg("model", model));
 }
 
 // gpu_config's run `name` (run.dir tmp/run_<name>) over shards in tmp/data, written once.
 tools::TrainConfig two_runs(const tools::testing::ScratchDir& tmp, const std::string& name,
                             int64_t steps, bool matmul_tuning = false,
-                            const std::string& optimizer = kAdamW) {
+                            const std::string& optimizer = kAdamW,
+                            const std::string& model = kGpt2Tiny) {
   const std::string data = tmp / "data";
   if (!tools::testing::fs::exists(data)) {
     tools::testing::write_raw_shard(data + "/train_000000.bin",
@@ -704,16 +707,18 @@ tools::TrainConfig two_runs(const tools::testing::ScratchDir& tmp, const std::st
   }
   const std::string file = tmp / (name + ".yaml");
   tools::testing::write_text(
-      file, gpu_config(data, tmp / ("run_" + name), steps, matmul_tuning, optimizer));
+      file, gpu_config(data, tmp / ("run_" + name), steps, matmul_tuning, optimizer, model));
   return tools::load_train_config(file);
 }
 
-// `train` on the GPU with `optimizer` (a YAML flow map): 7 steps, and the same run stopped after
-// step 4 and resumed from its checkpoint, which must end with the uninterrupted run's bits.
-void trains_checkpoints_and_resumes_bitwise(const std::string& optimizer) {
+// `train` on the GPU with `optimizer` and `model` (YAML flow maps): 7 steps, and the same run
+// stopped after step 4 and resumed from its checkpoint, which must end with the uninterrupted
+// run's bits.
+void trains_checkpoints_and_resumes_bitwise(const std::string& optimizer,
+                                            const std::string& model = kGpt2Tiny) {
   tools::testing::ScratchDir tmp;
-  const tools::TrainConfig ca = two_runs(tmp, "a", 7, false, optimizer),
-                           cb = two_runs(tmp, "b", 7, false, optimizer);
+  const tools::TrainConfig ca = two_runs(tmp, "a", 7, false, optimizer, model),
+                           cb = two_runs(tmp, "b", 7, false, optimizer, model);
 
   tools::Trainer a(ca);
   EXPECT_TRUE(a.model().flat_units().front().params.device().is_cuda());
@@ -766,6 +771,17 @@ TEST(TrainGpu, SgdWithNesterovMomentumTrainsAndResumesBitwise) {
   trains_checkpoints_and_resumes_bitwise(
       "{name: sgd, lr: 5.0e-2, momentum: 0.9, nesterov: true, weight_decay: 0.01, "
       "grad_clip: 1.0}");
+}
+
+// LLaMA through `train` on the GPU (RMSNorm fused with the residual, rotary embeddings, grouped
+// key/value heads, SwiGLU, untied head) with checkpointed layers and recompute_swiglu, in bf16:
+// it trains, and a resume from step 4 reproduces the uninterrupted run bitwise.
+TEST(TrainGpu, LlamaWithCheckpointedLayersTrainsAndResumesBitwise) {
+  SKIP_WITHOUT_GPU();
+  trains_checkpoints_and_resumes_bitwise(
+      kAdamW,
+      "{name: llama-tiny, config: {max_position_embeddings: 32, activation_checkpointing: true, "
+      "recompute_swiglu: true}}");
 }
 
 // Note [cuBLASLt tuning] in train: run.matmul_tuning: on keeps each rank's choices in run.dir, and

@@ -672,14 +672,22 @@ TEST(TrainGpu, GradClipOnTheGpuAgreesWithTheCpu) {
 // `train` on the GPU, in process: a tiny bf16 config trains, checkpoints, and a run stopped and
 // resumed reproduces the uninterrupted one bitwise (dropout on: the RNG state resumes too).
 constexpr const char* kAdamW = "{name: adamw, lr: 1.0e-2, weight_decay: 0.1, grad_clip: 1.0}";
-constexpr const char* kGpt2Tiny =
-    "{name: gpt2-tiny, config: {n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32, dropout: 0.1}}";
+
+// What the `train` runs below vary.
+struct GpuTrainSpec {
+  std::string optimizer = kAdamW;  // YAML flow maps
+  std::string model =
+      "{name: gpt2-tiny, config: {n_layer: 2, n_embd: 64, n_head: 2, n_positions: 32, "
+      "dropout: 0.1}}";
+  std::string dtype = "bf16";
+  std::string extra;  // more top-level sections
+  bool matmul_tuning = false;
+};
 
 std::string gpu_config(const std::string& data, const std::string& run, int64_t steps,
-                       bool matmul_tuning = false, const std::string& optimizer = kAdamW,
-                       const std::string& model = kGpt2Tiny) {
+                       const GpuTrainSpec& spec) {
   return fmt::format(
-      R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16, matmul_tuning: {tune}}}
+      R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: {dtype}, matmul_tuning: {tune}}}
 model: {model}
 data: {{train: "{data}/train_*.bin", val: "{data}/val_*.bin", tokenizer: byte, shuffle: true}}
 batch: {{micro_batch_size: 4, grad_accum_steps: 2, seq_len: 32}}
@@ -687,17 +695,17 @@ optimizer: {optimizer}
 schedule: {{name: cosine, warmup_steps: 2, min_lr: 1.0e-3}}
 training: {{steps: {steps}, eval_every: 3, eval_batches: 2, sample_every: 4, sample_tokens: 8,
            checkpoint_every: 2, progress: lines}}
+{extra}
 )",
       fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps),
-      fmt::arg("tune", matmul_tuning ? "on" : "off"), fmt::arg("optimizer", optimizer),
-      fmt::arg("model", model));
+      fmt::arg("dtype", spec.dtype), fmt::arg("tune", spec.matmul_tuning ? "on" : "off"),
+      fmt::arg("optimizer", spec.optimizer), fmt::arg("model", spec.model),
+      fmt::arg("extra", spec.extra));
 }
 
 // gpu_config's run `name` (run.dir tmp/run_<name>) over shards in tmp/data, written once.
 tools::TrainConfig two_runs(const tools::testing::ScratchDir& tmp, const std::string& name,
-                            int64_t steps, bool matmul_tuning = false,
-                            const std::string& optimizer = kAdamW,
-                            const std::string& model = kGpt2Tiny) {
+                            int64_t steps, const GpuTrainSpec& spec = {}) {
   const std::string data = tmp / "data";
   if (!tools::testing::fs::exists(data)) {
     tools::testing::write_raw_shard(data + "/train_000000.bin",
@@ -706,23 +714,20 @@ tools::TrainConfig two_runs(const tools::testing::ScratchDir& tmp, const std::st
                                     {tools::testing::pattern_tokens(2000, 200, 3)});
   }
   const std::string file = tmp / (name + ".yaml");
-  tools::testing::write_text(
-      file, gpu_config(data, tmp / ("run_" + name), steps, matmul_tuning, optimizer, model));
+  tools::testing::write_text(file, gpu_config(data, tmp / ("run_" + name), steps, spec));
   return tools::load_train_config(file);
 }
 
-// `train` on the GPU with `optimizer` and `model` (YAML flow maps): 7 steps, and the same run
-// stopped after step 4 and resumed from its checkpoint, which must end with the uninterrupted
-// run's bits.
-void trains_checkpoints_and_resumes_bitwise(const std::string& optimizer,
-                                            const std::string& model = kGpt2Tiny) {
+// `train` on the GPU as `spec` says: 7 steps, and the same run stopped after step 4 and resumed
+// from its checkpoint, which must end with the uninterrupted run's bits.
+void trains_checkpoints_and_resumes_bitwise(const GpuTrainSpec& spec) {
   tools::testing::ScratchDir tmp;
-  const tools::TrainConfig ca = two_runs(tmp, "a", 7, false, optimizer, model),
-                           cb = two_runs(tmp, "b", 7, false, optimizer, model);
+  const tools::TrainConfig ca = two_runs(tmp, "a", 7, spec), cb = two_runs(tmp, "b", 7, spec);
 
   tools::Trainer a(ca);
   EXPECT_TRUE(a.model().flat_units().front().params.device().is_cuda());
-  EXPECT_EQ(a.model().flat_units().front().params.dtype(), DType::BF16);
+  EXPECT_EQ(a.model().flat_units().front().params.dtype(),
+            spec.dtype == "fp16" ? DType::F16 : DType::BF16);
   EXPECT_TRUE(a.engine().optimizer().device().is_cuda());
   ASSERT_EQ(a.run(), tools::Trainer::Outcome::Finished);
   ASSERT_EQ(a.history().size(), 7u);
@@ -762,15 +767,29 @@ void trains_checkpoints_and_resumes_bitwise(const std::string& optimizer,
 
 TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
   SKIP_WITHOUT_GPU();
-  trains_checkpoints_and_resumes_bitwise(kAdamW);
+  trains_checkpoints_and_resumes_bitwise({});
 }
 
 // Note [CUDA SGD]: SGD's momentum buffers live on the GPU, go into the checkpoint and come back.
 TEST(TrainGpu, SgdWithNesterovMomentumTrainsAndResumesBitwise) {
   SKIP_WITHOUT_GPU();
-  trains_checkpoints_and_resumes_bitwise(
-      "{name: sgd, lr: 5.0e-2, momentum: 0.9, nesterov: true, weight_decay: 0.01, "
-      "grad_clip: 1.0}");
+  GpuTrainSpec spec;
+  spec.optimizer =
+      "{name: sgd, lr: 5.0e-2, momentum: 0.9, nesterov: true, weight_decay: 0.01, grad_clip: 1.0}";
+  trains_checkpoints_and_resumes_bitwise(spec);
+}
+
+// fp16 through `train` on the GPU (DeepSpeed's dynamic loss scaling, Note [Mixed precision]): the
+// scale doubles after every 3 steps without overflow, so at the step-4 checkpoint the scaler is
+// partway through its window, and the resumed run must take the scale, the count of good steps and
+// the hysteresis from the checkpoint to reproduce the uninterrupted one (the scale changes which
+// fp16 gradients round how).
+TEST(TrainGpu, Fp16WithDynamicLossScalingResumesBitwise) {
+  SKIP_WITHOUT_GPU();
+  GpuTrainSpec spec;
+  spec.dtype = "fp16";
+  spec.extra = "fp16: {initial_scale_power: 12, loss_scale_window: 3}";
+  trains_checkpoints_and_resumes_bitwise(spec);
 }
 
 // LLaMA through `train` on the GPU (RMSNorm fused with the residual, rotary embeddings, grouped
@@ -778,10 +797,11 @@ TEST(TrainGpu, SgdWithNesterovMomentumTrainsAndResumesBitwise) {
 // it trains, and a resume from step 4 reproduces the uninterrupted run bitwise.
 TEST(TrainGpu, LlamaWithCheckpointedLayersTrainsAndResumesBitwise) {
   SKIP_WITHOUT_GPU();
-  trains_checkpoints_and_resumes_bitwise(
-      kAdamW,
+  GpuTrainSpec spec;
+  spec.model =
       "{name: llama-tiny, config: {max_position_embeddings: 32, activation_checkpointing: true, "
-      "recompute_swiglu: true}}");
+      "recompute_swiglu: true}}";
+  trains_checkpoints_and_resumes_bitwise(spec);
 }
 
 // Note [cuBLASLt tuning] in train: run.matmul_tuning: on keeps each rank's choices in run.dir, and
@@ -804,8 +824,10 @@ TEST(TrainGpu, TunedMatmulsResumeBitwiseFromTheirFile) {
     }
   } restore;
   tools::testing::ScratchDir tmp;
-  const tools::TrainConfig ca = two_runs(tmp, "a", 6, /*matmul_tuning=*/true),
-                           cb = two_runs(tmp, "b", 6, /*matmul_tuning=*/true);
+  GpuTrainSpec with_tuning;
+  with_tuning.matmul_tuning = true;
+  const tools::TrainConfig ca = two_runs(tmp, "a", 6, with_tuning),
+                           cb = two_runs(tmp, "b", 6, with_tuning);
 
   fastest("2");
   tools::Trainer a(ca);

@@ -14,6 +14,48 @@ Variable CausalLM::forward(const Tensor& ids) {
   return (*this)(Variable(ids));
 }
 
+Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache) {
+  STRATA_USER_CHECK(supports_kv_cache(), "model family '{}' has no KV-cached forward", family());
+  STRATA_CHECK(!autograd::GradMode::is_enabled(),
+               "forward_cached is for inference: run it under autograd::NoGradGuard");
+  STRATA_USER_CHECK(ids.ndim() == 2 && ids.size(1) > 0, "token ids must be [batch, seq], got {}",
+                    ids.str());
+  STRATA_USER_CHECK(ids.dtype() == DType::I32 || ids.dtype() == DType::I64,
+                    "token ids must be i32 or i64, got {}", ids.str());
+  const int64_t B = ids.size(0), T = ids.size(1);
+  if (cache.length() == 0 && (cache.model_ != this || cache.batch_ != B)) {
+    cache.slots_.clear();  // a fresh or cleared cache takes this model's and batch's shapes
+    cache.model_ = this;
+    cache.batch_ = B;
+  }
+  STRATA_USER_CHECK(cache.model_ == this,
+                    "this KV cache holds another model's positions; clear() it first");
+  STRATA_USER_CHECK(B == cache.batch_, "the KV cache holds a batch of {}, got ids {}", cache.batch_,
+                    ids.str());
+  STRATA_USER_CHECK(cache.length() + T <= max_seq_len(),
+                    "positions {}..{} pass the model's context of {} positions (the KV cache "
+                    "holds {})",
+                    cache.length(), cache.length() + T - 1, max_seq_len(), cache.length());
+  cache.capacity_ = max_seq_len();
+  cache.tokens_ = T;
+  cache.next_ = 0;
+  KvCache*& slot = detail::active_kv_cache();
+  STRATA_CHECK(slot == nullptr, "forward_cached inside another forward_cached");
+  struct Activate {
+    KvCache*& slot;
+    ~Activate() { slot = nullptr; }
+  } activate{slot};
+  slot = &cache;
+  Variable logits = (*this)(Variable(ids));
+  // Every attention layer took its slot: a layer that ignored the cache would have attended to
+  // the new tokens alone.
+  STRATA_CHECK(cache.next_ > 0 && cache.next_ == cache.slots_.size(),
+               "model '{}': {} of its {} attention layers used the KV cache", family(), cache.next_,
+               cache.slots_.size());
+  cache.length_ += T;
+  return logits;
+}
+
 Variable CausalLM::loss(const Tensor& ids, const Tensor& targets, int64_t ignore_index) {
   STRATA_USER_CHECK(targets.shape() == ids.shape(), "targets {} must have the shape of ids {}",
                     targets.str(), ids.str());

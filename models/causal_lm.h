@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "models/flat_params.h"
+#include "models/kv_cache.h"
 #include "models/nn/module.h"
 
 namespace strata::models {
@@ -28,6 +29,14 @@ class CausalLM : public nn::Module {
  public:
   // ids [B, T] (I32 or I64) -> logits [B, T, padded_vocab_size]. Runs the module hooks.
   Variable forward(const Tensor& ids);
+  // Inference on new tokens ids [B, T] at positions [cache.length(), cache.length() + T),
+  // attending to the positions `cache` holds; returns their logits [B, T, padded_vocab_size] and
+  // commits them to the cache (Note [KV cache]). Grad mode must be off. strata::user_error when
+  // the positions would pass max_seq_len(), when the batch size differs from the one the cache
+  // holds, or when the model has no cached forward (supports_kv_cache()).
+  Variable forward_cached(const Tensor& ids, KvCache& cache);
+  // Whether this model's attention layers take part in forward_cached.
+  virtual bool supports_kv_cache() const { return false; }
   // Mean cross entropy of logits[..., :vocab_size] against targets [B, T]; targets equal to
   // ignore_index (-100) do not count (Note [Padded vocabulary]).
   Variable loss(const Tensor& ids, const Tensor& targets, int64_t ignore_index = -100);

@@ -1,13 +1,14 @@
 // generate: sample a continuation of a prompt from a checkpoint.
 //
 //   generate --checkpoint runs/tiny [--prompt "Once upon"] [--max-new-tokens 128]
-//            [--temperature 0.8] [--top-k 40] [--seed 0] [--device cpu|cuda]
+//            [--temperature 0.8] [--top-k 40] [--seed 0] [--device cpu|cuda] [--kv-cache on|off]
 //
 // --checkpoint is a checkpoint directory (runs/x/checkpoints/step_00000200) or a run directory
 // (then the checkpoint its `latest` names). The model, its overrides and the tokenizer come from
 // the checkpoint's config.yaml; tokenizer paths in it are relative to the working directory
 // (Note [Train config paths]). Prints the prompt followed by the continuation; sampling stops
-// early at the tokenizer's end-of-text token. No KV cache yet (tools/common/sampler.h).
+// early at the tokenizer's end-of-text token. GPT-2 and LLaMA decode with a KV cache unless
+// --kv-cache off (Note [Cached sampling] in tools/common/sampler.h).
 // --device cuda: the model is built and loaded on the host, then its flat units move to the GPU
 // (models::move_flat_units, as `train` does: Note [Training on the GPU]); the sampler copies the
 // ids to where the parameters are and reads each step's logits back.
@@ -99,7 +100,13 @@ int main(int argc, char** argv) {
   app.add_option("--device", args.device, "where the model runs")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  std::string kv_cache = "on";
+  app.add_option("--kv-cache", kv_cache,
+                 "keep each position's keys and values (off: run the whole window every token)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  args.sample.kv_cache = kv_cache == "on";
   try {
     return strata::tools::run(args);
   } catch (const strata::Error& e) {

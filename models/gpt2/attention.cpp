@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "models/kv_cache.h"
+#include "tensor/ops.h"
 
 namespace strata::models::gpt2 {
 
@@ -21,6 +23,16 @@ Variable unfused_attention(const Variable& qkv, int64_t n_head) {
   return autograd::reshape(autograd::transpose(y, 1, 2), {B, T, C});  // heads back side by side
 }
 
+// Note [KV cache]: the new positions' q [B, T, H, D] against every held position's k and v.
+Variable cached_attention(const Variable& qkv, int64_t n_head, KvCache& cache) {
+  const tensor::Tensor& t = qkv.data();
+  const int64_t B = t.size(0), T = t.size(1), C = t.size(2) / 3, H = n_head, D = C / H;
+  auto heads = [&](int64_t i) { return t.narrow(2, i * C, C).view({B, T, H, D}); };
+  auto [k, v] = cache.append(heads(1), heads(2));  // [B, H, L, D]
+  tensor::Tensor y = tensor::attention(heads(0).transpose(1, 2), k, v, /*causal=*/true).out;
+  return Variable(y.transpose(1, 2).reshape({B, T, C}));  // a view: out is [B, T, H, D]
+}
+
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(const GPT2Config& config)
@@ -34,8 +46,13 @@ CausalSelfAttention::CausalSelfAttention(const GPT2Config& config)
 
 Variable CausalSelfAttention::forward(const Variable& x) {
   Variable qkv = (*c_attn_)(x);  // [B, T, 3C]
-  Variable y = fused_qkv_ ? autograd::attention_qkv(qkv, n_head_, /*causal=*/true)
-                          : unfused_attention(qkv, n_head_);
+  Variable y;
+  if (KvCache* cache = KvCache::active()) {
+    y = cached_attention(qkv, n_head_, *cache);
+  } else {
+    y = fused_qkv_ ? autograd::attention_qkv(qkv, n_head_, /*causal=*/true)
+                   : unfused_attention(qkv, n_head_);
+  }
   return (*resid_dropout_)((*c_proj_)(y));
 }
 

@@ -48,7 +48,9 @@ void GPT2::set_activation_checkpointing(bool on) {
 
 Variable GPT2::forward_logits(const Tensor& ids) {
   const int64_t T = ids.size(1);
-  Tensor pos = tensor::arange(T, DType::I64, ids.device());
+  // Under a KV cache the tokens sit at positions [start, start + T) (Note [KV cache]).
+  const int64_t start = KvCache::active() ? KvCache::active()->start() : 0;
+  Tensor pos = tensor::arange(start + T, DType::I64, ids.device()).narrow(0, start, T);
   // [B, T, C] + [T, C]: the position embedding broadcasts over the batch.
   Variable x = autograd::add((*wte_)(Variable(ids)), (*wpe_)(Variable(pos)));
   x = (*drop_)(x);

@@ -36,6 +36,7 @@ class GPT2 : public CausalLM {
   int64_t padded_vocab_size() const override { return config_.padded_vocab_size; }
   int64_t max_seq_len() const override { return config_.n_positions; }
   std::string family() const override { return "gpt2"; }
+  bool supports_kv_cache() const override { return true; }  // Note [KV cache]
 
   void reset_parameters(uint64_t seed) override;
   // Turns block recomputation on or off after construction.

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "autograd/functions.h"
+#include "models/kv_cache.h"
 
 namespace strata::models::llama {
 
@@ -34,11 +35,19 @@ Variable repeat_heads(const Variable& x, int64_t rep) {
 
 Variable Attention::forward(const Variable& x) {
   const int64_t B = x.size(0), T = x.size(1), H = n_head_, KV = n_kv_head_, D = head_dim_;
-  auto [cos, sin] = rope_->tables(T, x.device());
+  // Under a KV cache the tokens sit at positions [start, start + T) (Note [KV cache]).
+  KvCache* cache = KvCache::active();
+  auto [cos, sin] = rope_->tables(cache ? cache->start() : 0, T, x.device());
   // Rotary acts on [B, T, heads, D], the projections' own layout (a free view).
   Variable q = autograd::rotary(autograd::reshape((*q_proj_)(x), {B, T, H, D}), cos, sin);
   Variable k = autograd::rotary(autograd::reshape((*k_proj_)(x), {B, T, KV, D}), cos, sin);
   Variable v = autograd::reshape((*v_proj_)(x), {B, T, KV, D});
+  if (cache) {
+    // The cache holds the KV heads; every held position's k and v, [B, L, KV, D].
+    auto [kc, vc] = cache->append(k.data(), v.data());
+    k = Variable(kc.transpose(1, 2));
+    v = Variable(vc.transpose(1, 2));
+  }
   k = repeat_heads(k, H / KV);
   v = repeat_heads(v, H / KV);
   Variable y = autograd::attention(autograd::transpose(q, 1, 2), autograd::transpose(k, 1, 2),

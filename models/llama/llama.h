@@ -42,6 +42,7 @@ class Llama : public CausalLM {
   int64_t padded_vocab_size() const override { return config_.padded_vocab_size; }
   int64_t max_seq_len() const override { return config_.max_position_embeddings; }
   std::string family() const override { return "llama"; }
+  bool supports_kv_cache() const override { return true; }  // Note [KV cache]
 
   void reset_parameters(uint64_t seed) override;
   // Turns decoder-layer recomputation on or off after construction.

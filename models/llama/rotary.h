@@ -36,7 +36,9 @@ class RotaryEmbedding {
   // Tables for positions [0, T) on `device`, views valid while this object lives. The first
   // call for a device other than the host copies the tables there once. Not thread-safe for
   // concurrent first calls on a new device (a model's forward runs on one thread).
-  std::pair<Tensor, Tensor> tables(int64_t T, Device device);
+  std::pair<Tensor, Tensor> tables(int64_t T, Device device) { return tables(0, T, device); }
+  // Tables for positions [start, start + T) (decoding with a KV cache: Note [KV cache]).
+  std::pair<Tensor, Tensor> tables(int64_t start, int64_t T, Device device);
 
   int64_t head_dim() const { return head_dim_; }
   int64_t max_len() const { return max_len_; }

@@ -61,6 +61,11 @@
 // and kept for the process; the scale is a by-value input of the graph, so one plan serves every
 // scale. A shape cuDNN cannot plan is remembered too (one log line, then straight to the own
 // kernel).
+// Decoding. Under auto a forward with a few queries against more keys (Tq <= 16 < Tk: a decode
+// step against a KV cache, Note [KV cache] in models/kv_cache.h) goes to the own kernel without
+// trying cuDNN: each step has another Tk, so every generated token would build and keep a plan of
+// its own, and building one costs far more than the attention of a few queries. STRATA_ATTENTION=
+// cudnn still sends them to cuDNN.
 //
 // Layout. Q, K, V, O, dO, dQ, dK, dV are described with their real strides (Note [Strided
 // attention operands] in tensor/backend.h), as cudnn-frontend and PyTorch describe BSHD views of
@@ -400,6 +405,9 @@ bool cudnn_sdpa_backward(CUstream_st* stream, const Tensor& q, const Tensor& k, 
 
 namespace {
 
+// Queries at most this many, against more keys: a decode step (Note [cuDNN SDPA], decoding).
+constexpr int64_t kDecodeQueries = 16;
+
 // The shared tail of the two try_ functions.
 bool after_attempt(bool ran, AttentionMode mode, const char* direction, const std::string& why) {
   if (ran) {
@@ -426,6 +434,10 @@ bool try_cudnn_attention_forward(CUstream_st* stream, const Tensor& q, const Ten
   const AttentionMode mode = attention_mode();
   if (mode == AttentionMode::Own || mode == AttentionMode::Simt) {
     set_last_attention_path(AttentionPath::Own);
+    return false;
+  }
+  if (mode == AttentionMode::Auto && q.size(2) <= kDecodeQueries && q.size(2) < k.size(2)) {
+    set_last_attention_path(AttentionPath::Own);  // a decode step (Note [cuDNN SDPA], decoding)
     return false;
   }
   std::string why;

@@ -77,6 +77,8 @@ bool cudnn_sdpa_backward(CUstream_st* stream, const Tensor& q, const Tensor& k, 
 // What CudaBackend::attention_forward / _backward do first: under attention_mode() try cuDNN;
 // true when cuDNN ran (the caller returns), false when the own kernel must run. Records
 // last_attention_path(). Under STRATA_ATTENTION=cudnn a case cuDNN cannot run is a UserError.
+// Under auto a decode step's forward (Tq <= 16 < Tk) goes to the own kernel untried (Note
+// [cuDNN SDPA], decoding).
 bool try_cudnn_attention_forward(CUstream_st* stream, const Tensor& q, const Tensor& k,
                                  const Tensor& v, bool causal, float scale, Tensor& out,
                                  Tensor& lse);

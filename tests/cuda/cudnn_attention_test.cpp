@@ -308,6 +308,41 @@ TEST(CudnnAttention, AgreesWithFewerQueriesThanKeys) {
   }
 }
 
+// Note [cuDNN SDPA], decoding: under auto a decode step (Tq <= 16 < Tk) runs the own kernel
+// without trying cuDNN, so a KV-cached generation builds no plan per cache length; 17 queries, or
+// as many queries as keys (a prompt), still go to cuDNN, and STRATA_ATTENTION=cudnn sends a decode
+// step there too. The own kernel's result is the CPU backend's within bf16 rounding.
+TEST(CudnnAttention, DecodeStepsRunTheOwnKernelUnderAuto) {
+  SKIP_WITHOUT_CUDNN();
+  Backend& be = backend_for(kGpu);
+  auto forward = [&](int64_t tq, int64_t tk) {
+    Inputs in = host_inputs(1, 2, tq, tk, 64, DType::BF16);
+    Tensor out = Tensor::empty({1, 2, tq, 64}, DType::BF16, kGpu);
+    Tensor lse = Tensor::empty({1, 2, tq}, DType::F32, kGpu);
+    set_last_attention_path(AttentionPath::None);
+    be.attention_forward(in.q.to(kGpu), in.k.to(kGpu), in.v.to(kGpu), true, 0.125f, out, lse);
+    Tensor ref_out = Tensor::empty({1, 2, tq, 64}, DType::BF16);
+    Tensor ref_lse = Tensor::empty({1, 2, tq}, DType::F32);
+    backend_for(Device::cpu()).attention_forward(in.q, in.k, in.v, true, 0.125f, ref_out, ref_lse);
+    expect_close("out", out.to(Device::cpu()), ref_out, 2e-2);
+    return last_attention_path();
+  };
+  {
+    ScopedAttentionMode m("auto");
+    for (int64_t tq : {1, 3, 16}) {
+      SCOPED_TRACE(tq);
+      const AttentionPath path = forward(tq, 192);
+      EXPECT_NE(path, AttentionPath::Cudnn);
+      EXPECT_NE(path, AttentionPath::None);
+    }
+    if (cudnn_runs_here(17, 192, 64, true, false))
+      EXPECT_EQ(forward(17, 192), AttentionPath::Cudnn);
+    if (cudnn_runs_here(16, 16, 64, true, false)) EXPECT_EQ(forward(16, 16), AttentionPath::Cudnn);
+  }
+  ScopedAttentionMode m("cudnn");
+  if (cudnn_runs_here(1, 192, 64, true, false)) EXPECT_EQ(forward(1, 192), AttentionPath::Cudnn);
+}
+
 // Before cuDNN 9.10 the causal mask fills hidden scores with the lowest finite float instead of
 // -inf (cudnn_sdpa_mask_fill, as cudnn-frontend does); the results must not change. Plain and
 // bottom-right causal, forward and backward through cuDNN.

@@ -212,6 +212,13 @@ TEST_F(ToolsOnCheckpoint, GeneratePrintsThePromptAndTheSampledContinuation) {
     ASSERT_EQ(r.rc, 0) << r.err;
     EXPECT_EQ(r.out, expected + "\n");
   }
+  // Without the KV cache: the same continuation (Note [Cached sampling]).
+  Result r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() +
+                     " --prompt 'Hello, Strata' --max-new-tokens 12 --temperature 0.9"
+                     " --top-k 20 --seed 4 --kv-cache off",
+                 dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, expected + "\n");
 }
 
 }  // namespace

@@ -88,13 +88,26 @@ std::vector<int32_t> sample(models::CausalLM& model, const std::vector<int32_t>&
   // Where the model's parameters are (the GPU in a `train` run with run.device: cuda).
   const Device device =
       model.flat_units().empty() ? Device::cpu() : model.flat_units().front().params.device();
+  // Note [Cached sampling].
+  const bool cached = o.kv_cache && model.supports_kv_cache();
+  models::KvCache cache;
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), window);
+    const int64_t n = static_cast<int64_t>(seq.size());
+    // The tokens this step runs: the last T of seq (with the cache, those it does not hold).
+    int64_t T = std::min<int64_t>(n, window);
+    if (cached) {
+      if (n > window) {
+        cache.clear();  // past the context: a fresh window
+      } else {
+        T = n - cache.length();
+      }
+    }
     std::vector<int64_t> ctx(seq.end() - T, seq.end());
     tensor::Tensor ids = tensor::from_ints(ctx, {1, T}, DType::I32);
     if (!device.is_cpu()) ids = ids.to(device);
+    autograd::Variable logits = cached ? model.forward_cached(ids, cache) : model.forward(ids);
     // [1, T, padded_vocab] -> the last position's row, as contiguous fp32 on the host.
-    tensor::Tensor last = model.forward(ids).data().select(1, T - 1).select(0, 0);
+    tensor::Tensor last = logits.data().select(1, T - 1).select(0, 0);
     tensor::Tensor row = last.narrow(0, 0, V).to(Device::cpu()).to(DType::F32).contiguous();
     const int32_t next = choose(row.data<float>(), V, o, static_cast<int64_t>(seq.size()));
     seq.push_back(next);

@@ -8,8 +8,16 @@
 // same tokens whatever happened before. Candidates are ordered by (logit descending, token id
 // ascending) before the top-k cut and the inverse-CDF draw, so ties break the same way everywhere.
 //
-// There is no KV cache yet: every step runs the model over the whole window (the last
-// max_seq_len tokens), which is O(T^2) per token. Fine for tests and small demos only.
+//
+// Note [Cached sampling]
+// With options.kv_cache (the default) and a model that supports it, the prompt runs once through
+// CausalLM::forward_cached and each later step runs only the token drawn last, attending to the
+// held keys and values (Note [KV cache]): one position's work per token instead of the whole
+// window's. Once the sequence is longer than the model's context, each step runs the last
+// max_seq_len tokens afresh, as without the cache (positions restart at 0 in that window, so
+// nothing held can be reused); the cache buys nothing there. Without the cache (kv_cache off, or
+// a model without a cached forward) every step runs the model over the last max_seq_len tokens.
+// Both ways draw from the same positions' logits, equal up to rounding (Note [KV cache]).
 #include <cstdint>
 #include <vector>
 
@@ -23,13 +31,14 @@ struct SampleOptions {
   int64_t top_k = 40;        // 0 = no cut
   uint64_t seed = 0;
   int64_t stop_token = -1;  // stop after emitting this token (e.g. the tokenizer's eot); -1: never
+  bool kv_cache = true;     // Note [Cached sampling]
 };
 
 // Returns the new tokens only (up to max_new_tokens; fewer when stop_token is emitted). Runs
 // under NoGradGuard in eval mode and restores the model's previous train/eval mode. Each step
 // runs the model on the last max_seq_len tokens and samples from logits[:vocab_size] (Note
-// [Padded vocabulary], Note [Sampling draws]). strata::user_error on an empty prompt, a token
-// outside [0, vocab_size) or options out of range.
+// [Padded vocabulary], Note [Sampling draws], Note [Cached sampling]). strata::user_error on an
+// empty prompt, a token outside [0, vocab_size) or options out of range.
 std::vector<int32_t> sample(models::CausalLM& model, const std::vector<int32_t>& prompt,
                             const SampleOptions& options);
 

@@ -1,0 +1,199 @@
+// KV-cached forward (Note [KV cache]): logits of tokens fed a few at a time through
+// CausalLM::forward_cached equal the full forward's rows at those positions (GPT-2 and LLaMA with
+// grouped k/v heads, tied and untied, fused ops on and off); what the cache refuses; a failed
+// forward leaves it as it was.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model_test_util.h"
+#include "models/kv_cache.h"
+#include "models/nn/fused_ops.h"
+#include "models/nn/linear.h"
+#include "models/registry.h"
+#include "tensor/ops.h"
+
+namespace strata::models {
+namespace {
+
+std::unique_ptr<CausalLM> make(const std::string& name,
+                               const std::map<std::string, std::string>& overrides) {
+  ModelOptions o;
+  o.seed = 5;
+  o.overrides = overrides;
+  std::unique_ptr<CausalLM> m = ModelRegistry::global().create(name, o);
+  m->eval();
+  return m;
+}
+
+std::unique_ptr<CausalLM> gpt2() {
+  // Padded vocabulary (61 -> 64) and dropout (off in eval mode).
+  return make("gpt2-tiny", {{"vocab_size", "61"},
+                            {"n_positions", "24"},
+                            {"n_embd", "32"},
+                            {"n_layer", "3"},
+                            {"n_head", "4"},
+                            {"dropout", "0.1"}});
+}
+
+std::unique_ptr<CausalLM> llama(bool tied) {
+  // 4 query heads over 2 k/v heads (Note [Grouped-query attention]).
+  return make("llama-tiny", {{"vocab_size", "61"},
+                             {"max_position_embeddings", "24"},
+                             {"hidden_size", "32"},
+                             {"intermediate_size", "48"},
+                             {"num_hidden_layers", "3"},
+                             {"num_attention_heads", "4"},
+                             {"num_key_value_heads", "2"},
+                             {"tie_word_embeddings", tied ? "true" : "false"}});
+}
+
+tensor::Tensor random_ids(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < B * T; ++i)
+    v.push_back(static_cast<int64_t>(philox4x32({seed, 0}, static_cast<uint64_t>(i))[0] %
+                                     static_cast<uint32_t>(vocab)));
+  return tensor::from_ints(v, {B, T}, DType::I32);
+}
+
+// Feeds ids [B, T] in `chunks` through forward_cached and compares every chunk's logits with the
+// full forward's rows at the same positions. Returns the largest difference seen.
+double cached_vs_full(CausalLM& m, const tensor::Tensor& ids, const std::vector<int64_t>& chunks) {
+  autograd::NoGradGuard no_grad;
+  const tensor::Tensor full = m.forward(ids).data();
+  KvCache cache;
+  int64_t at = 0;
+  double worst = 0;
+  for (int64_t n : chunks) {
+    const tensor::Tensor got = m.forward_cached(ids.narrow(1, at, n).contiguous(), cache).data();
+    EXPECT_EQ(cache.length(), at + n);
+    double max_abs = 0;
+    EXPECT_TRUE(testing::all_close(got, full.narrow(1, at, n), 1e-5, 1e-5, &max_abs))
+        << m.family() << ": positions " << at << ".." << at + n - 1;
+    worst = std::max(worst, max_abs);
+    at += n;
+  }
+  EXPECT_EQ(at, ids.size(1));
+  return worst;
+}
+
+TEST(KvCache, CachedLogitsMatchTheFullForward) {
+  const std::vector<int64_t> chunks{7, 1, 1, 5, 1, 9};  // 24 = the whole context
+  for (bool fused : {true, false}) {
+    nn::FusedOpsGuard guard(fused);
+    std::vector<std::unique_ptr<CausalLM>> models;
+    models.push_back(gpt2());
+    models.push_back(llama(/*tied=*/false));
+    models.push_back(llama(/*tied=*/true));
+    for (auto& m : models) {
+      SCOPED_TRACE(m->family() + (fused ? " fused" : " unfused"));
+      const double worst = cached_vs_full(*m, random_ids(2, 24, 61, 9), chunks);
+      std::printf("%s, fused ops %s: largest |cached - full| logit difference %.3g\n",
+                  m->family().c_str(), fused ? "on" : "off", worst);
+    }
+  }
+}
+
+// The cache holds what the layers computed, not the ids: a cached token's logits depend on every
+// earlier token, so a wrong position or a stale slot shows up downstream.
+TEST(KvCache, EveryTokenSeesTheWholePrefix) {
+  auto m = gpt2();
+  autograd::NoGradGuard no_grad;
+  tensor::Tensor a = random_ids(1, 10, 61, 1), b = a.clone();
+  b.narrow(1, 0, 1).copy_(tensor::from_ints({(tensor::to_int_vector(a)[0] + 1) % 61}, {1, 1}));
+  KvCache ca, cb;
+  m->forward_cached(a.narrow(1, 0, 9).contiguous(), ca);
+  m->forward_cached(b.narrow(1, 0, 9).contiguous(), cb);
+  // The same last token after prefixes differing in their first token.
+  const tensor::Tensor la = m->forward_cached(a.narrow(1, 9, 1).contiguous(), ca).data();
+  const tensor::Tensor lb = m->forward_cached(a.narrow(1, 9, 1).contiguous(), cb).data();
+  EXPECT_NE(tensor::to_float_vector(la), tensor::to_float_vector(lb));
+  // clear() forgets: the same 10 tokens from scratch give the full forward's last row.
+  ca.clear();
+  EXPECT_EQ(ca.length(), 0);
+  const tensor::Tensor again = m->forward_cached(a, ca).data();
+  EXPECT_TRUE(testing::all_close(again.narrow(1, 9, 1), la, 1e-5, 1e-5));
+  EXPECT_EQ(ca.layers(), 3);
+}
+
+TEST(KvCache, RefusesWhatItCannotHoldAndAFailedForwardChangesNothing) {
+  auto m = llama(false);
+  const tensor::Tensor ids = random_ids(2, 24, 61, 3);
+  KvCache cache;
+  {
+    // Grad mode on: the cache is for inference.
+    EXPECT_THROW(m->forward_cached(ids.narrow(1, 0, 4).contiguous(), cache), Error);
+    EXPECT_EQ(cache.length(), 0);
+  }
+  autograd::NoGradGuard no_grad;
+  m->forward_cached(ids.narrow(1, 0, 20).contiguous(), cache);
+  // Past the context of 24 positions.
+  EXPECT_THROW(m->forward_cached(ids.narrow(1, 0, 5).contiguous(), cache), UserError);
+  // Another batch size.
+  EXPECT_THROW(m->forward_cached(ids.narrow(0, 0, 1).narrow(1, 20, 1).contiguous(), cache),
+               UserError);
+  // Another model.
+  auto other = llama(false);
+  EXPECT_THROW(other->forward_cached(ids.narrow(1, 20, 1).contiguous(), cache), UserError);
+  // A token outside the vocabulary fails inside the forward, after nothing was appended
+  // (the embedding runs first): the cache still holds 20 positions and goes on correctly.
+  std::vector<int64_t> bad{3, 99, 4, 5};
+  EXPECT_THROW(m->forward_cached(tensor::from_ints(bad, {2, 2}, DType::I32), cache), Error);
+  EXPECT_EQ(cache.length(), 20);
+  const tensor::Tensor full = m->forward(ids).data();
+  const tensor::Tensor got = m->forward_cached(ids.narrow(1, 20, 4).contiguous(), cache).data();
+  EXPECT_TRUE(testing::all_close(got, full.narrow(1, 20, 4), 1e-5, 1e-5));
+  EXPECT_EQ(cache.length(), 24);
+  // A fresh start with another batch size and model, after clear().
+  cache.clear();
+  const tensor::Tensor one = other->forward_cached(ids.narrow(0, 1, 1).contiguous(), cache).data();
+  EXPECT_TRUE(
+      testing::all_close(one, other->forward(ids.narrow(0, 1, 1).contiguous()).data(), 1e-5, 1e-5));
+}
+
+// A model whose attention does not use the cache.
+class NoCacheModel : public CausalLM {
+ public:
+  explicit NoCacheModel(bool claims) : claims_(claims) {
+    head_ = &add_module<nn::Linear>("head", 4, 8);
+    flatten({{"all", {"head"}}});
+    reset_parameters(1);
+  }
+  int64_t vocab_size() const override { return 8; }
+  int64_t padded_vocab_size() const override { return 8; }
+  int64_t max_seq_len() const override { return 16; }
+  std::string family() const override { return "no-cache"; }
+  bool supports_kv_cache() const override { return claims_; }
+
+ protected:
+  Variable forward_logits(const Tensor& ids) override {
+    const int64_t B = ids.size(0), T = ids.size(1);
+    return (*head_)(Variable(tensor::full({B, T, 4}, 0.5f)));
+  }
+
+ private:
+  bool claims_;
+  nn::Linear* head_;
+};
+
+TEST(KvCache, AModelWithoutACachedForwardIsRefused) {
+  autograd::NoGradGuard no_grad;
+  const tensor::Tensor ids = tensor::from_ints({1, 2, 3}, {1, 3}, DType::I32);
+  NoCacheModel honest(false);
+  KvCache cache;
+  EXPECT_THROW(honest.forward_cached(ids, cache), UserError);
+  // One that claims support but whose layers never append is caught after its forward, and
+  // nothing is committed.
+  NoCacheModel claims(true);
+  EXPECT_THROW(claims.forward_cached(ids, cache), Error);
+  EXPECT_EQ(cache.length(), 0);
+  EXPECT_EQ(KvCache::active(), nullptr);
+}
+
+}  // namespace
+}  // namespace strata::models

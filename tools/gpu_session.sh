@@ -21,14 +21,17 @@
 #                                           --profile, as built and with each switch that picks
 #                                           an older path (STRATA_NORM_GRADS=separate,
 #                                           STRATA_GRAD_INTO_BUFFER=off): what each path buys
+#   bash tools/gpu_session.sh decode [MODELS]
+#                                           there: bench_generate in bf16, KV-cached against
+#                                           whole-window sampling (gpt2,gpt2-xl by default)
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
-# `bench`, switch-*.md from `switches`).
+# `bench`, switch-*.md from `switches`, decode.md from `decode`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
-BINS=(test_cuda bench_gpt2_cuda train tokenize generate)
+BINS=(test_cuda bench_gpt2_cuda bench_generate train tokenize generate)
 
 # The libraries of the binaries there: the carried Debian ones first, then the toolkit's, then the
 # PyTorch virtual environment's nvidia-* wheels (cuDNN, NCCL, nvrtc live only there).
@@ -120,8 +123,18 @@ case ${1:-} in
       cat "$OUT/switch-$model-$name.md"
     done
     ;;
+  decode)
+    device_env
+    models=${2:-gpt2,gpt2-xl}
+    # A 512-token prompt and 128 new tokens: the uncached sampler runs 512..639 positions per
+    # token, the cached one a single position (Note [Cached sampling]).
+    timeout 300 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models "$models" \
+      --prompt 512 --new 128 --reps 3 > "$OUT/decode.md" 2> "$OUT/decode.log"
+    echo "bench_generate exit $?" | tee -a "$OUT/decode.log"
+    cat "$OUT/decode.md"
+    ;;
   *)
-    sed -n '2,24p' "$0" >&2
+    sed -n '2,27p' "$0" >&2
     exit 2
     ;;
 esac

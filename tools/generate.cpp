@@ -2,6 +2,7 @@
 //
 //   generate --checkpoint runs/tiny [--prompt "Once upon"] [--max-new-tokens 128]
 //            [--temperature 0.8] [--top-k 40] [--seed 0] [--device cpu|cuda] [--kv-cache on|off]
+//            [--num-samples 1]
 //
 // --checkpoint is a checkpoint directory (runs/x/checkpoints/step_00000200) or a run directory
 // (then the checkpoint its `latest` names). The model, its overrides and the tokenizer come from
@@ -9,6 +10,8 @@
 // (Note [Train config paths]). Prints the prompt followed by the continuation; sampling stops
 // early at the tokenizer's end-of-text token. GPT-2 and LLaMA decode with a KV cache unless
 // --kv-cache off (Note [Cached sampling] in tools/common/sampler.h).
+// --num-samples N draws N continuations in one batch (Note [Batched sampling]); each is printed
+// after a line `--- sample i of N ---`, and sample 1 is the continuation --num-samples 1 prints.
 // --device cuda: the model is built and loaded on the host, then its flat units move to the GPU
 // (models::move_flat_units, as `train` does: Note [Training on the GPU]); the sampler copies the
 // ids to where the parameters are and reads each step's logits back.
@@ -36,6 +39,7 @@ struct Args {
   std::string prompt;
   SampleOptions sample;
   std::string device = "cpu";
+  int64_t num_samples = 1;
 };
 
 int run(const Args& args) {
@@ -72,11 +76,15 @@ int run(const Args& args) {
   }
   SampleOptions o = args.sample;
   o.stop_token = tok->eot_token();
-  std::vector<int32_t> out = sample(*model, ids, o);
+  const std::vector<std::vector<int32_t>> out = sample_batch(*model, ids, o, args.num_samples);
   // The exact bytes into a pipe or file; on a terminal, malformed bytes and control characters as
   // U+FFFD (unicode::printable), so a byte-level model's stray bytes cannot garble it.
-  const std::string text = args.prompt + tok->decode(out);
-  std::cout << (::isatty(STDOUT_FILENO) ? unicode::printable(text) : text) << std::endl;
+  const bool terminal = ::isatty(STDOUT_FILENO) != 0;
+  for (size_t s = 0; s < out.size(); ++s) {
+    if (out.size() > 1) std::cout << "--- sample " << s + 1 << " of " << out.size() << " ---\n";
+    const std::string text = args.prompt + tok->decode(out[s]);
+    std::cout << (terminal ? unicode::printable(text) : text) << std::endl;
+  }
   return 0;
 }
 
@@ -104,6 +112,9 @@ int main(int argc, char** argv) {
   app.add_option("--kv-cache", kv_cache,
                  "keep each position's keys and values (off: run the whole window every token)")
       ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--num-samples", args.num_samples, "continuations to draw, in one batch")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   args.sample.kv_cache = kv_cache == "on";

@@ -23,7 +23,8 @@
 #                                           STRATA_GRAD_INTO_BUFFER=off): what each path buys
 #   bash tools/gpu_session.sh decode [MODELS]
 #                                           there: bench_generate in bf16, KV-cached against
-#                                           whole-window sampling (gpt2,gpt2-xl by default)
+#                                           whole-window sampling, batch 1 and 8 (gpt2,gpt2-xl
+#                                           by default)
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
@@ -128,14 +129,15 @@ case ${1:-} in
     models=${2:-gpt2,gpt2-xl}
     set +e
     # A 512-token prompt and 128 new tokens: the uncached sampler runs 512..639 positions per
-    # token, the cached one a single position (Note [Cached sampling]).
+    # token, the cached one a single position (Note [Cached sampling]); one sample, then 8 in
+    # one batch (Note [Batched sampling]).
     timeout 300 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models "$models" \
-      --prompt 512 --new 128 --reps 3 > "$OUT/decode.md" 2> "$OUT/decode.log"
+      --batch 1,8 --prompt 512 --new 128 --reps 3 > "$OUT/decode.md" 2> "$OUT/decode.log"
     echo "bench_generate exit $?" | tee -a "$OUT/decode.log"
     cat "$OUT/decode.md"
     ;;
   *)
-    sed -n '2,27p' "$0" >&2
+    sed -n '2,28p' "$0" >&2
     exit 2
     ;;
 esac

@@ -34,6 +34,7 @@
 #include "tensor/cuda/cudnn_sdpa.h"
 #include "tests/parallel/engine_test_util.h"
 #include "tests/tools/tool_test_util.h"
+#include "tools/common/sampler.h"
 #include "tools/common/train_config.h"
 #include "tools/common/trainer.h"
 
@@ -425,6 +426,38 @@ TEST(GpuKvCache, CachedLogitsMatchTheFullForward) {
       }
       EXPECT_EQ(gpu_activations(), before) << "the cache's buffers outlived it";
     }
+}
+
+// Batched sampling on the GPU (Note [Batched sampling]): each row's logits are read from a
+// strided [B, vocab] view of the device's logits, the KV cache holds B rows. In f32 the GPU's
+// samples are the CPU's, cached and not, for both families, past the context too; the rows differ.
+TEST(GpuSampler, ABatchDrawsTheCpusSamples) {
+  SKIP_WITHOUT_GPU();
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    models::ModelOptions o;
+    o.seed = 6;
+    // A short context so 4 + 12 tokens pass it; LLaMA's init raised so its draws spread.
+    o.overrides = std::string(preset) == "gpt2-tiny"
+                      ? std::map<std::string, std::string>{{"n_positions", "10"}}
+                      : std::map<std::string, std::string>{{"max_position_embeddings", "10"},
+                                                           {"initializer_range", "0.2"}};
+    auto cpu = models::ModelRegistry::global().create(preset, o);
+    auto gpu = models::ModelRegistry::global().create(preset, o);
+    models::move_flat_units(gpu->flat_units(), kGpu);
+    tools::SampleOptions so;
+    so.max_new_tokens = 12;
+    so.temperature = 1.0;
+    so.top_k = 0;
+    so.seed = 9;
+    const std::vector<int32_t> prompt{3, 1, 4, 1};
+    const auto want = tools::sample_batch(*cpu, prompt, so, 3);
+    EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
+    so.kv_cache = false;
+    EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
+    EXPECT_NE(want[0], want[1]);
+    EXPECT_NE(want[1], want[2]);
+  }
 }
 
 // Both families on model shapes drawn at random (fixed seeds): any head count and head dim

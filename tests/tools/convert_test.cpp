@@ -1,6 +1,7 @@
 // The `convert` and `generate` binaries on a checkpoint written by save_checkpoint: convert's
 // HF export loaded by transformers (tests/reference/check_hf_export.py) gives Strata's logits;
-// generate prints exactly prompt + sample(); bad input is `<tool>: error: ...` and exit 1.
+// generate prints exactly prompt + sample() (and sample_batch()'s rows for --num-samples); bad
+// input is `<tool>: error: ...` and exit 1.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -219,6 +220,27 @@ TEST_F(ToolsOnCheckpoint, GeneratePrintsThePromptAndTheSampledContinuation) {
                  dir_);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, expected + "\n");
+
+  // --num-samples 3: three continuations from one batch, each after its header; the first is the
+  // one above (Note [Batched sampling]).
+  const std::vector<std::vector<int32_t>> batch = sample_batch(*model, ids, o, 3);
+  ASSERT_EQ(batch.at(0), want);
+  std::string samples;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    samples += "--- sample " + std::to_string(s + 1) + " of 3 ---\n" + prompt;
+    for (int32_t t : batch[s]) samples.push_back(static_cast<char>(t));
+    samples += "\n";
+  }
+  EXPECT_NE(batch[1], batch[0]) << "the samples of a batch draw apart";
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() +
+              " --prompt 'Hello, Strata' --max-new-tokens 12 --temperature 0.9"
+              " --top-k 20 --seed 4 --num-samples 3",
+          dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, samples);
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --num-samples 0", dir_);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--num-samples"), std::string::npos) << r.err;
 }
 
 }  // namespace

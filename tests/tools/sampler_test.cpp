@@ -1,7 +1,8 @@
 // Sampling (tools/common/sampler.h): greedy equals the argmax of a full forward, draws are a
 // function of (seed, position) only, top_k 1 is greedy, the model's mode and the training
 // generator are left alone; the KV cache (Note [Cached sampling]) draws the tokens of the
-// uncached sampler.
+// uncached sampler; a batch's samples are the single samples of their index (Note [Batched
+// sampling]), each stopping on its own.
 #include "tools/common/sampler.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +24,16 @@ std::unique_ptr<models::CausalLM> make_model(uint64_t seed = 3) {
   o.overrides = {{"vocab_size", "61"}, {"n_positions", "12"}, {"n_embd", "32"},
                  {"n_layer", "2"},     {"n_head", "4"},       {"dropout", "0.2"}};
   return models::ModelRegistry::global().create("gpt2-tiny", o);
+}
+
+std::unique_ptr<models::CausalLM> make_llama() {
+  models::ModelOptions lo;
+  lo.seed = 4;
+  lo.overrides = {{"vocab_size", "61"},         {"max_position_embeddings", "12"},
+                  {"hidden_size", "32"},        {"intermediate_size", "40"},
+                  {"num_hidden_layers", "2"},   {"num_attention_heads", "4"},
+                  {"num_key_value_heads", "2"}, {"initializer_range", "0.2"}};
+  return models::ModelRegistry::global().create("llama-tiny", lo);
 }
 
 // The argmax over logits[:vocab_size] at every position of one full forward.
@@ -103,15 +114,9 @@ TEST(Sampler, SameSeedSameTokensAndTopK1IsGreedy) {
 // With and without the KV cache the same tokens come out, for GPT-2 and LLaMA, greedy and drawn,
 // with the sequence running past the context (the cache then restarts a window every step).
 TEST(Sampler, TheKvCacheDrawsTheUncachedTokens) {
-  models::ModelOptions lo;
-  lo.seed = 4;
-  lo.overrides = {{"vocab_size", "61"},         {"max_position_embeddings", "12"},
-                  {"hidden_size", "32"},        {"intermediate_size", "40"},
-                  {"num_hidden_layers", "2"},   {"num_attention_heads", "4"},
-                  {"num_key_value_heads", "2"}, {"initializer_range", "0.2"}};
   std::vector<std::unique_ptr<models::CausalLM>> models;
   models.push_back(make_model());
-  models.push_back(models::ModelRegistry::global().create("llama-tiny", lo));
+  models.push_back(make_llama());
   for (auto& m : models) {
     ASSERT_TRUE(m->supports_kv_cache()) << m->family();
     for (double temperature : {0.0, 1.0}) {
@@ -132,6 +137,73 @@ TEST(Sampler, TheKvCacheDrawsTheUncachedTokens) {
       }
     }
   }
+}
+
+// Row s of a batch is sample s drawn alone (first_sample s, a batch of one), whatever the batch's
+// size: with and without the cache, past the context too; the rows draw apart; first_sample
+// shifts a batch's rows.
+TEST(Sampler, ABatchsRowsAreTheSamplesOfTheirIndex) {
+  std::vector<std::unique_ptr<models::CausalLM>> models;
+  models.push_back(make_model());
+  models.push_back(make_llama());
+  for (auto& m : models) {
+    for (bool kv_cache : {true, false}) {
+      SampleOptions o;
+      o.max_new_tokens = 14;  // 3 + 14 > 12: past the context
+      o.temperature = 1.0;
+      o.top_k = 0;
+      o.seed = 5;
+      o.kv_cache = kv_cache;
+      const std::vector<int32_t> prompt{9, 4, 33};
+      const std::vector<std::vector<int32_t>> four = sample_batch(*m, prompt, o, 4);
+      ASSERT_EQ(four.size(), 4u);
+      for (size_t s = 0; s < 4; ++s) {
+        EXPECT_EQ(four[s].size(), 14u);
+        SampleOptions alone = o;
+        alone.first_sample = static_cast<int64_t>(s);
+        EXPECT_EQ(four[s], sample(*m, prompt, alone))
+            << m->family() << " cache " << kv_cache << " row " << s;
+      }
+      EXPECT_EQ(std::set<std::vector<int32_t>>(four.begin(), four.end()).size(), 4u)
+          << m->family() << ": four different samples";
+      SampleOptions shifted = o;
+      shifted.first_sample = 2;
+      EXPECT_EQ(sample_batch(*m, prompt, shifted, 2),
+                std::vector<std::vector<int32_t>>(four.begin() + 2, four.end()))
+          << m->family() << " cache " << kv_cache;
+      SampleOptions other = o;
+      other.kv_cache = !kv_cache;
+      EXPECT_EQ(sample_batch(*m, prompt, other, 4), four) << m->family();
+    }
+  }
+}
+
+// A row that emits the stop token ends there; the others go on as without it.
+TEST(Sampler, EachRowOfABatchStopsOnItsOwn) {
+  auto m = make_llama();
+  SampleOptions o;
+  o.max_new_tokens = 8;
+  o.temperature = 1.0;
+  o.top_k = 0;
+  o.seed = 2;
+  const std::vector<int32_t> prompt{1, 2};
+  const std::vector<std::vector<int32_t>> unstopped = sample_batch(*m, prompt, o, 3);
+  o.stop_token = unstopped.at(1).at(2);  // row 1 stops at its third token, if not sooner
+  const std::vector<std::vector<int32_t>> stopped = sample_batch(*m, prompt, o, 3);
+  ASSERT_EQ(stopped.size(), 3u);
+  size_t shorter = 0;
+  for (size_t s = 0; s < 3; ++s) {
+    const auto first = std::find(unstopped[s].begin(), unstopped[s].end(), o.stop_token);
+    const std::vector<int32_t> want(unstopped[s].begin(),
+                                    first == unstopped[s].end() ? first : first + 1);
+    EXPECT_EQ(stopped[s], want) << "row " << s;
+    shorter += want.size() < unstopped[s].size() ? 1 : 0;
+  }
+  EXPECT_GE(shorter, 1u);
+  EXPECT_LE(stopped[1].size(), 3u);
+  EXPECT_THROW(sample_batch(*m, prompt, o, 0), UserError);
+  o.first_sample = -1;
+  EXPECT_THROW(sample_batch(*m, prompt, o, 1), UserError);
 }
 
 TEST(Sampler, TopKRestrictsTheDrawsToTheKBestTokens) {

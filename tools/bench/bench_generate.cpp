@@ -4,7 +4,7 @@
 // same model.
 //
 //   bench_generate [--models gpt2-tiny,gpt2] [--device cpu|cuda] [--dtype f32|bf16]
-//                  [--prompt 32] [--new 32] [--reps 3]
+//                  [--batch 1] [--prompt 32] [--new 32] [--reps 3]
 //
 // Per model: the registry builds it on the host (seed 1337, random weights: speed does not depend
 // on them), cast to --dtype and moved to --device as `generate --device cuda` does. A prompt of
@@ -12,10 +12,11 @@
 // (warm-up: the GPU's cuBLASLt heuristics and cuDNN plans, the caching allocator's segments) and
 // then --reps times per mode, alternating; the median is reported. sample() reads every token's
 // logits back to the host, so a run's time covers its GPU work. Tokens/s counts the new tokens
-// only. The table's last column says whether both modes produced the same tokens (they draw from
-// logits equal up to rounding, Note [KV cache]).
-// The cache saves the recomputation of every earlier position: per token the uncached sampler
-// runs prompt + i positions, the cached one a single position, so the ratio grows with the
+// only, of every row: --batch B (a comma-separated list gives a row each) draws B samples in one
+// batch (Note [Batched sampling]), B x --new tokens per run. The table's last column says whether
+// both modes produced the same tokens (they draw from logits equal up to rounding, Note [KV
+// cache]). The cache saves the recomputation of every earlier position: per token the uncached
+// sampler runs prompt + i positions, the cached one a single position, so the ratio grows with the
 // sequence length; it is one position's attention over the held keys instead of the whole
 // causal attention, and one row's matmuls instead of prompt + i rows'.
 #include <fmt/format.h>
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -42,6 +44,7 @@ struct Options {
   std::string models = "gpt2-tiny";
   std::string device = "cpu";
   std::string dtype = "f32";
+  std::string batch = "1";
   int64_t prompt = 32;
   int64_t new_tokens = 32;
   int reps = 3;
@@ -58,9 +61,19 @@ int run(const Options& o) {
   const DType dtype = o.dtype == "bf16" ? DType::BF16 : DType::F32;
   STRATA_USER_CHECK(o.prompt >= 1 && o.new_tokens >= 1 && o.reps >= 1,
                     "--prompt, --new and --reps must be at least 1");
+  std::vector<int64_t> batches;
+  std::stringstream blist(o.batch);
+  for (std::string b; std::getline(blist, b, ',');) {
+    char* end = nullptr;
+    const long long v = std::strtoll(b.c_str(), &end, 10);
+    STRATA_USER_CHECK(!b.empty() && *end == '\0' && v >= 1,
+                      "--batch takes positive integers separated by commas, got '{}'", o.batch);
+    batches.push_back(v);
+  }
+  STRATA_USER_CHECK(!batches.empty(), "--batch needs at least one size");
   fmt::print(
-      "| model | device | dtype | prompt | new | cached tok/s | uncached tok/s | speedup | "
-      "same tokens |\n|---|---|---|---|---|---|---|---|---|\n");
+      "| model | device | dtype | batch | prompt | new | cached tok/s | uncached tok/s | speedup | "
+      "same tokens |\n|---|---|---|---|---|---|---|---|---|---|\n");
   std::stringstream list(o.models);
   for (std::string name; std::getline(list, name, ',');) {
     models::ModelOptions mo;
@@ -78,26 +91,31 @@ int run(const Options& o) {
     tools::SampleOptions so;
     so.max_new_tokens = o.new_tokens;
     so.temperature = 0.0;
-    auto timed = [&](bool cached, std::vector<int32_t>* tokens) {
-      tools::SampleOptions s = so;
-      s.kv_cache = cached;
-      const auto t0 = std::chrono::steady_clock::now();
-      *tokens = tools::sample(*model, prompt, s);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    std::vector<int32_t> with, without;
-    timed(true, &with);  // warm-up
-    timed(false, &without);
-    std::vector<double> tc, tu;
-    for (int r = 0; r < o.reps; ++r) {
-      tc.push_back(timed(true, &with));
-      tu.push_back(timed(false, &without));
+    for (const int64_t batch : batches) {
+      using Samples = std::vector<std::vector<int32_t>>;
+      auto timed = [&](bool cached, Samples* tokens) {
+        tools::SampleOptions s = so;
+        s.kv_cache = cached;
+        const auto t0 = std::chrono::steady_clock::now();
+        *tokens = tools::sample_batch(*model, prompt, s, batch);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      Samples with, without;
+      timed(true, &with);  // warm-up
+      timed(false, &without);
+      std::vector<double> tc, tu;
+      for (int r = 0; r < o.reps; ++r) {
+        tc.push_back(timed(true, &with));
+        tu.push_back(timed(false, &without));
+      }
+      const auto tokens = static_cast<double>(batch * o.new_tokens);
+      const double c = tokens / median(tc);
+      const double u = tokens / median(tu);
+      fmt::print("| {} | {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {:.2f}x | {} |\n", name,
+                 device.str(), o.dtype, batch, o.prompt, o.new_tokens, c, u, c / u,
+                 with == without ? "yes" : "no");
+      std::fflush(stdout);
     }
-    const double c = static_cast<double>(o.new_tokens) / median(tc);
-    const double u = static_cast<double>(o.new_tokens) / median(tu);
-    fmt::print("| {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {:.2f}x | {} |\n", name, device.str(),
-               o.dtype, o.prompt, o.new_tokens, c, u, c / u, with == without ? "yes" : "no");
-    std::fflush(stdout);
   }
   return 0;
 }
@@ -114,6 +132,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--dtype", o.dtype, "parameter dtype")
       ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "samples per run, drawn in one batch (comma-separated: each)")
       ->capture_default_str();
   app.add_option("--prompt", o.prompt, "prompt tokens")->capture_default_str();
   app.add_option("--new", o.new_tokens, "tokens to generate")->capture_default_str();

@@ -3,10 +3,20 @@
 //
 // Note [Sampling draws]
 // Each new token's draw comes from Philox keyed by (options.seed, the token's position in the
-// sequence), never from the training generator (autograd::current_generator()), so sampling
-// neither depends on nor disturbs training's random state, and the same seed and prompt give the
-// same tokens whatever happened before. Candidates are ordered by (logit descending, token id
-// ascending) before the top-k cut and the inverse-CDF draw, so ties break the same way everywhere.
+// sequence) at counter s, the sample's index (options.first_sample + its row in a batch), never
+// from the training generator (autograd::current_generator()), so sampling neither depends on nor
+// disturbs training's random state, the same seed and prompt give the same tokens whatever happened
+// before, and sample s of a batch is the same whatever the batch's size. Candidates are ordered
+// by (logit descending, token id ascending) before the top-k cut and the inverse-CDF draw, so ties
+// break the same way everywhere.
+//
+// Note [Batched sampling]
+// sample_batch draws num_samples continuations of one prompt in one batch: every step runs the
+// model once on [num_samples, T] ids (and the KV cache holds num_samples rows), so on a GPU the
+// samples cost little more than one. Rows are independent: row s's draws are sample s's (Note
+// [Sampling draws]) and its logits are the ones a batch of one would compute, up to rounding. A
+// row that emits stop_token ends there; the batch keeps running it (its later tokens are dropped)
+// until every row has stopped or max_new_tokens is reached, so the work per step stays one batch.
 //
 //
 // Note [Cached sampling]
@@ -32,7 +42,17 @@ struct SampleOptions {
   uint64_t seed = 0;
   int64_t stop_token = -1;  // stop after emitting this token (e.g. the tokenizer's eot); -1: never
   bool kv_cache = true;     // Note [Cached sampling]
+  // The index of the first sample drawn (Note [Sampling draws]): sample_batch's row r draws as
+  // sample first_sample + r, so sample s of a batch can be drawn alone, or a batch split.
+  int64_t first_sample = 0;
 };
+
+// Continuations of `prompt`, num_samples of them drawn in one batch (Note [Batched sampling]);
+// element r is sample first_sample + r, what sample() gives with that first_sample. Validation as
+// sample(), and strata::user_error when num_samples < 1 or first_sample < 0.
+std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
+                                               const std::vector<int32_t>& prompt,
+                                               const SampleOptions& options, int64_t num_samples);
 
 // Returns the new tokens only (up to max_new_tokens; fewer when stop_token is emitted). Runs
 // under NoGradGuard in eval mode and restores the model's previous train/eval mode. Each step

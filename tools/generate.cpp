@@ -1,7 +1,8 @@
 // generate: sample a continuation of a prompt from a checkpoint.
 //
 //   generate --checkpoint runs/tiny [--prompt "Once upon"] [--max-new-tokens 128]
-//            [--temperature 0.8] [--top-k 40] [--seed 0] [--device cpu|cuda] [--kv-cache on|off]
+//            [--temperature 0.8] [--top-k 40] [--top-p 1] [--seed 0] [--device cpu|cuda]
+//            [--kv-cache on|off]
 //            [--num-samples 1]
 //
 // --checkpoint is a checkpoint directory (runs/x/checkpoints/step_00000200) or a run directory
@@ -103,6 +104,9 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", args.sample.temperature, "softmax temperature; 0 = greedy")
       ->capture_default_str();
   app.add_option("--top-k", args.sample.top_k, "sample among the k most likely tokens; 0 = all")
+      ->capture_default_str();
+  app.add_option("--top-p", args.sample.top_p,
+                 "then among the fewest best tokens holding this much probability; 1 = all")
       ->capture_default_str();
   app.add_option("--seed", args.sample.seed, "sampling seed")->capture_default_str();
   app.add_option("--device", args.device, "where the model runs")

@@ -241,6 +241,13 @@ TEST_F(ToolsOnCheckpoint, GeneratePrintsThePromptAndTheSampledContinuation) {
   r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --num-samples 0", dir_);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--num-samples"), std::string::npos) << r.err;
+  r = run(
+      tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --prompt hi --top-p 1.5",
+      dir_);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("generate: error: top_p must be in (0, 1] (1 = no cut), got 1.5\n"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

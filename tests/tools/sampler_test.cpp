@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 
@@ -206,6 +207,26 @@ TEST(Sampler, EachRowOfABatchStopsOnItsOwn) {
   EXPECT_THROW(sample_batch(*m, prompt, o, 1), UserError);
 }
 
+// The logits over the 61 tokens after the one-token prompt {token}.
+std::vector<float> first_logits(models::CausalLM& m, int32_t token) {
+  autograd::NoGradGuard no_grad;
+  const bool was_training = m.is_training();
+  m.eval();
+  std::vector<float> logits =
+      tensor::to_float_vector(m.forward(tensor::from_ints({token}, {1, 1})).data());
+  m.train(was_training);
+  logits.resize(61);
+  return logits;
+}
+
+// Token ids from the largest logit down.
+std::vector<int32_t> best_first(const std::vector<float>& logits) {
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  return order;
+}
+
 TEST(Sampler, TopKRestrictsTheDrawsToTheKBestTokens) {
   auto m = make_model();
   const std::vector<int32_t> prompt{3};
@@ -213,17 +234,8 @@ TEST(Sampler, TopKRestrictsTheDrawsToTheKBestTokens) {
   o.max_new_tokens = 1;
   o.temperature = 5.0;  // nearly flat: without the cut, draws would spread over the vocabulary
   o.top_k = 3;
-  std::vector<float> logits;
-  {
-    autograd::NoGradGuard no_grad;
-    m->eval();
-    logits = tensor::to_float_vector(m->forward(tensor::from_ints({3}, {1, 1})).data());
-    m->train();
-  }
-  logits.resize(61);
-  std::vector<int32_t> order(61);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  const std::vector<float> logits = first_logits(*m, 3);
+  const std::vector<int32_t> order = best_first(logits);
   std::set<int32_t> seen;
   for (uint64_t seed = 0; seed < 60; ++seed) {
     o.seed = seed;
@@ -232,6 +244,49 @@ TEST(Sampler, TopKRestrictsTheDrawsToTheKBestTokens) {
     seen.insert(t);
   }
   EXPECT_EQ(seen.size(), 3u) << "at temperature 5 all three candidates should come up";
+}
+
+// The nucleus: at top_p 0.5 every draw is among the fewest best tokens holding half the
+// probability (at the temperature), and more than one of them comes up; a tiny top_p is greedy.
+TEST(Sampler, TopPRestrictsTheDrawsToTheNucleus) {
+  auto m = make_llama();  // initializer_range 0.2: logits spread enough for a small nucleus
+  const std::vector<int32_t> prompt{3};
+  SampleOptions o;
+  o.max_new_tokens = 1;
+  o.temperature = 1.5;
+  o.top_k = 0;
+  o.top_p = 0.5;
+  const std::vector<float> logits = first_logits(*m, 3);
+  const std::vector<int32_t> order = best_first(logits);
+  std::vector<double> p;
+  double total = 0;
+  for (int32_t t : order) {
+    p.push_back(std::exp((logits[t] - logits[order[0]]) / o.temperature));
+    total += p.back();
+  }
+  std::set<int32_t> nucleus;
+  for (double mass = 0; mass < 0.5 * total;) {
+    mass += p[nucleus.size()];
+    nucleus.insert(order[nucleus.size()]);
+  }
+  ASSERT_GE(nucleus.size(), 2u);
+  ASSERT_LE(nucleus.size(), 20u) << "the cut should leave out most of the 61 tokens";
+  std::set<int32_t> seen;
+  for (uint64_t seed = 0; seed < 80; ++seed) {
+    o.seed = seed;
+    const int32_t t = sample(*m, prompt, o).at(0);
+    EXPECT_TRUE(nucleus.contains(t))
+        << t << " is outside the " << nucleus.size() << "-token nucleus";
+    seen.insert(t);
+  }
+  EXPECT_GE(seen.size(), 2u);
+
+  SampleOptions tiny = o;
+  tiny.max_new_tokens = 10;
+  tiny.top_p = 1e-9;
+  SampleOptions greedy = tiny;
+  greedy.temperature = 0.0;
+  EXPECT_EQ(sample(*m, prompt, tiny), sample(*m, prompt, greedy));
 }
 
 TEST(Sampler, RestoresTrainModeStopsAtTheStopTokenAndValidates) {
@@ -261,6 +316,11 @@ TEST(Sampler, RestoresTrainModeStopsAtTheStopTokenAndValidates) {
   bad = o;
   bad.top_k = -2;
   EXPECT_THROW(sample(*m, {1}, bad), UserError);
+  for (double top_p : {0.0, -0.5, 1.5, std::nan("")}) {
+    bad = o;
+    bad.top_p = top_p;
+    EXPECT_THROW(sample(*m, {1}, bad), UserError) << top_p;
+  }
   bad = o;
   bad.max_new_tokens = 0;
   EXPECT_TRUE(sample(*m, {1}, bad).empty());

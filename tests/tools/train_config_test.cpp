@@ -175,7 +175,8 @@ TEST_F(TrainConfigTest, ToYamlRoundTripsEveryField) {
   c.batch.seq_len = 16;
   c.optimizer = {"sgd", 1.25e-5, 0.5, 0.75, 1e-6, 0.0, 0.8, true, 0.0};
   c.schedule = {"linear", 3, 1e-7};
-  c.training = {7, 2, 0, 4, 3, 9, "yes\nnull: \"x\"", 0.0, 0, 5, 0, "runs/a/step_1", "lines", 2, 3};
+  c.training = {7,       2, 0, 4, 3, 9, "yes\nnull: \"x\"", 0.0, 0, 0.25, 5, 0, "runs/a/step_1",
+                "lines", 2, 3};
   c.resolve_batch(1);
   std::string saved = write("every.yaml", to_yaml(c));
   TrainConfig back = load_train_config(saved);
@@ -391,6 +392,16 @@ std::vector<BadCase> bad_cases() {
        {},
        ":6:15: ",
        {"training.eval_every: is 5 but data.val is not set"}},
+      {"top_p_zero",
+       tiny_with("  top_p: 0\n"),
+       {},
+       ":11:10: ",
+       {"training.top_p: must be in (0, 1] (1 = no nucleus cut), got 0"}},
+      {"top_p_above_one",
+       kTiny,
+       {"training.top_p=1.5"},
+       "",
+       {"training.top_p: must be in (0, 1] (1 = no nucleus cut), got 1.5"}},
       {"progress_unknown",
        tiny_with("  progress: fancy\n"),
        {},

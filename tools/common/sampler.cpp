@@ -60,13 +60,22 @@ int32_t choose(const float* logits, int64_t V, const SampleOptions& o, int64_t p
     p[i] = std::exp((static_cast<double>(logits[order[i]]) - top) / o.temperature);
     total += p[i];
   }
+  if (o.top_p < 1.0) {
+    // Note [Sampling draws]: the fewest best candidates holding top_p of the mass.
+    const double need = o.top_p * total;
+    double kept = 0;
+    size_t m = 0;
+    while (m < p.size() && kept < need) kept += p[m++];
+    p.resize(m);
+    total = kept;
+  }
   const double u = uniform_draw(o.seed, position, s) * total;
   double acc = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
+  for (size_t i = 0; i < p.size(); ++i) {
     acc += p[i];
     if (u < acc) return order[i];
   }
-  return order.back();  // u within rounding of total
+  return order[p.size() - 1];  // u within rounding of total
 }
 
 }  // namespace
@@ -82,6 +91,8 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
   STRATA_USER_CHECK(o.temperature >= 0.0 && std::isfinite(o.temperature),
                     "temperature must be >= 0 (0 = greedy), got {}", o.temperature);
   STRATA_USER_CHECK(o.top_k >= 0, "top_k must be >= 0 (0 = no cut), got {}", o.top_k);
+  STRATA_USER_CHECK(o.top_p > 0.0 && o.top_p <= 1.0, "top_p must be in (0, 1] (1 = no cut), got {}",
+                    o.top_p);
   STRATA_USER_CHECK(num_samples >= 1, "the number of samples must be >= 1, got {}", num_samples);
   STRATA_USER_CHECK(o.first_sample >= 0, "first_sample must be >= 0, got {}", o.first_sample);
 

@@ -7,8 +7,11 @@
 // from the training generator (autograd::current_generator()), so sampling neither depends on nor
 // disturbs training's random state, the same seed and prompt give the same tokens whatever happened
 // before, and sample s of a batch is the same whatever the batch's size. Candidates are ordered
-// by (logit descending, token id ascending) before the top-k cut and the inverse-CDF draw, so ties
-// break the same way everywhere.
+// by (logit descending, token id ascending), so ties break the same way everywhere; the top-k cut
+// keeps the first top_k; the nucleus (top-p) cut then keeps the fewest first candidates whose
+// probabilities at the temperature, renormalised over those top_k, sum to at least top_p (always
+// the best one: temperature, then top-k, then top-p, the order of Hugging Face's samplers); the
+// inverse-CDF draw picks among what is left.
 //
 // Note [Batched sampling]
 // sample_batch draws num_samples continuations of one prompt in one batch: every step runs the
@@ -39,6 +42,7 @@ struct SampleOptions {
   int64_t max_new_tokens = 128;
   double temperature = 0.8;  // 0 = greedy (argmax)
   int64_t top_k = 40;        // 0 = no cut
+  double top_p = 1.0;        // nucleus: the fewest best tokens holding this much mass; 1 = no cut
   uint64_t seed = 0;
   int64_t stop_token = -1;  // stop after emitting this token (e.g. the tokenizer's eot); -1: never
   bool kv_cache = true;     // Note [Cached sampling]

@@ -86,6 +86,7 @@ void read_training(Reader& r, TrainingSection& c) {
   r.get("sample_prompt", c.sample_prompt);
   r.get("temperature", c.temperature);
   r.get("top_k", c.top_k);
+  r.get("top_p", c.top_p);
   r.get("checkpoint_every", c.checkpoint_every);
   r.get("keep_checkpoints", c.keep_checkpoints);
   r.get("resume", c.resume);
@@ -210,6 +211,9 @@ void validate(TrainConfig& c, Readers& r) {
   r.training.positive("sample_tokens", static_cast<double>(t.sample_tokens));
   r.training.non_negative("temperature", t.temperature);
   r.training.non_negative("top_k", static_cast<double>(t.top_k));
+  if (!(t.top_p > 0.0 && t.top_p <= 1.0))
+    r.training.fail("top_p",
+                    fmt::format("must be in (0, 1] (1 = no nucleus cut), got {}", t.top_p));
   r.training.non_negative("checkpoint_every", static_cast<double>(t.checkpoint_every));
   r.training.non_negative("keep_checkpoints", static_cast<double>(t.keep_checkpoints));
   if (t.resume.empty()) r.training.fail("resume", "must be auto, never or a checkpoint directory");
@@ -437,6 +441,7 @@ std::string to_yaml(const TrainConfig& c) {
     e("sample_prompt", t.sample_prompt);
     e("temperature", t.temperature);
     e("top_k", t.top_k);
+    e("top_p", t.top_p);
     e("checkpoint_every", t.checkpoint_every);
     e("keep_checkpoints", t.keep_checkpoints);
     e("resume", t.resume);

@@ -98,6 +98,7 @@ struct TrainingSection {  // `training`
   std::string sample_prompt;      // empty = start from the first token of the val/train data
   double temperature = 0.8;       // 0 = greedy
   int64_t top_k = 40;             // 0 = no top-k cut
+  double top_p = 1.0;             // nucleus cut after top-k; 1 = none
   int64_t checkpoint_every = 0;   // 0 = only at the end
   int64_t keep_checkpoints = 3;   // 0 = keep all
   std::string resume = "auto";    // auto | never | <checkpoint dir>

@@ -421,6 +421,7 @@ std::string Trainer::sample_text() {
   so.max_new_tokens = config_.training.sample_tokens;
   so.temperature = config_.training.temperature;
   so.top_k = config_.training.top_k;
+  so.top_p = config_.training.top_p;
   so.seed = config_.run.seed + static_cast<uint64_t>(step_);
   // Every sampled token lengthens the sequence, so each forward is a new GEMM shape: not tuned
   // (Note [cuBLASLt tuning]).

@@ -241,6 +241,18 @@ TEST_F(ToolsOnCheckpoint, GeneratePrintsThePromptAndTheSampledContinuation) {
   r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --num-samples 0", dir_);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--num-samples"), std::string::npos) << r.err;
+  // --dtype bf16: the parameters cast on load (the log says so), the same kind of continuation.
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() +
+              " --prompt 'Hello, Strata' --max-new-tokens 12 --temperature 0.9 --top-k 20"
+              " --seed 4 --dtype bf16",
+          dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find(" parameters, bf16) on cpu"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.size(), expected.size() + 1) << r.out;
+  EXPECT_EQ(r.out.rfind(prompt, 0), 0u) << r.out;
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --dtype f64", dir_);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--dtype"), std::string::npos) << r.err;
   r = run(
       tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --prompt hi --top-p 1.5",
       dir_);

@@ -145,28 +145,39 @@ TEST_F(TrainGpuMpi, RanksShareOneGpuOverMpi) {
 }
 
 // `generate --device cuda` on a checkpoint that `train` wrote on the GPU (bf16): the model is
-// built and loaded on the host, moved to the GPU, and samples there. Temperature 1 over the whole
+// built and loaded on the host, moved to the GPU, and samples there, in the run's bf16 by default
+// (--dtype auto) and in f32 with --dtype fp32. Temperature 1 over the whole
 // vocabulary, so each token is an inverse-CDF draw from the f32 probabilities: the GPU's text is
 // the CPU's as long as no draw lands within the two devices' f32 difference (~1e-6) of a bucket's
-// edge. The tiny model's text is bytes of every kind; it must be the prompt and 48 new ones.
+// edge (f32 on both). The tiny model's text is bytes of every kind; it must be the prompt and 48
+// new ones.
 TEST_F(TrainGpuMpi, GenerateOnTheGpuDrawsTheCpusTokens) {
   NEED_GPUS(1);
   CommandResult t = train(0, config("gen", 12), {});
   ASSERT_EQ(t.exit_code, 0) << describe(t);
   std::string text[2];
   for (int d = 0; d < 2; ++d) {
-    CommandResult g =
-        testing::run_command({kBin + "/generate", "--checkpoint", tmp_ / "gen", "--prompt",
-                              "The GPU", "--max-new-tokens", "48", "--temperature", "1.0",
-                              "--top-k", "0", "--seed", "3", "--device", d ? "cuda" : "cpu"},
-                             std::chrono::seconds(120));
+    CommandResult g = testing::run_command(
+        {kBin + "/generate", "--checkpoint", tmp_ / "gen", "--prompt", "The GPU",
+         "--max-new-tokens", "48", "--temperature", "1.0", "--top-k", "0", "--seed", "3",
+         "--device", d ? "cuda" : "cpu", "--dtype", d ? "fp32" : "auto"},
+        std::chrono::seconds(120));
     ASSERT_EQ(g.exit_code, 0) << describe(g);
-    EXPECT_NE(g.err.find(d ? ") on cuda:0" : ") on cpu"), std::string::npos) << g.err;
+    EXPECT_NE(g.err.find(d ? "f32) on cuda:0" : "f32) on cpu"), std::string::npos) << g.err;
     text[d] = g.out;
   }
   EXPECT_EQ(text[0].rfind("The GPU", 0), 0u) << text[0];
   EXPECT_EQ(text[0].size(), std::string("The GPU").size() + 48 + 1) << text[0];  // + newline
   EXPECT_EQ(text[1], text[0]);
+  // The default on the GPU: the run's bf16.
+  CommandResult g = testing::run_command(
+      {kBin + "/generate", "--checkpoint", tmp_ / "gen", "--prompt", "The GPU", "--max-new-tokens",
+       "48", "--temperature", "1.0", "--top-k", "0", "--seed", "3", "--device", "cuda"},
+      std::chrono::seconds(120));
+  ASSERT_EQ(g.exit_code, 0) << describe(g);
+  EXPECT_NE(g.err.find("bf16) on cuda:0"), std::string::npos) << g.err;
+  EXPECT_EQ(g.out.rfind("The GPU", 0), 0u) << g.out;
+  EXPECT_EQ(g.out.size(), text[0].size()) << g.out;
 }
 
 TEST_F(TrainGpuMpi, NcclWithMoreRanksThanGpusIsAClearError) {

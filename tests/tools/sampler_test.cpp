@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include "autograd/rng_context.h"
@@ -287,6 +288,87 @@ TEST(Sampler, TopPRestrictsTheDrawsToTheNucleus) {
   SampleOptions greedy = tiny;
   greedy.temperature = 0.0;
   EXPECT_EQ(sample(*m, prompt, tiny), sample(*m, prompt, greedy));
+}
+
+// Note [Sampling draws] done the plain way: the whole vocabulary sorted best first (ties to the
+// smaller id), the first top_k kept, their weights' total summed in id order, top-p's prefix
+// summed best first, the inverse-CDF walk best first.
+int32_t full_sort_choice(const std::vector<float>& l, const SampleOptions& o, int64_t position,
+                         int64_t sample) {
+  if (o.temperature == 0.0)
+    return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  std::vector<int32_t> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  const size_t k = o.top_k > 0 ? std::min(static_cast<size_t>(o.top_k), l.size()) : l.size();
+  order.resize(k);
+  auto w = [&](int32_t t) {
+    return std::exp((static_cast<double>(l[t]) - static_cast<double>(l[order[0]])) / o.temperature);
+  };
+  std::vector<int32_t> ids = order;
+  std::sort(ids.begin(), ids.end());
+  double total = 0;
+  for (int32_t t : ids) total += w(t);
+  size_t limit = k;
+  if (o.top_p < 1.0) {
+    double kept = 0;
+    size_t m = 0;
+    while (m < k && kept < o.top_p * total) kept += w(order[m++]);
+    limit = m;
+    total = kept;
+  }
+  const double u = detail::uniform_draw(o.seed, position, sample) * total;
+  double acc = 0;
+  for (size_t i = 0; i < limit; ++i) {
+    acc += w(order[i]);
+    if (u < acc) return order[i];
+  }
+  return order[limit - 1];
+}
+
+// Note [Sampling cost]: the draw that sorts only what it reaches picks the full sort's token, for
+// vocabularies of 1 to GPT-2's 50257, logits with many ties or spread wide, peaked or flat
+// (temperature 0.3 to 20: a flat one walks deep into the candidates, past several sorted
+// chunks), every kind of top-k (none, 1, within one chunk, just past it, large) and top-p.
+TEST(Sampler, TheDrawPicksTheFullSortsToken) {
+  std::mt19937 gen(7);
+  int compared = 0;
+  std::set<int32_t> deep;  // picks past the first sorted chunk
+  for (size_t V : {size_t{1}, size_t{7}, size_t{100}, size_t{3000}, size_t{50257}}) {
+    for (bool ties : {false, true}) {
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      std::vector<float> l(V);
+      for (float& x : l) x = ties ? std::round(normal(gen)) * 0.5f : normal(gen);
+      for (double temperature : {0.3, 1.0, 20.0}) {
+        for (int64_t top_k : {0, 1, 40, 64, 65, 700}) {
+          for (double top_p : {1.0, 0.95, 0.3}) {
+            SampleOptions o;
+            o.temperature = temperature;
+            o.top_k = top_k;
+            o.top_p = top_p;
+            const int draws = V > 10000 ? 2 : 6;
+            for (int d = 0; d < draws; ++d) {
+              o.seed = gen();
+              const int64_t position = d * 11, sample = d % 3;
+              const int32_t got = detail::choose_token(l, o, position, sample);
+              ASSERT_EQ(got, full_sort_choice(l, o, position, sample))
+                  << "V " << V << " ties " << ties << " T " << temperature << " top_k " << top_k
+                  << " top_p " << top_p << " draw " << d;
+              ++compared;
+              std::vector<int32_t> better;
+              for (size_t t = 0; t < V; ++t)
+                if (l[t] > l[got] || (l[t] == l[got] && static_cast<int32_t>(t) < got))
+                  better.push_back(static_cast<int32_t>(t));
+              if (better.size() >= 64) deep.insert(got);
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GT(deep.size(), 10u) << "some draws should reach past the first sorted chunk";
 }
 
 TEST(Sampler, RestoresTrainModeStopsAtTheStopTokenAndValidates) {

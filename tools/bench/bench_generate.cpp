@@ -5,10 +5,13 @@
 //
 //   bench_generate [--models gpt2-tiny,gpt2] [--device cpu|cuda] [--dtype f32|bf16]
 //                  [--batch 1] [--prompt 32] [--new 32] [--reps 3]
+//                  [--temperature 0] [--top-k 0] [--top-p 1]
 //
 // Per model: the registry builds it on the host (seed 1337, random weights: speed does not depend
 // on them), cast to --dtype and moved to --device as `generate --device cuda` does. A prompt of
-// --prompt random tokens is continued greedily by --new tokens (temperature 0), once untimed
+// --prompt random tokens is continued by --new tokens (greedily by default; --temperature, --top-k
+// and --top-p draw instead, which adds the host's draw per row and token, Note [Sampling cost]
+// in tools/common/sampler.h), once untimed
 // (warm-up: the GPU's cuBLASLt heuristics and cuDNN plans, the caching allocator's segments) and
 // then --reps times per mode, alternating; the median is reported. sample() reads every token's
 // logits back to the host, so a run's time covers its GPU work. Tokens/s counts the new tokens
@@ -48,6 +51,9 @@ struct Options {
   int64_t prompt = 32;
   int64_t new_tokens = 32;
   int reps = 3;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
 };
 
 double median(std::vector<double> v) {
@@ -71,6 +77,11 @@ int run(const Options& o) {
     batches.push_back(v);
   }
   STRATA_USER_CHECK(!batches.empty(), "--batch needs at least one size");
+  if (o.temperature == 0.0)
+    fmt::print("Sampling: greedy.\n\n");
+  else
+    fmt::print("Sampling: temperature {}, top-k {}, top-p {}.\n\n", o.temperature, o.top_k,
+               o.top_p);
   fmt::print(
       "| model | device | dtype | batch | prompt | new | cached tok/s | uncached tok/s | speedup | "
       "same tokens |\n|---|---|---|---|---|---|---|---|---|---|\n");
@@ -90,7 +101,9 @@ int run(const Options& o) {
                                             static_cast<uint32_t>(model->vocab_size())));
     tools::SampleOptions so;
     so.max_new_tokens = o.new_tokens;
-    so.temperature = 0.0;
+    so.temperature = o.temperature;
+    so.top_k = o.top_k;
+    so.top_p = o.top_p;
     for (const int64_t batch : batches) {
       using Samples = std::vector<std::vector<int32_t>>;
       auto timed = [&](bool cached, Samples* tokens) {
@@ -138,6 +151,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", o.prompt, "prompt tokens")->capture_default_str();
   app.add_option("--new", o.new_tokens, "tokens to generate")->capture_default_str();
   app.add_option("--reps", o.reps, "timed runs per mode (median)")->capture_default_str();
+  app.add_option("--temperature", o.temperature, "0 = greedy")->capture_default_str();
+  app.add_option("--top-k", o.top_k, "0 = no cut")->capture_default_str();
+  app.add_option("--top-p", o.top_p, "1 = no cut")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return strata::run(o);

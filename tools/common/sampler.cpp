@@ -28,57 +28,94 @@ class EvalScope {
   bool was_training_;
 };
 
-// A uniform double in [0, 1) with 53 random bits, for sample `s`'s token at `position` (Note
-// [Sampling draws]).
-double uniform_draw(uint64_t seed, int64_t position, int64_t s) {
+// Candidates sorted per extension of the sorted prefix at least (Note [Sampling cost]).
+constexpr size_t kSortChunk = 64;
+
+}  // namespace
+
+namespace detail {
+
+double uniform_draw(uint64_t seed, int64_t position, int64_t sample) {
   const RngKey key{seed, rng_stream(0x5a3b1e, static_cast<uint64_t>(position))};
-  const std::array<uint32_t, 4> r = philox4x32(key, static_cast<uint64_t>(s));
+  const std::array<uint32_t, 4> r = philox4x32(key, static_cast<uint64_t>(sample));
   const uint64_t bits = (static_cast<uint64_t>(r[0]) << 21) ^ (r[1] >> 11);
   return static_cast<double>(bits & ((uint64_t{1} << 53) - 1)) * 0x1.0p-53;
 }
 
-int32_t choose(const float* logits, int64_t V, const SampleOptions& o, int64_t position,
-               int64_t s) {
+int32_t choose_token(std::span<const float> logits, const SampleOptions& o, int64_t position,
+                     int64_t sample) {
+  const float* l = logits.data();
+  const size_t V = logits.size();
   if (o.temperature == 0.0) {
     // First maximum: ties go to the smaller id.
-    return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
+    return static_cast<int32_t>(std::max_element(l, l + V) - l);
   }
-  std::vector<int32_t> order(static_cast<size_t>(V));
+  auto before = [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
+  std::vector<int32_t> order(V);
   std::iota(order.begin(), order.end(), 0);
-  auto before = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  // order[0, sorted) holds the best candidates, best first; the rest come after all of them.
+  size_t sorted = 0;
+  auto sort_to = [&](size_t m) {
+    m = std::min(m, order.size());
+    if (m <= sorted) return;
+    if (m < order.size())
+      std::nth_element(order.begin() + sorted, order.begin() + m, order.end(), before);
+    std::sort(order.begin() + sorted, order.begin() + m, before);
+    sorted = m;
   };
-  const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
-  order.resize(static_cast<size_t>(k));
+  auto grow = [&] { sort_to(std::max(kSortChunk, 2 * sorted)); };
 
-  // Softmax of logits / temperature over the candidates, in double, from the largest.
-  std::vector<double> p(order.size());
-  const double top = logits[order[0]];
-  double total = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    p[i] = std::exp((static_cast<double>(logits[order[i]]) - top) / o.temperature);
-    total += p[i];
+  // The top-k candidates: order[0, k) (before is a strict total order, so the set is exact).
+  const size_t k = o.top_k > 0 ? std::min(static_cast<size_t>(o.top_k), V) : V;
+  if (k < V) {
+    if (k <= kSortChunk) {
+      sort_to(k);
+    } else {
+      std::nth_element(order.begin(), order.begin() + k, order.end(), before);
+    }
+    order.resize(k);
   }
+  // Their softmax weights at the temperature, in double, relative to the best; the total summed
+  // in id order (Note [Sampling cost]).
+  float best = l[order[0]];
+  for (int32_t t : order) best = std::max(best, l[t]);
+  auto weight = [&](int32_t t) {
+    return std::exp((static_cast<double>(l[t]) - static_cast<double>(best)) / o.temperature);
+  };
+  double total = 0;
+  if (k == V) {
+    for (size_t t = 0; t < V; ++t) total += weight(static_cast<int32_t>(t));
+  } else {
+    std::vector<int32_t> ids(order.begin(), order.end());
+    std::sort(ids.begin(), ids.end());
+    for (int32_t t : ids) total += weight(t);
+  }
+  size_t limit = k;  // candidates the draw picks among
   if (o.top_p < 1.0) {
-    // Note [Sampling draws]: the fewest best candidates holding top_p of the mass.
+    // The fewest best candidates holding top_p of the mass; the draw's total is theirs.
     const double need = o.top_p * total;
     double kept = 0;
     size_t m = 0;
-    while (m < p.size() && kept < need) kept += p[m++];
-    p.resize(m);
+    while (m < k && kept < need) {
+      if (m == sorted) grow();
+      kept += weight(order[m++]);
+    }
+    limit = m;
     total = kept;
   }
-  const double u = uniform_draw(o.seed, position, s) * total;
+  const double u = uniform_draw(o.seed, position, sample) * total;
   double acc = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    acc += p[i];
+  for (size_t i = 0; i < limit; ++i) {
+    if (i == sorted) grow();
+    acc += weight(order[i]);
     if (u < acc) return order[i];
   }
-  return order[p.size() - 1];  // u within rounding of total
+  return order[limit - 1];  // u within rounding of total (the loop sorted through limit)
 }
 
-}  // namespace
+}  // namespace detail
+
+namespace {}  // namespace
 
 std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
                                                const std::vector<int32_t>& prompt,
@@ -132,8 +169,9 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
     tensor::Tensor last = logits.data().select(1, T - 1).narrow(1, 0, V);
     tensor::Tensor rows = last.to(Device::cpu()).to(DType::F32).contiguous();
     for (size_t s = 0; s < B; ++s) {
-      const int32_t next = choose(rows.data<float>() + s * static_cast<size_t>(V), V, o, n,
-                                  o.first_sample + static_cast<int64_t>(s));
+      const int32_t next = detail::choose_token(
+          {rows.data<float>() + s * static_cast<size_t>(V), static_cast<size_t>(V)}, o, n,
+          o.first_sample + static_cast<int64_t>(s));
       seq[s].push_back(next);
       if (stopped[s]) continue;
       out[s].push_back(next);

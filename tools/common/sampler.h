@@ -11,7 +11,18 @@
 // keeps the first top_k; the nucleus (top-p) cut then keeps the fewest first candidates whose
 // probabilities at the temperature, renormalised over those top_k, sum to at least top_p (always
 // the best one: temperature, then top-k, then top-p, the order of Hugging Face's samplers); the
-// inverse-CDF draw picks among what is left.
+// inverse-CDF draw picks among what is left. The total the draw scales is summed in token id
+// order (top-p's, in candidate order); the draw walks the candidates best first.
+//
+// Note [Sampling cost]
+// Sorting the whole vocabulary for every token (50257 entries for GPT-2: about 3 ms per row and
+// token on this project's 2-core VM, by bench_generate --models gpt2 --top-k 0 --temperature 1
+// before and after this change) can cost more than a GPU decode step of the model. So a draw
+// sorts only what it reaches: the top-k set is found by selection (nth_element), the best
+// candidates are sorted in chunks (64, then doubling) as the top-p sum or the inverse-CDF walk
+// reaches the end of the sorted prefix; a peaked distribution sorts one chunk. The weights are
+// recomputed from the logits where needed rather than stored. The choice is the one a full sort
+// would make (tests/tools/sampler_test.cpp holds it to a full-sort reference).
 //
 // Note [Batched sampling]
 // sample_batch draws num_samples continuations of one prompt in one batch: every step runs the
@@ -32,6 +43,7 @@
 // a model without a cached forward) every step runs the model over the last max_seq_len tokens.
 // Both ways draw from the same positions' logits, equal up to rounding (Note [KV cache]).
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "models/causal_lm.h"
@@ -65,5 +77,13 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
 // empty prompt, a token outside [0, vocab_size) or options out of range.
 std::vector<int32_t> sample(models::CausalLM& model, const std::vector<int32_t>& prompt,
                             const SampleOptions& options);
+
+namespace detail {
+// The uniform in [0, 1) that sample `sample`'s token at `position` draws with (Note [Sampling
+// draws]), and the token it picks from one row's logits[:vocab_size] (Note [Sampling cost]).
+double uniform_draw(uint64_t seed, int64_t position, int64_t sample);
+int32_t choose_token(std::span<const float> logits, const SampleOptions& options, int64_t position,
+                     int64_t sample);
+}  // namespace detail
 
 }  // namespace strata::tools

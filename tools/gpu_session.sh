@@ -24,7 +24,7 @@
 #   bash tools/gpu_session.sh decode [MODELS]
 #                                           there: bench_generate in bf16, KV-cached against
 #                                           whole-window sampling, batch 1 and 8 (gpt2,gpt2-xl
-#                                           by default)
+#                                           by default), then gpt2 with whole-vocabulary draws
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
@@ -134,6 +134,12 @@ case ${1:-} in
     timeout 300 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models "$models" \
       --batch 1,8 --prompt 512 --new 128 --reps 3 > "$OUT/decode.md" 2> "$OUT/decode.log"
     echo "bench_generate exit $?" | tee -a "$OUT/decode.log"
+    # Whole-vocabulary draws on GPT-2 124M: the host's draw per row and token against the GPU's
+    # step (Note [Sampling cost]); compare with the greedy rows above.
+    timeout 120 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models gpt2 \
+      --batch 1,8 --prompt 512 --new 128 --reps 3 --temperature 1 --top-k 0 \
+      >> "$OUT/decode.md" 2>> "$OUT/decode.log"
+    echo "bench_generate (drawn) exit $?" | tee -a "$OUT/decode.log"
     cat "$OUT/decode.md"
     ;;
   *)

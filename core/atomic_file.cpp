@@ -7,6 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -64,6 +67,20 @@ void fsync_directory(const std::string& dir) {
   int err = errno;
   ::close(fd);
   if (rc != 0) user_error("{}: fsync of the directory failed ({})", dir, std::strerror(err));
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::ostringstream ss;
+  if (path == "-") {
+    ss << std::cin.rdbuf();
+    if (std::cin.bad()) user_error("standard input: read failed");
+    return ss.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) user_error("{}: cannot open for reading ({})", path, std::strerror(errno));
+  ss << in.rdbuf();
+  if (in.bad()) user_error("{}: read failed", path);
+  return ss.str();
 }
 
 }  // namespace strata

@@ -43,4 +43,8 @@ void write_file_atomically(const std::string& path, std::string_view bytes);
 // fsync of a directory (after creating or renaming entries in it).
 void fsync_directory(const std::string& dir);
 
+// The bytes of the file at `path`; "-" reads standard input to its end. strata::user_error
+// naming the path (and the system's reason) when it cannot be opened or read.
+std::string read_whole_file(const std::string& path);
+
 }  // namespace strata

@@ -1,9 +1,9 @@
 // generate: sample a continuation of a prompt from a checkpoint.
 //
-//   generate --checkpoint runs/tiny [--prompt "Once upon"] [--max-new-tokens 128]
-//            [--temperature 0.8] [--top-k 40] [--top-p 1] [--seed 0] [--device cpu|cuda]
-//            [--kv-cache on|off]
-//            [--num-samples 1] [--dtype auto|fp32|bf16|fp16]
+//   generate --checkpoint runs/tiny [--prompt "Once upon" | --prompt-file FILE]
+//            [--max-new-tokens 128] [--temperature 0.8] [--top-k 40] [--top-p 1] [--seed 0]
+//            [--device cpu|cuda] [--kv-cache on|off] [--num-samples 1]
+//            [--dtype auto|fp32|bf16|fp16]
 //
 // --checkpoint is a checkpoint directory (runs/x/checkpoints/step_00000200) or a run directory
 // (then the checkpoint its `latest` names). The model, its overrides and the tokenizer come from
@@ -11,6 +11,8 @@
 // (Note [Train config paths]). Prints the prompt followed by the continuation; sampling stops
 // early at the tokenizer's end-of-text token. GPT-2 and LLaMA decode with a KV cache unless
 // --kv-cache off (Note [Cached sampling] in tools/common/sampler.h).
+// --prompt-file FILE takes the prompt from the file's bytes, exactly (a final newline included);
+// "-" reads standard input.
 // --num-samples N draws N continuations in one batch (Note [Batched sampling]); each is printed
 // after a line `--- sample i of N ---`, and sample 1 is the continuation --num-samples 1 prints.
 // --device cuda: the model is built and loaded on the host, then its flat units move to the GPU
@@ -26,6 +28,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "models/registry.h"
@@ -42,13 +45,15 @@ namespace {
 struct Args {
   std::string checkpoint;
   std::string prompt;
+  std::string prompt_file;
   SampleOptions sample;
   std::string device = "cpu";
   std::string dtype = "auto";
   int64_t num_samples = 1;
 };
 
-int run(const Args& args) {
+int run(Args args) {
+  if (!args.prompt_file.empty()) args.prompt = read_whole_file(args.prompt_file);
   if (args.device == "cuda") tensor::init_cuda(0);  // no GPU: a UserError saying so, up front
   const std::string dir = resolve_checkpoint(args.checkpoint);
   const TrainConfig cfg = load_train_config(checkpoint_config_path(dir));
@@ -108,7 +113,11 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", args.checkpoint,
                  "checkpoint directory, or run directory (then its latest checkpoint)")
       ->required();
-  app.add_option("--prompt", args.prompt, "text to continue (default: start from end-of-text)");
+  CLI::Option* prompt =
+      app.add_option("--prompt", args.prompt, "text to continue (default: start from end-of-text)");
+  app.add_option("--prompt-file", args.prompt_file,
+                 "read the prompt from this file's bytes ('-': standard input)")
+      ->excludes(prompt);
   app.add_option("--max-new-tokens", args.sample.max_new_tokens, "tokens to generate")
       ->capture_default_str();
   app.add_option("--temperature", args.sample.temperature, "softmax temperature; 0 = greedy")

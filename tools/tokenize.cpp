@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "tools/common/token_shard.h"
 #include "tools/common/tokenizer.h"
@@ -67,15 +68,6 @@ std::vector<fs::path> input_files(const Options& o) {
     }
   }
   return files;
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) user_error("{}: cannot open for reading", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) user_error("{}: read error", path.string());
-  return ss.str();
 }
 
 // fortune format: documents separated by lines holding just "%". Empty documents are dropped.
@@ -197,7 +189,7 @@ void run(const Options& o) {
   ShardWriter val(dir, "val", o.shard_tokens, tok->vocab_size());
   int64_t doc_index = 0;
   for (const fs::path& f : files) {
-    for (const std::string& doc : split_documents(read_text(f), o.format)) {
+    for (const std::string& doc : split_documents(read_whole_file(f.string()), o.format)) {
       ++doc_index;
       const bool to_val = val_every > 0 && doc_index % val_every == 0;
       (to_val ? val : train).add(tok->encode(doc), separator);

@@ -221,6 +221,33 @@ TEST_F(ToolsOnCheckpoint, GeneratePrintsThePromptAndTheSampledContinuation) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, expected + "\n");
 
+  // --prompt-file: the same prompt from a file's bytes, and from standard input ("-").
+  const fs::path prompt_file = dir_ / "prompt.txt";
+  std::ofstream(prompt_file, std::ios::binary) << prompt;
+  const std::string sampling = " --max-new-tokens 12 --temperature 0.9 --top-k 20 --seed 4";
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --prompt-file " +
+              prompt_file.string() + sampling,
+          dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, expected + "\n");
+  r = run("printf 'Hello, Strata' | " + tool("generate") + " --checkpoint " +
+              (dir_ / "run").string() + " --prompt-file -" + sampling,
+          dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, expected + "\n");
+  const std::string missing_prompt = (dir_ / "no_such_prompt.txt").string();
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --prompt-file " +
+              missing_prompt,
+          dir_);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "generate: error: " + missing_prompt +
+                       ": cannot open for reading (No such file or directory)\n");
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --prompt hi" +
+              " --prompt-file " + prompt_file.string(),
+          dir_);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--prompt excludes --prompt-file"), std::string::npos) << r.err;
+
   // --num-samples 3: three continuations from one batch, each after its header; the first is the
   // one above (Note [Batched sampling]).
   const std::vector<std::vector<int32_t>> batch = sample_batch(*model, ids, o, 3);

@@ -55,15 +55,6 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   write_file_atomically(path, text);  // Note [Atomic files]
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) user_error("{}: cannot open for reading ({})", path, std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) user_error("{}: read failed", path);
-  return ss.str();
-}
-
 std::string step_dir_name(int64_t step) {
   return fmt::format("{}{:08d}", kStepPrefix, step);
 }
@@ -197,7 +188,7 @@ uint64_t json_uint(const Json& j, const char* key, const std::string& path) {
 TrainerState read_trainer_state(const std::string& path) {
   // Parsed in file order: the digest is over the text written without it (Note [Checkpoint
   // digests]).
-  nlohmann::ordered_json j = nlohmann::ordered_json::parse(read_text(path), nullptr,
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(read_whole_file(path), nullptr,
                                                            /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     user_error("{}: not valid JSON; the checkpoint is corrupt", path);
@@ -348,7 +339,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
         "changed",
         latest, root, steps.size(), steps.size() == 1 ? "y" : "ies", newest, newest, latest);
   }
-  std::string text = read_text(latest);
+  std::string text = read_whole_file(latest);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
     text.pop_back();
   if (!parse_step_dir(text))

@@ -1,5 +1,7 @@
 #include "models/kv_cache.h"
 
+#include <cstddef>
+
 #include "core/error.h"
 #include "offload/memory_stats.h"
 
@@ -48,6 +50,32 @@ std::pair<tensor::Tensor, tensor::Tensor> KvCache::append(const tensor::Tensor& 
   s.v.narrow(1, length_, T).copy_(v);
   const int64_t L = length_ + T;
   return {s.k.narrow(1, 0, L).transpose(1, 2), s.v.narrow(1, 0, L).transpose(1, 2)};
+}
+
+void KvCache::keep_rows(const std::vector<int64_t>& rows) {
+  STRATA_USER_CHECK(active_cache != this, "KvCache::keep_rows during this cache's forward");
+  STRATA_USER_CHECK(!rows.empty(), "KvCache::keep_rows needs at least one row to keep");
+  for (size_t j = 0; j < rows.size(); ++j) {
+    STRATA_USER_CHECK(rows[j] >= 0 && rows[j] < batch_,
+                      "KvCache::keep_rows: row {} is outside the cache's batch of {}", rows[j],
+                      batch_);
+    STRATA_USER_CHECK(j == 0 || rows[j] > rows[j - 1],
+                      "KvCache::keep_rows takes strictly increasing rows, got {} after {}", rows[j],
+                      rows[j - 1]);
+  }
+  const auto kept = static_cast<int64_t>(rows.size());
+  for (Slot& s : slots_) {
+    // Note [Dropping cache rows]: row rows[j] to row j, j <= rows[j], in increasing j.
+    for (int64_t j = 0; j < kept; ++j) {
+      const int64_t from = rows[static_cast<size_t>(j)];
+      if (from == j || length_ == 0) continue;
+      s.k.narrow(0, j, 1).narrow(1, 0, length_).copy_(s.k.narrow(0, from, 1).narrow(1, 0, length_));
+      s.v.narrow(0, j, 1).narrow(1, 0, length_).copy_(s.v.narrow(0, from, 1).narrow(1, 0, length_));
+    }
+    s.k = s.k.narrow(0, 0, kept);
+    s.v = s.v.narrow(0, 0, kept);
+  }
+  batch_ = kept;
 }
 
 }  // namespace strata::models

@@ -457,6 +457,15 @@ TEST(GpuSampler, ABatchDrawsTheCpusSamples) {
     EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
     EXPECT_NE(want[0], want[1]);
     EXPECT_NE(want[1], want[2]);
+    // A row that stops leaves the batch, its cache rows dropped on the device (Note [Dropping
+    // cache rows]); the others go on drawing the CPU's tokens.
+    so.stop_token = want[1][2];
+    so.kv_cache = true;
+    const auto want_stopped = tools::sample_batch(*cpu, prompt, so, 3);
+    EXPECT_LE(want_stopped[1].size(), 3u);
+    EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want_stopped);
+    so.kv_cache = false;
+    EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want_stopped);
   }
 }
 

@@ -1,7 +1,7 @@
 // KV-cached forward (Note [KV cache]): logits of tokens fed a few at a time through
 // CausalLM::forward_cached equal the full forward's rows at those positions (GPT-2 and LLaMA with
 // grouped k/v heads, tied and untied, fused ops on and off); what the cache refuses; a failed
-// forward leaves it as it was.
+// forward leaves it as it was; dropping rows from a filled cache (keep_rows).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -154,6 +154,62 @@ TEST(KvCache, RefusesWhatItCannotHoldAndAFailedForwardChangesNothing) {
   const tensor::Tensor one = other->forward_cached(ids.narrow(0, 1, 1).contiguous(), cache).data();
   EXPECT_TRUE(
       testing::all_close(one, other->forward(ids.narrow(0, 1, 1).contiguous()).data(), 1e-5, 1e-5));
+}
+
+// The rows `rows` of ids [B, T], in that order.
+tensor::Tensor pick_rows(const tensor::Tensor& ids, const std::vector<int64_t>& rows) {
+  const std::vector<int64_t> all = tensor::to_int_vector(ids);
+  const int64_t T = ids.size(1);
+  std::vector<int64_t> picked;
+  for (int64_t r : rows)
+    picked.insert(picked.end(), all.begin() + r * T, all.begin() + (r + 1) * T);
+  return tensor::from_ints(picked, {static_cast<int64_t>(rows.size()), T}, DType::I32);
+}
+
+// Note [Dropping cache rows]: after keep_rows the cache goes on as one filled with the kept rows
+// alone (row 0 staying in place, the others moving down, twice over); refused lists change
+// nothing.
+TEST(KvCache, KeptRowsGoOnAsABatchOfThoseRowsAlone) {
+  std::vector<std::unique_ptr<CausalLM>> models;
+  models.push_back(gpt2());
+  models.push_back(llama(/*tied=*/false));
+  for (auto& m : models) {
+    SCOPED_TRACE(m->family());
+    autograd::NoGradGuard no_grad;
+    const tensor::Tensor ids = random_ids(4, 24, 61, 11);
+    KvCache cache;
+    EXPECT_EQ(cache.batch(), 0);
+    m->forward_cached(ids.narrow(1, 0, 9).contiguous(), cache);
+    EXPECT_EQ(cache.batch(), 4);
+    for (const std::vector<int64_t>& bad :
+         std::vector<std::vector<int64_t>>{{}, {2, 1}, {1, 1}, {0, 4}, {-1, 2}}) {
+      EXPECT_THROW(cache.keep_rows(bad), UserError);
+      EXPECT_EQ(cache.batch(), 4);
+      EXPECT_EQ(cache.length(), 9);
+    }
+    cache.keep_rows({0, 2, 3});
+    EXPECT_EQ(cache.batch(), 3);
+    EXPECT_EQ(cache.length(), 9);
+    const tensor::Tensor three = pick_rows(ids, {0, 2, 3});
+    const tensor::Tensor got3 = m->forward_cached(three.narrow(1, 9, 3).contiguous(), cache).data();
+    EXPECT_TRUE(testing::all_close(got3, m->forward(three).data().narrow(1, 9, 3), 1e-5, 1e-5));
+    // The whole batch of 4 no longer fits.
+    EXPECT_THROW(m->forward_cached(ids.narrow(1, 12, 1).contiguous(), cache), UserError);
+    cache.keep_rows({2});  // of {0, 2, 3}: row 3 of ids
+    const tensor::Tensor one = pick_rows(ids, {3});
+    const tensor::Tensor got1 = m->forward_cached(one.narrow(1, 12, 12).contiguous(), cache).data();
+    EXPECT_TRUE(testing::all_close(got1, m->forward(one).data().narrow(1, 12, 12), 1e-5, 1e-5));
+    EXPECT_EQ(cache.length(), 24);
+    // Refilled after clear(), with the kept batch size and then the original one.
+    cache.clear();
+    const tensor::Tensor again = m->forward_cached(ids.narrow(0, 1, 1).contiguous(), cache).data();
+    EXPECT_TRUE(
+        testing::all_close(again, m->forward(ids.narrow(0, 1, 1).contiguous()).data(), 1e-5, 1e-5));
+    cache.clear();
+    const tensor::Tensor four = m->forward_cached(ids, cache).data();
+    EXPECT_TRUE(testing::all_close(four, m->forward(ids).data(), 1e-5, 1e-5));
+    EXPECT_EQ(cache.batch(), 4);
+  }
 }
 
 // A model whose attention does not use the cache.

@@ -180,7 +180,8 @@ TEST(Sampler, ABatchsRowsAreTheSamplesOfTheirIndex) {
   }
 }
 
-// A row that emits the stop token ends there; the others go on as without it.
+// A row that emits the stop token ends there and leaves the batch (later forwards run fewer
+// rows, with and without the cache); the others go on as without it.
 TEST(Sampler, EachRowOfABatchStopsOnItsOwn) {
   auto m = make_llama();
   SampleOptions o;
@@ -191,18 +192,35 @@ TEST(Sampler, EachRowOfABatchStopsOnItsOwn) {
   const std::vector<int32_t> prompt{1, 2};
   const std::vector<std::vector<int32_t>> unstopped = sample_batch(*m, prompt, o, 3);
   o.stop_token = unstopped.at(1).at(2);  // row 1 stops at its third token, if not sooner
-  const std::vector<std::vector<int32_t>> stopped = sample_batch(*m, prompt, o, 3);
-  ASSERT_EQ(stopped.size(), 3u);
-  size_t shorter = 0;
-  for (size_t s = 0; s < 3; ++s) {
-    const auto first = std::find(unstopped[s].begin(), unstopped[s].end(), o.stop_token);
-    const std::vector<int32_t> want(unstopped[s].begin(),
-                                    first == unstopped[s].end() ? first : first + 1);
-    EXPECT_EQ(stopped[s], want) << "row " << s;
-    shorter += want.size() < unstopped[s].size() ? 1 : 0;
+  for (bool kv_cache : {true, false}) {
+    SCOPED_TRACE(kv_cache ? "cached" : "uncached");
+    o.kv_cache = kv_cache;
+    // The rows each forward runs: a stopped row leaves the batch.
+    std::vector<int64_t> rows_run;
+    const models::nn::HookHandle hook = m->register_forward_pre_hook(
+        [&](models::nn::Module&, const std::vector<autograd::Variable>& in) {
+          rows_run.push_back(in.at(0).data().size(0));
+        });
+    const std::vector<std::vector<int32_t>> stopped = sample_batch(*m, prompt, o, 3);
+    m->remove_hook(hook);
+    ASSERT_EQ(stopped.size(), 3u);
+    size_t shorter = 0;
+    std::vector<int64_t> want_rows;  // per step, the rows that had not stopped before it
+    for (size_t s = 0; s < 3; ++s) {
+      const auto first = std::find(unstopped[s].begin(), unstopped[s].end(), o.stop_token);
+      const std::vector<int32_t> want(unstopped[s].begin(),
+                                      first == unstopped[s].end() ? first : first + 1);
+      EXPECT_EQ(stopped[s], want) << "row " << s;
+      shorter += want.size() < unstopped[s].size() ? 1 : 0;
+      if (want_rows.size() < want.size()) want_rows.resize(want.size(), 0);
+      for (size_t i = 0; i < want.size(); ++i) ++want_rows[i];
+    }
+    EXPECT_GE(shorter, 1u);
+    EXPECT_LE(stopped[1].size(), 3u);
+    EXPECT_EQ(rows_run, want_rows);
+    EXPECT_LT(*std::min_element(rows_run.begin(), rows_run.end()), 3);
   }
-  EXPECT_GE(shorter, 1u);
-  EXPECT_LE(stopped[1].size(), 3u);
+  o.kv_cache = true;
   EXPECT_THROW(sample_batch(*m, prompt, o, 0), UserError);
   o.first_sample = -1;
   EXPECT_THROW(sample_batch(*m, prompt, o, 1), UserError);

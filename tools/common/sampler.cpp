@@ -115,8 +115,6 @@ int32_t choose_token(std::span<const float> logits, const SampleOptions& o, int6
 
 }  // namespace detail
 
-namespace {}  // namespace
-
 std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
                                                const std::vector<int32_t>& prompt,
                                                const SampleOptions& o, int64_t num_samples) {
@@ -136,11 +134,12 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
   autograd::NoGradGuard no_grad;
   EvalScope eval(model);
   const auto B = static_cast<size_t>(num_samples);
-  // Every row's sequence: the prompt, then its draws (a stopped row keeps drawing, unused).
+  // Every row's sequence: the prompt, then its draws.
   std::vector<std::vector<int64_t>> seq(B, std::vector<int64_t>(prompt.begin(), prompt.end()));
   std::vector<std::vector<int32_t>> out(B);
-  std::vector<bool> stopped(B, false);
-  size_t running = B;
+  // The rows still drawing, in order: a stopped row leaves the batch (Note [Batched sampling]).
+  std::vector<size_t> live(B);
+  std::iota(live.begin(), live.end(), size_t{0});
   const int64_t window = model.max_seq_len();
   // Where the model's parameters are (the GPU in a `train` run with run.device: cuda).
   const Device device =
@@ -148,8 +147,8 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
   // Note [Cached sampling].
   const bool cached = o.kv_cache && model.supports_kv_cache();
   models::KvCache cache;
-  for (int64_t i = 0; i < o.max_new_tokens && running > 0; ++i) {
-    const auto n = static_cast<int64_t>(seq[0].size());  // every row has the same length
+  for (int64_t i = 0; i < o.max_new_tokens && !live.empty(); ++i) {
+    const auto n = static_cast<int64_t>(seq[live.front()].size());  // every row's length
     // The tokens this step runs: the last T of each row (with the cache, those it does not hold).
     int64_t T = std::min<int64_t>(n, window);
     if (cached) {
@@ -159,27 +158,33 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
         T = n - cache.length();
       }
     }
+    const auto rows_now = static_cast<int64_t>(live.size());
     std::vector<int64_t> ctx;
-    ctx.reserve(B * static_cast<size_t>(T));
-    for (const std::vector<int64_t>& row : seq) ctx.insert(ctx.end(), row.end() - T, row.end());
-    tensor::Tensor ids = tensor::from_ints(ctx, {num_samples, T}, DType::I32);
+    ctx.reserve(live.size() * static_cast<size_t>(T));
+    for (size_t s : live) ctx.insert(ctx.end(), seq[s].end() - T, seq[s].end());
+    tensor::Tensor ids = tensor::from_ints(ctx, {rows_now, T}, DType::I32);
     if (!device.is_cpu()) ids = ids.to(device);
     autograd::Variable logits = cached ? model.forward_cached(ids, cache) : model.forward(ids);
-    // [B, T, padded_vocab] -> each row's last position, as contiguous fp32 on the host.
+    // [rows, T, padded_vocab] -> each row's last position, as contiguous fp32 on the host.
     tensor::Tensor last = logits.data().select(1, T - 1).narrow(1, 0, V);
     tensor::Tensor rows = last.to(Device::cpu()).to(DType::F32).contiguous();
-    for (size_t s = 0; s < B; ++s) {
+    std::vector<int64_t> keep;  // indices into `live` of the rows that go on
+    for (size_t j = 0; j < live.size(); ++j) {
+      const size_t s = live[j];
       const int32_t next = detail::choose_token(
-          {rows.data<float>() + s * static_cast<size_t>(V), static_cast<size_t>(V)}, o, n,
+          {rows.data<float>() + j * static_cast<size_t>(V), static_cast<size_t>(V)}, o, n,
           o.first_sample + static_cast<int64_t>(s));
       seq[s].push_back(next);
-      if (stopped[s]) continue;
       out[s].push_back(next);
-      if (o.stop_token >= 0 && next == o.stop_token) {
-        stopped[s] = true;
-        --running;
-      }
+      if (o.stop_token < 0 || next != o.stop_token) keep.push_back(static_cast<int64_t>(j));
     }
+    if (keep.size() == live.size()) continue;
+    // Note [Dropping cache rows]: the cache keeps the rows that go on (none: the loop ends).
+    if (cached && !keep.empty()) cache.keep_rows(keep);
+    std::vector<size_t> still;
+    still.reserve(keep.size());
+    for (int64_t j : keep) still.push_back(live[static_cast<size_t>(j)]);
+    live = std::move(still);
   }
   return out;
 }

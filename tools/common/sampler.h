@@ -29,9 +29,10 @@
 // model once on [num_samples, T] ids (and the KV cache holds num_samples rows), so on a GPU the
 // samples cost little more than one. Rows are independent: row s's draws are sample s's (Note
 // [Sampling draws]) and its logits are the ones a batch of one would compute, up to rounding. A
-// row that emits stop_token ends there; the batch keeps running it (its later tokens are dropped)
-// until every row has stopped or max_new_tokens is reached, so the work per step stays one batch.
-//
+// row that emits stop_token ends there and leaves the batch: later steps run only the rows still
+// drawing, and the KV cache drops the stopped rows' keys and values (KvCache::keep_rows, Note
+// [Dropping cache rows] in models/kv_cache.h), so the work per step shrinks with the rows left.
+// The batch ends when every row has stopped or at max_new_tokens.
 //
 // Note [Cached sampling]
 // With options.kv_cache (the default) and a model that supports it, the prompt runs once through

@@ -78,4 +78,40 @@ void KvCache::keep_rows(const std::vector<int64_t>& rows) {
   batch_ = kept;
 }
 
+void KvCache::repeat_rows(int64_t n) {
+  STRATA_USER_CHECK(active_cache != this, "KvCache::repeat_rows during this cache's forward");
+  STRATA_USER_CHECK(n >= 1, "KvCache::repeat_rows needs n >= 1, got {}", n);
+  STRATA_USER_CHECK(!slots_.empty(), "KvCache::repeat_rows on a cache no forward has filled");
+  if (n == 1) return;
+  std::vector<Slot> grown;
+  grown.reserve(slots_.size());
+  {
+    offload::CategoryScope scope(offload::Category::Activation);
+    for (const Slot& s : slots_) {
+      tensor::Shape shape = s.k.shape();
+      shape[0] = batch_ * n;
+      Slot g;
+      g.k = tensor::Tensor::empty(shape, s.k.dtype(), s.k.device());
+      g.v = tensor::Tensor::empty(shape, s.v.dtype(), s.v.device());
+      grown.push_back(std::move(g));
+    }
+  }
+  if (length_ > 0) {
+    // One strided copy per buffer: the held positions [B, length, heads, D] broadcast over a new
+    // dim of n copies into the new buffer seen as [B, n, length, heads, D].
+    const auto copy = [&](const tensor::Tensor& from, const tensor::Tensor& to) {
+      const int64_t H = from.size(2), D = from.size(3);
+      to.view({batch_, n, from.size(1), H, D})
+          .narrow(2, 0, length_)
+          .copy_(from.narrow(1, 0, length_).unsqueeze(1).expand({batch_, n, length_, H, D}));
+    };
+    for (size_t l = 0; l < slots_.size(); ++l) {
+      copy(slots_[l].k, grown[l].k);
+      copy(slots_[l].v, grown[l].v);
+    }
+  }
+  slots_ = std::move(grown);
+  batch_ *= n;
+}
+
 }  // namespace strata::models

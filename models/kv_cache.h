@@ -37,7 +37,9 @@
 // cache is destroyed or refilled with another batch. The kept rows' keys and values are copied
 // bit for bit, so their later logits are those of a batch that held only them from the start,
 // up to the rounding a different batch size may bring to a backend's tiling (tests/models/
-// kv_cache_test.cpp).
+// kv_cache_test.cpp). The other way, repeat_rows(n) gives each row n copies in new buffers of
+// n times the batch (the positions held are copied, the rest of the capacity left unwritten):
+// n samples of one prompt run its prefill once, on a batch of one, and then decode as n rows.
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -68,6 +70,11 @@ class KvCache {
   // the old row rows[j] (Note [Dropping cache rows]). strata::user_error on an empty, unsorted or
   // out-of-range list, or during a forward; the cache is unchanged then.
   void keep_rows(const std::vector<int64_t>& rows);
+  // Repeats every batch row n times, with the positions it holds: row r becomes rows
+  // [r * n, (r + 1) * n), so one prefill of a prompt serves n samples of it (Note [Dropping cache
+  // rows]). New buffers of the larger batch replace the old. strata::user_error when n < 1, on
+  // an empty cache (no forward yet) or during a forward; the cache is unchanged then.
+  void repeat_rows(int64_t n);
 
   // ---- for attention layers, during CausalLM::forward_cached ----
   // The cache of the forward running on this thread, or null outside forward_cached.

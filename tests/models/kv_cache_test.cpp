@@ -1,7 +1,8 @@
 // KV-cached forward (Note [KV cache]): logits of tokens fed a few at a time through
 // CausalLM::forward_cached equal the full forward's rows at those positions (GPT-2 and LLaMA with
 // grouped k/v heads, tied and untied, fused ops on and off); what the cache refuses; a failed
-// forward leaves it as it was; dropping rows from a filled cache (keep_rows).
+// forward leaves it as it was; dropping rows from a filled cache (keep_rows) and repeating them
+// (repeat_rows).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -156,6 +157,14 @@ TEST(KvCache, RefusesWhatItCannotHoldAndAFailedForwardChangesNothing) {
       testing::all_close(one, other->forward(ids.narrow(0, 1, 1).contiguous()).data(), 1e-5, 1e-5));
 }
 
+// GPT-2 and LLaMA (untied, grouped k/v heads).
+std::vector<std::unique_ptr<CausalLM>> gpt2_and_llama() {
+  std::vector<std::unique_ptr<CausalLM>> models;
+  models.push_back(gpt2());
+  models.push_back(llama(/*tied=*/false));
+  return models;
+}
+
 // The rows `rows` of ids [B, T], in that order.
 tensor::Tensor pick_rows(const tensor::Tensor& ids, const std::vector<int64_t>& rows) {
   const std::vector<int64_t> all = tensor::to_int_vector(ids);
@@ -170,10 +179,7 @@ tensor::Tensor pick_rows(const tensor::Tensor& ids, const std::vector<int64_t>& 
 // alone (row 0 staying in place, the others moving down, twice over); refused lists change
 // nothing.
 TEST(KvCache, KeptRowsGoOnAsABatchOfThoseRowsAlone) {
-  std::vector<std::unique_ptr<CausalLM>> models;
-  models.push_back(gpt2());
-  models.push_back(llama(/*tied=*/false));
-  for (auto& m : models) {
+  for (auto& m : gpt2_and_llama()) {
     SCOPED_TRACE(m->family());
     autograd::NoGradGuard no_grad;
     const tensor::Tensor ids = random_ids(4, 24, 61, 11);
@@ -209,6 +215,59 @@ TEST(KvCache, KeptRowsGoOnAsABatchOfThoseRowsAlone) {
     const tensor::Tensor four = m->forward_cached(ids, cache).data();
     EXPECT_TRUE(testing::all_close(four, m->forward(ids).data(), 1e-5, 1e-5));
     EXPECT_EQ(cache.batch(), 4);
+  }
+}
+
+// repeat_rows(n): each row's positions n times over, so the cache goes on as one filled with
+// the repeated rows (after keep_rows narrowed it too); refused requests change nothing.
+TEST(KvCache, RepeatedRowsGoOnAsABatchOfTheRepeats) {
+  for (auto& m : gpt2_and_llama()) {
+    SCOPED_TRACE(m->family());
+    autograd::NoGradGuard no_grad;
+    const tensor::Tensor ids = random_ids(3, 24, 61, 12);
+    KvCache cache;
+    EXPECT_THROW(cache.repeat_rows(2), UserError);  // nothing to repeat yet
+    m->forward_cached(ids.narrow(0, 0, 2).narrow(1, 0, 7).contiguous(), cache);
+    for (int64_t bad : {0, -1}) {
+      EXPECT_THROW(cache.repeat_rows(bad), UserError);
+      EXPECT_EQ(cache.batch(), 2);
+    }
+    cache.repeat_rows(1);
+    EXPECT_EQ(cache.batch(), 2);
+    cache.repeat_rows(3);
+    EXPECT_EQ(cache.batch(), 6);
+    EXPECT_EQ(cache.length(), 7);
+    const tensor::Tensor six = pick_rows(ids, {0, 0, 0, 1, 1, 1});
+    const tensor::Tensor got6 = m->forward_cached(six.narrow(1, 7, 2).contiguous(), cache).data();
+    EXPECT_TRUE(testing::all_close(got6, m->forward(six).data().narrow(1, 7, 2), 1e-5, 1e-5));
+    // Every copy holds its row, not only the first: the repeats of row 0 given other tokens
+    // from here on each attend to row 0's prefix.
+    const tensor::Tensor other = pick_rows(ids, {2, 2, 0, 1, 2, 1});
+    const tensor::Tensor mixed =
+        m->forward_cached(other.narrow(1, 9, 1).contiguous(), cache).data();
+    for (int64_t r = 0; r < 6; ++r) {
+      SCOPED_TRACE(r);
+      const int64_t src = r < 3 ? 0 : 1;
+      std::vector<int64_t> seq = tensor::to_int_vector(pick_rows(ids, {src}).narrow(1, 0, 9));
+      seq.push_back(tensor::to_int_vector(other.narrow(0, r, 1).narrow(1, 9, 1)).front());
+      const tensor::Tensor full = m->forward(tensor::from_ints(seq, {1, 10}, DType::I32)).data();
+      EXPECT_TRUE(testing::all_close(mixed.narrow(0, r, 1), full.narrow(1, 9, 1), 1e-5, 1e-5));
+    }
+    // Narrowed by keep_rows, then repeated: rows 4 and 5 (copies of row 1) twice each.
+    cache.keep_rows({4, 5});
+    cache.repeat_rows(2);
+    EXPECT_EQ(cache.batch(), 4);
+    EXPECT_EQ(cache.length(), 10);
+    std::vector<int64_t> next;
+    for (int64_t r : {4, 4, 5, 5}) {
+      std::vector<int64_t> seq = tensor::to_int_vector(pick_rows(ids, {1}).narrow(1, 0, 9));
+      seq.push_back(tensor::to_int_vector(other.narrow(0, r, 1).narrow(1, 9, 1)).front());
+      seq.push_back(17);
+      next.insert(next.end(), seq.begin(), seq.end());
+    }
+    const tensor::Tensor four = tensor::from_ints(next, {4, 11}, DType::I32);
+    const tensor::Tensor got4 = m->forward_cached(four.narrow(1, 10, 1).contiguous(), cache).data();
+    EXPECT_TRUE(testing::all_close(got4, m->forward(four).data().narrow(1, 10, 1), 1e-5, 1e-5));
   }
 }
 

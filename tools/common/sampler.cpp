@@ -158,10 +158,16 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
         T = n - cache.length();
       }
     }
-    const auto rows_now = static_cast<int64_t>(live.size());
+    // The first step's rows are all the prompt: it runs once, as a batch of one (Note [Batched
+    // sampling]).
+    const bool shared = i == 0;
+    const auto rows_now = shared ? int64_t{1} : static_cast<int64_t>(live.size());
     std::vector<int64_t> ctx;
-    ctx.reserve(live.size() * static_cast<size_t>(T));
-    for (size_t s : live) ctx.insert(ctx.end(), seq[s].end() - T, seq[s].end());
+    ctx.reserve(static_cast<size_t>(rows_now * T));
+    for (size_t s : live) {
+      ctx.insert(ctx.end(), seq[s].end() - T, seq[s].end());
+      if (shared) break;
+    }
     tensor::Tensor ids = tensor::from_ints(ctx, {rows_now, T}, DType::I32);
     if (!device.is_cpu()) ids = ids.to(device);
     autograd::Variable logits = cached ? model.forward_cached(ids, cache) : model.forward(ids);
@@ -172,15 +178,20 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
     for (size_t j = 0; j < live.size(); ++j) {
       const size_t s = live[j];
       const int32_t next = detail::choose_token(
-          {rows.data<float>() + j * static_cast<size_t>(V), static_cast<size_t>(V)}, o, n,
-          o.first_sample + static_cast<int64_t>(s));
+          {rows.data<float>() + (shared ? 0 : j) * static_cast<size_t>(V), static_cast<size_t>(V)},
+          o, n, o.first_sample + static_cast<int64_t>(s));
       seq[s].push_back(next);
       out[s].push_back(next);
       if (o.stop_token < 0 || next != o.stop_token) keep.push_back(static_cast<int64_t>(j));
     }
+    if (shared && cached && !keep.empty()) {
+      // The prompt's keys and values, once per row that goes on (Note [Dropping cache rows]).
+      cache.repeat_rows(static_cast<int64_t>(keep.size()));
+    } else if (cached && !keep.empty() && keep.size() < live.size()) {
+      // Note [Dropping cache rows]: the cache keeps the rows that go on (none: the loop ends).
+      cache.keep_rows(keep);
+    }
     if (keep.size() == live.size()) continue;
-    // Note [Dropping cache rows]: the cache keeps the rows that go on (none: the loop ends).
-    if (cached && !keep.empty()) cache.keep_rows(keep);
     std::vector<size_t> still;
     still.reserve(keep.size());
     for (int64_t j : keep) still.push_back(live[static_cast<size_t>(j)]);

@@ -27,8 +27,11 @@
 // Note [Batched sampling]
 // sample_batch draws num_samples continuations of one prompt in one batch: every step runs the
 // model once on [num_samples, T] ids (and the KV cache holds num_samples rows), so on a GPU the
-// samples cost little more than one. Rows are independent: row s's draws are sample s's (Note
-// [Sampling draws]) and its logits are the ones a batch of one would compute, up to rounding. A
+// samples cost little more than one. The first step's rows all hold the prompt alone, so it runs
+// once, as a batch of one, every row drawing from its logits; with the cache its keys and values
+// are then repeated once per row (KvCache::repeat_rows), so a long prompt's prefill is paid once,
+// not num_samples times. Rows are independent: row s's draws are sample s's (Note [Sampling
+// draws]) and its logits are the ones a batch of one would compute, up to rounding. A
 // row that emits stop_token ends there and leaves the batch: later steps run only the rows still
 // drawing, and the KV cache drops the stopped rows' keys and values (KvCache::keep_rows, Note
 // [Dropping cache rows] in models/kv_cache.h), so the work per step shrinks with the rows left.

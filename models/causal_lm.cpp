@@ -14,7 +14,7 @@ Variable CausalLM::forward(const Tensor& ids) {
   return (*this)(Variable(ids));
 }
 
-Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache) {
+Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache, bool last_only) {
   STRATA_USER_CHECK(supports_kv_cache(), "model family '{}' has no KV-cached forward", family());
   STRATA_CHECK(!autograd::GradMode::is_enabled(),
                "forward_cached is for inference: run it under autograd::NoGradGuard");
@@ -43,10 +43,20 @@ Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache) {
   STRATA_CHECK(slot == nullptr, "forward_cached inside another forward_cached");
   struct Activate {
     KvCache*& slot;
-    ~Activate() { slot = nullptr; }
+    ~Activate() {
+      slot->last_only_ = false;
+      slot = nullptr;
+    }
   } activate{slot};
   slot = &cache;
+  cache.last_only_ = last_only;
   Variable logits = (*this)(Variable(ids));
+  STRATA_CHECK(logits.data().ndim() == 3 && logits.data().size(0) == B &&
+                   (logits.data().size(1) == T || (last_only && logits.data().size(1) == 1)),
+               "model '{}' returned logits {} for ids {}", family(), logits.data().str(),
+               ids.str());
+  // Note [Last-position logits]: a model that ran every position through its head.
+  if (last_only && logits.data().size(1) != 1) logits = autograd::narrow(logits, 1, T - 1, 1);
   // Every attention layer took its slot: a layer that ignored the cache would have attended to
   // the new tokens alone.
   STRATA_CHECK(cache.next_ > 0 && cache.next_ == cache.slots_.size(),
@@ -54,6 +64,12 @@ Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache) {
                cache.slots_.size());
   cache.length_ += T;
   return logits;
+}
+
+Variable CausalLM::positions_for_logits(const Variable& x) {
+  const KvCache* cache = KvCache::active();
+  if (cache == nullptr || !cache->last_logits_only() || x.data().size(1) == 1) return x;
+  return autograd::narrow(x, 1, x.data().size(1) - 1, 1);
 }
 
 Variable CausalLM::loss(const Tensor& ids, const Tensor& targets, int64_t ignore_index) {

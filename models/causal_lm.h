@@ -12,6 +12,18 @@
 // largest activation of the step (1.6 GB in bf16 for GPT-2 at B=16, T=1024) and its memory. Rows of
 // a tied embedding beyond vocab_size start at zero and, with zero gradient, stay there (weight
 // decay of zero is zero).
+//
+// Note [Last-position logits]
+// Sampling needs the logits of each row's last position only, but a prefill (the prompt, or a
+// whole window once a sequence passes the context) runs T positions, and the vocabulary
+// projection of all of them is a large share of its work (GPT-2 124M: 2 * 768 * 50304 FLOPs per
+// position against about 2 * 85M for the rest of the model, about 30%) and its largest output
+// ([B, T, padded_vocab]). forward_cached(ids, cache, /*last_only=*/true) marks the running
+// forward (KvCache::last_logits_only()); a model's forward_logits passes its hidden states
+// through positions_for_logits() before the final norm, which keeps the last position when so
+// marked, so the norm and the head run one position per row. The keys and values of every
+// position are cached as usual. A model that does not call it still gives the right logits:
+// forward_cached keeps the last position of what it returns, at the full cost.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,10 +43,12 @@ class CausalLM : public nn::Module {
   Variable forward(const Tensor& ids);
   // Inference on new tokens ids [B, T] at positions [cache.length(), cache.length() + T),
   // attending to the positions `cache` holds; returns their logits [B, T, padded_vocab_size] and
-  // commits them to the cache (Note [KV cache]). Grad mode must be off. strata::user_error when
-  // the positions would pass max_seq_len(), when the batch size differs from the one the cache
-  // holds, or when the model has no cached forward (supports_kv_cache()).
-  Variable forward_cached(const Tensor& ids, KvCache& cache);
+  // commits them to the cache (Note [KV cache]). With last_only, the logits of the last position
+  // alone, [B, 1, padded_vocab_size] (Note [Last-position logits]); every position is cached
+  // either way. Grad mode must be off. strata::user_error when the positions would pass
+  // max_seq_len(), when the batch size differs from the one the cache holds, or when the model
+  // has no cached forward (supports_kv_cache()).
+  Variable forward_cached(const Tensor& ids, KvCache& cache, bool last_only = false);
   // Whether this model's attention layers take part in forward_cached.
   virtual bool supports_kv_cache() const { return false; }
   // Mean cross entropy of logits[..., :vocab_size] against targets [B, T]; targets equal to
@@ -56,6 +70,10 @@ class CausalLM : public nn::Module {
  protected:
   // The model's computation, ids -> logits.
   virtual Variable forward_logits(const Tensor& ids) = 0;
+  // For forward_logits, on the hidden states [B, T, C] before the final norm: x itself, or its
+  // last position [B, 1, C] when the running forward_cached asked for the last position's logits
+  // only (Note [Last-position logits]).
+  static Variable positions_for_logits(const Variable& x);
   // Derived constructors call this once all modules are registered.
   void flatten(const std::vector<UnitSpec>& units, int64_t align = 16);
 

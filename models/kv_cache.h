@@ -81,6 +81,9 @@ class KvCache {
   static KvCache* active();
   // Position of this forward's first token (= length()).
   int64_t start() const { return length_; }
+  // Whether this forward wants the logits of its last position only (Note [Last-position
+  // logits] in models/causal_lm.h).
+  bool last_logits_only() const { return last_only_; }
   // Writes k and v [B, T, heads, D] (any layout) at positions [start(), start() + T) of the next
   // layer's slot and returns views [B, heads, start() + T, D] of every position it now holds.
   std::pair<tensor::Tensor, tensor::Tensor> append(const tensor::Tensor& k,
@@ -94,10 +97,11 @@ class KvCache {
   std::vector<Slot> slots_;
   const CausalLM* model_ = nullptr;  // the model whose positions it holds
   int64_t length_ = 0;
-  int64_t capacity_ = 0;  // the model's context; set by forward_cached
-  int64_t batch_ = 0;     // B of the first forward; 0 until then
-  size_t next_ = 0;       // slot the next append takes in the running forward
-  int64_t tokens_ = 0;    // T of the running forward
+  int64_t capacity_ = 0;    // the model's context; set by forward_cached
+  int64_t batch_ = 0;       // B of the first forward; 0 until then
+  size_t next_ = 0;         // slot the next append takes in the running forward
+  int64_t tokens_ = 0;      // T of the running forward
+  bool last_only_ = false;  // the running forward's last_only
 };
 
 namespace detail {

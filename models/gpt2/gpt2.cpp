@@ -58,6 +58,10 @@ Variable GPT2::forward_logits(const Tensor& ids) {
   // in models]). Only ln_f's output is used, so its fused op skips the sum's gradient.
   Variable pending;
   for (Block* b : blocks_) std::tie(x, pending) = b->forward_residual(x, pending);
+  // Note [Last-position logits]: under forward_cached(..., last_only) ln_f and the head run the
+  // last position only.
+  x = positions_for_logits(x);
+  if (pending.defined()) pending = positions_for_logits(pending);
   x = pending.defined() ? ln_f_->add_forward(x, pending, /*keep_sum=*/false).second : (*ln_f_)(x);
   // Tied head: [B, T, C] @ wte[Vp, C]^T -> [B, T, Vp].
   return (*lm_head_)(x);

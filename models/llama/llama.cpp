@@ -63,6 +63,10 @@ Variable Llama::forward_logits(const Tensor& ids) {
   // ops in models]). Only the norm's output is used, so its fused op skips the sum's gradient.
   Variable pending;
   for (DecoderLayer* l : layers_) std::tie(x, pending) = l->forward_residual(x, pending);
+  // Note [Last-position logits]: under forward_cached(..., last_only) the norm and the head run
+  // the last position only.
+  x = positions_for_logits(x);
+  if (pending.defined()) pending = positions_for_logits(pending);
   x = pending.defined() ? norm_->add_forward(x, pending, /*keep_sum=*/false).second : (*norm_)(x);
   if (lm_head_) return (*lm_head_)(x);
   // Tied head: [B, T, C] @ embed_tokens[Vp, C]^T -> [B, T, Vp].

@@ -345,9 +345,10 @@ TEST(TrainGpu, ActivationCheckpointingKeepsTheBitsAndLessMemory) {
 // in chunks (a 20-token prompt, single tokens, longer runs, up to the whole 64-position context)
 // through forward_cached give the rows of the full GPU forward at those positions, in f32 (to
 // 1e-5) and bf16 (to 2e-2 of the largest logit), for GPT-2 with head dims 16 and 64 (the SIMT
-// and the tensor-core attention, queries fewer than keys) and LLaMA with grouped k/v heads; the
-// f32 GPU cache agrees with the CPU's cached forward to 1e-4 of the largest logit. The cache
-// lives on the GPU, charged to its activations, and is freed with the cache.
+// and the tensor-core attention, queries fewer than keys) and LLaMA with grouped k/v heads, and
+// so does each chunk's last position alone (last_only, in a second cache); the f32 GPU cache
+// agrees with the CPU's cached forward to 1e-4 of the largest logit. The cache lives on the GPU,
+// charged to its activations, and is freed with the cache.
 TEST(GpuKvCache, CachedLogitsMatchTheFullForward) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -387,7 +388,7 @@ TEST(GpuKvCache, CachedLogitsMatchTheFullForward) {
       ASSERT_GT(largest, 0.0);
       const int64_t before = gpu_activations();
       {
-        models::KvCache gpu_cache, cpu_cache;
+        models::KvCache gpu_cache, cpu_cache, last_cache;
         const int64_t Vp = gpu->padded_vocab_size();
         int64_t at = 0;
         double worst = 0, worst_cpu = 0;
@@ -395,6 +396,17 @@ TEST(GpuKvCache, CachedLogitsMatchTheFullForward) {
           const Tensor chunk = ids.narrow(1, at, n).contiguous();
           const std::vector<float> got = tensor::to_float_vector(
               gpu->forward_cached(chunk.to(kGpu), gpu_cache).data().to(Device::cpu()));
+          // The last position alone (Note [Last-position logits]): the norm and head on a
+          // strided [B, 1, C] view of the hidden states.
+          const Tensor last =
+              gpu->forward_cached(chunk.to(kGpu), last_cache, /*last_only=*/true).data();
+          ASSERT_EQ(last.shape(), tensor::Shape({B, 1, Vp}));
+          const std::vector<float> last_v = tensor::to_float_vector(last.to(Device::cpu()));
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t j = 0; j < Vp; ++j)
+              worst = std::max(
+                  worst, std::fabs(static_cast<double>(last_v[static_cast<size_t>(b * Vp + j)]) -
+                                   full[static_cast<size_t>((b * T + at + n - 1) * Vp + j)]));
           const std::vector<float> on_cpu =
               tensor::to_float_vector(cpu->forward_cached(chunk, cpu_cache).data());
           for (int64_t b = 0; b < B; ++b)

@@ -2,7 +2,7 @@
 // CausalLM::forward_cached equal the full forward's rows at those positions (GPT-2 and LLaMA with
 // grouped k/v heads, tied and untied, fused ops on and off); what the cache refuses; a failed
 // forward leaves it as it was; dropping rows from a filled cache (keep_rows) and repeating them
-// (repeat_rows).
+// (repeat_rows); the last position's logits alone (last_only).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +13,9 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model_test_util.h"
+#include "models/gpt2/attention.h"
 #include "models/kv_cache.h"
+#include "models/nn/embedding.h"
 #include "models/nn/fused_ops.h"
 #include "models/nn/linear.h"
 #include "models/registry.h"
@@ -269,6 +271,91 @@ TEST(KvCache, RepeatedRowsGoOnAsABatchOfTheRepeats) {
     const tensor::Tensor got4 = m->forward_cached(four.narrow(1, 10, 1).contiguous(), cache).data();
     EXPECT_TRUE(testing::all_close(got4, m->forward(four).data().narrow(1, 10, 1), 1e-5, 1e-5));
   }
+}
+
+// Note [Last-position logits]: forward_cached(..., last_only) returns the last position's logits
+// [B, 1, Vp], equal to the full forward's, and caches every position (later chunks see them).
+TEST(KvCache, LastOnlyGivesTheLastPositionsLogitsAndCachesEveryPosition) {
+  for (bool fused : {true, false}) {
+    nn::FusedOpsGuard guard(fused);
+    std::vector<std::unique_ptr<CausalLM>> models = gpt2_and_llama();
+    models.push_back(llama(/*tied=*/true));
+    for (auto& m : models) {
+      SCOPED_TRACE(m->family() + (fused ? " fused" : " unfused"));
+      autograd::NoGradGuard no_grad;
+      const tensor::Tensor ids = random_ids(2, 24, 61, 13);
+      const tensor::Tensor full = m->forward(ids).data();
+      // The positions the model's last module (its head) runs: one per row, not the chunk's.
+      nn::Module* head = m->named_children().back().second;
+      int64_t head_positions = 0;
+      const nn::HookHandle hook =
+          head->register_forward_pre_hook([&](nn::Module&, const std::vector<Variable>& in) {
+            head_positions = in.at(0).data().size(1);
+          });
+      KvCache cache;
+      int64_t at = 0;
+      for (int64_t n : {7, 1, 5, 11}) {
+        const tensor::Tensor got =
+            m->forward_cached(ids.narrow(1, at, n).contiguous(), cache, /*last_only=*/true).data();
+        ASSERT_EQ(got.shape(), tensor::Shape({2, 1, m->padded_vocab_size()}));
+        EXPECT_EQ(head_positions, 1) << head->path();
+        EXPECT_TRUE(testing::all_close(got, full.narrow(1, at + n - 1, 1), 1e-5, 1e-5))
+            << "positions " << at << ".." << at + n - 1;
+        at += n;
+        EXPECT_EQ(cache.length(), at);
+      }
+      EXPECT_FALSE(cache.last_logits_only());  // only during the forward
+      KvCache every;
+      m->forward_cached(ids.narrow(1, 0, 3).contiguous(), every);
+      EXPECT_EQ(head_positions, 3);  // without last_only: every position
+      head->remove_hook(hook);
+    }
+  }
+}
+
+// A model that supports the cache but sends every position through its head (it does not call
+// positions_for_logits): GPT-2's attention between an embedding and a linear head.
+class AllPositionsModel : public CausalLM {
+ public:
+  AllPositionsModel() {
+    gpt2::GPT2Config c;
+    c.vocab_size = c.padded_vocab_size = 8;
+    c.n_positions = 16;
+    c.n_embd = 8;
+    c.n_head = 2;
+    wte_ = &add_module<nn::Embedding>("wte", 8, 8);
+    attn_ = &add_module<gpt2::CausalSelfAttention>("attn", c);
+    head_ = &add_module<nn::Linear>("head", 8, 8);
+    flatten({{"all", {"wte", "attn", "head"}}});
+    reset_parameters(2);
+  }
+  int64_t vocab_size() const override { return 8; }
+  int64_t padded_vocab_size() const override { return 8; }
+  int64_t max_seq_len() const override { return 16; }
+  std::string family() const override { return "all-positions"; }
+  bool supports_kv_cache() const override { return true; }
+
+ protected:
+  Variable forward_logits(const Tensor& ids) override {
+    return (*head_)((*attn_)((*wte_)(Variable(ids))));
+  }
+
+ private:
+  nn::Embedding* wte_;
+  gpt2::CausalSelfAttention* attn_;
+  nn::Linear* head_;
+};
+
+TEST(KvCache, LastOnlyNarrowsTheLogitsOfAModelThatRanEveryPosition) {
+  autograd::NoGradGuard no_grad;
+  AllPositionsModel m;
+  const tensor::Tensor ids = tensor::from_ints({1, 2, 3, 4, 5, 6, 7, 0, 1, 2}, {2, 5}, DType::I32);
+  const tensor::Tensor full = m.forward(ids).data();
+  KvCache cache;
+  const tensor::Tensor got = m.forward_cached(ids, cache, /*last_only=*/true).data();
+  ASSERT_EQ(got.shape(), tensor::Shape({2, 1, 8}));
+  EXPECT_TRUE(testing::all_close(got, full.narrow(1, 4, 1), 1e-6, 1e-6));
+  EXPECT_EQ(cache.length(), 5);
 }
 
 // A model whose attention does not use the cache.

@@ -170,9 +170,11 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
     }
     tensor::Tensor ids = tensor::from_ints(ctx, {rows_now, T}, DType::I32);
     if (!device.is_cpu()) ids = ids.to(device);
-    autograd::Variable logits = cached ? model.forward_cached(ids, cache) : model.forward(ids);
-    // [rows, T, padded_vocab] -> each row's last position, as contiguous fp32 on the host.
-    tensor::Tensor last = logits.data().select(1, T - 1).narrow(1, 0, V);
+    // Cached: the last position's logits only (Note [Last-position logits]).
+    autograd::Variable logits =
+        cached ? model.forward_cached(ids, cache, /*last_only=*/true) : model.forward(ids);
+    // [rows, T or 1, padded_vocab] -> each row's last position, as contiguous fp32 on the host.
+    tensor::Tensor last = logits.data().select(1, logits.data().size(1) - 1).narrow(1, 0, V);
     tensor::Tensor rows = last.to(Device::cpu()).to(DType::F32).contiguous();
     std::vector<int64_t> keep;  // indices into `live` of the rows that go on
     for (size_t j = 0; j < live.size(); ++j) {

@@ -24,11 +24,13 @@
 #   bash tools/gpu_session.sh decode [MODELS]
 #                                           there: bench_generate in bf16, KV-cached against
 #                                           whole-window sampling, batch 1 and 8 (gpt2,gpt2-xl
-#                                           by default), then gpt2 with whole-vocabulary draws
+#                                           by default), again with decode steps on the
+#                                           training kernels (STRATA_DECODE_ATTENTION=off), then
+#                                           gpt2 with whole-vocabulary draws
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
-# `bench`, switch-*.md from `switches`, decode.md from `decode`).
+# `bench`, switch-*.md from `switches`, decode.md and decode_split_off.md from `decode`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
@@ -134,6 +136,12 @@ case ${1:-} in
     timeout 300 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models "$models" \
       --batch 1,8 --prompt 512 --new 128 --reps 3 > "$OUT/decode.md" 2> "$OUT/decode.log"
     echo "bench_generate exit $?" | tee -a "$OUT/decode.log"
+    # The same with decode steps on the training kernels instead of the split-key decode kernel
+    # (Note [CUDA decode attention]): the cached columns of the two tables show what it buys.
+    STRATA_DECODE_ATTENTION=off timeout 150 "$BUILD/bin/bench_generate" --device cuda \
+      --dtype bf16 --models "$models" --batch 1,8 --prompt 512 --new 128 --reps 3 \
+      > "$OUT/decode_split_off.md" 2>> "$OUT/decode.log"
+    echo "bench_generate (STRATA_DECODE_ATTENTION=off) exit $?" | tee -a "$OUT/decode.log"
     # Whole-vocabulary draws on GPT-2 124M: the host's draw per row and token against the GPU's
     # step (Note [Sampling cost]); compare with the greedy rows above.
     timeout 120 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models gpt2 \
@@ -141,6 +149,8 @@ case ${1:-} in
       >> "$OUT/decode.md" 2>> "$OUT/decode.log"
     echo "bench_generate (drawn) exit $?" | tee -a "$OUT/decode.log"
     cat "$OUT/decode.md"
+    echo "STRATA_DECODE_ATTENTION=off:"
+    cat "$OUT/decode_split_off.md"
     ;;
   *)
     sed -n '2,28p' "$0" >&2

@@ -10,6 +10,11 @@ __device__ inline float attn_warp_sum(float v) {
   return v;
 }
 
+__device__ inline float attn_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // Offset of row t of head (b, h) of an operand with strides st (Note [Strided attention operands]
 // in tensor/backend.h).
 __device__ inline int64_t row_at(const AttentionStrides& st, int64_t b, int64_t h, int64_t t) {

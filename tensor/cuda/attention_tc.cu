@@ -68,11 +68,6 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 // Which operands take 128-bit tile loads (bits of the kernels' `packed` argument).
 enum : unsigned { kPackQ = 1, kPackK = 2, kPackV = 4, kPackDout = 8 };
 
-__device__ inline float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 // Rows [r0, r0 + rows) of one head (base: its row 0, ts: the T stride) into tile [rows][D] in
 // shared memory; rows at or past `limit` are zeros. Called by every thread of the block.
 template <typename T, int D>
@@ -186,7 +181,7 @@ __global__ void __launch_bounds__(Tc<D>::kThreads)
       const int64_t lim = i < tq ? last_key(causal, i, tq, tk) : -1;
       const float sc = j <= lim ? srow[r * BC + lane] * scale : -INFINITY;
       const float m_old = row_m[warp * 16 + r];
-      const float m_new = fmaxf(m_old, warp_max(sc));
+      const float m_new = fmaxf(m_old, attn_warp_max(sc));
       const bool none = m_new == -INFINITY;  // no key of this row seen yet
       const float p = none ? 0.f : expf(sc - m_new);
       const float corr = none ? 1.f : expf(m_old - m_new);

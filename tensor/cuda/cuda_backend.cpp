@@ -111,6 +111,16 @@ bool fused_norm_grads() {
   return fused;
 }
 
+// STRATA_DECODE_ATTENTION (Note [CUDA decode attention] in attention_decode.cu), read once.
+bool split_decode_attention() {
+  static const bool split =
+      env_choice("STRATA_DECODE_ATTENTION",
+                 {{"split", "decode steps (Tq <= 16 < Tk) split the keys over the device"},
+                  {"off", "decode steps take the training kernels (tensor cores, else SIMT)"}}) ==
+      0;
+  return split;
+}
+
 Strided view_of(const Tensor& t) {
   STRATA_CHECK(t.ndim() <= kMaxDims, "CUDA kernels take at most {} dims, got {}", kMaxDims,
                t.str());
@@ -193,6 +203,16 @@ CudaBackend::~CudaBackend() {
 void CudaBackend::synchronize() {
   check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   raise_device_checks();
+}
+
+int CudaBackend::multiprocessors() {
+  if (sms_ == 0) {
+    int n = 0;
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device_),
+               "cudaDeviceGetAttribute (multiprocessors)");
+    sms_ = std::max(n, 1);
+  }
+  return sms_;
 }
 
 Tensor CudaBackend::scratch(int64_t bytes) {
@@ -746,13 +766,27 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
         "head size (n_embd / n_head)",
         d, kAttentionMaxHeadDim);
   const int dt = compute_dt("attention", q, k, v, out);
+  const AttentionShape shape = attention_shape(q, k, v, out);
+  // Note [CUDA decode attention]: a decode step's keys split over the whole device.
+  if (attention_mode() != AttentionMode::Simt && attention_decode_fits(shape.tq, shape.tk, d) &&
+      split_decode_attention()) {
+    set_last_attention_path(AttentionPath::OwnDecode);
+    const int64_t rows = shape.b * shape.h * shape.tq;
+    const DecodeSplits sp = attention_decode_splits(rows, shape.tk, multiprocessors());
+    Tensor part = scratch(rows * sp.splits * (d + 2) * 4);
+    launched(launch_attention_decode_forward(dt, q.data_ptr(), k.data_ptr(), v.data_ptr(), causal,
+                                             scale, out.data_ptr(), lse.data<float>(), shape, sp,
+                                             static_cast<float*>(part.data_ptr()), stream_),
+             "attention_forward");
+    return;
+  }
   // Note [CUDA tensor-core attention]: the own kernel on the tensor cores where it is built for.
   const bool tc =
       attention_mode() != AttentionMode::Simt && attention_tc_fits(dt, d, q.size(0), q.size(1));
   if (tc) set_last_attention_path(AttentionPath::OwnTensorCore);
   const auto launch = tc ? &launch_attention_tc_forward : &launch_attention_forward;
   launched(launch(dt, q.data_ptr(), k.data_ptr(), v.data_ptr(), causal, scale, out.data_ptr(),
-                  lse.data<float>(), attention_shape(q, k, v, out), stream_),
+                  lse.data<float>(), shape, stream_),
            "attention_forward");
 }
 

@@ -137,6 +137,7 @@ class CudaBackend final : public Backend {
  private:
   void copy_on_device(const Tensor& src, Tensor& dst);
   Tensor scratch(int64_t bytes);  // workspace bytes on this device
+  int multiprocessors();          // this device's, asked once
   // Note [Deferred device checks]: the device pointer of a fresh flag for one launch.
   int* checked_launch(std::string message);
   void raise_device_checks();
@@ -159,6 +160,7 @@ class CudaBackend final : public Backend {
   std::array<std::string, kDeviceChecks> check_messages_;
 
   int device_;
+  int sms_ = 0;  // multiprocessors(), 0 until asked
   CUstream_st* stream_ = nullptr;
   cublasLtContext* lt_ = nullptr;
   offload::GpuCachingAllocator* allocator_ = nullptr;  // owned by the registry (never freed)

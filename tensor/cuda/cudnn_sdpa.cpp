@@ -62,7 +62,8 @@
 // scale. A shape cuDNN cannot plan is remembered too (one log line, then straight to the own
 // kernel).
 // Decoding. Under auto a forward with a few queries against more keys (Tq <= 16 < Tk: a decode
-// step against a KV cache, Note [KV cache] in models/kv_cache.h) goes to the own kernel without
+// step against a KV cache, Note [KV cache] in models/kv_cache.h) goes to the own kernels (Note
+// [CUDA decode attention] in attention_decode.cu for head dims 32, 64 and 128) without
 // trying cuDNN: each step has another Tk, so every generated token would build and keep a plan of
 // its own, and building one costs far more than the attention of a few queries. STRATA_ATTENTION=
 // cudnn still sends them to cuDNN.
@@ -90,6 +91,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "offload/memory_stats.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/cuda/sdpa_plan.h"
 
 namespace strata::tensor::cuda {
@@ -252,8 +254,8 @@ AttentionMode attention_mode() {
       "STRATA_ATTENTION",
       {{"auto", "cuDNN where it can run, else the own kernels"},
        {"own",
-        "Strata's kernels: tensor cores for bf16/f16 with head dim 64 or 128, else the SIMT "
-        "kernel"},
+        "Strata's kernels: the split-key decode kernel for decode steps, tensor cores for "
+        "bf16/f16 with head dim 64 or 128, else the SIMT kernel"},
        {"simt", "Strata's SIMT kernel only"},
        {"cudnn", "cuDNN flash attention, an error where it cannot run"}})];
 }
@@ -274,6 +276,8 @@ const char* attention_path_name(AttentionPath path) {
       return "own";
     case AttentionPath::OwnTensorCore:
       return "own-tc";
+    case AttentionPath::OwnDecode:
+      return "own-decode";
     case AttentionPath::Cudnn:
       return "cudnn";
   }
@@ -405,9 +409,6 @@ bool cudnn_sdpa_backward(CUstream_st* stream, const Tensor& q, const Tensor& k, 
 
 namespace {
 
-// Queries at most this many, against more keys: a decode step (Note [cuDNN SDPA], decoding).
-constexpr int64_t kDecodeQueries = 16;
-
 // The shared tail of the two try_ functions.
 bool after_attempt(bool ran, AttentionMode mode, const char* direction, const std::string& why) {
   if (ran) {
@@ -436,7 +437,8 @@ bool try_cudnn_attention_forward(CUstream_st* stream, const Tensor& q, const Ten
     set_last_attention_path(AttentionPath::Own);
     return false;
   }
-  if (mode == AttentionMode::Auto && q.size(2) <= kDecodeQueries && q.size(2) < k.size(2)) {
+  if (mode == AttentionMode::Auto && q.size(2) <= kAttentionDecodeQueries &&
+      q.size(2) < k.size(2)) {
     set_last_attention_path(AttentionPath::Own);  // a decode step (Note [cuDNN SDPA], decoding)
     return false;
   }

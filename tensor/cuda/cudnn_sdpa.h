@@ -25,8 +25,9 @@ AttentionMode attention_mode();
 
 // The implementation the last attention_forward / attention_backward on this thread ran (None
 // before the first). Tests check it to know that what they compared was cuDNN's result.
-// Own is the SIMT kernel (attention.cu), OwnTensorCore the tensor-core one (attention_tc.cu).
-enum class AttentionPath { None, Own, OwnTensorCore, Cudnn };
+// Own is the SIMT kernel (attention.cu), OwnTensorCore the tensor-core one (attention_tc.cu),
+// OwnDecode the split-key decode forward (attention_decode.cu).
+enum class AttentionPath { None, Own, OwnTensorCore, OwnDecode, Cudnn };
 AttentionPath last_attention_path();
 void set_last_attention_path(AttentionPath path);
 const char* attention_path_name(AttentionPath path);

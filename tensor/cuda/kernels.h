@@ -200,6 +200,27 @@ bool launch_attention_backward(int dt, const void* q, const void* k, const void*
                                void* dq, void* dk, void* dv, float* scratch,
                                const AttentionShape& s, Stream stream);
 
+// ---- attention_decode.cu (Note [CUDA decode attention]) ----
+// A decode step: at most this many queries against more keys (also the queries up to which auto
+// sends a forward to the own kernels without trying cuDNN, Note [cuDNN SDPA], decoding).
+inline constexpr int64_t kAttentionDecodeQueries = 16;
+// Whether the split-key decode forward takes Tq queries against Tk keys at head dim d:
+// 1 <= Tq <= kAttentionDecodeQueries, Tq < Tk, d 32, 64 or 128 (any float dtype).
+bool attention_decode_fits(int64_t tq, int64_t tk, int64_t d);
+// How the keys of each of `rows` (B * H * Tq) query rows are cut into runs: `splits` runs of
+// `keys` keys (a multiple of 32, the last run shorter), enough to give `sms` multiprocessors
+// about 16 warps each, never a run under 32 keys.
+struct DecodeSplits {
+  int64_t splits = 1, keys = 32;
+};
+DecodeSplits attention_decode_splits(int64_t rows, int64_t tk, int sms);
+// The forward's contract (launch_attention_forward) for shapes attention_decode_fits takes, else
+// false. scratch: rows * splits * (d + 2) floats.
+bool launch_attention_decode_forward(int dt, const void* q, const void* k, const void* v,
+                                     bool causal, float scale, void* out, float* lse,
+                                     const AttentionShape& s, const DecodeSplits& splits,
+                                     float* scratch, Stream stream);
+
 // ---- attention_tc.cu (Note [CUDA tensor-core attention]) ----
 // The own kernel on the tensor cores, for dt BF16/F16 with D 64 or 128 and b, h at most 65535
 // (its grid's y and z; attention_tc_fits); the contract, arguments and scratch of the two above.

@@ -9,7 +9,7 @@
 // the ops and the step's wall time.
 //   - Nesting: an op that calls another through the backend (linear's fallback calls matmul)
 //     is timed once, as the outer op (a thread-local depth).
-//   - Attention names the path that ran: attention_forward[cudnn], [own-tc] or [own].
+//   - Attention names the path that ran: attention_forward[cudnn], [own-tc], [own-decode] or [own].
 //   - Each op also adds the FLOPs it computes (the GEMMs and attention; others 0) and the bytes
 //     of its operands, so the report gives TFLOP/s for compute-bound ops and GB/s for the rest.
 //   - Cost: two cudaEventRecord per op while on, one relaxed atomic load per op while off.

@@ -16,6 +16,7 @@
 #include "tensor/backend.h"
 #include "tensor/cuda.h"
 #include "tensor/cuda/cudnn_sdpa.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 #include "tests/cuda/attention_test_util.h"
 
@@ -250,6 +251,104 @@ TEST(StridedAttentionCuda, TensorCoreKernelAgreesWithTheSimtKernel) {
       EXPECT_EQ(simt.backward_path, AttentionPath::Own);
       expect_close(tc, simt, tolerance(dt));
     }
+}
+
+// Decode steps (Tq <= 16 < Tk, Note [CUDA decode attention]): the split-key forward, in runs of
+// 32 keys and more, merged in run order. One query against 1000 keys (32 runs), rows whose
+// causal limit leaves later runs empty (Tq 16 against 40 keys), key counts that end inside a
+// chunk, head dims 32, 64 and 128. Against the CPU, and every layout gives the contiguous call's
+// bits (the backward after it is the training kernels').
+TEST(StridedAttentionCuda, DecodeStepsSplitTheKeysAndMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  ScopedAttentionMode m("own");
+  const std::vector<Problem> problems = {
+      {1, 2, 1, 1000, 64, true}, {2, 3, 1, 77, 64, false}, {1, 2, 16, 40, 64, true},
+      {1, 2, 5, 300, 128, true}, {2, 2, 3, 33, 32, true},  {3, 1, 1, 2, 64, false},
+  };
+  EXPECT_EQ(attention_decode_splits(2, 1000, 132).splits, 32);
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (const Problem& p : problems) {
+      SCOPED_TRACE(name(dt, p));
+      const std::vector<Tensor> host = host_inputs(p, dt);
+      const Outputs want = run(kGpu, p, dt, host, Layout::Contiguous, Layout::Contiguous);
+      EXPECT_EQ(want.forward_path, AttentionPath::OwnDecode);
+      EXPECT_EQ(want.backward_path, own_path(dt, p.d));
+      expect_close(want, cpu_reference(p, host), tolerance(dt));
+      for (Layout in : {Layout::Packed, Layout::WideRows, Layout::Shifted})
+        for (Layout outl : {Layout::HeadsInner, Layout::WideRows, Layout::Shifted}) {
+          SCOPED_TRACE(fmt::format("layouts {} {}", static_cast<int>(in), static_cast<int>(outl)));
+          const Outputs got = run(kGpu, p, dt, host, in, outl);
+          EXPECT_EQ(got.forward_path, AttentionPath::OwnDecode);
+          EXPECT_EQ(bits_of(got.out), bits_of(want.out));
+          EXPECT_EQ(bits_of(got.lse), bits_of(want.lse));
+          EXPECT_EQ(bits_of(got.dq), bits_of(want.dq));
+        }
+    }
+}
+
+// STRATA_ATTENTION=simt keeps decode steps on the SIMT kernel; the two agree. Head dims the
+// decode kernel is not built for (16) and prefills (Tq = Tk) do not take it.
+TEST(StridedAttentionCuda, DecodeKernelAgreesWithTheSimtKernelAndKeepsToDecodeShapes) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Problem p{2, 3, 2, 500, 64, true};
+    SCOPED_TRACE(name(dt, p));
+    const std::vector<Tensor> host = host_inputs(p, dt);
+    Outputs decode, simt;
+    {
+      ScopedAttentionMode m(nullptr);  // auto: decode steps skip cuDNN
+      decode = run(kGpu, p, dt, host, Layout::Contiguous, Layout::Contiguous);
+    }
+    {
+      ScopedAttentionMode m("simt");
+      simt = run(kGpu, p, dt, host, Layout::Contiguous, Layout::Contiguous);
+    }
+    EXPECT_EQ(decode.forward_path, AttentionPath::OwnDecode);
+    EXPECT_EQ(simt.forward_path, AttentionPath::Own);
+    expect_close("out", decode.out, simt.out, tolerance(dt));
+    expect_close("lse", decode.lse, simt.lse, 1e-3);
+  }
+  ScopedAttentionMode m("own");
+  for (const Problem& p : {Problem{1, 2, 1, 40, 16, true}, Problem{1, 2, 8, 8, 64, true},
+                           Problem{1, 2, 17, 40, 64, true}}) {
+    SCOPED_TRACE(name(DType::BF16, p));
+    const std::vector<Tensor> host = host_inputs(p, DType::BF16);
+    const Outputs got = run(kGpu, p, DType::BF16, host, Layout::Contiguous, Layout::Contiguous);
+    EXPECT_EQ(got.forward_path, own_path(DType::BF16, p.d));
+    expect_close(got, cpu_reference(p, host), tolerance(DType::BF16));
+  }
+}
+
+// How the keys are cut (no GPU needed): whole chunks of 32, every key in exactly one run, about
+// 16 warps per multiprocessor where the keys allow it, one run when the rows alone fill the
+// device.
+TEST(AttentionDecodeSplits, CutTheKeysIntoRunsOfWholeChunks) {
+  const DecodeSplits one = attention_decode_splits(2, 1000, 132);
+  EXPECT_EQ(one.keys, 32);
+  EXPECT_EQ(one.splits, 32);  // 2 rows x 32 runs: the keys allow no more
+  const DecodeSplits xl = attention_decode_splits(25, 640, 132);  // GPT-2 1558M, one sample
+  EXPECT_EQ(xl.keys, 32);
+  EXPECT_EQ(xl.splits, 20);
+  const DecodeSplits batch = attention_decode_splits(200, 640, 132);  // eight samples
+  EXPECT_EQ(batch.keys, 64);
+  EXPECT_EQ(batch.splits, 10);
+  const DecodeSplits full = attention_decode_splits(100000, 5000, 132);
+  EXPECT_EQ(full.splits, 1);
+  EXPECT_GE(full.keys, 5000);
+  for (int64_t rows : {1, 3, 25, 132, 2112, 5000})
+    for (int64_t tk : {2, 31, 32, 33, 100, 1000, 4097})
+      for (int sms : {1, 108, 132}) {
+        SCOPED_TRACE(fmt::format("rows {} tk {} sms {}", rows, tk, sms));
+        const DecodeSplits s = attention_decode_splits(rows, tk, sms);
+        EXPECT_EQ(s.keys % 32, 0);
+        EXPECT_GE(s.keys, 32);
+        EXPECT_GE(s.splits * s.keys, tk);        // every key in a run
+        EXPECT_LT((s.splits - 1) * s.keys, tk);  // no empty run
+        const int64_t chunks = (tk + 31) / 32, want = int64_t{16} * sms;
+        // As many runs as the keys and the device call for (within rounding to whole chunks).
+        EXPECT_GE(s.splits * rows, std::min(chunks * rows, want) / 2);
+        EXPECT_LE(s.splits, chunks);
+      }
 }
 
 // The tensor-core kernel's grid has the heads in y and the batch in z, which hold at most 65535

@@ -308,10 +308,11 @@ TEST(CudnnAttention, AgreesWithFewerQueriesThanKeys) {
   }
 }
 
-// Note [cuDNN SDPA], decoding: under auto a decode step (Tq <= 16 < Tk) runs the own kernel
-// without trying cuDNN, so a KV-cached generation builds no plan per cache length; 17 queries, or
-// as many queries as keys (a prompt), still go to cuDNN, and STRATA_ATTENTION=cudnn sends a decode
-// step there too. The own kernel's result is the CPU backend's within bf16 rounding.
+// Note [cuDNN SDPA], decoding: under auto a decode step (Tq <= 16 < Tk) runs the own split-key
+// decode kernel without trying cuDNN, so a KV-cached generation builds no plan per cache length;
+// 17 queries, or as many queries as keys (a prompt), still go to cuDNN, and
+// STRATA_ATTENTION=cudnn sends a decode step there too. The own kernel's result is the CPU
+// backend's within bf16 rounding.
 TEST(CudnnAttention, DecodeStepsRunTheOwnKernelUnderAuto) {
   SKIP_WITHOUT_CUDNN();
   Backend& be = backend_for(kGpu);
@@ -331,16 +332,19 @@ TEST(CudnnAttention, DecodeStepsRunTheOwnKernelUnderAuto) {
     ScopedAttentionMode m("auto");
     for (int64_t tq : {1, 3, 16}) {
       SCOPED_TRACE(tq);
-      const AttentionPath path = forward(tq, 192);
-      EXPECT_NE(path, AttentionPath::Cudnn);
-      EXPECT_NE(path, AttentionPath::None);
+      EXPECT_EQ(forward(tq, 192), AttentionPath::OwnDecode);  // Note [CUDA decode attention]
     }
-    if (cudnn_runs_here(17, 192, 64, true, false))
+    if (cudnn_runs_here(17, 192, 64, true, false)) {
       EXPECT_EQ(forward(17, 192), AttentionPath::Cudnn);
-    if (cudnn_runs_here(16, 16, 64, true, false)) EXPECT_EQ(forward(16, 16), AttentionPath::Cudnn);
+    }
+    if (cudnn_runs_here(16, 16, 64, true, false)) {
+      EXPECT_EQ(forward(16, 16), AttentionPath::Cudnn);
+    }
   }
   ScopedAttentionMode m("cudnn");
-  if (cudnn_runs_here(1, 192, 64, true, false)) EXPECT_EQ(forward(1, 192), AttentionPath::Cudnn);
+  if (cudnn_runs_here(1, 192, 64, true, false)) {
+    EXPECT_EQ(forward(1, 192), AttentionPath::Cudnn);
+  }
 }
 
 // Before cuDNN 9.10 the causal mask fills hidden scores with the lowest finite float instead of

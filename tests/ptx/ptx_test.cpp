@@ -174,6 +174,7 @@ const Rule kRules[] = {
     {R"(attn_fwd_tc<)", kLoads, "own tensor-core attention"},
     {R"(attn_bwd_dq_tc<)", kLoads, "own tensor-core attention"},
     {R"(attn_bwd_dkv_tc<)", kLoads, "own tensor-core attention"},
+    {R"(attn_decode_part<[^,]+, [0-9]+, true>)", kLoads, "decode attention, packed key rows"},
     // One element at a time by design.
     {R"(add_norm_(fwd|bwd)<[^,]+, 1, )", kNone, "rows not 16-byte aligned"},
     {R"(add_norm_bwd_fused<[^,]+, 1, )", kNone, "rows not 16-byte aligned"},
@@ -181,6 +182,8 @@ const Rule kRules[] = {
     {R"(attn_(fwd|bwd_dq|bwd_dkv)<[^,]+, false>)", kNone, "rows not 16-byte aligned"},
     {R"(embedding_bwd<[^,]+, [^,]+, 1>)", kNone, "columns not whole 128-bit words"},
     {R"(attn_bwd_di<)", kNone, "one row sum per thread (own attention's backward)"},
+    {R"(attn_decode_part<[^,]+, [0-9]+, false>)", kNone, "key rows not 16-byte aligned"},
+    {R"(attn_decode_combine<)", kNone, "the runs' f32 partials, one element per lane"},
     {R"(copy_kernel\()", kNone, "strided, any two dtypes"},
     {R"(copy_same_kernel<)", kNone, "strided layout change"},
     {R"(fill_kernel\()", kNone, "strided fill"},

@@ -67,6 +67,9 @@ class Backend {
   // Reduce over `dim` of x; out has x's shape with dim removed (or kept as 1: same memory).
   // For Max, `indices` (I64, same shape as out) receives the argmax (first on ties).
   virtual void reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) = 0;
+  // Note [Top-k] in tensor/ops.h: x [rows, n] with x.stride(1) == 1; values [rows, k] (x's
+  // dtype) and indices [rows, k] (I64), both contiguous, 1 <= k <= n.
+  virtual void top_k(const Tensor& x, Tensor& values, Tensor& indices) = 0;
   // Sum of squares of all elements, accumulated in double then returned (x any float dtype).
   virtual double sum_squares(const Tensor& x) = 0;
   // sum_squares of each tensor (all on this backend's device), in order. A GPU backend waits for

@@ -224,6 +224,27 @@ MaxResult max(const Tensor& x, int dim, bool keepdim) {
   return r;
 }
 
+TopKResult top_k(const Tensor& x, int64_t k) {
+  STRATA_CHECK(x.ndim() >= 1 && is_floating(x.dtype()),
+               "top_k of {}: needs a float tensor of at "
+               "least one dim",
+               x.str());
+  const int64_t n = x.size(-1);
+  STRATA_CHECK(k >= 0 && k <= n, "top_k: k = {} is outside [0, {}] for {}", k, n, x.str());
+  Shape s = x.shape();
+  s[x.ndim() - 1] = k;
+  TopKResult r;
+  r.values = Tensor::empty(s, x.dtype(), x.device());
+  r.indices = Tensor::empty(s, DType::I64, x.device());
+  if (r.values.numel() == 0) return r;
+  // Rows of unit-stride elements, one stride apart: a 2-D view with a unit inner stride as it is
+  // (a sampler's [rows, vocab] slice of padded logits), anything else as a contiguous copy.
+  Tensor rows = x.ndim() == 2 && x.stride(1) == 1 ? x : x.contiguous().view({-1, n});
+  Tensor v2 = r.values.view({-1, k}), i2 = r.indices.view({-1, k});
+  be(x).top_k(rows, v2, i2);
+  return r;
+}
+
 Tensor sum_all(const Tensor& x) {
   Tensor flat = x.reshape({x.numel()});
   Tensor out = Tensor::empty({1}, x.dtype(), x.device());

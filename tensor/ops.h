@@ -70,6 +70,19 @@ struct MaxResult {
   Tensor indices;
 };
 MaxResult max(const Tensor& x, int dim, bool keepdim = false);
+// Note [Top-k]
+// top_k(x, k): the k largest elements of each row of x (over its last dim), best first: values
+// [..., k] in x's dtype (copied, not rounded) and indices [..., k] (I64, positions in the row).
+// The order is total, so every backend gives the same elements in the same order: larger values
+// first, equal values by smaller index; -0 and +0 are equal; every NaN ranks above +inf (as in
+// torch.topk), NaNs by index. So top_k(x, 1) is max's argmax on rows without NaN. 0 <= k <= the
+// row's length. A sampler uses it to bring a row's few candidates to the host instead of the
+// whole vocabulary (Note [Device candidates] in tools/common/sampler.h).
+struct TopKResult {
+  Tensor values;
+  Tensor indices;
+};
+TopKResult top_k(const Tensor& x, int64_t k);
 Tensor sum_all(const Tensor& x);  // 0-d
 double sum_squares(const Tensor& x);
 // sum_squares of each tensor (all on one device), in order: the same values as calling

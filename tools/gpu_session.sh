@@ -26,11 +26,14 @@
 #                                           whole-window sampling, batch 1 and 8 (gpt2,gpt2-xl
 #                                           by default), again with decode steps on the
 #                                           training kernels (STRATA_DECODE_ATTENTION=off), then
-#                                           gpt2 with whole-vocabulary draws
+#                                           gpt2 with whole-vocabulary draws, and with top-k 40
+#                                           draws from the device's candidates and, with
+#                                           STRATA_DEVICE_CANDIDATES=off, from whole rows
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
-# `bench`, switch-*.md from `switches`, decode.md and decode_split_off.md from `decode`).
+# `bench`, switch-*.md from `switches`, decode.md, decode_split_off.md and decode_candidates.md
+# from `decode`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
@@ -133,24 +136,35 @@ case ${1:-} in
     # A 512-token prompt and 128 new tokens: the uncached sampler runs 512..639 positions per
     # token, the cached one a single position (Note [Cached sampling]); one sample, then 8 in
     # one batch (Note [Batched sampling]).
-    timeout 300 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models "$models" \
+    timeout 240 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models "$models" \
       --batch 1,8 --prompt 512 --new 128 --reps 3 > "$OUT/decode.md" 2> "$OUT/decode.log"
     echo "bench_generate exit $?" | tee -a "$OUT/decode.log"
     # The same with decode steps on the training kernels instead of the split-key decode kernel
     # (Note [CUDA decode attention]): the cached columns of the two tables show what it buys.
-    STRATA_DECODE_ATTENTION=off timeout 150 "$BUILD/bin/bench_generate" --device cuda \
+    STRATA_DECODE_ATTENTION=off timeout 120 "$BUILD/bin/bench_generate" --device cuda \
       --dtype bf16 --models "$models" --batch 1,8 --prompt 512 --new 128 --reps 3 \
       > "$OUT/decode_split_off.md" 2>> "$OUT/decode.log"
     echo "bench_generate (STRATA_DECODE_ATTENTION=off) exit $?" | tee -a "$OUT/decode.log"
     # Whole-vocabulary draws on GPT-2 124M: the host's draw per row and token against the GPU's
     # step (Note [Sampling cost]); compare with the greedy rows above.
-    timeout 120 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models gpt2 \
+    timeout 80 "$BUILD/bin/bench_generate" --device cuda --dtype bf16 --models gpt2 \
       --batch 1,8 --prompt 512 --new 128 --reps 3 --temperature 1 --top-k 0 \
       >> "$OUT/decode.md" 2>> "$OUT/decode.log"
     echo "bench_generate (drawn) exit $?" | tee -a "$OUT/decode.log"
+    # `generate`'s default draw (temperature 0.8, top-k 40): the device picks each row's 40
+    # candidates (Note [Device candidates]), then the same with whole rows to the host.
+    for sw in on off; do
+      STRATA_DEVICE_CANDIDATES=$sw timeout 70 "$BUILD/bin/bench_generate" --device cuda \
+        --dtype bf16 --models gpt2 --batch 1,8 --prompt 512 --new 128 --reps 3 \
+        --temperature 0.8 --top-k 40 >> "$OUT/decode_candidates.md" 2>> "$OUT/decode.log"
+      echo "bench_generate (top-k 40, STRATA_DEVICE_CANDIDATES=$sw) exit $?" |
+        tee -a "$OUT/decode.log"
+    done
     cat "$OUT/decode.md"
     echo "STRATA_DECODE_ATTENTION=off:"
     cat "$OUT/decode_split_off.md"
+    echo "top-k 40 draws, STRATA_DEVICE_CANDIDATES=on then off:"
+    cat "$OUT/decode_candidates.md"
     ;;
   *)
     sed -n '2,28p' "$0" >&2

@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
 
   void sum_to(const Tensor& x, Tensor& out) override;
   void reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) override;
+  void top_k(const Tensor& x, Tensor& values, Tensor& indices) override;
   double sum_squares(const Tensor& x) override;
 
   void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
@@ -43,8 +44,8 @@ class CpuBackend final : public Backend {
 
   void linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
                       Tensor& y, Tensor& pre) override;
-  void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight,
-                              Tensor& dbias, bool accumulate) override;
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dweight, Tensor& dbias,
+                              bool accumulate) override;
   void linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre, Tensor& dpre,
                             Tensor& dbias) override;
 

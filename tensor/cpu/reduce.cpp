@@ -12,7 +12,11 @@
 //     innermost dim is kept (summing rows of [N, C] into [C]), each output column is summed in
 //     row order, so C columns vectorise instead of one row.
 // Max scans in index order and keeps the first maximum (the first NaN, if any).
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <vector>
 
 #include "tensor/cpu/cpu_backend.h"
@@ -332,6 +336,58 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tens
     if (red.size != 1) reds.push_back(red);
     sum_kernel(xf.data<float>(), kept, reds, of.data<float>(), scale);
   });
+}
+
+namespace {
+// Note [Top-k] (tensor/ops.h): the words the CUDA kernel sorts (Note [CUDA top-k]), so both
+// backends order by the same total order: the value's key (larger floats larger, -0 == +0, NaN
+// largest), then the smaller index.
+uint64_t top_k_word(float f, int64_t i) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if (std::isnan(f)) {
+    u = 0xffffffffu;
+  } else {
+    if (u == 0x80000000u) u = 0;
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  }
+  return (uint64_t{u} << 32) | (0xffffffffull - static_cast<uint64_t>(i));
+}
+}  // namespace
+
+void CpuBackend::top_k(const Tensor& x, Tensor& values, Tensor& indices) {
+  STRATA_CHECK(x.ndim() == 2 && x.stride(1) == 1 && values.is_contiguous() &&
+                   indices.is_contiguous() && indices.dtype() == DType::I64 &&
+                   values.dtype() == x.dtype() && values.size(0) == x.size(0) &&
+                   values.size(1) <= x.size(1),
+               "top_k of {} into {} and {}", x.str(), values.str(), indices.str());
+  const int64_t rows = x.size(0), n = x.size(1), k = values.size(1);
+  STRATA_CHECK(n < 0xffffffffll, "top_k: rows of {} elements (at most 2^32 - 2)", n);
+  // The order from the exactly widened values; the values themselves copied from x, so every
+  // bit (a NaN's payload too) is the input's.
+  const Tensor xf = widened(x);
+  const float* xp = xf.data<float>();
+  const int64_t rs = xf.stride(0), xrs = x.stride(0);
+  const size_t es = x.element_size();
+  const auto* xb = static_cast<const char*>(x.data_ptr());
+  auto* vb = static_cast<char*>(values.data_ptr());
+  int64_t* ip = indices.data<int64_t>();
+  parallel_range(
+      rows,
+      [&](int64_t lo, int64_t hi) {
+        std::vector<uint64_t> words(static_cast<size_t>(n));
+        for (int64_t r = lo; r < hi; ++r) {
+          const float* row = xp + r * rs;
+          for (int64_t i = 0; i < n; ++i) words[static_cast<size_t>(i)] = top_k_word(row[i], i);
+          std::partial_sort(words.begin(), words.begin() + k, words.end(), std::greater<>());
+          for (int64_t j = 0; j < k; ++j) {
+            const auto i = static_cast<int64_t>(0xffffffffull - (words[j] & 0xffffffffull));
+            std::memcpy(vb + static_cast<size_t>(r * k + j) * es,
+                        xb + static_cast<size_t>(r * xrs + i) * es, es);
+            ip[r * k + j] = i;
+          }
+        }
+      },
+      1);
 }
 
 namespace {

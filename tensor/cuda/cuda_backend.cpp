@@ -546,6 +546,31 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Ten
   check_launch("reduce");
 }
 
+void CudaBackend::top_k(const Tensor& x, Tensor& values, Tensor& indices) {
+  OpScope prof(stream_, "top_k", 0, bytes_of({&x, &values, &indices}));
+  STRATA_CHECK(x.ndim() == 2 && x.stride(1) == 1 && values.is_contiguous() &&
+                   indices.is_contiguous() && indices.dtype() == DType::I64 &&
+                   values.dtype() == x.dtype() && values.size(0) == x.size(0) &&
+                   values.size(1) >= 1 && values.size(1) <= x.size(1),
+               "top_k of {} into {} and {}", x.str(), values.str(), indices.str());
+  const int64_t k = values.size(1);
+  if (k > kTopKMax || x.size(1) >= (int64_t{1} << 31)) {
+    // Past the kernel's shared-memory candidates (Note [CUDA top-k]): the CPU backend's result,
+    // which is the same by Note [Top-k], copied back (a wait for the device).
+    const Tensor h = x.to(Device::cpu());
+    Tensor hv = Tensor::empty(values.shape(), values.dtype());
+    Tensor hi = Tensor::empty(indices.shape(), DType::I64);
+    backend_for(Device::cpu()).top_k(h, hv, hi);
+    values.copy_(hv);
+    indices.copy_(hi);
+    return;
+  }
+  STRATA_CHECK(launch_top_k(dt(x.dtype()), x.data_ptr(), x.size(0), x.size(1), x.stride(0), k,
+                            values.data_ptr(), indices.data<int64_t>(), stream_),
+               "top_k of {}: not a float dtype", x.str());
+  check_launch("top_k");
+}
+
 double CudaBackend::sum_squares(const Tensor& x) {
   return sum_squares_many({x}).front();
 }

@@ -77,6 +77,7 @@ class CudaBackend final : public Backend {
 
   void sum_to(const Tensor& x, Tensor& out) override;
   void reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out, Tensor* indices) override;
+  void top_k(const Tensor& x, Tensor& values, Tensor& indices) override;
   double sum_squares(const Tensor& x) override;
   std::vector<double> sum_squares_many(const std::vector<Tensor>& xs) override;
 

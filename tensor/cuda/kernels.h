@@ -67,6 +67,13 @@ bool launch_rotary(int dt, const void* x, const void* cos, const void* sin, int 
 // Sums accumulate in f64, in a fixed order (deterministic); any float dtypes for x and out.
 void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, const Strided& x_red,
                    void* out, int out_dtype, int64_t n_out, int64_t* indices, Stream stream);
+// ---- top_k.cu (Note [CUDA top-k]) ----
+// The k largest elements of each of `rows` rows of n elements (row r at x + r * row_stride,
+// elements contiguous), best first (Note [Top-k] in tensor/ops.h): values [rows, k] of dtype dt,
+// indices [rows, k], both contiguous. 1 <= k <= min(n, kTopKMax), n < 2^31.
+inline constexpr int64_t kTopKMax = 1024;
+bool launch_top_k(int dt, const void* x, int64_t rows, int64_t n, int64_t row_stride, int64_t k,
+                  void* values, int64_t* indices, Stream stream);
 // The sum of squares of n contiguous elements, in f64, in two passes. The first writes one
 // partial per block into `row` (kSumSquaresBlocks doubles: the blocks, whose count and so the
 // order of the sum depend on n alone, then zeros). The second adds each of `count` such rows,

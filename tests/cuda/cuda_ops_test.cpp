@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -670,6 +671,63 @@ TEST(CudaOps, EmbeddingBackwardSortsOnTheDeviceWithTheCpusBits) {
       }
     }
   }
+}
+
+// Note [CUDA top-k]: the kernel's elements and order are the CPU backend's (Note [Top-k]), bit
+// for bit, on rows without ties (f32) and with ties straddling the cut (rounded values, and bf16's
+// coarse grid), a strided slice of padded rows (a sampler's logits), signed zeros, infinities and
+// NaN, k = 1 (greedy) to the kernel's limit, and past it (the host path).
+TEST(CudaOps, TopKSelectsTheCpusElementsInTheCpusOrder) {
+  SKIP_WITHOUT_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> special(300);
+  for (size_t i = 0; i < special.size(); ++i) special[i] = static_cast<float>(i % 7) - 3.f;
+  for (size_t i : {5u, 77u, 200u}) special[i] = nan;
+  for (size_t i : {9u, 150u}) special[i] = INFINITY;
+  for (size_t i : {10u, 11u, 299u}) special[i] = -INFINITY;
+  for (size_t i : {20u, 40u, 60u}) special[i] = -0.f;
+  std::vector<float> coarse = to_float_vector(rnd({4, 777}, 60, -5.f, 5.f));
+  for (float& v : coarse) v = std::round(v);
+  const Tensor padded = rnd({3, 1100}, 61);
+  // Each case's rows in dtype dt on device d (cast on the host, so a NaN's bits are the same on
+  // both devices).
+  struct Rows {
+    std::function<Tensor(Device, DType)> on;
+    std::vector<int64_t> ks;
+  };
+  const auto plain = [](Tensor x) { return [x](Device d, DType dt) { return x.to(dt).to(d); }; };
+  const std::vector<Rows> cases = {
+      {plain(rnd({3, 5000}, 62)), {1, 40, 1024}},
+      {plain(from_vector(coarse, {4, 777})), {1, 5, 300, 777}},
+      // The sampler's view: padded rows, the vocabulary's columns.
+      {[padded](Device d, DType dt) { return padded.to(dt).to(d).narrow(1, 0, 1037); }, {40}},
+      {plain(from_vector(special, {1, 300})), {1, 3, 12, 300}},
+      {plain(rnd({2, 2000}, 63)), {1500}},  // past kTopKMax: the host path
+  };
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    for (const Rows& c : cases) {
+      for (int64_t k : c.ks) {
+        const Tensor x = c.on(Device::cpu(), dt);
+        SCOPED_TRACE(x.str() + " k " + std::to_string(k));
+        const TopKResult want = top_k(x, k);
+        const Tensor xd = c.on(kGpu, dt);
+#if defined(STRATA_CUDA_EMULATION)
+        const uint64_t before = cuda_emu::launches_of("top_k_kernel");
+#endif
+        const TopKResult got = top_k(xd, k);
+#if defined(STRATA_CUDA_EMULATION)
+        EXPECT_EQ(cuda_emu::launches_of("top_k_kernel") - before, k <= cuda::kTopKMax ? 1u : 0u);
+#endif
+        EXPECT_EQ(to_int_vector(got.indices), to_int_vector(want.indices));
+        const Tensor gv = got.values.to(Device::cpu());
+        ASSERT_EQ(gv.dtype(), dt);
+        EXPECT_EQ(std::memcmp(gv.data_ptr(), want.values.data_ptr(), want.values.nbytes()), 0);
+      }
+    }
+  }
+  // Greedy: k = 1 is max's argmax on rows without NaN.
+  const Tensor y = rnd({5, 3000}, 64).to(kGpu);
+  EXPECT_EQ(to_int_vector(top_k(y, 1).indices.view({5})), to_int_vector(max(y, 1).indices));
 }
 
 // Note [Deferred device checks]: a bad id or target is reported at the next wait for the device

@@ -481,6 +481,53 @@ TEST(GpuSampler, ABatchDrawsTheCpusSamples) {
   }
 }
 
+// Note [Device candidates]: greedy and top-k draws on the GPU bring each row's top candidates to
+// the host (the top-k kernel, Note [CUDA top-k]) instead of its whole logits, and draw the CPU's
+// tokens, in f32, for both families, with the nucleus too, cached and not.
+TEST(GpuSampler, DrawsFromTheDevicesCandidatesTheCpusTokens) {
+  SKIP_WITHOUT_GPU();
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    models::ModelOptions o;
+    o.seed = 7;
+    if (std::string(preset) == "llama-tiny") o.overrides = {{"initializer_range", "0.2"}};
+    auto cpu = models::ModelRegistry::global().create(preset, o);
+    auto gpu = models::ModelRegistry::global().create(preset, o);
+    models::move_flat_units(gpu->flat_units(), kGpu);
+    const std::vector<int32_t> prompt{2, 7, 1, 8};
+    struct Draw {
+      double temperature;
+      int64_t top_k;
+      double top_p;
+    };
+    for (const Draw& d : {Draw{0.0, 0, 1.0}, Draw{1.0, 5, 1.0}, Draw{1.5, 9, 0.8}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "T " << d.temperature << " top_k " << d.top_k << " top_p " << d.top_p);
+      tools::SampleOptions so;
+      so.max_new_tokens = 10;
+      so.temperature = d.temperature;
+      so.top_k = d.top_k;
+      so.top_p = d.top_p;
+      so.seed = 3;
+      ASSERT_GT(tools::detail::device_candidates(so, gpu->vocab_size(), kGpu), 0);
+      const auto want = tools::sample_batch(*cpu, prompt, so, 3);
+#if defined(STRATA_CUDA_EMULATION)
+      const uint64_t before = cuda_emu::launches_of("top_k_kernel");
+#endif
+      EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
+#if defined(STRATA_CUDA_EMULATION)
+      EXPECT_EQ(cuda_emu::launches_of("top_k_kernel") - before,
+                10u);  // one per step, every row in one launch
+#endif
+      so.kv_cache = false;
+      EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
+      if (d.temperature > 0) {
+        EXPECT_NE(want[0], want[1]);
+      }
+    }
+  }
+}
+
 // Both families on model shapes drawn at random (fixed seeds): any head count and head dim
 // (the tensor-core attention's 64 and the SIMT kernel's others), LLaMA's grouped key/value heads
 // and any FFN width, vocabularies padded or not, sequences of 1 to 48 tokens, micro-batches of 1 to

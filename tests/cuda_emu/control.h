@@ -74,6 +74,8 @@ struct LaunchSite {
 // Totals since the process started or the last reset_launch_sites, ordered by file and line.
 std::vector<LaunchSite> launch_sites();
 void reset_launch_sites();
+// Launches so far of the sites whose kernel expression contains `kernel`.
+uint64_t launches_of(const std::string& kernel);
 
 // Set by the runtime: the error the next cudaGetLastError returns.
 void record_error(cudaError_t e);

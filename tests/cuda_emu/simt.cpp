@@ -455,6 +455,13 @@ std::vector<LaunchSite> launch_sites() {
   return out;
 }
 
+uint64_t launches_of(const std::string& kernel) {
+  uint64_t n = 0;
+  for (const LaunchSite& s : launch_sites())
+    if (s.kernel.find(kernel) != std::string::npos) n += s.launches;
+  return n;
+}
+
 void reset_launch_sites() {
   LaunchSites& t = launch_site_table();
   std::lock_guard<std::mutex> lock(t.mutex);

@@ -195,6 +195,7 @@ const Rule kRules[] = {
     {R"(chunk_column_sums<)", kNone, "chunk partials, c per chunk (Note [Chunk partial sums])"},
     {R"(embedding_keys\()", kNone, "one sort key per id"},
     {R"(bitonic_(tile|pass)\()", kNone, "sort network"},
+    {R"(top_k_kernel<)", kNone, "a row's radix counts and its candidates' sort in shared memory"},
     {R"(ce_norm\()", kNone, "count of targets"},
 };
 

@@ -2,6 +2,8 @@
 // non-contiguous inputs, and bit-identical whatever the thread count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -167,6 +169,111 @@ TEST(Reduce, LargeAndThreadCountIndependent) {
     for (int64_t j = 0; j < 5000; ++j) t += at(x, {i, j});
     expect_sum_close(sv[i], t, "row sum");
   }
+}
+
+// ---- top_k (Note [Top-k]) ----
+
+// The reference order, written from the note rather than from the backends' keys: NaN first,
+// then larger values, equal values (-0 == +0) and NaNs by index (a stable sort of the row).
+std::vector<int64_t> ref_top_k(const std::vector<float>& row, int64_t k) {
+  std::vector<int64_t> order(row.size());
+  for (size_t i = 0; i < row.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const float x = row[static_cast<size_t>(a)], y = row[static_cast<size_t>(b)];
+    if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && !std::isnan(y);
+    return x > y;
+  });
+  order.resize(static_cast<size_t>(k));
+  return order;
+}
+
+// x [rows, n] (any layout): top_k's values and indices are the reference's, row by row.
+void check_top_k(const Tensor& x, int64_t k) {
+  SCOPED_TRACE(x.str() + " k=" + std::to_string(k));
+  TopKResult r = top_k(x, k);
+  ASSERT_EQ(r.values.shape(), Shape({x.size(0), k}));
+  ASSERT_EQ(r.values.dtype(), x.dtype());
+  ASSERT_EQ(r.indices.dtype(), DType::I64);
+  // values() reads F32; the widening is exact.
+  const std::vector<float> xv = values(x.to(DType::F32)), got_v = values(r.values.to(DType::F32));
+  const std::vector<int64_t> got_i = to_int_vector(r.indices);
+  const auto n = static_cast<size_t>(x.size(1));
+  for (int64_t row = 0; row < x.size(0); ++row) {
+    const std::vector<float> rv(xv.begin() + row * n, xv.begin() + (row + 1) * n);
+    const std::vector<int64_t> want = ref_top_k(rv, k);
+    for (int64_t j = 0; j < k; ++j) {
+      const size_t o = static_cast<size_t>(row * k + j);
+      ASSERT_EQ(got_i[o], want[static_cast<size_t>(j)]) << "row " << row << " rank " << j;
+      const float w = rv[static_cast<size_t>(want[static_cast<size_t>(j)])];
+      if (std::isnan(w)) {
+        ASSERT_TRUE(std::isnan(got_v[o]));
+      } else {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got_v[o]), std::bit_cast<uint32_t>(w));
+      }
+    }
+  }
+}
+
+TEST(TopK, TakesTheLargestBestFirstAndBreaksTiesByIndex) {
+  // Few distinct values, so ties straddle every cut.
+  Tensor coarse = rand({6, 300}, 11, -4.f, 4.f);
+  {
+    std::vector<float> v = values(coarse);
+    for (float& e : v) e = std::round(e);
+    coarse = make(v, {6, 300});
+  }
+  for (int64_t k : {0, 1, 2, 40, 299, 300}) check_top_k(coarse, k);
+  for (int64_t k : {1, 7, 64, 257}) check_top_k(rand({5, 1000}, 12), k);
+  // Low precision: the values are copied, so they are the input's.
+  check_top_k(coarse.to(DType::BF16), 40);
+  check_top_k(rand({3, 500}, 13).to(DType::F16), 33);
+}
+
+TEST(TopK, OrdersSignedZerosInfinitiesAndNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = make({0.f, -0.f, 1.f, -INFINITY, nan, INFINITY, -0.f, nan, -1.f, 0.f}, {1, 10});
+  TopKResult r = top_k(x, 10);
+  // NaNs first (by index), then +inf, 1, the four zeros by index (-0 == +0), -1, -inf.
+  EXPECT_EQ(to_int_vector(r.indices), std::vector<int64_t>({4, 7, 5, 2, 0, 1, 6, 9, 8, 3}));
+  check_top_k(x, 10);
+  check_top_k(x, 5);
+  // k = 1 is max's argmax on rows without NaN.
+  Tensor y = rand({9, 77}, 14);
+  EXPECT_EQ(to_int_vector(top_k(y, 1).indices), to_int_vector(max(y, 1).indices));
+}
+
+TEST(TopK, TakesAnyLayoutAndLeadingDims) {
+  // A [rows, n] slice of wider rows (a sampler's logits without the padded vocabulary).
+  Tensor wide = rand({4, 130}, 15);
+  check_top_k(wide.narrow(1, 0, 117), 9);
+  // Rows with a non-unit stride, and leading dims: [2, 3, 50] -> [2, 3, k].
+  Tensor t = rand({50, 6}, 16).transpose(0, 1);
+  check_top_k(t, 5);
+  Tensor x3 = rand({2, 3, 50}, 17);
+  TopKResult r = top_k(x3, 4);
+  ASSERT_EQ(r.indices.shape(), Shape({2, 3, 4}));
+  TopKResult flat = top_k(x3.reshape({6, 50}), 4);
+  EXPECT_EQ(to_int_vector(r.indices), to_int_vector(flat.indices));
+  EXPECT_TRUE(testing::same_bits(r.values.reshape({6, 4}), flat.values));
+  // One dim is one row.
+  EXPECT_EQ(to_int_vector(top_k(make({3, 9, 1}, {3}), 2).indices), std::vector<int64_t>({1, 0}));
+}
+
+TEST(TopK, RejectsAKOutsideTheRow) {
+  Tensor x = rand({2, 5}, 18);
+  EXPECT_THROW(top_k(x, 6), Error);
+  EXPECT_THROW(top_k(x, -1), Error);
+  EXPECT_THROW(top_k(from_ints({1, 2}, {2}, DType::I64), 1), Error);
+}
+
+TEST(TopK, ThreadCountIndependent) {
+  Tensor x = rand({64, 3000}, 19);
+  TopKResult r = top_k(x, 50);
+  testing::for_thread_counts({1, 3}, [&](int) {
+    TopKResult again = top_k(x, 50);
+    EXPECT_EQ(to_int_vector(again.indices), to_int_vector(r.indices));
+    EXPECT_TRUE(testing::same_bits(again.values, r.values));
+  });
 }
 
 TEST(Reduce, SumAllIsZeroDim) {

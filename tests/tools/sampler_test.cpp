@@ -15,6 +15,7 @@
 
 #include "autograd/rng_context.h"
 #include "models/registry.h"
+#include "tensor/ops.h"
 
 namespace strata::tools {
 namespace {
@@ -389,6 +390,71 @@ TEST(Sampler, TheDrawPicksTheFullSortsToken) {
   }
   EXPECT_GT(compared, 1000);
   EXPECT_GT(deep.size(), 10u) << "some draws should reach past the first sorted chunk";
+}
+
+// Note [Device candidates]: drawing from a row's top candidates (tensor::top_k, as a device
+// would pick them) gives choose_token's token from the whole row, for greedy and every top-k the
+// device path takes (1, within and past the sorted chunks, its limit), with and without the
+// nucleus, on logits with many ties and spread wide, peaked and flat.
+TEST(Sampler, DrawingFromTheTopCandidatesPicksTheWholeRowsToken) {
+  std::mt19937 gen(8);
+  int compared = 0, differ_from_best = 0;
+  for (size_t V : {size_t{2}, size_t{100}, size_t{3000}, size_t{50257}}) {
+    for (bool ties : {false, true}) {
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      std::vector<float> l(V);
+      for (float& x : l) x = ties ? std::round(normal(gen)) * 0.5f : normal(gen);
+      const tensor::Tensor row = tensor::from_vector(l, {1, static_cast<int64_t>(V)});
+      for (double temperature : {0.0, 0.3, 1.0, 20.0}) {
+        for (int64_t top_k : {int64_t{1}, int64_t{2}, int64_t{40}, int64_t{65}, int64_t{700},
+                              detail::kDeviceCandidates}) {
+          SampleOptions o;
+          o.temperature = temperature;
+          o.top_k = top_k;
+          const int64_t k = detail::device_candidates(o, static_cast<int64_t>(V), Device::cuda(0));
+          if (temperature == 0.0) {
+            ASSERT_EQ(k, 1);
+          } else if (top_k >= static_cast<int64_t>(V)) {
+            ASSERT_EQ(k, 0);  // no cut: the whole row comes to the host
+            continue;
+          } else {
+            ASSERT_EQ(k, top_k);
+          }
+          const tensor::TopKResult top = tensor::top_k(row, k);
+          const std::vector<float> values = tensor::to_float_vector(top.values);
+          const std::vector<int64_t> ids = tensor::to_int_vector(top.indices);
+          for (double top_p : {1.0, 0.95, 0.3}) {
+            o.top_p = top_p;
+            for (int d = 0; d < 4; ++d) {
+              o.seed = gen();
+              const int64_t position = d * 13 + 1, sample = d % 3;
+              const int32_t want = detail::choose_token(l, o, position, sample);
+              ASSERT_EQ(detail::choose_from_candidates(values, ids, o, position, sample), want)
+                  << "V " << V << " ties " << ties << " T " << temperature << " top_k " << top_k
+                  << " top_p " << top_p << " draw " << d;
+              ++compared;
+              if (want != ids[0]) ++differ_from_best;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 500);
+  EXPECT_GT(differ_from_best, 100) << "most draws at temperature > 0 should not be the best token";
+  // The CPU, no cut and cuts past the device's limit keep the whole-row draw.
+  SampleOptions o;
+  o.temperature = 1.0;
+  o.top_k = 40;
+  EXPECT_EQ(detail::device_candidates(o, 50257, Device::cpu()), 0);
+  EXPECT_EQ(detail::device_candidates(o, 50257, Device::cuda(0)), 40);
+  o.top_k = 0;
+  EXPECT_EQ(detail::device_candidates(o, 50257, Device::cuda(0)), 0);
+  o.top_k = detail::kDeviceCandidates + 1;
+  EXPECT_EQ(detail::device_candidates(o, 50257, Device::cuda(0)), 0);
+  o.temperature = 0.0;
+  EXPECT_EQ(detail::device_candidates(o, 50257, Device::cpu()), 0);
+  EXPECT_EQ(detail::device_candidates(o, 50257, Device::cuda(0)), 1);
 }
 
 TEST(Sampler, RestoresTrainModeStopsAtTheStopTokenAndValidates) {

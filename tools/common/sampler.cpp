@@ -6,8 +6,10 @@
 #include <utility>
 
 #include "autograd/variable.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "tensor/ops.h"
 
 namespace strata::tools {
 
@@ -113,6 +115,55 @@ int32_t choose_token(std::span<const float> logits, const SampleOptions& o, int6
   return order[limit - 1];  // u within rounding of total (the loop sorted through limit)
 }
 
+int64_t device_candidates(const SampleOptions& o, int64_t vocab, Device logits_device) {
+  static const bool on =
+      env_choice(
+          "STRATA_DEVICE_CANDIDATES",
+          {{"on",
+            "a GPU picks each row's top-k (greedy: the best) and the host draws from "
+            "those"},
+           {"off", "every row's whole logits come to the host (Note [Device candidates])"}}) == 0;
+  if (!on || logits_device.is_cpu()) return 0;
+  if (o.temperature == 0.0) return 1;
+  if (o.top_k > 0 && o.top_k < vocab && o.top_k <= kDeviceCandidates) return o.top_k;
+  return 0;
+}
+
+int32_t choose_from_candidates(std::span<const float> values, std::span<const int64_t> ids,
+                               const SampleOptions& o, int64_t position, int64_t sample) {
+  STRATA_CHECK(!values.empty() && values.size() == ids.size(), "{} candidate values, {} ids",
+               values.size(), ids.size());
+  const size_t k = values.size();
+  if (o.temperature == 0.0) return static_cast<int32_t>(ids[0]);
+  // choose_token's arithmetic on its order[0, k) (Note [Device candidates]).
+  float best = values[0];
+  for (float v : values) best = std::max(best, v);
+  auto weight = [&](size_t c) {
+    return std::exp((static_cast<double>(values[c]) - static_cast<double>(best)) / o.temperature);
+  };
+  std::vector<size_t> by_id(k);
+  std::iota(by_id.begin(), by_id.end(), size_t{0});
+  std::sort(by_id.begin(), by_id.end(), [&](size_t a, size_t b) { return ids[a] < ids[b]; });
+  double total = 0;
+  for (size_t c : by_id) total += weight(c);
+  size_t limit = k;
+  if (o.top_p < 1.0) {
+    const double need = o.top_p * total;
+    double kept = 0;
+    size_t m = 0;
+    while (m < k && kept < need) kept += weight(m++);
+    limit = m;
+    total = kept;
+  }
+  const double u = uniform_draw(o.seed, position, sample) * total;
+  double acc = 0;
+  for (size_t i = 0; i < limit; ++i) {
+    acc += weight(i);
+    if (u < acc) return static_cast<int32_t>(ids[i]);
+  }
+  return static_cast<int32_t>(ids[limit - 1]);
+}
+
 }  // namespace detail
 
 std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
@@ -173,15 +224,30 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
     // Cached: the last position's logits only (Note [Last-position logits]).
     autograd::Variable logits =
         cached ? model.forward_cached(ids, cache, /*last_only=*/true) : model.forward(ids);
-    // [rows, T or 1, padded_vocab] -> each row's last position, as contiguous fp32 on the host.
+    // [rows, T or 1, padded_vocab] -> each row's last position.
     tensor::Tensor last = logits.data().select(1, logits.data().size(1) - 1).narrow(1, 0, V);
-    tensor::Tensor rows = last.to(Device::cpu()).to(DType::F32).contiguous();
+    // To the host as contiguous fp32: each row's top candidates when the device can pick them
+    // (Note [Device candidates]), else the whole rows.
+    const int64_t cand = detail::device_candidates(o, V, last.device());
+    tensor::Tensor rows, cand_ids;
+    if (cand > 0) {
+      tensor::TopKResult top = tensor::top_k(last, cand);
+      rows = top.values.to(Device::cpu()).to(DType::F32).contiguous();
+      cand_ids = top.indices.to(Device::cpu());
+    } else {
+      rows = last.to(Device::cpu()).to(DType::F32).contiguous();
+    }
+    const auto width = static_cast<size_t>(cand > 0 ? cand : V);
     std::vector<int64_t> keep;  // indices into `live` of the rows that go on
     for (size_t j = 0; j < live.size(); ++j) {
       const size_t s = live[j];
-      const int32_t next = detail::choose_token(
-          {rows.data<float>() + (shared ? 0 : j) * static_cast<size_t>(V), static_cast<size_t>(V)},
-          o, n, o.first_sample + static_cast<int64_t>(s));
+      const size_t at = (shared ? 0 : j) * width;
+      const int64_t sample_index = o.first_sample + static_cast<int64_t>(s);
+      const int32_t next =
+          cand > 0 ? detail::choose_from_candidates({rows.data<float>() + at, width},
+                                                    {cand_ids.data<int64_t>() + at, width}, o, n,
+                                                    sample_index)
+                   : detail::choose_token({rows.data<float>() + at, width}, o, n, sample_index);
       seq[s].push_back(next);
       out[s].push_back(next);
       if (o.stop_token < 0 || next != o.stop_token) keep.push_back(static_cast<int64_t>(j));

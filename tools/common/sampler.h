@@ -46,6 +46,22 @@
 // nothing held can be reused); the cache buys nothing there. Without the cache (kv_cache off, or
 // a model without a cached forward) every step runs the model over the last max_seq_len tokens.
 // Both ways draw from the same positions' logits, equal up to rounding (Note [KV cache]).
+//
+// Note [Device candidates]
+// On a GPU the whole-row draw costs the host more than the step: each row's logits (50257 bf16
+// for GPT-2) are copied to the host, widened to f32 there and searched, about 75 us per row and
+// token in the emulator's dry run against 0.2 ms for the whole 124M step. But a greedy draw
+// needs only the best token, and a top-k draw only the top_k best. So when the logits are on a
+// device and the draw needs at most kDeviceCandidates of them (temperature 0: one; 0 < top_k <
+// the vocabulary, at most kDeviceCandidates: top_k), the device picks each row's candidates
+// (tensor::top_k, Note [Top-k] in tensor/ops.h) and only those k values and ids come to the
+// host, where choose_from_candidates makes the choice. The tokens are the ones the whole-row draw
+// picks: top_k's order is choose_token's `before` (larger logits first, ties by smaller id) on
+// logits without NaN, so the candidates are the same set in the same order, and the draw does the
+// same arithmetic on them in the same order (the total over the candidates in id order, the
+// nucleus and the inverse-CDF walk best first), in double, on the same f32 values. top_k = 0 (the
+// whole vocabulary) and the CPU keep the whole-row draw. STRATA_DEVICE_CANDIDATES=off keeps it
+// everywhere, for comparing the two.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -88,6 +104,15 @@ namespace detail {
 double uniform_draw(uint64_t seed, int64_t position, int64_t sample);
 int32_t choose_token(std::span<const float> logits, const SampleOptions& options, int64_t position,
                      int64_t sample);
+// Note [Device candidates]: the most candidates a draw asks the device for.
+inline constexpr int64_t kDeviceCandidates = 1024;
+// How many candidates per row the draw asks a device holding the logits for; 0: the whole rows
+// come to the host (the CPU, top_k = 0 or above kDeviceCandidates, top_k >= vocab, the switch off).
+int64_t device_candidates(const SampleOptions& options, int64_t vocab, Device logits_device);
+// choose_token's choice from a row's top candidates: `values` their logits and `ids` their token
+// ids, best first in top_k's order (Note [Top-k]), as many as device_candidates asked for.
+int32_t choose_from_candidates(std::span<const float> values, std::span<const int64_t> ids,
+                               const SampleOptions& options, int64_t position, int64_t sample);
 }  // namespace detail
 
 }  // namespace strata::tools

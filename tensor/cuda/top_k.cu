@@ -7,11 +7,14 @@
 //      float's bits flipped so larger floats give larger keys, -0 made +0, every NaN the largest
 //      key). A radix select over the key's four bytes, most significant first, finds the k-th
 //      largest key T and how many elements equal to T the result takes (`need`): each pass counts
-//      the elements that match the bytes fixed so far into 256 bins in shared memory, and one warp
-//      scans the bins from the top (a warp prefix sum over eight bins per lane) for the byte where
-//      the count passes the rank still wanted. The counts are integers, so the order the atomics
-//      land in changes nothing. Logits crowd into a few bins, so a warp adds each distinct bin
-//      once (a leader per bin, found with ballots) instead of 32 atomics on one address.
+//      the elements that match the bytes fixed so far into 256 bins in shared memory, and one
+//      warp scans the bins from the top (a warp prefix sum over eight bins per lane) for the byte
+//      where the count passes the rank still wanted. The counts are integers, so the order the
+//      atomics land in changes nothing. Logits crowd into a few bins, so a warp adds each distinct
+//      bin once (a leader per bin, found with ballots) instead of 32 atomics on one address. A
+//      thread loads its eight elements of a tile before it counts any, so eight loads are in
+//      flight rather than one: with one block per row, load latency bounds a pass, and the row is
+//      read five times (four passes and the candidates' pass).
 //   2. The candidates: every element with a key above T, and the first `need` elements (by index)
 //      whose key is T. Those above T are all taken, in any order; when every element equal to T is
 //      taken too (no tie straddles the cut, the usual case) one pass places both with atomic
@@ -33,6 +36,8 @@ namespace {
 
 constexpr int kTopKThreads = 1024;
 constexpr int kTopKWarps = kTopKThreads / 32;
+constexpr int kTopKUnroll = 8;  // elements a thread loads per tile, all before using any
+constexpr int64_t kTopKTile = int64_t{kTopKThreads} * kTopKUnroll;
 constexpr unsigned kBins = 256;  // one byte of the key per pass
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -69,21 +74,30 @@ __global__ void __launch_bounds__(kTopKThreads)
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (unsigned b = static_cast<unsigned>(tid); b < kBins; b += kTopKThreads) hist[b] = 0;
     __syncthreads();
-    // Whole tiles, so every lane of a warp takes part in its ballots.
-    for (int64_t base = 0; base < n; base += kTopKThreads) {
-      const int64_t i = base + tid;
-      unsigned bin = kBins;  // none
-      if (i < n) {
-        const uint32_t key = order_key(to_f32(row[i]));
-        if ((key & mask) == prefix) bin = (key >> shift) & (kBins - 1);
+    // Whole tiles, so every lane of a warp takes part in its ballots; each thread loads its
+    // kTopKUnroll elements of a tile before counting any (that many loads in flight).
+    for (int64_t base = 0; base < n; base += kTopKTile) {
+      unsigned bins[kTopKUnroll];
+#pragma unroll
+      for (int u = 0; u < kTopKUnroll; ++u) {
+        const int64_t i = base + u * kTopKThreads + tid;
+        bins[u] = kBins;  // none
+        if (i < n) {
+          const uint32_t key = order_key(to_f32(row[i]));
+          if ((key & mask) == prefix) bins[u] = (key >> shift) & (kBins - 1);
+        }
       }
-      unsigned todo = __ballot_sync(kFull, bin != kBins);
-      while (todo != 0) {
-        const int leader = __ffs(static_cast<int>(todo)) - 1;
-        const unsigned lb = __shfl_sync(kFull, bin, leader);
-        const unsigned same = __ballot_sync(kFull, bin == lb) & todo;
-        if (lane == leader) atomicAdd(&hist[lb], static_cast<unsigned>(__popc(same)));
-        todo &= ~same;
+#pragma unroll
+      for (int u = 0; u < kTopKUnroll; ++u) {
+        const unsigned bin = bins[u];
+        unsigned todo = __ballot_sync(kFull, bin != kBins);
+        while (todo != 0) {
+          const int leader = __ffs(static_cast<int>(todo)) - 1;
+          const unsigned lb = __shfl_sync(kFull, bin, leader);
+          const unsigned same = __ballot_sync(kFull, bin == lb) & todo;
+          if (lane == leader) atomicAdd(&hist[lb], static_cast<unsigned>(__popc(same)));
+          todo &= ~same;
+        }
       }
     }
     __syncthreads();
@@ -138,10 +152,19 @@ __global__ void __launch_bounds__(kTopKThreads)
   }
   __syncthreads();
   if (count_t == need) {
-    for (int64_t i = tid; i < n; i += kTopKThreads) {
-      const uint32_t key = order_key(to_f32(row[i]));
-      if (key > t) cand[atomicAdd(&s_above, 1u)] = candidate(key, i);
-      if (key == t) cand[taken_above + atomicAdd(&s_eq, 1u)] = candidate(key, i);
+    for (int64_t base = 0; base < n; base += kTopKTile) {
+      uint32_t keys[kTopKUnroll];
+#pragma unroll
+      for (int u = 0; u < kTopKUnroll; ++u) {
+        const int64_t i = base + u * kTopKThreads + tid;
+        keys[u] = i < n ? order_key(to_f32(row[i])) : 0u;  // 0: below every real key
+      }
+#pragma unroll
+      for (int u = 0; u < kTopKUnroll; ++u) {
+        const int64_t i = base + u * kTopKThreads + tid;
+        if (keys[u] > t) cand[atomicAdd(&s_above, 1u)] = candidate(keys[u], i);
+        if (keys[u] == t) cand[taken_above + atomicAdd(&s_eq, 1u)] = candidate(keys[u], i);
+      }
     }
   } else {
     // Ties straddle the cut: the equal elements are taken in index order, tile by tile.

@@ -688,6 +688,8 @@ TEST(CudaOps, TopKSelectsTheCpusElementsInTheCpusOrder) {
   for (size_t i : {20u, 40u, 60u}) special[i] = -0.f;
   std::vector<float> coarse = to_float_vector(rnd({4, 777}, 60, -5.f, 5.f));
   for (float& v : coarse) v = std::round(v);
+  std::vector<float> coarse_wide = to_float_vector(rnd({2, 20000}, 66));
+  for (float& v : coarse_wide) v = std::round(v * 8.f) / 8.f;
   const Tensor padded = rnd({3, 1100}, 61);
   // Each case's rows in dtype dt on device d (cast on the host, so a NaN's bits are the same on
   // both devices).
@@ -703,6 +705,10 @@ TEST(CudaOps, TopKSelectsTheCpusElementsInTheCpusOrder) {
       {[padded](Device d, DType dt) { return padded.to(dt).to(d).narrow(1, 0, 1037); }, {40}},
       {plain(from_vector(special, {1, 300})), {1, 3, 12, 300}},
       {plain(rnd({2, 2000}, 63)), {1500}},  // past kTopKMax: the host path
+      // GPT-2's vocabulary: several tiles of the kernel's passes.
+      {plain(rnd({2, 50257}, 65)), {1, 40}},
+      // Ties across several tiles of the in-order walk.
+      {plain(from_vector(coarse_wide, {2, 20000})), {3, 1000}},
   };
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     for (const Rows& c : cases) {

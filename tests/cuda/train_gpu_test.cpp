@@ -525,6 +525,16 @@ TEST(GpuSampler, DrawsFromTheDevicesCandidatesTheCpusTokens) {
         EXPECT_NE(want[0], want[1]);
       }
     }
+    // Note [Non-finite logits]: NaN weights make NaN logits, which rank first among the device's
+    // candidates: a UserError, as on the CPU.
+    gpu->flat_units().back().params.fill_(std::nan(""));
+    for (double temperature : {0.0, 1.0}) {
+      tools::SampleOptions so;
+      so.max_new_tokens = 2;
+      so.temperature = temperature;
+      so.top_k = 5;
+      EXPECT_THROW(tools::sample_batch(*gpu, prompt, so, 2), UserError);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 // sampling]), each stopping on its own.
 #include "tools/common/sampler.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -455,6 +456,41 @@ TEST(Sampler, DrawingFromTheTopCandidatesPicksTheWholeRowsToken) {
   o.temperature = 0.0;
   EXPECT_EQ(detail::device_candidates(o, 50257, Device::cpu()), 0);
   EXPECT_EQ(detail::device_candidates(o, 50257, Device::cuda(0)), 1);
+}
+
+// A model whose weights are not finite (a diverged run) has NaN logits: there is nothing to draw
+// from, so every kind of draw is a UserError that says so, on either path to the host (the whole
+// rows here; the device's candidates in GpuSampler). Before, a nucleus over NaN weights kept no
+// candidate and the draw returned order[limit - 1] with limit 0, and the selection sorted with a
+// comparator NaN breaks: no error, and tokens read from outside the candidates.
+TEST(Sampler, NonFiniteLogitsAreAClearError) {
+  auto m = make_model();
+  m->flat_units().back().params.fill_(std::nan(""));
+  for (double temperature : {0.0, 1.0}) {
+    for (double top_p : {1.0, 0.9}) {
+      for (int64_t top_k : {0, 5}) {
+        SampleOptions o;
+        o.max_new_tokens = 3;
+        o.temperature = temperature;
+        o.top_p = top_p;
+        o.top_k = top_k;
+        try {
+          sample_batch(*m, {1, 2}, o, 2);
+          ADD_FAILURE() << "no error at T " << temperature << " top_p " << top_p;
+        } catch (const UserError& e) {
+          EXPECT_THAT(e.what(), ::testing::HasSubstr("not finite")) << e.what();
+        }
+      }
+    }
+  }
+  // +inf: the best token of a greedy draw, but no weight at a temperature (exp(inf - inf)).
+  std::vector<float> l{0.f, 1.f, INFINITY, 2.f};
+  EXPECT_TRUE(detail::drawable(l, 0.0));
+  EXPECT_FALSE(detail::drawable(l, 1.0));
+  l[2] = std::nan("");
+  EXPECT_FALSE(detail::drawable(l, 0.0));
+  l[2] = -INFINITY;  // a masked token: weight 0
+  EXPECT_TRUE(detail::drawable(l, 1.0));
 }
 
 TEST(Sampler, RestoresTrainModeStopsAtTheStopTokenAndValidates) {

@@ -65,6 +65,22 @@ std::vector<std::string> metric_lines(const std::string& path) {
   return out;
 }
 
+// Note [Non-finite logits]: a run whose weights are not finite reports its sample as skipped,
+// with the reason, instead of failing (or drawing garbage); a finite model's sample is text.
+TEST(Trainer, SampleOfADivergedModelIsSkippedWithTheReason) {
+  ScratchDir tmp;
+  make_data(tmp / "data");
+  TrainConfig c = write_and_load(tmp / "c.yaml", config_text(tmp / "data", tmp / "run", 4));
+  Trainer trainer(c);
+  const std::string fine = trainer.sample_event();
+  EXPECT_EQ(fine.rfind("sample at step 0:\n", 0), 0u) << fine;
+  trainer.model().flat_units().back().params.fill_(std::nan(""));
+  const std::string skipped = trainer.sample_event();
+  EXPECT_EQ(skipped.rfind("sample at step 0 skipped: sampling: the logits of sample 0", 0), 0u)
+      << skipped;
+  EXPECT_NE(skipped.find("not finite"), std::string::npos) << skipped;
+}
+
 TEST(Trainer, LossFalls) {
   ScratchDir tmp;
   make_data(tmp / "data");

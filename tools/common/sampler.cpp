@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -113,6 +114,17 @@ int32_t choose_token(std::span<const float> logits, const SampleOptions& o, int6
     if (u < acc) return order[i];
   }
   return order[limit - 1];  // u within rounding of total (the loop sorted through limit)
+}
+
+bool drawable(std::span<const float> logits, double temperature) {
+  // No early exit, so the loop vectorises: a NaN fails x < inf, +inf fails it too.
+  bool bad = false;
+  if (temperature > 0.0) {
+    for (float x : logits) bad |= !(x < std::numeric_limits<float>::infinity());
+  } else {
+    for (float x : logits) bad |= x != x;
+  }
+  return !bad;
 }
 
 int64_t device_candidates(const SampleOptions& o, int64_t vocab, Device logits_device) {
@@ -243,6 +255,13 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
       const size_t s = live[j];
       const size_t at = (shared ? 0 : j) * width;
       const int64_t sample_index = o.first_sample + static_cast<int64_t>(s);
+      // Note [Non-finite logits]: a NaN or +inf ranks first among the candidates.
+      if (!detail::drawable({rows.data<float>() + at, cand > 0 ? size_t{1} : width}, o.temperature))
+        user_error(
+            "sampling: the logits of sample {} at position {} are not finite (NaN{}): the model's "
+            "weights or activations are not finite, as after a diverged training run (lower "
+            "optimizer.lr or enable grad_clip)",
+            sample_index, n, o.temperature > 0.0 ? " or +inf" : "");
       const int32_t next =
           cand > 0 ? detail::choose_from_candidates({rows.data<float>() + at, width},
                                                     {cand_ids.data<int64_t>() + at, width}, o, n,

@@ -47,6 +47,15 @@
 // a model without a cached forward) every step runs the model over the last max_seq_len tokens.
 // Both ways draw from the same positions' logits, equal up to rounding (Note [KV cache]).
 //
+// Note [Non-finite logits]
+// A model whose weights went to NaN or inf (a diverged run: `train` logs a non-finite loss and
+// goes on) gives logits that cannot be drawn from. The draws' orders and sums assume finite
+// logits: a NaN breaks the comparisons the selection sorts with, and a nucleus over NaN weights
+// keeps no candidate at all. So sample_batch checks each row before its draw (detail::drawable)
+// and raises a UserError naming the sample and position; `train` reports it in place of the
+// sample and trains on. On the device's candidates a NaN or +inf ranks first (Note [Top-k]), so
+// the first candidate tells.
+//
 // Note [Device candidates]
 // On a GPU the whole-row draw costs the host more than the step: each row's logits (50257 bf16
 // for GPT-2) are copied to the host, widened to f32 there and searched, about 75 us per row and
@@ -104,6 +113,11 @@ namespace detail {
 double uniform_draw(uint64_t seed, int64_t position, int64_t sample);
 int32_t choose_token(std::span<const float> logits, const SampleOptions& options, int64_t position,
                      int64_t sample);
+// Whether a draw at `temperature` can be made from a row holding these logits: not when one is
+// NaN, nor at a temperature above 0 when one is +inf (its weight, exp(inf - inf), is undefined).
+// -inf is a token with weight 0. sample_batch raises a UserError for a row that is not drawable
+// (Note [Non-finite logits]).
+bool drawable(std::span<const float> logits, double temperature);
 // Note [Device candidates]: the most candidates a draw asks the device for.
 inline constexpr int64_t kDeviceCandidates = 1024;
 // How many candidates per row the draw asks a device holding the logits for; 0: the whole rows

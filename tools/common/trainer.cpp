@@ -430,6 +430,17 @@ std::string Trainer::sample_text() {
   return tokenizer_->decode(out);
 }
 
+std::string Trainer::sample_event() {
+  std::string text;
+  try {
+    text = sample_text();
+  } catch (const UserError& e) {
+    // A diverged run trains on (its loss event says so); its sample has nothing to draw from.
+    return fmt::format("sample at step {} skipped: {}", step_, e.what());
+  }
+  return fmt::format("sample at step {}:\n{}\n---", step_, unicode::printable(text));
+}
+
 void Trainer::save(const char* why) {
   if (last_saved_step_ == step_) return;
   TrainerState st;
@@ -653,8 +664,7 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
                                   step_, record.loss));
     }
     if ((t.sample_every > 0 && step_ % t.sample_every == 0) || (last && t.sample_every > 0)) {
-      console_->event(
-          fmt::format("sample at step {}:\n{}\n---", step_, unicode::printable(sample_text())));
+      console_->event(sample_event());
     }
     if (t.checkpoint_every > 0 && step_ % t.checkpoint_every == 0) save("periodic");
   }

@@ -91,6 +91,9 @@ class Trainer {
   float evaluate();
   // A sample of training.sample_tokens tokens from training.sample_prompt, decoded.
   std::string sample_text();
+  // The console event for a sample at the current step: the sample, or, when the model's logits
+  // cannot be drawn from (Note [Non-finite logits] in tools/common/sampler.h), why it was skipped.
+  std::string sample_event();
 
   int64_t step() const { return step_; }
   // Records of the steps run by this object (not those before a resume).

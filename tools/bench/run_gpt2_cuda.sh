@@ -32,10 +32,10 @@ for arg in "$@"; do
   [[ $arg == --device=cpu || ( $prev == --device && $arg == cpu ) ]] && ON_CPU=1
   prev=$arg
 done
-if [[ $ON_CPU == 1 ]]; then
-  echo
-  echo "(--device cpu: Strata on the CPU has its own reference, run_gpt2_cpu.sh; PyTorch skipped)"
-elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+# --device cpu is a smoke run of both programs and of the tables below where there is no GPU
+# (gpt2_cuda.py takes --device cpu too); Strata's CPU benchmark is run_gpt2_cpu.sh.
+if python3 -c "import torch, sys; sys.exit(0 if $ON_CPU or torch.cuda.is_available() else 1)" \
+    2>/dev/null; then
   # MFU against the peak Strata used (its "- peaks: X TFLOP/s" line; Note [GPU peaks]), unless
   # the args give --peak-tflops, which come later and win.
   PEAK=$(awk '/^- peaks: / { print "--peak-tflops", $3; exit }' "$STRATA")
@@ -46,6 +46,9 @@ elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
         </dev/null | tee -a "$TORCH" ||
         echo "| torch | $model | - | $batch | - | - | failed (see stderr) | - | - | - | - |"
     done
+elif [[ $ON_CPU == 1 ]]; then
+  echo
+  echo "(python3 with torch not found: PyTorch reference skipped)"
 else
   echo
   echo "(python3 with torch+CUDA not found: PyTorch reference skipped)"

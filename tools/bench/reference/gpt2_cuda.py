@@ -17,10 +17,15 @@ ended by torch.cuda.synchronize(); the median is reported. MFU uses Strata's cou
 tools/common/trainer.h); peak GPU memory is torch.cuda.max_memory_allocated over the timed steps.
 
 usage: gpt2_cuda.py [--dtype bf16|fp32] [--models a,b] [--B n] [--T n] [--warmup n] [--steps n]
-                    [--peak-tflops X] [--modes eager,compile] [--seed n]
-(--recompute-gelu and --device cuda are accepted and ignored, so run_gpt2_cuda.sh can pass
-bench_gpt2_cuda's arguments to both. --fill: where PyTorch runs out of memory at --B, B is halved
-until it fits, so each side is timed at its own largest power-of-two B.)
+                    [--peak-tflops X] [--modes eager,compile] [--seed n] [--device cuda|cpu]
+(--recompute-gelu is accepted and ignored, so run_gpt2_cuda.sh can pass bench_gpt2_cuda's
+arguments to both. --fill: where PyTorch runs out of memory at --B, B is halved until it fits, so
+each side is timed at its own largest power-of-two B.)
+
+--device cpu runs the same step on the CPU (autocast to bfloat16 there with --dtype bf16; no peak
+memory). It is a smoke run, for checking this script and run_gpt2_cuda.sh's tables where torch has
+no GPU (run_gpt2_cuda.sh --device cpu passes it), not a benchmark: Strata's CPU reference is
+gpt2_cpu.py.
 """
 import argparse
 import gc
@@ -100,7 +105,7 @@ def random_tokens(batch, t, seed):
 def measure(name, mode, batch, a):
     n_layer, c, h, _ = CONFIGS[name]
     torch.manual_seed(a.seed)
-    model = GPT(n_layer, c, h).cuda()
+    model = GPT(n_layer, c, h).to(a.device)
     n_params = sum(p.numel() for p in model.parameters())
     params = list(model.parameters())
     decay = [p for p in params if p.dim() >= 2]
@@ -112,8 +117,8 @@ def measure(name, mode, batch, a):
     x_host, y_host = random_tokens(batch, a.T, a.seed)
 
     def step():
-        x, y = x_host.to("cuda"), y_host.to("cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+        x, y = x_host.to(a.device), y_host.to(a.device)
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             loss = fwd(x, y)
         loss.backward()
         value = loss.item()
@@ -122,38 +127,41 @@ def measure(name, mode, batch, a):
         opt.zero_grad(set_to_none=True)
         return value
 
+    on_gpu = a.device == "cuda"
     for _ in range(a.warmup):
         step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     times, loss = [], 0.0
     for _ in range(a.steps):
         t0 = time.perf_counter()
         loss = step()
-        torch.cuda.synchronize()
+        if on_gpu:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
     tokens_s = batch * a.T / step_s
     mfu = training_flops_per_token(n_params, n_layer, c, a.T) * tokens_s / (a.peak_tflops * 1e12)
+    peak = f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if on_gpu else "-"
     row = (f"| torch {mode} | {name} | {n_params / 1e6:.0f}M | {batch} | {a.T} | {a.dtype} | "
-           f"{tokens_s:.0f} | {step_s * 1e3:.1f} | {100 * mfu:.1f}% | "
-           f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB | {loss:.4f} |")
-    return row, profile_table(step, f"torch {mode} {name} at B = {batch}", a.profile)
+           f"{tokens_s:.0f} | {step_s * 1e3:.1f} | {100 * mfu:.1f}% | {peak} | {loss:.4f} |")
+    return row, profile_table(step, f"torch {mode} {name} at B = {batch}", a.profile, on_gpu)
 
 
-def profile_table(step, what, steps):
+def profile_table(step, what, steps, on_gpu):
     """--profile N (as bench_gpt2_cuda's): N more steps under torch.profiler, and its table of
     kernels by self device time, to set beside Strata's per-op table. No '|' in it, so
     run_gpt2_cuda.sh's summary skips it."""
     if steps <= 0:
         return ""
     from torch.profiler import ProfilerActivity, profile
-    on_gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        torch.cuda.synchronize()
+        if on_gpu:
+            torch.cuda.synchronize()
     key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=30)
     return f"\nTime per kernel, {what}: {steps} profiled steps (totals)\n\n```\n{table}\n```\n"
@@ -186,8 +194,8 @@ def main():
                    help="ignored: Strata's GELU recompute; PyTorch's step keeps its usual tensors")
     p.add_argument("--matmul-tune", action="store_true",
                    help="ignored: Strata's cuBLASLt algorithm tuning; PyTorch runs its defaults")
-    p.add_argument("--device", default="cuda", choices=["cuda"],
-                   help="the GPU only (bench_gpt2_cuda --device cpu has no PyTorch reference here)")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                   help="cpu: a smoke run of this script without a GPU, not a benchmark")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -220,7 +228,8 @@ def main():
                 finally:
                     gc.collect()
                     torch._dynamo.reset()
-                    torch.cuda.empty_cache()
+                    if a.device == "cuda":
+                        torch.cuda.empty_cache()
                 if row is not None:
                     break
             print(row, flush=True)

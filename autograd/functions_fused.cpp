@@ -55,12 +55,17 @@ std::pair<Variable, Variable> add_layernorm(const Variable& x, const Variable& r
   Tensor wd = weight.data();
   tops::AddNormResult f = tops::add_layernorm(x.data(), r.data(), wd, bias.data(), eps);
   Tensor s = f.s, mean = f.mean, rstd = f.rstd;
-  return add_norm_outputs("AddLayerNorm", f.s, f.y, x, r, {weight, bias}, keep_sum,
-                          [=](const Tensor& dy, const Tensor& ds) {
-                            tops::LayerNormGrads d =
-                                tops::add_layernorm_backward(dy, ds, s, wd, mean, rstd);
-                            return std::vector<Tensor>{d.dx, d.dweight, d.dbias};
-                          });
+  // Note [Norm gradients into their buffer] (tensor/ops.h).
+  const Variable w_leaf = leaf_or_none(weight), b_leaf = leaf_or_none(bias);
+  return add_norm_outputs(
+      "AddLayerNorm", f.s, f.y, x, r, {weight, bias}, keep_sum,
+      [=](const Tensor& dy, const Tensor& ds) {
+        tops::NormGradsInto into;
+        const bool in = norm_gradient_sinks(w_leaf, b_leaf, dy.dtype(), into);
+        tops::LayerNormGrads d =
+            tops::add_layernorm_backward(dy, ds, s, wd, mean, rstd, in ? &into : nullptr);
+        return std::vector<Tensor>{d.dx, in ? Tensor() : d.dweight, in ? Tensor() : d.dbias};
+      });
 }
 
 std::pair<Variable, Variable> add_rmsnorm(const Variable& x, const Variable& r,
@@ -68,11 +73,15 @@ std::pair<Variable, Variable> add_rmsnorm(const Variable& x, const Variable& r,
   Tensor wd = weight.data();
   tops::AddNormResult f = tops::add_rmsnorm(x.data(), r.data(), wd, eps);
   Tensor s = f.s, rstd = f.rstd;
-  return add_norm_outputs("AddRmsNorm", f.s, f.y, x, r, {weight}, keep_sum,
-                          [=](const Tensor& dy, const Tensor& ds) {
-                            tops::RmsNormGrads d = tops::add_rmsnorm_backward(dy, ds, s, wd, rstd);
-                            return std::vector<Tensor>{d.dx, d.dweight};
-                          });
+  const Variable w_leaf = leaf_or_none(weight);
+  return add_norm_outputs(
+      "AddRmsNorm", f.s, f.y, x, r, {weight}, keep_sum, [=](const Tensor& dy, const Tensor& ds) {
+        tops::NormGradsInto into;
+        const bool in = norm_gradient_sinks(w_leaf, Variable(), dy.dtype(), into);
+        tops::RmsNormGrads d =
+            tops::add_rmsnorm_backward(dy, ds, s, wd, rstd, in ? &into : nullptr);
+        return std::vector<Tensor>{d.dx, in ? Tensor() : d.dweight};
+      });
 }
 
 // Note [GELU recompute]

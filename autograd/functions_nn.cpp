@@ -20,6 +20,11 @@ Tensor sum_batch(const Tensor& t, int keep_dims) {
   while (r.ndim() > keep_dims) r = tops::sum(r, 0);
   return r;
 }
+
+// Note [Norm gradients into their buffer] (tensor/ops.h): only leaves' gradients can take them.
+Variable leaf_or_none(const Variable& v) {
+  return needs(v) && v.is_leaf() ? v : Variable();
+}
 }  // namespace
 
 Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb) {
@@ -98,9 +103,13 @@ Variable layernorm(const Variable& x, const Variable& weight, const Variable& bi
   Tensor xd = x.data(), wd = weight.data();
   tops::NormResult r = tops::layernorm(xd, wd, bias.data(), eps);
   Tensor mean = r.mean, rstd = r.rstd;
+  const Variable w_leaf = leaf_or_none(weight), b_leaf = leaf_or_none(bias);
   return make_output("LayerNorm", r.y, {x, weight, bias}, [=](const std::vector<Tensor>& g) {
-    tops::LayerNormGrads d = tops::layernorm_backward(g[0], xd, wd, mean, rstd);
-    return std::vector<Tensor>{d.dx, d.dweight, d.dbias};
+    tops::NormGradsInto into;
+    const bool in = norm_gradient_sinks(w_leaf, b_leaf, g[0].dtype(), into);
+    tops::LayerNormGrads d =
+        tops::layernorm_backward(g[0], xd, wd, mean, rstd, in ? &into : nullptr);
+    return std::vector<Tensor>{d.dx, in ? Tensor() : d.dweight, in ? Tensor() : d.dbias};
   });
 }
 
@@ -108,9 +117,12 @@ Variable rmsnorm(const Variable& x, const Variable& weight, float eps) {
   Tensor xd = x.data(), wd = weight.data();
   tops::NormResult r = tops::rmsnorm(xd, wd, eps);
   Tensor rstd = r.rstd;
+  const Variable w_leaf = leaf_or_none(weight);
   return make_output("RmsNorm", r.y, {x, weight}, [=](const std::vector<Tensor>& g) {
-    tops::RmsNormGrads d = tops::rmsnorm_backward(g[0], xd, wd, rstd);
-    return std::vector<Tensor>{d.dx, d.dweight};
+    tops::NormGradsInto into;
+    const bool in = norm_gradient_sinks(w_leaf, Variable(), g[0].dtype(), into);
+    tops::RmsNormGrads d = tops::rmsnorm_backward(g[0], xd, wd, rstd, in ? &into : nullptr);
+    return std::vector<Tensor>{d.dx, in ? Tensor() : d.dweight};
   });
 }
 

@@ -40,6 +40,13 @@ Tensor gradient_sink(const Variable& w, DType dtype) {
   return g;
 }
 
+bool norm_gradient_sinks(const Variable& weight, const Variable& bias, DType dtype,
+                         tops::NormGradsInto& into) {
+  into.dweight = gradient_sink(weight, dtype);
+  into.dbias = bias.defined() ? gradient_sink(bias, dtype) : Tensor();
+  return into.dweight.defined() && (!bias.defined() || into.dbias.defined());
+}
+
 tops::LinearWeightGrads weight_gradients(const Variable& w, const Tensor& dy, const Tensor& x,
                                          bool with_bias) {
   Tensor sink = gradient_sink(w, dy.dtype());

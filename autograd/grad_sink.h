@@ -29,6 +29,10 @@
 // adds into what the head put there), where old + new is rounded once instead of twice. Order and
 // results stay deterministic. STRATA_GRAD_INTO_BUFFER=off (unset, empty or on: on) returns every
 // gradient, for comparing the two in a benchmark.
+// The norms (LayerNorm, RMSNorm, and their residual-fused forms) add their weight and bias
+// gradients into the buffers too, in their last kernel (Note [Norm gradients into their buffer]
+// in tensor/ops.h); that add is round(old + round(gradient)), the axpy's own bits, so the
+// norms' gradients keep the returned path's bits in every case, not only into zeroed buffers.
 #include "autograd/variable.h"
 #include "tensor/ops.h"
 
@@ -43,6 +47,12 @@ Tensor gradient_sink(const Variable& w, DType dtype);
 // no gradient for w); else returned as tensor::linear_backward_weight makes it.
 tensor::LinearWeightGrads weight_gradients(const Variable& w, const Tensor& dy, const Tensor& x,
                                            bool with_bias);
+
+// The buffers a norm backward adds its parameter gradients into (Note [Norm gradients into their
+// buffer]): `weight`'s and, when `bias` is defined, `bias`'s, when gradient_sink allows each; none
+// (false) when either does not (then the norm returns both gradients).
+bool norm_gradient_sinks(const Variable& weight, const Variable& bias, DType dtype,
+                         tensor::NormGradsInto& into);
 
 // STRATA_GRAD_INTO_BUFFER (read once; a value other than on/off/empty is a UserError).
 bool grad_into_buffer_enabled();

@@ -107,17 +107,21 @@ class Backend {
                                     Tensor& dpre, Tensor& dbias) = 0;
 
   // ---- normalisation ----
-  // x [N, C]; weight, bias [C]; y [N, C]; mean, rstd [N].
+  // x [N, C]; weight, bias [C]; y [N, C]; mean, rstd [N]. In every norm backward, `accumulate`
+  // means dweight (and dbias) already hold gradients and take the new ones added in place:
+  // round(old + round(gradient)), the bits AccumulateGrad's axpy_ of the returned gradient gives
+  // (Note [Norm gradients into their buffer] in tensor/ops.h).
   virtual void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  float eps, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                                  Tensor& dweight, Tensor& dbias) = 0;
+                                  Tensor& dweight, Tensor& dbias, bool accumulate) = 0;
   // x [N, C]; weight [C]; y [N, C]; rstd [N].
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                Tensor& rstd) = 0;
   virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                const Tensor& rstd, Tensor& dx, Tensor& dweight) = 0;
+                                const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                                bool accumulate) = 0;
   // Residual add fused with the norm (Note [Fused residual norm] in tensor/ops.h). x, r, s, y
   // [N, C]; weight, bias [C]; mean, rstd [N]. s = x + r (rounded to the compute dtype), then y,
   // mean, rstd = layernorm(s) exactly as layernorm_forward computes them from that s.
@@ -128,13 +132,14 @@ class Backend {
   // ds undefined means no gradient reached s (dsum = round(dx)). dweight, dbias as there.
   virtual void add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
                                       const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                      Tensor& dsum, Tensor& dweight, Tensor& dbias) = 0;
+                                      Tensor& dsum, Tensor& dweight, Tensor& dbias,
+                                      bool accumulate) = 0;
   // The same for rmsnorm: s = x + r, y, rstd = rmsnorm(s); dsum = ds + round(dx).
   virtual void add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
                                    float eps, Tensor& s, Tensor& y, Tensor& rstd) = 0;
   virtual void add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
                                     const Tensor& weight, const Tensor& rstd, Tensor& dsum,
-                                    Tensor& dweight) = 0;
+                                    Tensor& dweight, bool accumulate) = 0;
   // Softmax over the last dim of x [N, C].
   virtual void softmax_forward(const Tensor& x, Tensor& y) = 0;
   virtual void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;

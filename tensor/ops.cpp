@@ -346,6 +346,32 @@ void check_norm_backward(const char* op, const Tensor& dy, const Tensor& x, cons
     STRATA_CHECK(st->shape() == Shape{rows_of(x)}, "{}: statistics {} for x {} (one per row)", op,
                  st->str(), x.str());
 }
+
+// The parameter gradients of a norm backward: fresh tensors, or the caller's buffers `into`
+// (Note [Norm gradients into their buffer]), checked. Returns whether the backend accumulates.
+bool norm_param_grads(const char* op, const NormGradsInto* into, bool with_bias, int64_t c,
+                      DType dt, const Tensor& x, Tensor& dweight, Tensor* dbias) {
+  if (into == nullptr) {
+    dweight = Tensor::empty({c}, dt, x.device());
+    if (with_bias) *dbias = Tensor::empty({c}, dt, x.device());
+    return false;
+  }
+  auto check = [&](const Tensor& t, const char* what) {
+    STRATA_CHECK(t.defined() && t.dtype() == dt && t.is_contiguous() && t.shape() == Shape{c},
+                 "{}: {} to add into must be a contiguous {} [{}], not {}", op, what,
+                 dtype_name(dt), c, t.defined() ? t.str() : "undefined");
+    same_device(x, t, op);
+  };
+  check(into->dweight, "dweight");
+  dweight = into->dweight;
+  if (with_bias) {
+    check(into->dbias, "dbias");
+    *dbias = into->dbias;
+  } else {
+    STRATA_CHECK(!into->dbias.defined(), "{}: a norm without bias takes no dbias to add into", op);
+  }
+  return true;
+}
 }  // namespace
 
 LinearResult linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
@@ -458,7 +484,8 @@ NormResult layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 }
 
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd) {
+                                  const Tensor& mean, const Tensor& rstd,
+                                  const NormGradsInto* into) {
   int64_t c = x.size(-1);
   const DType dt = compute_dtype("layernorm_backward", {&dy, &x, &weight});
   require_f32(mean, "layernorm_backward", "mean");
@@ -468,11 +495,11 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   Tensor dy2 = rows2d(dy.contiguous());
   LayerNormGrads g;
   g.dx = Tensor::empty(x.shape(), dt, x.device());
-  g.dweight = Tensor::empty({c}, dt, x.device());
-  g.dbias = Tensor::empty({c}, dt, x.device());
+  const bool acc =
+      norm_param_grads("layernorm_backward", into, true, c, dt, x, g.dweight, &g.dbias);
   if (c == 0) return g;  // Note [Norms over no features]
   Tensor dx2 = rows2d(g.dx);
-  be(x).layernorm_backward(dy2, x2, weight.contiguous(), mean, rstd, dx2, g.dweight, g.dbias);
+  be(x).layernorm_backward(dy2, x2, weight.contiguous(), mean, rstd, dx2, g.dweight, g.dbias, acc);
   return g;
 }
 
@@ -495,7 +522,7 @@ NormResult rmsnorm(const Tensor& x, const Tensor& weight, float eps) {
 }
 
 RmsNormGrads rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                              const Tensor& rstd) {
+                              const Tensor& rstd, const NormGradsInto* into) {
   int64_t c = x.size(-1);
   const DType dt = compute_dtype("rmsnorm_backward", {&dy, &x, &weight});
   require_f32(rstd, "rmsnorm_backward", "rstd");
@@ -504,10 +531,10 @@ RmsNormGrads rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
   Tensor dy2 = rows2d(dy.contiguous());
   RmsNormGrads g;
   g.dx = Tensor::empty(x.shape(), dt, x.device());
-  g.dweight = Tensor::empty({c}, dt, x.device());
+  const bool acc = norm_param_grads("rmsnorm_backward", into, false, c, dt, x, g.dweight, nullptr);
   if (c == 0) return g;  // Note [Norms over no features]
   Tensor dx2 = rows2d(g.dx);
-  be(x).rmsnorm_backward(dy2, x2, weight.contiguous(), rstd, dx2, g.dweight);
+  be(x).rmsnorm_backward(dy2, x2, weight.contiguous(), rstd, dx2, g.dweight, acc);
   return g;
 }
 
@@ -558,8 +585,8 @@ AddNormResult add_layernorm(const Tensor& x, const Tensor& r, const Tensor& weig
 }
 
 LayerNormGrads add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
-                                      const Tensor& weight, const Tensor& mean,
-                                      const Tensor& rstd) {
+                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                      const NormGradsInto* into) {
   const int64_t c = s.size(-1);
   STRATA_CHECK(dy.shape() == s.shape(), "add_layernorm_backward: dy {} for s {}", dy.str(),
                s.str());
@@ -571,12 +598,12 @@ LayerNormGrads add_layernorm_backward(const Tensor& dy, const Tensor& ds, const 
   Tensor ds2 = rows_or_none(ds, s, "add_layernorm_backward");
   LayerNormGrads g;
   g.dx = Tensor::empty(s.shape(), dt, s.device());
-  g.dweight = Tensor::empty({c}, dt, s.device());
-  g.dbias = Tensor::empty({c}, dt, s.device());
+  const bool acc =
+      norm_param_grads("add_layernorm_backward", into, true, c, dt, s, g.dweight, &g.dbias);
   if (c == 0) return g;  // Note [Norms over no features]
   Tensor dx2 = rows2d(g.dx);
   be(s).add_layernorm_backward(dy2, ds2, s2, weight.contiguous(), mean, rstd, dx2, g.dweight,
-                               g.dbias);
+                               g.dbias, acc);
   return g;
 }
 
@@ -599,7 +626,8 @@ AddNormResult add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight
 }
 
 RmsNormGrads add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
-                                  const Tensor& weight, const Tensor& rstd) {
+                                  const Tensor& weight, const Tensor& rstd,
+                                  const NormGradsInto* into) {
   const int64_t c = s.size(-1);
   STRATA_CHECK(dy.shape() == s.shape(), "add_rmsnorm_backward: dy {} for s {}", dy.str(), s.str());
   const DType dt = compute_dtype("add_rmsnorm_backward", {&dy, &s, &weight});
@@ -609,10 +637,11 @@ RmsNormGrads add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tens
   Tensor ds2 = rows_or_none(ds, s, "add_rmsnorm_backward");
   RmsNormGrads g;
   g.dx = Tensor::empty(s.shape(), dt, s.device());
-  g.dweight = Tensor::empty({c}, dt, s.device());
+  const bool acc =
+      norm_param_grads("add_rmsnorm_backward", into, false, c, dt, s, g.dweight, nullptr);
   if (c == 0) return g;  // Note [Norms over no features]
   Tensor dx2 = rows2d(g.dx);
-  be(s).add_rmsnorm_backward(dy2, ds2, s2, weight.contiguous(), rstd, dx2, g.dweight);
+  be(s).add_rmsnorm_backward(dy2, ds2, s2, weight.contiguous(), rstd, dx2, g.dweight, acc);
   return g;
 }
 

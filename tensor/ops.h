@@ -153,14 +153,31 @@ NormResult layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 struct LayerNormGrads {
   Tensor dx, dweight, dbias;
 };
+
+// Note [Norm gradients into their buffer]
+// A norm's weight and bias gradients are column sums over every row; on the GPU one small kernel
+// finishes them (Note [Chunk partial sums] in tensor/cuda/common.cuh). AccumulateGrad then added
+// each into its parameter's gradient buffer with an axpy launch of its own, a few microseconds
+// for a few thousand values: two launches per LayerNorm, 194 of the 769 kernels of a GPT-2 1558M
+// step. Given `into`, a norm backward adds its gradients into those tensors itself (on the GPU in
+// the finisher, no extra launch): round(old + round(gradient)), the bits the axpy of the returned
+// gradient gives, whatever the tensors held. The CPU computes them apart and adds them with its
+// axpy, the same bits by construction. The returned dweight (and dbias) are then those tensors.
+// `into` holds dweight, and dbias exactly for layernorm: contiguous [C] of the compute dtype on
+// x's device. autograd's norms pass the parameters' gradient buffers where gradient_sink allows
+// (Note [Weight gradients into their buffer] in autograd/grad_sink.h).
+struct NormGradsInto {
+  Tensor dweight, dbias;
+};
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd);
+                                  const Tensor& mean, const Tensor& rstd,
+                                  const NormGradsInto* into = nullptr);
 NormResult rmsnorm(const Tensor& x, const Tensor& weight, float eps);
 struct RmsNormGrads {
   Tensor dx, dweight;
 };
 RmsNormGrads rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                              const Tensor& rstd);
+                              const Tensor& rstd, const NormGradsInto* into = nullptr);
 
 // Note [Fused residual norm]
 // A pre-norm transformer adds each sublayer's output to the residual stream and normalises the
@@ -184,12 +201,15 @@ struct AddNormResult {
 // x and r of one shape [..., C] (no broadcasting) and dtype; weight, bias [C].
 AddNormResult add_layernorm(const Tensor& x, const Tensor& r, const Tensor& weight,
                             const Tensor& bias, float eps);
-// dx of the result is dsum. ds may be undefined (no gradient reached s).
+// dx of the result is dsum. ds may be undefined (no gradient reached s). `into`: Note [Norm
+// gradients into their buffer].
 LayerNormGrads add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
-                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                      const NormGradsInto* into = nullptr);
 AddNormResult add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight, float eps);
 RmsNormGrads add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
-                                  const Tensor& weight, const Tensor& rstd);
+                                  const Tensor& weight, const Tensor& rstd,
+                                  const NormGradsInto* into = nullptr);
 
 Tensor softmax(const Tensor& x);  // last dim
 Tensor softmax_backward(const Tensor& y, const Tensor& dy);

@@ -175,13 +175,34 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const 
     layernorm_row(xp + r * c, w, b, eps, c, yp + r * c, mp + r, rp + r);
 }
 
+// A norm backward with `accumulate` (tensor/backend.h): `run` computes the parameter gradients
+// into fresh tensors, which are then added into dweight (and dbias) by axpy, so the CPU's bits are
+// those of AccumulateGrad adding the returned gradients. Returns false without accumulate.
+namespace {
+template <typename Run>
+bool accumulate_apart(bool accumulate, Tensor& dweight, Tensor* dbias, Run run) {
+  if (!accumulate) return false;
+  offload::CategoryScope scope(offload::Category::Workspace);
+  Tensor w = Tensor::empty(dweight.shape(), dweight.dtype());
+  Tensor b = dbias ? Tensor::empty(dbias->shape(), dbias->dtype()) : Tensor();
+  run(w, b);
+  CpuBackend::instance().axpy(1.f, w, dweight);
+  if (dbias) CpuBackend::instance().axpy(1.f, b, *dbias);
+  return true;
+}
+}  // namespace
+
 void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                                    Tensor& dweight, Tensor& dbias) {
+                                    Tensor& dweight, Tensor& dbias, bool accumulate) {
+  if (accumulate_apart(accumulate, dweight, &dbias, [&](Tensor& w, Tensor& b) {
+        layernorm_backward(dy, x, weight, mean, rstd, dx, w, b, false);
+      }))
+    return;
   if (!all_f32(dy, x, weight, mean, rstd, dx, dweight, dbias)) {  // Note [Widening adapter]
     F32Out odx(dx), odw(dweight), odb(dbias);
     layernorm_backward(widened(dy), widened(x), widened(weight), widened(mean), widened(rstd),
-                       odx.get(), odw.get(), odb.get());
+                       odx.get(), odw.get(), odb.get(), false);
     odx.commit();
     odw.commit();
     return odb.commit();
@@ -219,10 +240,16 @@ void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float ep
 }
 
 void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                  const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+                                  const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                                  bool accumulate) {
+  if (accumulate_apart(accumulate, dweight, nullptr, [&](Tensor& w, Tensor&) {
+        rmsnorm_backward(dy, x, weight, rstd, dx, w, false);
+      }))
+    return;
   if (!all_f32(dy, x, weight, rstd, dx, dweight)) {  // Note [Widening adapter]
     F32Out odx(dx), odw(dweight);
-    rmsnorm_backward(widened(dy), widened(x), widened(weight), widened(rstd), odx.get(), odw.get());
+    rmsnorm_backward(widened(dy), widened(x), widened(weight), widened(rstd), odx.get(), odw.get(),
+                     false);
     odx.commit();
     return odw.commit();
   }
@@ -272,12 +299,17 @@ void CpuBackend::add_layernorm_forward(const Tensor& x, const Tensor& r, const T
 void CpuBackend::add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
                                         const Tensor& weight, const Tensor& mean,
                                         const Tensor& rstd, Tensor& dsum, Tensor& dweight,
-                                        Tensor& dbias) {
+                                        Tensor& dbias, bool accumulate) {
+  if (accumulate_apart(accumulate, dweight, &dbias, [&](Tensor& w, Tensor& b) {
+        add_layernorm_backward(dy, ds, s, weight, mean, rstd, dsum, w, b, false);
+      }))
+    return;
   if (!all_f32(dy, ds, s, weight, dsum, dweight, dbias)) {
-    if (!ds.defined()) return layernorm_backward(dy, s, weight, mean, rstd, dsum, dweight, dbias);
+    if (!ds.defined())
+      return layernorm_backward(dy, s, weight, mean, rstd, dsum, dweight, dbias, false);
     offload::CategoryScope scope(offload::Category::Workspace);
     Tensor dx = Tensor::empty(dsum.shape(), dsum.dtype());
-    layernorm_backward(dy, s, weight, mean, rstd, dx, dweight, dbias);
+    layernorm_backward(dy, s, weight, mean, rstd, dx, dweight, dbias, false);
     return binary(BinaryOp::Add, ds, dx, dsum);
   }
   const int64_t n = s.size(0), c = s.size(1);
@@ -321,12 +353,16 @@ void CpuBackend::add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Ten
 
 void CpuBackend::add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
                                       const Tensor& weight, const Tensor& rstd, Tensor& dsum,
-                                      Tensor& dweight) {
+                                      Tensor& dweight, bool accumulate) {
+  if (accumulate_apart(accumulate, dweight, nullptr, [&](Tensor& w, Tensor&) {
+        add_rmsnorm_backward(dy, ds, s, weight, rstd, dsum, w, false);
+      }))
+    return;
   if (!all_f32(dy, ds, s, weight, dsum, dweight)) {
-    if (!ds.defined()) return rmsnorm_backward(dy, s, weight, rstd, dsum, dweight);
+    if (!ds.defined()) return rmsnorm_backward(dy, s, weight, rstd, dsum, dweight, false);
     offload::CategoryScope scope(offload::Category::Workspace);
     Tensor dx = Tensor::empty(dsum.shape(), dsum.dtype());
-    rmsnorm_backward(dy, s, weight, rstd, dx, dweight);
+    rmsnorm_backward(dy, s, weight, rstd, dx, dweight, false);
     return binary(BinaryOp::Add, ds, dx, dsum);
   }
   const int64_t n = s.size(0), c = s.size(1);

@@ -89,6 +89,18 @@ __device__ inline void store_float(void* p, int dtype, int64_t i, float v) {
   }
 }
 
+// v rounded to a float dtype and widened back: what a store_float and load_float round trip gives.
+__device__ inline float round_to(int dtype, float v) {
+  switch (dtype) {
+    case kBF16:
+      return __bfloat162float(__float2bfloat16_rn(v));
+    case kF16:
+      return __half2float(__float2half_rn(v));
+    default:
+      return v;
+  }
+}
+
 __device__ inline bool is_float_dtype(int dtype) {
   return dtype <= kF16;
 }
@@ -311,6 +323,9 @@ __device__ __forceinline__ void column_chunk_sums(const T* x, int64_t n, int64_t
 // walking every chunk gave GPT-2 1558M's 1600 columns 7 blocks, each thread 128 or more
 // dependent adds, on a device of 132 multiprocessors (bench_gpt2_cuda --launches, Note [Launch
 // sites]).
+// With `accumulate` each out[j] already holds a gradient and the rounded sum is added to it:
+// out[j] = round(out[j] + round(sum)) in f32, the bits of AccumulateGrad's axpy_ of the sum into
+// out (Note [Norm gradients into their buffer] in tensor/ops.h).
 inline constexpr int kChunkRuns = 32;
 
 template <typename Acc>
@@ -321,7 +336,8 @@ struct ChunkSums {
 
 template <typename Acc>
 __global__ void __launch_bounds__(32 * kChunkRuns)
-    chunk_column_sums(ChunkSums<Acc> sums, int64_t chunks, int64_t c, int out_dtype) {
+    chunk_column_sums(ChunkSums<Acc> sums, int64_t chunks, int64_t c, int out_dtype,
+                      bool accumulate) {
   __shared__ Acc runs[32 * kChunkRuns];  // [y][x], blockDim.x * blockDim.y <= 1024
   // Selected, not indexed: a parameter indexed by a run-time value is copied to local memory.
   const bool second = blockIdx.y != 0;
@@ -337,20 +353,25 @@ __global__ void __launch_bounds__(32 * kChunkRuns)
   if (threadIdx.y != 0 || j >= c) return;
   Acc total = 0;
   for (unsigned y = 0; y < blockDim.y; ++y) total += runs[y * blockDim.x + threadIdx.x];
-  store_float(second ? sums.out[1] : sums.out[0], out_dtype, j, static_cast<float>(total));
+  void* out = second ? sums.out[1] : sums.out[0];
+  float v = static_cast<float>(total);
+  if (accumulate) v = load_float(out, out_dtype, j) + round_to(out_dtype, v);
+  store_float(out, out_dtype, j, v);
 }
 
-// out0 (and out1 when partial1 is given) from `chunks` rows of c partials each.
+// out0 (and out1 when partial1 is given) from `chunks` rows of c partials each; added into them
+// when `accumulate` (Note [Chunk partial sums]).
 template <typename Acc>
 void launch_chunk_column_sums(const Acc* partial0, void* out0, const Acc* partial1, void* out1,
-                              int out_dtype, int64_t chunks, int64_t c, Stream stream) {
+                              int out_dtype, int64_t chunks, int64_t c, Stream stream,
+                              bool accumulate = false) {
   if (c == 0) return;
   const ChunkSums<Acc> sums{{partial0, partial1}, {out0, out1}};
   const auto runs = static_cast<unsigned>(std::clamp<int64_t>(chunks, 1, kChunkRuns));
   const unsigned width = 32 * (kChunkRuns / runs);
   const dim3 grid(static_cast<unsigned>((c + width - 1) / width), partial1 != nullptr ? 2u : 1u);
   STRATA_LAUNCH(grid, dim3(width, runs), 0, stream, chunk_column_sums<Acc>)
-  (sums, chunks, c, out_dtype);
+  (sums, chunks, c, out_dtype, accumulate);
 }
 
 template <typename T>

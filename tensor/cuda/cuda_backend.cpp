@@ -632,7 +632,7 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const
 
 void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                      const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                                     Tensor& dweight, Tensor& dbias) {
+                                     Tensor& dweight, Tensor& dbias, bool accumulate) {
   OpScope prof(stream_, "layernorm_backward", 0,
                bytes_of({&dy, &x, &weight, &dx, &dweight, &dbias}));
   const int64_t n = x.size(0), c = x.size(1);
@@ -642,7 +642,7 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
                compute_dt("layernorm_backward", x, dy, weight, dx, dweight, dbias), dy.data_ptr(),
                nullptr, x.data_ptr(), weight.data_ptr(), mean.data<float>(), rstd.data<float>(),
                dx.data_ptr(), dweight.data_ptr(), dbias.data_ptr(),
-               static_cast<float*>(s.data_ptr()), n, c, fused_norm_grads(), stream_),
+               static_cast<float*>(s.data_ptr()), n, c, fused_norm_grads(), accumulate, stream_),
            "layernorm_backward");
 }
 
@@ -656,17 +656,18 @@ void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, float e
 }
 
 void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                   const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+                                   const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                                   bool accumulate) {
   OpScope prof(stream_, "rmsnorm_backward", 0, bytes_of({&dy, &x, &weight, &dx, &dweight}));
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(chunks * c * 4);
-  launched(
-      launch_norm_backward(compute_dt("rmsnorm_backward", x, dy, weight, dx, dweight),
-                           dy.data_ptr(), nullptr, x.data_ptr(), weight.data_ptr(), nullptr,
-                           rstd.data<float>(), dx.data_ptr(), dweight.data_ptr(), nullptr,
-                           static_cast<float*>(s.data_ptr()), n, c, fused_norm_grads(), stream_),
-      "rmsnorm_backward");
+  launched(launch_norm_backward(compute_dt("rmsnorm_backward", x, dy, weight, dx, dweight),
+                                dy.data_ptr(), nullptr, x.data_ptr(), weight.data_ptr(), nullptr,
+                                rstd.data<float>(), dx.data_ptr(), dweight.data_ptr(), nullptr,
+                                static_cast<float*>(s.data_ptr()), n, c, fused_norm_grads(),
+                                accumulate, stream_),
+           "rmsnorm_backward");
 }
 
 // Note [CUDA fused residual norm] (fused_norm.cu).
@@ -684,7 +685,7 @@ void CudaBackend::add_layernorm_forward(const Tensor& x, const Tensor& r, const 
 void CudaBackend::add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
                                          const Tensor& weight, const Tensor& mean,
                                          const Tensor& rstd, Tensor& dsum, Tensor& dweight,
-                                         Tensor& dbias) {
+                                         Tensor& dbias, bool accumulate) {
   OpScope prof(stream_, "add_layernorm_backward", 0,
                bytes_of({&dy, &ds, &s, &weight, &dsum, &dweight, &dbias}));
   const int64_t n = s.size(0), c = s.size(1);
@@ -692,12 +693,12 @@ void CudaBackend::add_layernorm_backward(const Tensor& dy, const Tensor& ds, con
   if (ds.defined()) compute_dt("add_layernorm_backward", s, ds);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor sc = scratch(2 * chunks * c * 4);
-  launched(
-      launch_norm_backward(t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr, s.data_ptr(),
-                           weight.data_ptr(), mean.data<float>(), rstd.data<float>(),
-                           dsum.data_ptr(), dweight.data_ptr(), dbias.data_ptr(),
-                           static_cast<float*>(sc.data_ptr()), n, c, fused_norm_grads(), stream_),
-      "add_layernorm_backward");
+  launched(launch_norm_backward(t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr,
+                                s.data_ptr(), weight.data_ptr(), mean.data<float>(),
+                                rstd.data<float>(), dsum.data_ptr(), dweight.data_ptr(),
+                                dbias.data_ptr(), static_cast<float*>(sc.data_ptr()), n, c,
+                                fused_norm_grads(), accumulate, stream_),
+           "add_layernorm_backward");
 }
 
 void CudaBackend::add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
@@ -712,7 +713,7 @@ void CudaBackend::add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Te
 
 void CudaBackend::add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
                                        const Tensor& weight, const Tensor& rstd, Tensor& dsum,
-                                       Tensor& dweight) {
+                                       Tensor& dweight, bool accumulate) {
   OpScope prof(stream_, "add_rmsnorm_backward", 0,
                bytes_of({&dy, &ds, &s, &weight, &dsum, &dweight}));
   const int64_t n = s.size(0), c = s.size(1);
@@ -720,11 +721,12 @@ void CudaBackend::add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const
   if (ds.defined()) compute_dt("add_rmsnorm_backward", s, ds);
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   Tensor sc = scratch(chunks * c * 4);
-  launched(launch_norm_backward(
-               t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr, s.data_ptr(),
-               weight.data_ptr(), nullptr, rstd.data<float>(), dsum.data_ptr(), dweight.data_ptr(),
-               nullptr, static_cast<float*>(sc.data_ptr()), n, c, fused_norm_grads(), stream_),
-           "add_rmsnorm_backward");
+  launched(
+      launch_norm_backward(t, dy.data_ptr(), ds.defined() ? ds.data_ptr() : nullptr, s.data_ptr(),
+                           weight.data_ptr(), nullptr, rstd.data<float>(), dsum.data_ptr(),
+                           dweight.data_ptr(), nullptr, static_cast<float*>(sc.data_ptr()), n, c,
+                           fused_norm_grads(), accumulate, stream_),
+      "add_rmsnorm_backward");
 }
 
 void CudaBackend::softmax_forward(const Tensor& x, Tensor& y) {

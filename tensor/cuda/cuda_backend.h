@@ -95,22 +95,23 @@ class CudaBackend final : public Backend {
                          Tensor& y, Tensor& mean, Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                          Tensor& dbias) override;
+                          Tensor& dbias, bool accumulate) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                        Tensor& rstd) override;
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                        Tensor& dx, Tensor& dweight) override;
+                        Tensor& dx, Tensor& dweight, bool accumulate) override;
   void add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight,
                              const Tensor& bias, float eps, Tensor& s, Tensor& y, Tensor& mean,
                              Tensor& rstd) override;
   void add_layernorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
                               const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                              Tensor& dsum, Tensor& dweight, Tensor& dbias) override;
+                              Tensor& dsum, Tensor& dweight, Tensor& dbias,
+                              bool accumulate) override;
   void add_rmsnorm_forward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
                            Tensor& s, Tensor& y, Tensor& rstd) override;
   void add_rmsnorm_backward(const Tensor& dy, const Tensor& ds, const Tensor& s,
-                            const Tensor& weight, const Tensor& rstd, Tensor& dsum,
-                            Tensor& dweight) override;
+                            const Tensor& weight, const Tensor& rstd, Tensor& dsum, Tensor& dweight,
+                            bool accumulate) override;
   void softmax_forward(const Tensor& x, Tensor& y) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

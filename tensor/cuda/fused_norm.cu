@@ -388,7 +388,8 @@ bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, voi
 
 bool launch_norm_backward(int dt, const void* dy, const void* ds, const void* s, const void* w,
                           const float* mean, const float* rstd, void* dsum, void* dw, void* db,
-                          float* scratch, int64_t n, int64_t c, bool fused, Stream stream) {
+                          float* scratch, int64_t n, int64_t c, bool fused, bool accumulate,
+                          Stream stream) {
   const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
   float* partial_b = db ? scratch + chunks * c : nullptr;
   return dispatch_float(dt, [&](auto tag) {
@@ -405,7 +406,7 @@ bool launch_norm_backward(int dt, const void* dy, const void* ds, const void* s,
     if (!fused || n == 0 || c == 0 || units > kFusedNormThreads || !partials_fit || !bias_fits ||
         chunks > 0x7fffffff /* grid.x */) {
       if (!launch_add_norm_backward(dt, dy, ds, s, w, mean, rstd, dsum, n, c, stream)) return;
-      launch_norm_param_grads(dt, dy, s, mean, rstd, dw, db, scratch, n, c, stream);
+      launch_norm_param_grads(dt, dy, s, mean, rstd, dw, db, scratch, n, c, accumulate, stream);
       return;
     }
     const auto* pdy = static_cast<const T*>(dy);
@@ -426,7 +427,7 @@ bool launch_norm_backward(int dt, const void* dy, const void* ds, const void* s,
       else STRATA_LAUNCH(grid, threads, 0, stream, add_norm_bwd_fused<T, 1, false>)(
           pdy, pds, ps, pw, mean, rstd, out, scratch, partial_b, n, c);
     }
-    launch_chunk_column_sums<float>(scratch, dw, partial_b, db, dt, chunks, c, stream);
+    launch_chunk_column_sums<float>(scratch, dw, partial_b, db, dt, chunks, c, stream, accumulate);
   });
 }
 

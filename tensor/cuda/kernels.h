@@ -102,10 +102,11 @@ inline constexpr int64_t kNormRowChunk = 32;
 bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, void* y, float* rstd,
                             int64_t n, int64_t c, Stream stream);
 // dweight (and dbias unless db is null) of layernorm (mean given) or rmsnorm (mean null) at the
-// rows x [n, c]: the chunked f32 partials of layernorm_backward (scratch as there), rounded once.
+// rows x [n, c]: the chunked f32 partials of layernorm_backward (scratch as there), rounded once;
+// with `accumulate` added into what dw and db hold (Note [Chunk partial sums] in common.cuh).
 bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float* mean,
                              const float* rstd, void* dw, void* db, float* scratch, int64_t n,
-                             int64_t c, Stream stream);
+                             int64_t c, bool accumulate, Stream stream);
 bool launch_softmax_forward(int dt, const void* x, void* y, int64_t n, int64_t c, Stream stream);
 bool launch_softmax_backward(int dt, const void* y, const void* dy, void* dx, int64_t n, int64_t c,
                              Stream stream);
@@ -165,10 +166,12 @@ bool launch_add_norm_backward(int dt, const void* dy, const void* ds, const void
 // launch_add_norm_backward, dw (and db unless null) as launch_norm_param_grads (scratch as there).
 // fused: one kernel for dsum and the partials where a row fits one block of 512 threads, else
 // (or !fused) those two launches; the same bits either way (Note [Fused norm weight gradients]
-// in fused_norm.cu). The plain norms pass x as s.
+// in fused_norm.cu). The plain norms pass x as s. `accumulate`: dw and db take their gradients
+// added into what they hold, as launch_norm_param_grads.
 bool launch_norm_backward(int dt, const void* dy, const void* ds, const void* s, const void* w,
                           const float* mean, const float* rstd, void* dsum, void* dw, void* db,
-                          float* scratch, int64_t n, int64_t c, bool fused, Stream stream);
+                          float* scratch, int64_t n, int64_t c, bool fused, bool accumulate,
+                          Stream stream);
 
 // ---- epilogue.cu: the unfused fallbacks of the linear epilogues (tensor/cuda/matmul.cpp) ----
 // acc [rows, cols] F32 (may be y itself when dt is F32); bias [cols] or null; act 0 none, 1 GELU.

@@ -665,7 +665,7 @@ bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double*
 
 bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float* mean,
                              const float* rstd, void* dw, void* db, float* scratch, int64_t n,
-                             int64_t c, Stream stream) {
+                             int64_t c, bool accumulate, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
@@ -680,7 +680,7 @@ bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float*
     (static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, scratch, partial_b, n, c,
      wide);
     // Note [Chunk partial sums]: dweight and dbias in one launch.
-    launch_chunk_column_sums<float>(scratch, dw, partial_b, db, dt, chunks, c, stream);
+    launch_chunk_column_sums<float>(scratch, dw, partial_b, db, dt, chunks, c, stream, accumulate);
   });
 }
 

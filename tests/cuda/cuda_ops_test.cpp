@@ -19,6 +19,7 @@
 #include "tensor/cuda.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
+#include "tests/support/norm_into_check.h"
 
 #if defined(STRATA_CUDA_EMULATION)
 #include "tests/cuda_emu/control.h"
@@ -845,7 +846,7 @@ TEST(CudaOps, ColumnReductionsTakeMoreRowChunksThanGridYHolds) {
   Tensor dw = zeros({1}, DType::F32, kGpu), db = zeros({1}, DType::F32, kGpu);
   ASSERT_TRUE(cuda::launch_norm_param_grads(f32, dy.data_ptr(), x.data_ptr(), mean.data<float>(),
                                             rstd.data<float>(), dw.data_ptr(), db.data_ptr(),
-                                            scratch.data<float>(), n, 1, stream));
+                                            scratch.data<float>(), n, 1, false, stream));
   EXPECT_EQ(dw.to(Device::cpu()).data<float>()[0], static_cast<float>(want));
   EXPECT_EQ(db.to(Device::cpu()).data<float>()[0], static_cast<float>(n));
 }
@@ -906,6 +907,9 @@ TEST(CudaOps, ColumnSumsAddChunkPartialsInTheirNotedOrder) {
 // layernorm and rmsnorm, with and without the residual's ds, in every float dtype: rows of packs
 // with a short last chunk, rows that take no packs, a single row, and rows of 512 packs (the
 // largest block the fused path takes). In the emulator it also checks which kernels ran.
+// Note [Norm gradients into their buffer] (tensor/ops.h): with `accumulate`, both paths add
+// dweight and dbias into buffers that already hold gradients, with the bits tensor::axpy_ (what
+// AccumulateGrad runs) gives adding the returned gradients into the same buffers.
 TEST(CudaOps, FusedNormBackwardGivesTheSeparatePathsBits) {
   SKIP_WITHOUT_GPU();
   const auto stream = static_cast<cuda::Stream>(cuda_current_stream());
@@ -944,7 +948,7 @@ TEST(CudaOps, FusedNormBackwardGivesTheSeparatePathsBits) {
                 static_cast<int>(dt), dy.data_ptr(), with_ds ? ds.data_ptr() : nullptr,
                 x.data_ptr(), w.data_ptr(), layer ? mean.data<float>() : nullptr,
                 rstd.data<float>(), dsum.data_ptr(), dw.data_ptr(), layer ? db.data_ptr() : nullptr,
-                scratch.data<float>(), n, c, fused, stream));
+                scratch.data<float>(), n, c, fused, false, stream));
 #if defined(STRATA_CUDA_EMULATION)
             uint64_t fused_launches = 0, partial_launches = 0;
             for (const cuda_emu::LaunchSite& site : cuda_emu::launch_sites()) {
@@ -957,10 +961,39 @@ TEST(CudaOps, FusedNormBackwardGivesTheSeparatePathsBits) {
             EXPECT_EQ(partial_launches, fused ? 0u : 1u);
 #endif
             got[fused] = {bytes(dsum), bytes(dw), bytes(db)};
+            // The same backward adding into buffers holding earlier gradients.
+            const Tensor old_w = rnd({c}, draw + 100).to(dt).to(kGpu);
+            const Tensor old_b = rnd({c}, draw + 200).to(dt).to(kGpu);
+            Tensor want_w = old_w.clone(), want_b = old_b.clone();
+            axpy_(1.f, dw, want_w);
+            axpy_(1.f, db, want_b);
+            Tensor acc_w = old_w.clone(), acc_b = old_b.clone(), acc_sum = zeros({n, c}, dt, kGpu);
+            ASSERT_TRUE(cuda::launch_norm_backward(
+                static_cast<int>(dt), dy.data_ptr(), with_ds ? ds.data_ptr() : nullptr,
+                x.data_ptr(), w.data_ptr(), layer ? mean.data<float>() : nullptr,
+                rstd.data<float>(), acc_sum.data_ptr(), acc_w.data_ptr(),
+                layer ? acc_b.data_ptr() : nullptr, scratch.data<float>(), n, c, fused, true,
+                stream));
+            EXPECT_TRUE(bytes(acc_sum) == bytes(dsum)) << "dsum with accumulate";
+            EXPECT_TRUE(bytes(acc_w) == bytes(want_w)) << "dweight added into a buffer";
+            EXPECT_TRUE(bytes(acc_b) == bytes(layer ? want_b : old_b))
+                << (layer ? "dbias added into a buffer" : "rmsnorm left dbias's buffer alone");
+            EXPECT_TRUE(bytes(acc_w) != bytes(old_w)) << "nothing was added";
           }
           const char* names[] = {"dsum", "dweight", "dbias"};
           for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[0][i] == got[1][i]) << names[i];
         }
+  }
+}
+
+// Note [Norm gradients into their buffer] through the ops, as autograd's norms call them: the
+// buffers end with the bits AccumulateGrad's axpy of the returned gradients gives (the launcher
+// test above covers the separate path too).
+TEST(CudaOps, NormGradientsAddIntoGivenBuffersWithTheAxpysBits) {
+  SKIP_WITHOUT_GPU();
+  for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    strata::testing::expect_norm_grads_added_into(kGpu, dt);
   }
 }
 

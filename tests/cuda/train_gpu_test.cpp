@@ -142,13 +142,15 @@ void expect_gradients_match(models::CausalLM& cpu, models::CausalLM& gpu, const 
 }
 
 // Note [Weight gradients into their buffer]: the linear layers' and the tied head's GEMMs add their
-// weight gradients into the flat buffers, and the embedding scatters into its table's. Against the
-// path that returns each gradient for AccumulateGrad to add (GradIntoBufferGuard(false)), every
-// gradient has the same bits, except the tied embedding table's: its two uses are now rounded
-// once, not twice (within 1e-6 of its largest gradient in f32, 1e-2 in bf16). A second backward
-// without zeroing adds to the first (twice it, within the same bounds), so the GEMMs accumulate
-// and do not overwrite. On the emulator, counting kernels: the fused path launches at least one
-// fewer per weight matrix (the axpys it no longer needs).
+// weight gradients into the flat buffers, the embedding scatters into its table's, and the
+// LayerNorms add their weight and bias gradients (Note [Norm gradients into their buffer]).
+// Against the path that returns each gradient for AccumulateGrad to add
+// (GradIntoBufferGuard(false)), every gradient has the same bits, except the tied embedding
+// table's: its two uses are now rounded once, not twice (within 1e-6 of its largest gradient in
+// f32, 1e-2 in bf16). A second backward without zeroing adds to the first (twice it, within the
+// same bounds), so nothing overwrites; the norms' second gradients keep the returned path's bits
+// there too. On the emulator, counting kernels: the fused path launches at least one fewer per
+// weight matrix and two fewer per LayerNorm (the axpys it no longer needs).
 TEST(TrainGpu, WeightGradientsGoIntoTheirBuffer) {
   SKIP_WITHOUT_GPU();
   TrainSpec s;
@@ -186,6 +188,10 @@ TEST(TrainGpu, WeightGradientsGoIntoTheirBuffer) {
     const Grads returned = backward(false, true);
     const Grads into = backward(true, true);
     const Grads twice = backward(true, false);
+    // The same two backwards on the returned path: the first's gradients (returned's bits), then
+    // the second's added by AccumulateGrad.
+    backward(false, true);
+    const Grads twice_returned = backward(false, false);
     ASSERT_EQ(returned.values.size(), into.values.size());
     auto max_abs = [](const std::vector<float>& v, float scale, const std::vector<float>* minus) {
       double m = 0;
@@ -194,7 +200,7 @@ TEST(TrainGpu, WeightGradientsGoIntoTheirBuffer) {
                                   (minus ? static_cast<double>((*minus)[i]) : 0.0)));
       return m;
     };
-    int tied = 0;
+    int tied = 0, norms = 0;
     for (size_t p = 0; p < into.values.size(); ++p) {
       SCOPED_TRACE(into.names[p]);
       const double largest = max_abs(returned.values[p], 1.f, nullptr);
@@ -207,10 +213,19 @@ TEST(TrainGpu, WeightGradientsGoIntoTheirBuffer) {
       }
       // The second backward added the same gradient again.
       EXPECT_LE(max_abs(into.values[p], 2.f, &twice.values[p]), 2 * tol * largest);
+      // A norm adds into a buffer holding a gradient as AccumulateGrad's axpy_ does: the same
+      // bits as the returned path after two backwards.
+      if (into.names[p].find("ln_") != std::string::npos) {
+        ++norms;
+        EXPECT_EQ(twice.values[p], twice_returned.values[p]);
+      }
     }
     EXPECT_EQ(tied, 1);
+    EXPECT_EQ(norms, 2 * (2 * s.n_layer + 1));  // weight and bias of ln_1, ln_2 and ln_f
 #if defined(STRATA_CUDA_EMULATION)
-    EXPECT_GE(returned.launches, into.launches + static_cast<uint64_t>(4 * s.n_layer + 1))
+    // 4 weight matrices per block and the embedding; 2 parameters of each LayerNorm.
+    EXPECT_GE(returned.launches,
+              into.launches + static_cast<uint64_t>(4 * s.n_layer + 1 + 2 * (2 * s.n_layer + 1)))
         << returned.launches << " kernels returning the gradients, " << into.launches
         << " adding them into their buffers";
 #endif

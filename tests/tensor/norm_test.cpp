@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "tensor/ops.h"
 #include "tests/support/kernel_check.h"
+#include "tests/support/norm_into_check.h"
 
 namespace strata::tensor {
 namespace {
@@ -247,6 +248,15 @@ TEST(Norms, BackwardRefusesOperandsOfOtherShapes) {
   // The right shapes still run.
   EXPECT_EQ(layernorm_backward(x, x, w, ln.mean, ln.rstd).dx.shape(), x.shape());
   EXPECT_EQ(add_rmsnorm_backward(x, Tensor(), ar.s, w, ar.rstd).dweight.shape(), w.shape());
+}
+
+// Note [Norm gradients into their buffer]: given buffers, every norm backward adds its parameter
+// gradients into them with the bits of AccumulateGrad's axpy of the returned ones, in every dtype.
+TEST(Norms, GradientsAddIntoGivenBuffersWithTheAxpysBits) {
+  for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    strata::testing::expect_norm_grads_added_into(Device::cpu(), dt);
+  }
 }
 
 // Large enough that every kernel takes its parallel path.

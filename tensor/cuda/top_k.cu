@@ -26,6 +26,10 @@
 //      are the CPU backend's (which sorts the same words).
 // Values are copied from the row (no rounding), indices are I64. k is at most kTopKMax (the
 // candidates live in shared memory); the backend takes larger k on the host.
+// k = 1 (a greedy draw's candidate) needs no select: top_1_kernel reads the row once, each thread
+// keeping the largest (key, ~index) word of its elements, and the block takes the largest of
+// those (warp shuffles, then one warp over the warps' words). The same words as above, so the
+// same element: one read of the row instead of five, and no atomics.
 #include <cstdint>
 
 #include "tensor/cuda/common.cuh"
@@ -40,6 +44,7 @@ constexpr int kTopKUnroll = 8;  // elements a thread loads per tile, all before 
 constexpr int64_t kTopKTile = int64_t{kTopKThreads} * kTopKUnroll;
 constexpr unsigned kBins = 256;  // one byte of the key per pass
 constexpr unsigned kFull = 0xffffffffu;
+static_assert(kTopKWarps == 32, "top_1_kernel reduces one word per warp in one warp");
 
 // The op's order as unsigned order: larger floats give larger keys, -0 == +0, NaN on top. A real
 // key is at least order_key(-inf) = 0x007fffff, so 0 pads the sort.
@@ -219,6 +224,50 @@ __global__ void __launch_bounds__(kTopKThreads)
   }
 }
 
+// Note [CUDA top-k], k = 1.
+template <typename T>
+__global__ void __launch_bounds__(kTopKThreads)
+    top_1_kernel(const T* x, int64_t n, int64_t row_stride, T* values, int64_t* indices) {
+  __shared__ unsigned long long warp_best[kTopKWarps];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const T* row = x + static_cast<int64_t>(blockIdx.x) * row_stride;
+  unsigned long long best = 0;  // below every real element's word
+  for (int64_t base = 0; base < n; base += kTopKTile) {
+    uint32_t keys[kTopKUnroll];
+#pragma unroll
+    for (int u = 0; u < kTopKUnroll; ++u) {
+      const int64_t i = base + u * kTopKThreads + tid;
+      keys[u] = i < n ? order_key(to_f32(row[i])) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kTopKUnroll; ++u) {
+      const int64_t i = base + u * kTopKThreads + tid;
+      if (i < n) {
+        const unsigned long long w = candidate(keys[u], i);
+        if (w > best) best = w;
+      }
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(kFull, best, off);
+    if (o > best) best = o;
+  }
+  if (lane == 0) warp_best[warp] = best;
+  __syncthreads();
+  if (warp != 0) return;
+  best = warp_best[lane];  // kTopKWarps == 32: one word per lane
+  for (int off = 16; off > 0; off >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(kFull, best, off);
+    if (o > best) best = o;
+  }
+  if (lane == 0) {
+    const auto i = static_cast<int64_t>(0xffffffffull - (best & 0xffffffffull));
+    values[blockIdx.x] = row[i];
+    indices[blockIdx.x] = i;
+  }
+}
+
 }  // namespace
 
 bool launch_top_k(int dt, const void* x, int64_t rows, int64_t n, int64_t row_stride, int64_t k,
@@ -226,6 +275,11 @@ bool launch_top_k(int dt, const void* x, int64_t rows, int64_t n, int64_t row_st
   return dispatch_float(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (rows == 0 || k == 0) return;
+    if (k == 1) {
+      STRATA_LAUNCH(static_cast<unsigned>(rows), kTopKThreads, 0, stream, top_1_kernel<T>)
+      (static_cast<const T*>(x), n, row_stride, static_cast<T*>(values), indices);
+      return;
+    }
     STRATA_LAUNCH(static_cast<unsigned>(rows), kTopKThreads, 0, stream, top_k_kernel<T>)
     (static_cast<const T*>(x), n, row_stride, static_cast<int>(k), static_cast<T*>(values),
      indices);

@@ -692,6 +692,10 @@ TEST(CudaOps, TopKSelectsTheCpusElementsInTheCpusOrder) {
   std::vector<float> coarse_wide = to_float_vector(rnd({2, 20000}, 66));
   for (float& v : coarse_wide) v = std::round(v * 8.f) / 8.f;
   const Tensor padded = rnd({3, 1100}, 61);
+  // Rows of one value: all -inf, all NaN, zeros of both signs (ties everywhere).
+  std::vector<float> flat(3 * 70, -INFINITY);
+  for (size_t i = 70; i < 140; ++i) flat[i] = nan;
+  for (size_t i = 140; i < 210; ++i) flat[i] = i % 3 == 0 ? -0.f : 0.f;
   // Each case's rows in dtype dt on device d (cast on the host, so a NaN's bits are the same on
   // both devices).
   struct Rows {
@@ -705,6 +709,7 @@ TEST(CudaOps, TopKSelectsTheCpusElementsInTheCpusOrder) {
       // The sampler's view: padded rows, the vocabulary's columns.
       {[padded](Device d, DType dt) { return padded.to(dt).to(d).narrow(1, 0, 1037); }, {40}},
       {plain(from_vector(special, {1, 300})), {1, 3, 12, 300}},
+      {plain(from_vector(flat, {3, 70})), {1, 2}},
       {plain(rnd({2, 2000}, 63)), {1500}},  // past kTopKMax: the host path
       // GPT-2's vocabulary: several tiles of the kernel's passes.
       {plain(rnd({2, 50257}, 65)), {1, 40}},
@@ -719,11 +724,15 @@ TEST(CudaOps, TopKSelectsTheCpusElementsInTheCpusOrder) {
         const TopKResult want = top_k(x, k);
         const Tensor xd = c.on(kGpu, dt);
 #if defined(STRATA_CUDA_EMULATION)
-        const uint64_t before = cuda_emu::launches_of("top_k_kernel");
+        const uint64_t before = cuda_emu::launches_of("top_k_kernel"),
+                       before_1 = cuda_emu::launches_of("top_1_kernel");
 #endif
         const TopKResult got = top_k(xd, k);
 #if defined(STRATA_CUDA_EMULATION)
-        EXPECT_EQ(cuda_emu::launches_of("top_k_kernel") - before, k <= cuda::kTopKMax ? 1u : 0u);
+        // k = 1 reads the row once (Note [CUDA top-k]); k above kTopKMax goes to the host.
+        EXPECT_EQ(cuda_emu::launches_of("top_k_kernel") - before,
+                  k > 1 && k <= cuda::kTopKMax ? 1u : 0u);
+        EXPECT_EQ(cuda_emu::launches_of("top_1_kernel") - before_1, k == 1 ? 1u : 0u);
 #endif
         EXPECT_EQ(to_int_vector(got.indices), to_int_vector(want.indices));
         const Tensor gv = got.values.to(Device::cpu());

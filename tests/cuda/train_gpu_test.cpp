@@ -527,11 +527,13 @@ TEST(GpuSampler, DrawsFromTheDevicesCandidatesTheCpusTokens) {
       ASSERT_GT(tools::detail::device_candidates(so, gpu->vocab_size(), kGpu), 0);
       const auto want = tools::sample_batch(*cpu, prompt, so, 3);
 #if defined(STRATA_CUDA_EMULATION)
-      const uint64_t before = cuda_emu::launches_of("top_k_kernel");
+      // Greedy draws take the one-pass kernel (Note [CUDA top-k]).
+      const std::string kernel = d.top_k == 0 ? "top_1_kernel" : "top_k_kernel";
+      const uint64_t before = cuda_emu::launches_of(kernel);
 #endif
       EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
 #if defined(STRATA_CUDA_EMULATION)
-      EXPECT_EQ(cuda_emu::launches_of("top_k_kernel") - before,
+      EXPECT_EQ(cuda_emu::launches_of(kernel) - before,
                 10u);  // one per step, every row in one launch
 #endif
       so.kv_cache = false;

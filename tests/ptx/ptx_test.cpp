@@ -196,6 +196,7 @@ const Rule kRules[] = {
     {R"(embedding_keys\()", kNone, "one sort key per id"},
     {R"(bitonic_(tile|pass)\()", kNone, "sort network"},
     {R"(top_k_kernel<)", kNone, "a row's radix counts and its candidates' sort in shared memory"},
+    {R"(top_1_kernel<)", kNone, "a row's best element, one word per thread"},
     {R"(ce_norm\()", kNone, "count of targets"},
 };
 

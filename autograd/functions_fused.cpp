@@ -117,13 +117,15 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
              nb2 = needs(proj_bias);
   // Note [Weight gradients into their buffer]: leaves' gradients may take the products.
   const Variable w1_leaf = leaf_or_none(fc_weight), w2_leaf = leaf_or_none(proj_weight);
+  // Note [Bias gradients into their buffer].
+  const Variable b1_leaf = leaf_or_none(fc_bias), b2_leaf = leaf_or_none(proj_bias);
   std::vector<Variable> inputs{x, fc_weight, fc_bias, proj_weight, proj_bias};
   return make_output("MlpGelu", out, inputs, [=](const std::vector<Tensor>& g) {
     const Tensor& dout = g[0];
     Tensor dw2, db2, dw1, db1, dx;
     if (nw2) {
       tops::LinearWeightGrads d =
-          weight_gradients(w2_leaf, dout, recompute_gelu ? tops::gelu(pre) : h, nb2);
+          weight_gradients(w2_leaf, dout, recompute_gelu ? tops::gelu(pre) : h, nb2, b2_leaf);
       dw2 = d.dweight;
       db2 = d.dbias;
     } else if (nb2) {
@@ -131,8 +133,10 @@ Variable mlp_gelu(const Variable& x, const Variable& fc_weight, const Variable& 
     }
     if (nx || nw1 || nb1) {
       // dpre = (dout W2) * gelu'(pre), and db1 its column sums, from one GEMM.
-      tops::LinearGeluGrads d = tops::linear_backward_gelu(dout, w2, pre, nb1);
-      db1 = d.dbias;
+      Tensor b1_sink = nb1 ? fresh_gradient_sink(b1_leaf, dout.dtype()) : Tensor();
+      tops::LinearGeluGrads d =
+          tops::linear_backward_gelu(dout, w2, pre, nb1, b1_sink.defined() ? &b1_sink : nullptr);
+      db1 = b1_sink.defined() ? Tensor() : d.dbias;
       if (nw1) dw1 = weight_gradients(w1_leaf, d.dpre, xd, false).dweight;
       if (nx) {
         Tensor dpre2 = d.dpre.reshape({-1, d.dpre.size(-1)});

@@ -78,6 +78,7 @@ Variable linear(const Variable& x, const Variable& weight, const Variable& bias)
   bool nx = needs(x), nw = needs(weight), nb = needs(bias);
   // Note [Weight gradients into their buffer]: only a leaf's gradient can take the product.
   const Variable w_leaf = nw && weight.is_leaf() ? weight : Variable();
+  const Variable b_leaf = leaf_or_none(bias);  // Note [Bias gradients into their buffer]
   std::vector<Variable> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
   return make_output("Linear", y, inputs, [=](const std::vector<Tensor>& gs) {
@@ -87,7 +88,7 @@ Variable linear(const Variable& x, const Variable& weight, const Variable& bias)
     Tensor dw, db;
     if (nw) {
       // Note [Weight gradients into their buffer]: dw is undefined when it went there.
-      tops::LinearWeightGrads d = weight_gradients(w_leaf, g2, x2, nb);
+      tops::LinearWeightGrads d = weight_gradients(w_leaf, g2, x2, nb, b_leaf);
       dw = d.dweight;
       db = d.dbias;
     } else if (nb) {

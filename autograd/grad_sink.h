@@ -33,6 +33,24 @@
 // gradients into the buffers too, in their last kernel (Note [Norm gradients into their buffer]
 // in tensor/ops.h); that add is round(old + round(gradient)), the axpy's own bits, so the
 // norms' gradients keep the returned path's bits in every case, not only into zeroed buffers.
+//
+// Note [Bias gradients into their buffer]
+// A linear layer's bias gradient comes out of its weight-gradient GEMM (cuBLASLt's BGRADB
+// epilogue, or DGELU_BGRAD for GPT-2's c_fc), which writes it and cannot add it to what a buffer
+// holds (it has no beta for the bias). So it went to a tensor of its own and AccumulateGrad added
+// it with an axpy launch: four per GPT-2 block. Where the buffer is known to hold zeros, the
+// epilogue can write the gradient straight into it: round(0 + g) is g (but for g = -0, which
+// comes out as -0 instead of +0, a gradient equal to the other for every later use: the AdamW
+// update, norms and clipping of -0 and +0 are the same bits). Zeros are known only at an
+// Engine's first micro-batch after the step zeroed the buffers (GradIntoBufferGuard's `zeroed`;
+// ZeRO-2/3's transient buffers are zeroed as each unit's backward starts), and only for a buffer
+// nothing has written in this backward: fresh_gradient_sink hands a buffer out once, and every
+// buffer gradient_sink hands out (to be added into) counts as written, so a bias used twice, or a
+// buffer another backward added into first, takes the returned path for its later uses, which
+// AccumulateGrad adds after all of them. Outside an Engine (or with zeroed false) nothing is
+// written over.
+#include <unordered_set>
+
 #include "autograd/variable.h"
 #include "tensor/ops.h"
 
@@ -42,11 +60,18 @@ namespace strata::autograd {
 // tensor when it must return the gradient instead.
 Tensor gradient_sink(const Variable& w, DType dtype);
 
+// The bound gradient of `b` that a backward may write its gradient over (Note [Bias gradients
+// into their buffer]): as gradient_sink, and only when the guard says the buffers hold zeros and
+// no sink of this buffer was handed out before in its scope; undefined otherwise.
+Tensor fresh_gradient_sink(const Variable& b, DType dtype);
+
 // dy^T x for weight `w` (and the bias gradient when with_bias): added into w's gradient buffer
 // when gradient_sink allows it, and then the returned dweight is undefined (the backward returns
-// no gradient for w); else returned as tensor::linear_backward_weight makes it.
+// no gradient for w); else returned as tensor::linear_backward_weight makes it. The bias gradient
+// is written into `bias`'s buffer when fresh_gradient_sink allows it (then the returned dbias is
+// undefined), else returned.
 tensor::LinearWeightGrads weight_gradients(const Variable& w, const Tensor& dy, const Tensor& x,
-                                           bool with_bias);
+                                           bool with_bias, const Variable& bias = Variable());
 
 // The buffers a norm backward adds its parameter gradients into (Note [Norm gradients into their
 // buffer]): `weight`'s and, when `bias` is defined, `bias`'s, when gradient_sink allows each; none
@@ -57,16 +82,20 @@ bool norm_gradient_sinks(const Variable& weight, const Variable& bias, DType dty
 // STRATA_GRAD_INTO_BUFFER (read once; a value other than on/off/empty is a UserError).
 bool grad_into_buffer_enabled();
 
-// While one is alive on this thread, gradient_sink answers only when `allowed` (innermost wins).
+// While one is alive on this thread, gradient_sink answers only when `allowed` (innermost wins),
+// and fresh_gradient_sink only when also `zeroed`: every gradient buffer a backward in its scope
+// may reach holds zeros when the scope begins (Note [Bias gradients into their buffer]).
 class GradIntoBufferGuard {
  public:
-  explicit GradIntoBufferGuard(bool allowed);
+  explicit GradIntoBufferGuard(bool allowed, bool zeroed = false);
   ~GradIntoBufferGuard();
   GradIntoBufferGuard(const GradIntoBufferGuard&) = delete;
   GradIntoBufferGuard& operator=(const GradIntoBufferGuard&) = delete;
 
  private:
-  bool prev_;
+  bool prev_, prev_zeroed_;
+  std::unordered_set<const void*>* prev_handed_;
+  std::unordered_set<const void*> handed_;  // buffers handed out in this scope
 };
 
 }  // namespace strata::autograd

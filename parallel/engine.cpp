@@ -171,8 +171,10 @@ void Engine::backward(const autograd::Variable& loss) {
   in_backward_ = true;
   // Note [Weight gradients into their buffer]: GEMMs add into the buffers only while they hold
   // nothing from an earlier micro-batch, so accumulated gradients keep the bits of ZeRO stages 2
-  // and 3, which add each micro-batch's rounded gradient into their partitions.
-  const autograd::GradIntoBufferGuard into_buffer(grads_zero_);
+  // and 3, which add each micro-batch's rounded gradient into their partitions. Then the buffers
+  // hold zeros, so bias gradients may be written over them (Note [Bias gradients into their
+  // buffer]; ZeRO-2/3's transient buffers are zeroed as each unit's backward begins).
+  const autograd::GradIntoBufferGuard into_buffer(grads_zero_, /*zeroed=*/grads_zero_);
   grads_zero_ = false;
   try {
     if (scaler_ != nullptr) {

@@ -404,10 +404,21 @@ LinearResult linear(const Tensor& x, const Tensor& weight, const Tensor& bias, A
 
 namespace {
 
+// A bias gradient's tensor: a new one, or `into` (written over) once checked.
+Tensor bias_grad_out(const char* op, Tensor* into, int64_t n, DType dt, const Tensor& x) {
+  if (into == nullptr) return Tensor::empty({n}, dt, x.device());
+  STRATA_CHECK(
+      into->defined() && into->dtype() == dt && into->is_contiguous() && into->shape() == Shape{n},
+      "{}: dbias to write must be a contiguous {} [{}], not {}", op, dtype_name(dt), n,
+      into->defined() ? into->str() : "undefined");
+  same_device(x, *into, op);
+  return *into;
+}
+
 // linear_backward_weight and linear_backward_weight_into: dweight given (accumulated into) or
 // made.
 LinearWeightGrads weight_grads(const Tensor& dy, const Tensor& x, bool with_bias,
-                               Tensor* accumulate_into) {
+                               Tensor* accumulate_into, Tensor* dbias_into) {
   const char* op = accumulate_into ? "linear_backward_weight_into" : "linear_backward_weight";
   STRATA_CHECK(dy.ndim() >= 1 && x.ndim() >= 1 && rows_of(dy) == rows_of(x),
                "{}: dy {} and x {} differ in rows", op, dy.str(), x.str());
@@ -425,7 +436,7 @@ LinearWeightGrads weight_grads(const Tensor& dy, const Tensor& x, bool with_bias
   } else {
     g.dweight = Tensor::empty({n, k}, dt, x.device());
   }
-  if (with_bias) g.dbias = Tensor::empty({n}, dt, x.device());
+  if (with_bias) g.dbias = bias_grad_out(op, dbias_into, n, dt, x);
   be(x).linear_backward_weight(rows2d(dy.contiguous()), rows2d(x.contiguous()), g.dweight, g.dbias,
                                accumulate_into != nullptr);
   return g;
@@ -433,17 +444,18 @@ LinearWeightGrads weight_grads(const Tensor& dy, const Tensor& x, bool with_bias
 
 }  // namespace
 
-LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias) {
-  return weight_grads(dy, x, with_bias, nullptr);
+LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias,
+                                         Tensor* dbias_into) {
+  return weight_grads(dy, x, with_bias, nullptr, dbias_into);
 }
 
 Tensor linear_backward_weight_into(const Tensor& dy, const Tensor& x, Tensor& dweight,
-                                   bool with_bias) {
-  return weight_grads(dy, x, with_bias, &dweight).dbias;
+                                   bool with_bias, Tensor* dbias_into) {
+  return weight_grads(dy, x, with_bias, &dweight, dbias_into).dbias;
 }
 
 LinearGeluGrads linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,
-                                     bool with_bias) {
+                                     bool with_bias, Tensor* dbias_into) {
   STRATA_CHECK(weight.ndim() == 2 && dz.ndim() >= 1 && dz.size(-1) == weight.size(0) &&
                    pre.ndim() >= 1 && pre.size(-1) == weight.size(1) && rows_of(dz) == rows_of(pre),
                "linear_backward_gelu: dz {} @ weight {} for pre {}", dz.str(), weight.str(),
@@ -454,7 +466,7 @@ LinearGeluGrads linear_backward_gelu(const Tensor& dz, const Tensor& weight, con
   const int64_t n = pre.size(-1);
   LinearGeluGrads g;
   g.dpre = Tensor::empty(pre.shape(), dt, pre.device());
-  if (with_bias) g.dbias = Tensor::empty({n}, dt, pre.device());
+  if (with_bias) g.dbias = bias_grad_out("linear_backward_gelu", dbias_into, n, dt, pre);
   Tensor dpre2 = rows2d(g.dpre);
   be(pre).linear_backward_gelu(rows2d(dz.contiguous()), weight.contiguous(),
                                rows2d(pre.contiguous()), dpre2, g.dbias);

@@ -127,21 +127,27 @@ struct LinearWeightGrads {
   Tensor dweight;  // [N, K]
   Tensor dbias;    // [N], when asked for
 };
-// dy [..., N], x [..., K] (the same leading dims): dweight = dy^T x over all rows.
-LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias);
+// dy [..., N], x [..., K] (the same leading dims): dweight = dy^T x over all rows. The bias
+// gradient (with_bias) goes into a new tensor, or is written over `dbias_into` when given
+// ([N], contiguous, the compute dtype, on x's device; Note [Bias gradients into their buffer] in
+// autograd/grad_sink.h), which is then the returned dbias.
+LinearWeightGrads linear_backward_weight(const Tensor& dy, const Tensor& x, bool with_bias,
+                                         Tensor* dbias_into = nullptr);
 // The same product added into `dweight` in place ([N, K], contiguous, the compute dtype):
 // dweight = round(dweight + dy^T x), the old value added to the f32 product before the one
 // rounding, so a gradient buffer takes a weight's gradient without a pass of its own (Note
-// [Weight gradients into their buffer] in autograd/grad_sink.h). Returns dbias when with_bias.
+// [Weight gradients into their buffer] in autograd/grad_sink.h). Returns dbias when with_bias
+// (dbias_into as above).
 Tensor linear_backward_weight_into(const Tensor& dy, const Tensor& x, Tensor& dweight,
-                                   bool with_bias);
+                                   bool with_bias, Tensor* dbias_into = nullptr);
 struct LinearGeluGrads {
   Tensor dpre;   // [..., N]
   Tensor dbias;  // [N], when asked for
 };
-// dz [..., P], weight [P, N], pre [..., N]: dpre = (dz @ weight) * gelu'(pre).
+// dz [..., P], weight [P, N], pre [..., N]: dpre = (dz @ weight) * gelu'(pre). dbias_into as
+// linear_backward_weight's.
 LinearGeluGrads linear_backward_gelu(const Tensor& dz, const Tensor& weight, const Tensor& pre,
-                                     bool with_bias);
+                                     bool with_bias, Tensor* dbias_into = nullptr);
 
 // ---- normalisation (over the last dim) ----
 struct NormResult {

@@ -142,15 +142,18 @@ void expect_gradients_match(models::CausalLM& cpu, models::CausalLM& gpu, const 
 }
 
 // Note [Weight gradients into their buffer]: the linear layers' and the tied head's GEMMs add their
-// weight gradients into the flat buffers, the embedding scatters into its table's, and the
-// LayerNorms add their weight and bias gradients (Note [Norm gradients into their buffer]).
+// weight gradients into the flat buffers, the embedding scatters into its table's, the
+// LayerNorms add their weight and bias gradients (Note [Norm gradients into their buffer]), and
+// the linear layers' bias gradients are written over their zeroed buffers (Note [Bias gradients
+// into their buffer]).
 // Against the path that returns each gradient for AccumulateGrad to add
 // (GradIntoBufferGuard(false)), every gradient has the same bits, except the tied embedding
 // table's: its two uses are now rounded once, not twice (within 1e-6 of its largest gradient in
 // f32, 1e-2 in bf16). A second backward without zeroing adds to the first (twice it, within the
 // same bounds), so nothing overwrites; the norms' second gradients keep the returned path's bits
-// there too. On the emulator, counting kernels: the fused path launches at least one fewer per
-// weight matrix and two fewer per LayerNorm (the axpys it no longer needs).
+// there too (the biases add through AccumulateGrad then: the buffers are not zeroed). On the
+// emulator, counting kernels: the fused path launches at least one fewer per weight matrix, one
+// fewer per bias and two fewer per LayerNorm (the axpys it no longer needs).
 TEST(TrainGpu, WeightGradientsGoIntoTheirBuffer) {
   SKIP_WITHOUT_GPU();
   TrainSpec s;
@@ -168,7 +171,9 @@ TEST(TrainGpu, WeightGradientsGoIntoTheirBuffer) {
     auto backward = [&](bool into_buffer, bool zero_first) {
       if (zero_first)
         for (models::FlatUnit& u : model->flat_units()) u.grads.zero_();
-      const autograd::GradIntoBufferGuard guard(into_buffer);
+      // Zeroed buffers: the linear biases' gradients may be written over them (Note [Bias
+      // gradients into their buffer]).
+      const autograd::GradIntoBufferGuard guard(into_buffer, /*zeroed=*/zero_first);
       Grads g;
 #if defined(STRATA_CUDA_EMULATION)
       g.launches = cuda_emu::stats().launches;
@@ -223,13 +228,76 @@ TEST(TrainGpu, WeightGradientsGoIntoTheirBuffer) {
     EXPECT_EQ(tied, 1);
     EXPECT_EQ(norms, 2 * (2 * s.n_layer + 1));  // weight and bias of ln_1, ln_2 and ln_f
 #if defined(STRATA_CUDA_EMULATION)
-    // 4 weight matrices per block and the embedding; 2 parameters of each LayerNorm.
+    // 4 weight matrices and 4 biases per block and the embedding; 2 parameters of each LayerNorm.
     EXPECT_GE(returned.launches,
-              into.launches + static_cast<uint64_t>(4 * s.n_layer + 1 + 2 * (2 * s.n_layer + 1)))
+              into.launches + static_cast<uint64_t>(8 * s.n_layer + 1 + 2 * (2 * s.n_layer + 1)))
         << returned.launches << " kernels returning the gradients, " << into.launches
         << " adding them into their buffers";
 #endif
   }
+}
+
+// Note [Bias gradients into their buffer]: in a zeroed scope a bias's gradient is written over its
+// buffer only at the first use backward reaches; later uses go through AccumulateGrad, which adds
+// them after all. A bias shared by two linear layers and also added to their output gets all
+// three gradients, as on the returned path (within f32 rounding: the three are summed in another
+// order). Against the contract, the buffer holds 7s when the zeroed scope begins: the first use
+// writes over them, which shows that the path ran. Outside a zeroed scope nothing is written over:
+// the gradients are added to the 7s.
+TEST(TrainGpu, ABiasUsedThriceTakesEveryGradient) {
+  SKIP_WITHOUT_GPU();
+  using autograd::Variable;
+  uint64_t stream = 70;
+  auto rnd = [&](const tensor::Shape& shape) {
+    std::vector<float> v(static_cast<size_t>(shape.numel()));
+    rng_normal(v.data(), v.size(), {5, ++stream}, 0.f, 1.f);
+    return tensor::from_vector(v, shape).to(kGpu);
+  };
+  const Tensor xd = rnd({6, 5}), w1d = rnd({5, 5}), w2d = rnd({5, 5}), bd = rnd({5});
+  // The bias's buffer after one backward: `fill` in it first, under GradIntoBufferGuard(into,
+  // zeroed).
+  auto bias_grad = [&](bool into, bool zeroed, float fill) {
+    Variable x(xd), w1(w1d, true), w2(w2d, true), b(bd, true);
+    w1.set_grad(tensor::zeros({5, 5}, DType::F32, kGpu));
+    w2.set_grad(tensor::zeros({5, 5}, DType::F32, kGpu));
+    b.set_grad(tensor::full({5}, fill, DType::F32, kGpu));
+    const autograd::GradIntoBufferGuard guard(into, zeroed);
+    const Variable z = autograd::linear(autograd::linear(x, w1, b), w2, b);
+    autograd::sum_all(autograd::mul(autograd::add(z, b), autograd::add(z, b))).backward();
+    return tensor::to_float_vector(b.grad());
+  };
+  const std::vector<float> returned = bias_grad(false, false, 0.f);
+  const std::vector<float> zeroed = bias_grad(true, true, 7.f);
+  const std::vector<float> added = bias_grad(true, false, 7.f);
+  ASSERT_EQ(returned.size(), 5u);
+  for (size_t i = 0; i < returned.size(); ++i) {
+    SCOPED_TRACE(i);
+    const double tol = 1e-5 * std::max(1.0, std::fabs(static_cast<double>(returned[i])));
+    EXPECT_NEAR(zeroed[i], returned[i], tol);
+    EXPECT_NEAR(added[i], returned[i] + 7.0, tol);
+  }
+}
+
+// Through an Engine (stage 0, one micro-batch: the buffers were zeroed by the last step), a GPT-2
+// step leaves AccumulateGrad almost nothing to add: the weights' GEMMs and the embedding add into
+// their buffers, the norms add theirs, the linear biases are written over their zeroed buffers.
+// What is left is one axpy: the position embedding's gradient (a sum over the batch), where there
+// were one per bias and two per LayerNorm before. Counted with the emulator's launch counters.
+TEST(TrainGpu, AnEngineStepAddsAlmostNoGradientWithAnAxpy) {
+  SKIP_WITHOUT_GPU();
+#if !defined(STRATA_CUDA_EMULATION)
+  GTEST_SKIP() << "counts kernel launches with the CUDA emulator's counters";
+#else
+  TrainSpec s;
+  s.accum = 1;
+  auto model = gpu_model(s);
+  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"), {},
+                          testing::adamw_factory(), DType::BF16);
+  gpu_engine_step(engine, *model, s, 0);  // builds what is built once
+  const uint64_t before = cuda_emu::launches_of("axpy_kernel");
+  gpu_engine_step(engine, *model, s, 1);
+  EXPECT_EQ(cuda_emu::launches_of("axpy_kernel") - before, 1u);
+#endif
 }
 
 // Same initialisation, same batch: every parameter's gradient on the GPU (fp32) against the CPU.

@@ -42,12 +42,13 @@
 // seen for the first time (a Key) asks the heuristic for up to kTuneCandidates algorithms under
 // the same preference (workspace cap, alignments, no in-place split-K, so every candidate is
 // deterministic) and times each on the call's own operands: one untimed run, then kTuneRuns runs,
-// each between two events. It keeps the fastest, but the heuristic's first unless another is at
-// least kTuneMargin faster, so timing noise alone does not move the choice; then the call runs
-// with it. A candidate cuBLASLt refuses at launch is skipped.
-// The trials write what the call writes (out, and the epilogue's aux or bias output) from the
-// same inputs, so the call's own run leaves the right values. With beta != 0 out is read too: it
-// is copied aside before the trials and copied back before every run and before the call's own.
+// each between two events; a candidate's time is the median of its runs, so one run that the
+// device or the host delayed (noise only ever adds time) does not decide. It keeps the fastest,
+// but the heuristic's first unless another is at least kTuneMargin faster, so timing noise alone
+// does not move the choice; then the call runs with it. A candidate cuBLASLt refuses at launch is
+// skipped. The trials write what the call writes (out, and the epilogue's aux or bias output) from
+// the same inputs, so the call's own run leaves the right values. With beta != 0 out is read too:
+// it is copied aside before the trials and copied back before every run and before the call's own.
 // Bits: two algorithms may sum in different orders (tiles, split-K), and timings vary between
 // runs, so two processes that tune may choose differently and disagree in the last bits. The
 // tuning file keeps them equal. Every choice is appended to it as it is made: one line with the
@@ -217,6 +218,7 @@ void ensure_workspace(Tensor& ws, Device device) {
 
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneRuns = 5;
+static_assert(kTuneRuns % 2 == 1, "the median of the runs is one of them");
 constexpr double kTuneMargin = 0.02;
 constexpr const char* kTuningMagic = "# strata matmul tuning v1";
 constexpr size_t kKeyFields = std::tuple_size_v<Key>;
@@ -474,14 +476,15 @@ std::optional<cublasLtMatmulAlgo_t> tune(Tuning& t, const Key& key, const GemmCa
     }
     if (!ran) continue;
     check_cuda(cudaEventSynchronize(events.back()), "matmul tuning: cudaEventSynchronize");
-    double total = 0;
+    std::array<double, kTuneRuns> runs{};
     for (int r = 0; r < kTuneRuns; ++r) {
       float one = 0;
       check_cuda(cudaEventElapsedTime(&one, events[2 * r], events[2 * r + 1]),
                  "matmul tuning: cudaEventElapsedTime");
-      total += one;
+      runs[static_cast<size_t>(r)] = one;
     }
-    ms[static_cast<size_t>(c)] = total / kTuneRuns;
+    std::nth_element(runs.begin(), runs.begin() + kTuneRuns / 2, runs.end());
+    ms[static_cast<size_t>(c)] = runs[kTuneRuns / 2];  // the median (kTuneRuns is odd)
   }
   restore();
   int best = static_cast<int>(std::min_element(ms.begin(), ms.end()) - ms.begin());

@@ -52,6 +52,21 @@ CudaDeviceFacts cuda_device_facts(int device = 0);
 // Binaries that never call this take STRATA_MATMUL_TUNE (off | on) and STRATA_MATMUL_TUNE_FILE
 // from the environment. Raises init_cuda's errors where the build has no CUDA backend and `on`.
 void set_cuda_matmul_tuning(bool on, const std::string& file = "");
+// Note [TF32]
+// TF32 is the tensor cores' f32 format: f32's 8 exponent bits and 10 of its 23 fraction bits, so
+// an input keeps about 3 decimal digits (a relative rounding error up to 2^-11, 2^-10 where the
+// hardware truncates) while products are summed in f32. On (set_cuda_tf32(true); `train`'s
+// run.tf32: on; bench_gpt2_cuda --tf32), every f32 GEMM on the GPU (matmul, linear and their
+// gradients) asks cuBLASLt for CUBLAS_COMPUTE_32F_FAST_TF32: the tensor cores' TF32 rate (494.7
+// dense TFLOP/s on an H100 SXM, against 66.9 for f32 on the CUDA cores) at that precision, what
+// PyTorch's torch.backends.cuda.matmul.allow_tf32 = True does. Off (the default, as in PyTorch),
+// f32 GEMMs compute in full f32 and match the CPU backend within f32 rounding. bf16/f16 GEMMs,
+// attention and every other kernel are the same either way, and the CPU backend ignores it.
+// TF32 GEMMs are as deterministic as f32 ones (the same algorithm gives the same bits), and their
+// algorithms are chosen and tuned apart from f32 ones (Note [cuBLASLt tuning]). Raises
+// init_cuda's errors where the build has no CUDA backend and `on`.
+void set_cuda_tf32(bool on);
+bool cuda_tf32();  // false without CUDA
 // One choice of tuning: `problem` in words, the candidate kept (0 = the heuristic's first) of
 // `candidates`, their timed milliseconds (0 when read from the file) and whether it came from the
 // file.

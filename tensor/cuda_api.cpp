@@ -11,6 +11,8 @@ CudaDeviceFacts device_facts(int device);
 void set_matmul_tuning(bool on, const std::string& file);
 std::vector<CudaMatmulChoice> matmul_choices();
 void pause_matmul_tuning(int delta);
+void set_tf32(bool on);
+bool tf32();
 }  // namespace strata::tensor::cuda
 #endif
 
@@ -72,6 +74,22 @@ void set_cuda_matmul_tuning(bool on, const std::string& file) {
 #else
   if (on) init_cuda(0);  // raises: this build has no CUDA backend
   (void)file;
+#endif
+}
+
+void set_cuda_tf32(bool on) {
+#ifdef STRATA_HAVE_CUDA
+  cuda::set_tf32(on);
+#else
+  if (on) init_cuda(0);  // raises: this build has no CUDA backend
+#endif
+}
+
+bool cuda_tf32() {
+#ifdef STRATA_HAVE_CUDA
+  return cuda::tf32();
+#else
+  return false;
 #endif
 }
 

@@ -7,7 +7,8 @@
 // shared by giving it batch stride 0, except that a contiguous stack of untransposed a's (the
 // LM head's [B, T, C] @ W^T and its input gradient) is one GEMM over all B*T rows, as PyTorch's
 // matmul folds it: one large problem for the heuristic instead of B strided ones. f32 inputs use
-// CUBLAS_COMPUTE_32F (no TF32), bf16/f16 inputs accumulate in f32 (CUBLAS_COMPUTE_32F, f32
+// CUBLAS_COMPUTE_32F (no TF32), or CUBLAS_COMPUTE_32F_FAST_TF32 while tensor::set_cuda_tf32 is on
+// (Note [TF32] in tensor/cuda.h); bf16/f16 inputs accumulate in f32 (CUBLAS_COMPUTE_32F, f32
 // alpha/beta) and write C/D in their own dtype (the op layer's default, Note [Low-precision ops])
 // or in f32 (matmul_out into an F32 out); with beta != 0, C is read in that same dtype. The
 // algorithm is chosen once per problem (cached) and never one whose split-K reduction is done in
@@ -58,7 +59,8 @@
 // a trial run succeeds; else the problem is timed again and the new line wins) and times only
 // new ones: a rerun or a resume with the same file gives the same bits. The file's
 // second line names the cuBLASLt version and the GPU; a file made with others is moved to
-// <file>.old with a warning and tuning starts over. A last line cut short (a crash while writing)
+// <file>.old with a warning and tuning starts over, as is a file in the v1 format (problems
+// without the TF32 field, Note [TF32]). A last line cut short (a crash while writing)
 // is dropped with a warning; any other malformed line is a UserError naming the file and line.
 // Inside a CudaMatmulTuningPause (`train` samples text in one: each generated token makes the
 // sequence, and so every GEMM's m, one longer) a problem not yet tuned takes the heuristic's first
@@ -145,9 +147,13 @@ struct Layout {
 // The problem an algorithm was chosen for. The heuristic sees the bias and aux pointers (it is
 // given them before it runs) but has no preference for their alignment, so their own alignments
 // are part of the key too: an algorithm picked for a 256-byte aligned bias is not reused for one
-// that is only 16-byte aligned.
+// that is only 16-byte aligned. The last field says whether an f32 problem runs on TF32 (Note
+// [TF32]): its algorithms are another compute type's.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, bool,
-                       uint32_t, int, int64_t, uint32_t, uint32_t>;
+                       uint32_t, int, int64_t, uint32_t, uint32_t, bool>;
+
+// Note [TF32]: whether f32 GEMMs may round their inputs to TF32 (tensor::set_cuda_tf32).
+std::atomic<bool> g_tf32{false};
 
 // Largest power of two (at most 256) dividing the address: cuBLASLt assumes 256-byte aligned
 // operands unless told otherwise, and views (narrow, select) start anywhere.
@@ -220,7 +226,10 @@ constexpr int kTuneCandidates = 8;
 constexpr int kTuneRuns = 5;
 static_assert(kTuneRuns % 2 == 1, "the median of the runs is one of them");
 constexpr double kTuneMargin = 0.02;
-constexpr const char* kTuningMagic = "# strata matmul tuning v1";
+constexpr const char* kTuningMagic = "# strata matmul tuning v2";
+// v1 files' problems had no TF32 field (Note [TF32]): such a file is moved aside like one made
+// for another GPU, and tuning starts over.
+constexpr const char* kTuningMagicV1 = "# strata matmul tuning v1";
 constexpr size_t kKeyFields = std::tuple_size_v<Key>;
 
 struct Tuning {
@@ -267,8 +276,9 @@ Key key_from_fields(const std::array<int64_t, kKeyFields>& f) {
 // The problem in words, for logs and cuda_matmul_choices().
 std::string describe(const Key& key) {
   const auto f = key_fields(key);
-  return fmt::format("m={} n={} k={} batch={} {}{} {} -> {}{} epilogue {}", f[0], f[1], f[2], f[3],
-                     f[4] ? "a^T" : "a", f[5] ? " b^T" : " b", dtype_name(static_cast<DType>(f[6])),
+  return fmt::format("m={} n={} k={} batch={} {}{} {}{} -> {}{} epilogue {}", f[0], f[1], f[2],
+                     f[3], f[4] ? "a^T" : "a", f[5] ? " b^T" : " b",
+                     dtype_name(static_cast<DType>(f[6])), f[15] ? " (tf32)" : "",
                      dtype_name(static_cast<DType>(f[7])), f[9] ? " (accumulate)" : "",
                      epilogue_name(static_cast<cublasLtEpilogue_t>(f[11])));
 }
@@ -320,25 +330,30 @@ void read_tuning_file(Tuning& t) {
     at = nl + 1;
   }
   if (lines.empty()) return;
+  // A file this process cannot use is moved to <file>.old and tuning starts over.
+  auto set_aside = [&](const std::string& why) {
+    log::warn(
+        "matmul tuning file '{}' {}: moving it to '{}.old' and tuning again; runs with it cannot "
+        "be reproduced here",
+        path, why, path);
+    fs::rename(path, path + ".old", ec);
+    if (ec)
+      user_error(
+          "matmul tuning file '{}' {} and cannot be moved aside: {}; delete it to tune again", path,
+          why, ec.message());
+  };
+  if (lines[0] == kTuningMagicV1)
+    return set_aside("is in the v1 format, which predates TF32 problems");
   if (lines[0] != kTuningMagic)
     user_error(
         "{}:1: not a Strata matmul tuning file (its first line should be '{}'); point the "
         "tuning file elsewhere or delete it",
         path, kTuningMagic);
   const std::string origin = tuning_origin();
-  if (lines.size() < 2 || lines[1] != origin) {
-    log::warn(
-        "matmul tuning file '{}' was made for '{}', not '{}' (this cuBLASLt and GPU): "
-        "moving it to '{}.old' and tuning again; runs with it cannot be reproduced here",
-        path, lines.size() < 2 ? std::string("?") : lines[1].substr(2), origin.substr(2), path);
-    fs::rename(path, path + ".old", ec);
-    if (ec)
-      user_error(
-          "matmul tuning file '{}' is for another cuBLASLt or GPU and cannot be moved "
-          "aside: {}; delete it to tune again",
-          path, ec.message());
-    return;
-  }
+  if (lines.size() < 2 || lines[1] != origin)
+    return set_aside(fmt::format("was made for '{}', not '{}' (this cuBLASLt and GPU)",
+                                 lines.size() < 2 ? std::string("?") : lines[1].substr(2),
+                                 origin.substr(2)));
   for (size_t i = 2; i < lines.size(); ++i) {
     std::istringstream ls(lines[i]);
     std::array<int64_t, kKeyFields> f{};
@@ -518,8 +533,12 @@ bool run_gemm(cublasLtHandle_t lt, Tensor& workspace, cudaStream_t stream, const
   Layout lb(cuda_type(in), trans_a ? m : k, trans_a ? k : m, trans_a ? m : k, batch, m * k);
   Layout lc(cuda_type(out.dtype()), n, m, n, batch, m * n);
 
+  // Note [TF32]: f32 inputs may run on the tensor cores, each rounded to TF32 first.
+  const bool tf32 = in == DType::F32 && g_tf32.load(std::memory_order_relaxed);
   cublasLtMatmulDesc_t op;
-  check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  check_lt(cublasLtMatmulDescCreate(&op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                    CUDA_R_32F),
+           "MatmulDescCreate");
   struct DescGuard {
     cublasLtMatmulDesc_t d;
     ~DescGuard() { cublasLtMatmulDescDestroy(d); }
@@ -568,7 +587,8 @@ bool run_gemm(cublasLtHandle_t lt, Tensor& workspace, cudaStream_t stream, const
                 static_cast<int>(epi.kind),
                 epi.aux_ld,
                 epi.bias ? alignment_of(epi.bias) : 0u,
-                epi.aux ? alignment_of(epi.aux) : 0u};
+                epi.aux ? alignment_of(epi.aux) : 0u,
+                tf32};
   cublasLtMatmulAlgo_t algo;
   {
     Tuning& t = tuning();
@@ -807,6 +827,14 @@ void set_matmul_tuning(bool on, const std::string& file) {
   t.choices.clear();
   t.algos.clear();
   t.untuned.clear();
+}
+
+void set_tf32(bool on) {
+  g_tf32.store(on, std::memory_order_relaxed);
+}
+
+bool tf32() {
+  return g_tf32.load(std::memory_order_relaxed);
 }
 
 void pause_matmul_tuning(int delta) {

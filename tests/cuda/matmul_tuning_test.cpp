@@ -154,7 +154,7 @@ TEST_F(CudaMatmulTuning, ATuningFileGivesALaterProcessTheSameAlgorithmsAndBits) 
   ASSERT_GE(chosen.size(), 4u);
   const std::vector<std::string> lines = lines_of(file);
   ASSERT_EQ(lines.size(), 2 + chosen.size()) << "a header of two lines, then one per problem";
-  EXPECT_EQ(lines[0], "# strata matmul tuning v1");
+  EXPECT_EQ(lines[0], "# strata matmul tuning v2");
   EXPECT_EQ(lines[1].rfind("# cublasLt ", 0), 0u) << lines[1];
 
   // A new process (set_cuda_matmul_tuning forgets everything) where another candidate would be
@@ -337,8 +337,8 @@ TEST_F(CudaMatmulTuning, BadTuningFilesAreClearErrorsOrSetAside) {
     std::vector<std::string> words;
     std::istringstream ls(refused[2]);
     for (std::string w; ls >> w;) words.push_back(w);
-    ASSERT_EQ(words.size(), 15u + 1 + 8 + 2);
-    words[15 + 1 + word] = value;
+    ASSERT_EQ(words.size(), 16u + 1 + 8 + 2);  // the key (Key in matmul.cpp), rank, algo, times
+    words[16 + 1 + word] = value;
     refused[2].clear();
     for (const std::string& w : words) refused[2] += (refused[2].empty() ? "" : " ") + w;
     write(join(refused));

@@ -732,6 +732,33 @@ TEST(TrainGpu, Bf16LossStaysWithinTwoPercentOfFp32For200Steps) {
   EXPECT_LT(bf16.losses.back(), bf16.losses.front() - 0.5);
 }
 
+// Note [TF32]: fp32 training with its GEMMs on TF32 tracks the f32 GEMMs' run within the bf16
+// bar of 2% (TF32 keeps 10 fraction bits of each GEMM input where bf16 keeps 7 of every value),
+// and does take the TF32 path: its losses leave the f32 run's bits.
+TEST(TrainGpu, Tf32LossStaysWithinTwoPercentOfFp32) {
+  SKIP_WITHOUT_GPU();
+  struct Off {
+    ~Off() { tensor::set_cuda_tf32(false); }
+  } off;
+  TrainSpec s;
+  s.steps = 60;
+  s.micro = 4;
+  s.max_norm = 1.0;
+  const GpuRun fp32 = gpu_engine_run(s, DType::F32);
+  tensor::set_cuda_tf32(true);
+  const GpuRun tf32 = gpu_engine_run(s, DType::F32);
+  ASSERT_EQ(fp32.losses.size(), 60u);
+  ASSERT_EQ(tf32.losses.size(), 60u);
+  int differ = 0;
+  for (size_t i = 0; i < fp32.losses.size(); ++i) {
+    EXPECT_LE(std::fabs(tf32.losses[i] - fp32.losses[i]), 0.02 * fp32.losses[i])
+        << "step " << i << ": tf32 " << tf32.losses[i] << " vs fp32 " << fp32.losses[i];
+    differ += tf32.losses[i] != fp32.losses[i] ? 1 : 0;
+  }
+  EXPECT_GT(differ, 0) << "TF32 GEMMs round their inputs: the losses cannot all keep f32's bits";
+  EXPECT_LT(tf32.losses.back(), tf32.losses.front() - 0.5);
+}
+
 // DESIGN.md decision 9 on the GPU: deterministic kernels, so the same seed gives the same bits.
 TEST(TrainGpu, SameSeedRunsAreBitwiseIdentical) {
   SKIP_WITHOUT_GPU();
@@ -965,12 +992,14 @@ struct GpuTrainSpec {
   std::string dtype = "bf16";
   std::string extra;  // more top-level sections
   bool matmul_tuning = false;
+  bool tf32 = false;  // run.tf32 (Note [TF32] in tensor/cuda.h)
 };
 
 std::string gpu_config(const std::string& data, const std::string& run, int64_t steps,
                        const GpuTrainSpec& spec) {
   return fmt::format(
-      R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: {dtype}, matmul_tuning: {tune}}}
+      R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: {dtype}, matmul_tuning: {tune},
+      tf32: {tf32}}}
 model: {model}
 data: {{train: "{data}/train_*.bin", val: "{data}/val_*.bin", tokenizer: byte, shuffle: true}}
 batch: {{micro_batch_size: 4, grad_accum_steps: 2, seq_len: 32}}
@@ -982,8 +1011,8 @@ training: {{steps: {steps}, eval_every: 3, eval_batches: 2, sample_every: 4, sam
 )",
       fmt::arg("run", run), fmt::arg("data", data), fmt::arg("steps", steps),
       fmt::arg("dtype", spec.dtype), fmt::arg("tune", spec.matmul_tuning ? "on" : "off"),
-      fmt::arg("optimizer", spec.optimizer), fmt::arg("model", spec.model),
-      fmt::arg("extra", spec.extra));
+      fmt::arg("tf32", spec.tf32 ? "on" : "off"), fmt::arg("optimizer", spec.optimizer),
+      fmt::arg("model", spec.model), fmt::arg("extra", spec.extra));
 }
 
 // gpu_config's run `name` (run.dir tmp/run_<name>) over shards in tmp/data, written once.
@@ -1009,8 +1038,10 @@ void trains_checkpoints_and_resumes_bitwise(const GpuTrainSpec& spec) {
 
   tools::Trainer a(ca);
   EXPECT_TRUE(a.model().flat_units().front().params.device().is_cuda());
-  EXPECT_EQ(a.model().flat_units().front().params.dtype(),
-            spec.dtype == "fp16" ? DType::F16 : DType::BF16);
+  EXPECT_EQ(a.model().flat_units().front().params.dtype(), spec.dtype == "fp16"   ? DType::F16
+                                                           : spec.dtype == "fp32" ? DType::F32
+                                                                                  : DType::BF16);
+  EXPECT_EQ(tensor::cuda_tf32(), spec.tf32) << "run.tf32 decides";
   EXPECT_TRUE(a.engine().optimizer().device().is_cuda());
   ASSERT_EQ(a.run(), tools::Trainer::Outcome::Finished);
   ASSERT_EQ(a.history().size(), 7u);
@@ -1051,6 +1082,19 @@ void trains_checkpoints_and_resumes_bitwise(const GpuTrainSpec& spec) {
 TEST(TrainGpu, TrainerRunsCheckpointsAndResumesBitwise) {
   SKIP_WITHOUT_GPU();
   trains_checkpoints_and_resumes_bitwise({});
+}
+
+// run.tf32: on through `train`: fp32 parameters, the switch on for the run, and a resume from the
+// step-4 checkpoint reproduces the uninterrupted run bitwise (TF32 GEMMs are deterministic).
+TEST(TrainGpu, Tf32RunTrainsAndResumesBitwise) {
+  SKIP_WITHOUT_GPU();
+  struct Off {
+    ~Off() { tensor::set_cuda_tf32(false); }
+  } off;
+  GpuTrainSpec spec;
+  spec.dtype = "fp32";
+  spec.tf32 = true;
+  trains_checkpoints_and_resumes_bitwise(spec);
 }
 
 // Note [CUDA SGD]: SGD's momentum buffers live on the GPU, go into the checkpoint and come back.

@@ -7,7 +7,14 @@
 // matrix), then the epilogue. A, B are F32, BF16 or F16 (the same type); C and D share a type,
 // A's or F32 (F32 only for F32 inputs); compute CUBLAS_COMPUTE_32F(_PEDANTIC), scale type F32,
 // host alpha/beta. Each D element is one f32 sum over k in order, alpha/beta/epilogue in f32,
-// rounded once (to nearest even) to D's type. Epilogues, as cublasLt.h documents them:
+// rounded once (to nearest even) to D's type. CUBLAS_COMPUTE_32F_FAST_TF32 takes F32 A, B, C and
+// D only, and first rounds each element of A and B to TF32 (10 fraction bits, to nearest with
+// ties away from zero: PTX's cvt.rna.tf32.f32, what CUTLASS converts with; the library may
+// instead let the tensor cores drop the low bits, which Strata's tests allow for, Note [TF32] in
+// tensor/cuda.h); the sums are f32 as above. Whether the bias-gradient epilogues BGRADA/BGRADB
+// sum A or B before or after that rounding is not documented, so with FAST_TF32 they are not
+// supported; an algorithm keeps its compute type, and one chosen for the other is refused.
+// Epilogues, as cublasLt.h documents them:
 //   BIAS            D = x + bias[row]                      (bias: D's type or F32; rows of D)
 //   GELU(_BIAS)     D = gelu(x (+ bias))
 //   GELU_AUX(_BIAS) the same, and aux[row, col] = the GELU input, in D's type
@@ -224,6 +231,7 @@ uint32_t epilogue_bits(uint32_t e) {
 // A checked problem.
 struct Problem {
   int64_t m = 0, n = 0, k = 0, batch = 1;
+  bool tf32 = false;  // CUBLAS_COMPUTE_32F_FAST_TF32: A and B rounded to TF32
   uint32_t ta = CUDA_R_32F, tc = CUDA_R_32F;
   uint32_t bits = 0;
   uint32_t bias_type = CUDA_R_32F, aux_type = CUDA_R_32F;
@@ -233,8 +241,10 @@ cublasStatus_t check(const Desc* d, const Layout* a, const Layout* b, const Layo
                      const Layout* dd, Problem* p) {
   if (d == nullptr || a == nullptr || b == nullptr || c == nullptr || dd == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_PEDANTIC)
+  if (d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_PEDANTIC &&
+      d->compute != CUBLAS_COMPUTE_32F_FAST_TF32)
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  p->tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
   if (d->scale != CUDA_R_32F || d->pointer_mode != CUBLASLT_POINTER_MODE_HOST)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if ((d->transa != CUBLAS_OP_N && d->transa != CUBLAS_OP_T) ||
@@ -255,6 +265,8 @@ cublasStatus_t check(const Desc* d, const Layout* a, const Layout* b, const Layo
   }
   if (a->type != b->type || c->type != dd->type) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (dd->type != a->type && dd->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (p->tf32 && (a->type != CUDA_R_32F || dd->type != CUDA_R_32F))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool ta = d->transa == CUBLAS_OP_T, tb = d->transb == CUBLAS_OP_T;
   p->m = static_cast<int64_t>(ta ? a->cols : a->rows);
   p->k = static_cast<int64_t>(ta ? a->rows : a->cols);
@@ -277,6 +289,7 @@ cublasStatus_t check(const Desc* d, const Layout* a, const Layout* b, const Layo
     if (p->bias_type != dd->type && p->bias_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if ((p->bits & (kBgradD | kBgradA | kBgradB)) && p->batch > 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (p->tf32 && (p->bits & (kBgradA | kBgradB))) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (p->bits & (kAuxOut | kDGelu)) {
     if (d->aux == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
     if (d->aux_ld < p->m || d->aux_ld % 8 != 0 || d->aux_batch_stride % 8 != 0)
@@ -285,6 +298,25 @@ cublasStatus_t check(const Desc* d, const Layout* a, const Layout* b, const Layo
     if (p->aux_type != dd->type) return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   return CUBLAS_STATUS_SUCCESS;
+}
+
+// v rounded to TF32: 10 fraction bits, to nearest with ties away from zero (cvt.rna.tf32.f32).
+// Inf and NaN pass through; a value whose rounding overflows the exponent becomes inf, as there.
+float round_tf32(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  if ((u & 0x7f800000u) != 0x7f800000u) {
+    u += 0x1000u;  // half of the lowest kept bit (bit 13): ties go away from zero
+    u &= 0xffffe000u;
+  }
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+
+// The algorithm's record of its problem's types and compute (Note [Emulated cuBLASLt]).
+bool algo_matches(const cublasLtMatmulAlgo_t& algo, const Problem& p) {
+  return algo.data[0] == kAlgoMagic && algo.data[5] == (p.ta | (uint64_t{p.tc} << 32)) &&
+         algo.data[6] < static_cast<uint64_t>(kEmuAlgorithms) && algo.data[7] == (p.tf32 ? 1u : 0u);
 }
 
 uint32_t alignment_of(const void* p) {
@@ -628,6 +660,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->align[i];
     r.algo.data[5] = p.ta | (uint64_t{p.tc} << 32);
     r.algo.data[6] = static_cast<uint64_t>(v);  // the summation order
+    r.algo.data[7] = p.tf32 ? 1u : 0u;
     r.workspaceSize = 0;
     r.state = CUBLAS_STATUS_SUCCESS;
     r.wavesCount = 1.f;
@@ -648,9 +681,7 @@ cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDe
   const cublasStatus_t s =
       check(desc_of(desc), layout_of(a), layout_of(b), layout_of(c), layout_of(d), &p);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  if (algo->data[0] != kAlgoMagic || algo->data[5] != (p.ta | (uint64_t{p.tc} << 32)) ||
-      algo->data[6] >= static_cast<uint64_t>(kEmuAlgorithms))
-    return CUBLAS_STATUS_INVALID_VALUE;
+  if (!algo_matches(*algo, p)) return CUBLAS_STATUS_INVALID_VALUE;
   *result = cublasLtMatmulHeuristicResult_t{};
   result->algo = *algo;
   result->workspaceSize = 0;
@@ -685,8 +716,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if ((p.bits & (kBgradD | kBgradA | kBgradB)) && alpha != 1.f) return CUBLAS_STATUS_NOT_SUPPORTED;
   if ((p.bits & kDGelu) && beta != 0.f) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (algo != nullptr) {
-    if (algo->data[0] != kAlgoMagic || algo->data[5] != (p.ta | (uint64_t{p.tc} << 32)) ||
-        algo->data[6] >= static_cast<uint64_t>(kEmuAlgorithms))
+    if (!algo_matches(*algo, p))
       return CUBLAS_STATUS_INVALID_VALUE;  // not from the heuristic, or for other types
     const void* ptrs[4] = {A, B, C, D};
     for (int i = 0; i < 4; ++i)
@@ -745,6 +775,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       for (int64_t q = 0; q < k; ++q)
         for (int64_t j = 0; j < n; ++j)
           bp[q * n + j] = load(B, p.ta, ob + (tb ? j + q * lb->ld : q + j * lb->ld));
+      if (p.tf32) {
+        for (float& v : ap) v = round_tf32(v);
+        for (float& v : bp) v = round_tf32(v);
+      }
       std::fill(bias_acc.begin(), bias_acc.end(), 0.f);
       for (int64_t i = 0; i < m; ++i) {
         // acc[j] += op(A)[i, q] op(B)[q, j] over q in [q0, q1), in the algorithm's order.

@@ -376,7 +376,8 @@ TEST(CudaEmuCublasLt, UnsupportedOrInvalidConfigurationsAreRefused) {
           [](auto op) { set<uint32_t>(op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU); },
           l4, l4, l4),
       CUBLAS_STATUS_NOT_SUPPORTED);
-  EXPECT_EQ(status(none, l4, l4, l4, CUBLAS_COMPUTE_32F_FAST_TF32), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(status(none, l4, l4, l4, CUBLAS_COMPUTE_32F_FAST_TF32), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(status(none, l4, l4, l4, CUBLAS_COMPUTE_16F), CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(status(
                 [](auto op) {
                   set<int32_t>(op, CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_DEVICE);
@@ -509,6 +510,115 @@ TEST(CudaEmuCublasLt, TheHeuristicsAlgorithmsSumInTheirOwnOrders) {
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatmulDescDestroy(op);
   for (auto l : {la, lb, ld, lha, lhb, lhd}) cublasLtMatrixLayoutDestroy(l);
+}
+
+// Note [Emulated cuBLASLt]: CUBLAS_COMPUTE_32F_FAST_TF32 rounds each f32 element of A and B to
+// TF32 (10 fraction bits, to nearest, ties away from zero) and sums in f32; it takes f32 data
+// only, no bias-gradient epilogue over A or B, and an algorithm keeps its compute type.
+TEST(CudaEmuCublasLt, FastTf32RoundsTheInputsToTenFractionBits) {
+  Lt lt;
+  // 1 x k times k x 1: D = sum_q a_q b_q with b = 1 (exact in TF32), so D shows a's rounding.
+  const float ulp = std::ldexp(1.f, -10);  // TF32's unit in the last place at 1
+  const std::vector<float> a = {
+      1.f + ulp / 4,      // below half an ulp: down to 1
+      1.f + ulp / 2,      // a tie: away from zero, up to 1 + ulp
+      -(1.f + ulp / 2),   // a tie below zero: away from zero, down to -(1 + ulp)
+      1.f + 3 * ulp / 4,  // above half: up to 1 + ulp
+      3.f - ulp / 2,      // TF32's step at 3 is 2 ulp: a quarter step below 3, up to 3
+  };
+  const std::vector<float> tf32 = {1.f, 1.f + ulp, -(1.f + ulp), 1.f + ulp, 3.f};
+  const int64_t k = static_cast<int64_t>(a.size());
+  DevBuf b(k, CUDA_R_32F, std::vector<float>(k, 1.f)), d(1, CUDA_R_32F);
+  // Each element alone (k = 1 views of a), so each rounding is checked without a sum.
+  for (int64_t q = 0; q < k; ++q) {
+    SCOPED_TRACE("element " + std::to_string(q));
+    DevBuf da(1, CUDA_R_32F, {a[q]});
+    auto l1 = layout(CUDA_R_32F, 1, 1, 1);
+    for (const cublasComputeType_t compute : {CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32}) {
+      cublasLtMatmulDesc_t op;
+      ASSERT_EQ(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+      ASSERT_EQ(run(lt, op, 1.f, da.p, l1, b.p, l1, 0.f, d.p, l1, d.p, l1), CUBLAS_STATUS_SUCCESS);
+      EXPECT_EQ(d.host()[0], compute == CUBLAS_COMPUTE_32F ? a[q] : tf32[q]);
+      cublasLtMatmulDescDestroy(op);
+    }
+    cublasLtMatrixLayoutDestroy(l1);
+  }
+  // Both operands are rounded, then summed in f32: a 2 x 3 by 3 x 2 product against a loop.
+  const int64_t m = 2, n = 2, kk = 3;
+  std::vector<float> x(m * kk), y(kk * n);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7f * static_cast<float>(i) + 0.3f);
+  for (size_t i = 0; i < y.size(); ++i) y[i] = std::cos(0.9f * static_cast<float>(i) + 0.1f);
+  auto rna = [](float v) {  // the rounding, from its definition: the nearest, ties away
+    const int e = std::ilogb(v);
+    const float step = std::ldexp(1.f, e - 10);
+    const float down = std::trunc(v / step) * step;  // toward zero
+    const float rest = std::fabs(v - down);
+    return rest * 2 >= step ? down + std::copysign(step, v) : down;
+  };
+  DevBuf dx(x.size(), CUDA_R_32F, x), dy(y.size(), CUDA_R_32F, y), dd(m * n, CUDA_R_32F);
+  auto lx = layout(CUDA_R_32F, m, kk, m), ly = layout(CUDA_R_32F, kk, n, kk),
+       ld = layout(CUDA_R_32F, m, n, m);
+  cublasLtMatmulDesc_t op;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(run(lt, op, 1.f, dx.p, lx, dy.p, ly, 0.f, dd.p, ld, dd.p, ld), CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> got = dd.host();
+  bool differs = false;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      float want = 0.f, full = 0.f;
+      for (int64_t q = 0; q < kk; ++q) {
+        want += rna(x[i + q * m]) * rna(y[q + j * kk]);
+        full += x[i + q * m] * y[q + j * kk];
+      }
+      EXPECT_EQ(got[i + j * m], want) << "(" << i << ", " << j << ")";
+      differs |= got[i + j * m] != full;
+    }
+  EXPECT_TRUE(differs) << "these values have bits below TF32's, so the f32 product differs";
+
+  // What FAST_TF32 refuses: 16-bit data, and the bias gradients of A or B.
+  DevBuf h(4, CUDA_R_16BF, {1, 2, 3, 4}), hd(4, CUDA_R_16BF), bias(2, CUDA_R_32F);
+  auto lh = layout(CUDA_R_16BF, 2, 2, 2);
+  EXPECT_EQ(run(lt, op, 1.f, h.p, lh, h.p, lh, 0.f, hd.p, lh, hd.p, lh),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  auto l2 = layout(CUDA_R_32F, 2, 2, 2);
+  set<void*>(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.p);
+  for (const auto e : {CUBLASLT_EPILOGUE_BGRADA, CUBLASLT_EPILOGUE_BGRADB}) {
+    set<uint32_t>(op, CUBLASLT_MATMUL_DESC_EPILOGUE, e);
+    EXPECT_EQ(run(lt, op, 1.f, dx.p, l2, dx.p, l2, 0.f, dd.p, l2, dd.p, l2),
+              CUBLAS_STATUS_NOT_SUPPORTED)
+        << "epilogue " << e;
+  }
+  set<uint32_t>(op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+  EXPECT_EQ(run(lt, op, 1.f, dx.p, l2, dx.p, l2, 0.f, dd.p, l2, dd.p, l2), CUBLAS_STATUS_SUCCESS);
+
+  // An algorithm the heuristic chose under FAST_TF32 is refused under COMPUTE_32F, and back.
+  cublasLtMatmulDesc_t f32;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&f32, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref;
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t r_tf32{}, r_f32{}, check{};
+  int found = 0;
+  cublasLtMatmulDesc_t tf32_op;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&tf32_op, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(lt.h, tf32_op, lx, ly, ld, ld, pref, 1, &r_tf32, &found),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(lt.h, f32, lx, ly, ld, ld, pref, 1, &r_f32, &found),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(lt.h, tf32_op, lx, ly, ld, ld, &r_tf32.algo, &check),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(lt.h, f32, lx, ly, ld, ld, &r_tf32.algo, &check),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(lt.h, tf32_op, lx, ly, ld, ld, &r_f32.algo, &check),
+            CUBLAS_STATUS_INVALID_VALUE);
+  const float one = 1.f, zero = 0.f;
+  EXPECT_EQ(cublasLtMatmul(lt.h, f32, &one, dx.p, lx, dy.p, ly, &zero, dd.p, ld, dd.p, ld,
+                           &r_tf32.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_INVALID_VALUE);
+  cublasLtMatmulPreferenceDestroy(pref);
+  for (auto o : {op, f32, tf32_op}) cublasLtMatmulDescDestroy(o);
+  for (auto l : {lx, ly, ld, lh, l2}) cublasLtMatrixLayoutDestroy(l);
 }
 
 using CudaEmuCublasLtDeathTest = ::testing::Test;

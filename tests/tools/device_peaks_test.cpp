@@ -32,6 +32,11 @@ TEST(DevicePeaks, AnH100SxmTakesItsDatasheetNotItsClock) {
   EXPECT_DOUBLE_EQ(p.tflops_for(DType::BF16), 989.4);
   EXPECT_DOUBLE_EQ(p.tflops_for(DType::F16), 989.4);
   EXPECT_DOUBLE_EQ(p.tflops_for(DType::F32), 66.9);  // no TF32 in Strata's f32 matmuls
+  // With TF32 on (Note [TF32]) f32 counts against the tensor cores' dense TF32 peak; the 16-bit
+  // dtypes keep theirs.
+  EXPECT_DOUBLE_EQ(p.tf32_tflops, 494.7);
+  EXPECT_DOUBLE_EQ(p.tflops_for(DType::F32, /*tf32=*/true), 494.7);
+  EXPECT_DOUBLE_EQ(p.tflops_for(DType::BF16, /*tf32=*/true), 989.4);
 }
 
 TEST(DevicePeaks, TheNvlAndPcieVariantsAreNotTakenForTheSxm) {
@@ -49,6 +54,9 @@ TEST(DevicePeaks, TheNvlAndPcieVariantsAreNotTakenForTheSxm) {
       device_peaks(facts("NVIDIA A100-SXM4-80GB", 8, 0, 108, 1410, 1593, 5120));
   EXPECT_DOUBLE_EQ(a100.tensor_tflops, 312.0);
   EXPECT_DOUBLE_EQ(a100.fp32_tflops, 19.5);
+  EXPECT_DOUBLE_EQ(a100.tf32_tflops, 156.0);
+  EXPECT_DOUBLE_EQ(device_peaks(facts("NVIDIA H100 PCIe", 9, 0, 114, 1755, 1593, 5120)).tf32_tflops,
+                   378.0);
   EXPECT_NEAR(a100.memory_gbps, 2039.0, 0.1);
 }
 
@@ -57,6 +65,7 @@ TEST(DevicePeaks, OtherAmpereAndHopperPartsAreEstimatedFromSmsAndClock) {
   const DevicePeaks l4 = device_peaks(facts("NVIDIA L4", 8, 9, 58, 2040, 6251, 192));
   EXPECT_NEAR(l4.tensor_tflops, 121.2, 0.05);
   EXPECT_NEAR(l4.fp32_tflops, 30.3, 0.05);
+  EXPECT_NEAR(l4.tf32_tflops, 60.6, 0.05);  // 58 x 2040 MHz x 512: its datasheet's dense TF32
   EXPECT_NEAR(l4.memory_gbps, 300.0, 0.1);
   EXPECT_NE(l4.source.find("estimated"), std::string::npos) << l4.source;
   // An unnamed sm_90 at an H100 SXM's clock: the clock's peak, above the datasheet's.

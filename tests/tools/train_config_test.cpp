@@ -165,7 +165,7 @@ TEST_F(TrainConfigTest, ToYamlRoundTripsEveryField) {
   // Every field away from its default, with strings YAML would otherwise misread.
   TrainConfig c;
   c.source = "x.yaml";
-  c.run = {"out dir/#1", 18446744073709551615ull, "cuda", "bf16", 3};
+  c.run = {"out dir/#1", 18446744073709551615ull, "cuda", "bf16", 3, "on", "on"};
   c.model.name = "gpt2-tiny";
   c.model.config = {{"n_layer", "3"}, {"dropout", "0.1"}};
   c.model.init_from = "weights: v1.safetensors";
@@ -424,6 +424,17 @@ std::vector<BadCase> bad_cases() {
        {"run.matmul_tuning=fast"},
        "",
        {"run.matmul_tuning: expected one of off, on, got 'fast'"}},
+      {"tf32_on_the_cpu",
+       kTiny,
+       {"run.tf32=on"},
+       "",
+       {"run.tf32: is on, but TF32 is the GPU tensor cores' format and run.device is 'cpu' (the "
+        "CPU computes fp32 matmuls in full f32); set run.device: cuda or tf32: off"}},
+      {"tf32_unknown",
+       kTiny,
+       {"run.tf32=true"},
+       "",
+       {"run.tf32: expected one of off, on, got 'true'"}},
       {"profile_past_the_last_step",
        kTiny,
        {"run.device=cuda", "training.profile_steps=8"},

@@ -32,7 +32,9 @@
 // it shows what the freed activations buy (impl strata+recompute-gelu). --matmul-tune times
 // cuBLASLt's candidate algorithms for each GEMM problem and keeps the fastest (Note [cuBLASLt
 // tuning]; `train`'s run.matmul_tuning: on); the first (untimed) step pays for it, and the impl
-// column says +tuned-matmuls.
+// column says +tuned-matmuls. --tf32 (with --dtype fp32) runs the f32 matmuls on TF32 (Note
+// [TF32] in tensor/cuda.h; `train`'s run.tf32: on): MFU counts against the TF32 peak, and the
+// dtype column says fp32+tf32 (run_gpt2_cuda.sh --tf32 gives the PyTorch reference allow_tf32).
 //
 // In a STRATA_CUDA_EMULATION build run with STRATA_CUDA_EMU_DRY_RUN=1 (Note [Emulator dry run] in
 // tests/cuda_emu/control.h; tools/bench/run_host_overhead.sh) the device does no work, so a step's
@@ -101,8 +103,11 @@ struct Options {
   std::string dtype = "bf16";
   bool recompute_gelu = false;  // Note [GELU recompute]
   bool matmul_tune = false;     // Note [cuBLASLt tuning]
-  double peak_tflops = 0.0;     // 0: the device's (Note [GPU peaks])
-  double peak_gbps = 0.0;       // 0: the device's
+  bool tf32 = false;            // Note [TF32]: f32 matmuls on TF32 (--dtype fp32 only)
+  // The dtype column: --dtype, or fp32+tf32.
+  std::string dtype_label() const { return tf32 ? "fp32+tf32" : dtype; }
+  double peak_tflops = 0.0;  // 0: the device's (Note [GPU peaks])
+  double peak_gbps = 0.0;    // 0: the device's
   int warmup = 3;
   int steps = 10;
   std::vector<std::string> models = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
@@ -376,7 +381,7 @@ void print_header() {
 void print_profile(const std::string& name, const Row& r, const Options& o,
                    double model_flops_per_step) {
   fmt::print("\nDevice time per op, {} at B = {}, T = {}, {}: {} profiled steps{}\n\n", name,
-             r.batch, o.seq_len, o.dtype, o.profile,
+             r.batch, o.seq_len, o.dtype_label(), o.profile,
              dry_run() ? " (dry run: the times mean nothing, the calls, sizes and bounds do)" : "");
   const tools::PeakRates peaks{o.peak_tflops, o.peak_gbps};
   fmt::print("{}", tools::op_time_table(r.ops, o.profile, r.profiled_s * 1e3 / o.profile, peaks));
@@ -419,7 +424,7 @@ void print_launches(const std::string& name, const Row& r, const Options& o) {
   fmt::print(
       "\nKernel launches per step by site, {} at B = {}, T = {}, {} ({} timed steps; the grids "
       "a GPU gets, on an emulated device of {} multiprocessors)\n\n",
-      name, r.batch, o.seq_len, o.dtype, o.steps, kSiteMultiprocessors);
+      name, r.batch, o.seq_len, o.dtype_label(), o.steps, kSiteMultiprocessors);
   fmt::print(
       "| kernel | launched at | launches/step | blocks per launch | mean blocks | threads per "
       "block | launches/step under {} blocks |\n|---|---|---|---|---|---|---|\n",
@@ -460,6 +465,10 @@ int main(int argc, char** argv) {
   app.add_flag("--matmul-tune", o.matmul_tune,
                "time cuBLASLt's candidate algorithms per GEMM problem in the first step and keep "
                "the fastest (run.matmul_tuning: on); impl says +tuned-matmuls");
+  app.add_flag(
+      "--tf32", o.tf32,
+      "with --dtype fp32: the f32 matmuls round their inputs to TF32 and run on the "
+      "tensor cores (run.tf32: on); MFU against the TF32 peak; the dtype column says fp32+tf32");
   app.add_option("--T", o.seq_len, "sequence length")->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed steps first")
       ->check(CLI::Range(0, 1000))
@@ -515,19 +524,24 @@ int main(int argc, char** argv) {
 #endif
     if (o.launches && o.on_cpu) user_error("--launches counts GPU kernels; it needs --device cuda");
     if (o.matmul_tune && o.on_cpu) user_error("--matmul-tune times GPU GEMMs; it needs the GPU");
+    if (o.tf32 && o.dtype != "fp32")
+      user_error("--tf32 changes fp32 matmuls only; add --dtype fp32 (this run's are {})", o.dtype);
+    if (o.tf32 && o.on_cpu) user_error("--tf32 is the GPU tensor cores' format; it needs the GPU");
     if (!o.on_cpu) {
       tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
       // Note [GPU peaks]: what MFU and the profile's bound count against.
       const tools::DevicePeaks peaks = tools::device_peaks(tensor::cuda_device_facts(0));
       const bool own_flops = o.peak_tflops == 0;
-      if (own_flops) o.peak_tflops = peaks.tflops_for(o.dtype == "bf16" ? DType::BF16 : DType::F32);
+      if (own_flops)
+        o.peak_tflops = peaks.tflops_for(o.dtype == "bf16" ? DType::BF16 : DType::F32, o.tf32);
       if (o.peak_gbps == 0) o.peak_gbps = peaks.memory_gbps;
       if (o.peak_tflops == 0)
         user_error("this GPU's peak FLOP/s is {}; give --peak-tflops", peaks.source);
       // A list item before the table (run_gpt2_cuda.sh hands the FLOP/s to the reference).
-      fmt::print("- peaks: {:.1f} TFLOP/s {} ({}), {:.0f} GB/s\n\n", o.peak_tflops, o.dtype,
+      fmt::print("- peaks: {:.1f} TFLOP/s {} ({}), {:.0f} GB/s\n\n", o.peak_tflops, o.dtype_label(),
                  own_flops ? peaks.source : "--peak-tflops", o.peak_gbps);
       if (o.matmul_tune) tensor::set_cuda_matmul_tuning(true);
+      tensor::set_cuda_tf32(o.tf32);
     }
     auto world = parallel::init_world("self", o.device(), std::chrono::seconds(60));
     // Note [Fused ops in models]: STRATA_FUSED_OPS=off measures the unfused compositions.
@@ -561,21 +575,21 @@ int main(int argc, char** argv) {
           fmt::print(
               "| {} | {} | {:.0f}M | {} | {} | {} | {:.2f} | {:.1f} | {:.2f}% | {} | {} | {} | {} "
               "| {:.1f} GiB |\n",
-              impl, name, params, r.batch, o.seq_len, o.dtype, r.step_s * 1e3, gpu_s * 1e3,
+              impl, name, params, r.batch, o.seq_len, o.dtype_label(), r.step_s * 1e3, gpu_s * 1e3,
               100.0 * r.step_s / gpu_s, r.per_step.launches, r.per_step.matmuls,
               r.per_step.graph_runs, r.per_step.idle_waits, gib);
         } else {
           fmt::print(
               "| {} | {} | {:.0f}M | {} | {} | {} | {:.0f} | {:.1f} | {} | {:.1f} GiB "
               "| {:.4f} |\n",
-              impl, name, params, r.batch, o.seq_len, o.dtype, tokens_s, r.step_s * 1e3, mfu, gib,
-              r.loss);
+              impl, name, params, r.batch, o.seq_len, o.dtype_label(), tokens_s, r.step_s * 1e3,
+              mfu, gib, r.loss);
         }
       } catch (const UserError& e) {
         if (!is_oom(e)) throw;
         fmt::print(stderr, "{}: {}\n", name, e.what());
         fmt::print("| {} | {} | {:.0f}M | {} | {} | {} | OOM |{}\n", impl, name, params,
-                   o.batch > 0 ? o.batch : default_batch(name), o.seq_len, o.dtype,
+                   o.batch > 0 ? o.batch : default_batch(name), o.seq_len, o.dtype_label(),
                    dry_run() ? " - | - | - | - | - | - | - |" : " - | - | - | - |");
       }
       std::fflush(stdout);

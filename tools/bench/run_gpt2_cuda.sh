@@ -9,7 +9,8 @@
 #   e.g. tools/bench/run_gpt2_cuda.sh build-gpu --fill
 # Bench args (both programs take them): --dtype bf16|fp32 --models a,b --B n --fill --T n
 # --warmup n --steps n --peak-tflops X --seed n --profile n (Strata: a per-op device-time table;
-# PyTorch: torch.profiler's kernel table). The reference gets --models and --B per model.
+# PyTorch: torch.profiler's kernel table) --tf32 (with --dtype fp32: fp32 matmuls on TF32 on both
+# sides). The reference gets --models and --B per model.
 set -euo pipefail
 BUILD=${1:-build}; shift || true
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -13,7 +13,10 @@
 //   an estimate (GeForce cards run bf16 with f32 accumulate at half their architecture's rate,
 //   so it overstates theirs); other architectures get 0, and MFU is not reported.
 // - Which peak: bf16 and f16 runs count against the tensor cores' dense peak; f32 runs against
-//   the CUDA cores' f32 peak, since Strata's f32 matmuls do not use TF32 (tensor/cuda/matmul.cpp).
+//   the CUDA cores' f32 peak, since Strata's f32 matmuls do not use TF32 unless asked to (Note
+//   [TF32] in tensor/cuda.h); with TF32 on they count against the tensor cores' dense TF32 peak
+//   (half the bf16 one on every architecture here: 494.7 TFLOP/s on an H100 SXM, 156 on an A100;
+//   per SM and clock 1024 on sm_80, 512 on sm_86/87/89, 2048 on sm_90).
 // - Bandwidth: the memory clock x 2 (double data rate) x the bus width, from the driver (an H100
 //   SXM: 2619 MHz x 2 x 640 bytes = 3352 GB/s, its datasheet's 3.35 TB/s).
 #include <string>
@@ -26,10 +29,12 @@ namespace strata::tools {
 struct DevicePeaks {
   double tensor_tflops = 0;  // dense bf16/f16 on the tensor cores, f32 accumulate
   double fp32_tflops = 0;    // f32 on the CUDA cores
+  double tf32_tflops = 0;    // dense TF32 on the tensor cores, f32 accumulate
   double memory_gbps = 0;    // DRAM bandwidth, GB/s (1e9 bytes)
   std::string source;        // where the FLOP/s come from, for the log
-  // The peak an op in `dtype` counts against: tensor_tflops for bf16/f16, fp32_tflops for f32.
-  double tflops_for(DType dtype) const;
+  // The peak an op in `dtype` counts against: tensor_tflops for bf16/f16; for f32 fp32_tflops,
+  // or tf32_tflops when its matmuls run on TF32 (Note [TF32]).
+  double tflops_for(DType dtype, bool tf32 = false) const;
 };
 
 DevicePeaks device_peaks(const tensor::CudaDeviceFacts& facts);

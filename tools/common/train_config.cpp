@@ -29,6 +29,7 @@ void read_run(Reader& r, RunConfig& c) {
   r.get_enum("dtype", c.dtype, {"auto", "fp32", "bf16", "fp16"});
   r.get("threads", c.threads);
   r.get_enum("matmul_tuning", c.matmul_tuning, {"off", "on"});
+  r.get_enum("tf32", c.tf32, {"off", "on"});
 }
 
 void read_model(Reader& r, ModelSection& c) {
@@ -150,6 +151,12 @@ void validate(TrainConfig& c, Readers& r) {
     r.run.fail("matmul_tuning",
                fmt::format("is on, but it times cuBLASLt's GPU algorithms and run.device is "
                            "'{}'; set run.device: cuda or matmul_tuning: off",
+                           c.run.device));
+  if (c.run.tf32 == "on" && c.run.device != "cuda")
+    r.run.fail("tf32",
+               fmt::format("is on, but TF32 is the GPU tensor cores' format and run.device is "
+                           "'{}' (the CPU computes fp32 matmuls in full f32); set run.device: cuda "
+                           "or tf32: off",
                            c.run.device));
   // bf16/fp16 run on the CPU too (Note [Mixed precision] in parallel/engine.h): the CPU
   // kernels widen to f32, so it saves model-state memory, not time.
@@ -375,6 +382,7 @@ std::string to_yaml(const TrainConfig& c) {
     e("dtype", c.run.dtype);
     e("threads", c.run.threads);
     e("matmul_tuning", c.run.matmul_tuning);
+    e("tf32", c.run.tf32);
   }
   {
     Node& m = section(root, "model");

@@ -37,6 +37,9 @@ struct RunConfig {                   // YAML section `run`
   // off | on: time cuBLASLt's candidate algorithms per matmul problem and keep the fastest, the
   // choices kept in <dir>/matmul_tuning.rank<R>.tsv (Note [cuBLASLt tuning]); cuda only.
   std::string matmul_tuning = "off";
+  // off | on: fp32 matmuls on the GPU round their inputs to TF32 and run on the tensor cores
+  // (Note [TF32] in tensor/cuda.h); no effect on bf16/fp16 matmuls; cuda only.
+  std::string tf32 = "off";
   bool operator==(const RunConfig&) const = default;
 };
 

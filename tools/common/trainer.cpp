@@ -296,6 +296,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
     // decides, not STRATA_MATMUL_TUNE.
     tensor::set_cuda_matmul_tuning(c.run.matmul_tuning == "on",
                                    fmt::format("{}/matmul_tuning.rank{}.tsv", c.run.dir, rank_));
+    // Note [TF32]: the config decides for fp32 matmuls, this run's and its samples'.
+    tensor::set_cuda_tf32(c.run.tf32 == "on");
   }
   console_ =
       std::make_unique<ConsoleReporter>(rank_ == 0 ? c.training.progress : "off", c.training.steps);
@@ -305,11 +307,13 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   if (device_.is_cuda()) {
     // Note [GPU peaks]: the datasheet's dense peak for this run's dtype, else an estimate.
     const DevicePeaks peaks = device_peaks(tensor::cuda_device_facts(device_.index));
-    peak_flops_ = peaks.tflops_for(param_dtype(c.run.dtype)) * 1e12;
+    const bool tf32 = c.run.tf32 == "on" && param_dtype(c.run.dtype) == DType::F32;
+    peak_flops_ = peaks.tflops_for(param_dtype(c.run.dtype), tf32) * 1e12;
     peak_rates_ = {peak_flops_ / 1e12, peaks.memory_gbps};
-    peak_note = peak_flops_ > 0 ? fmt::format(" | MFU against {:.1f} TFLOP/s {} ({})",
-                                              peak_flops_ / 1e12, c.run.dtype, peaks.source)
-                                : fmt::format(" | no MFU: this GPU's peak is {}", peaks.source);
+    peak_note = peak_flops_ > 0
+                    ? fmt::format(" | MFU against {:.1f} TFLOP/s {} ({})", peak_flops_ / 1e12,
+                                  tf32 ? "tf32" : c.run.dtype, peaks.source)
+                    : fmt::format(" | no MFU: this GPU's peak is {}", peaks.source);
   } else {
     peak_flops_ = estimated_peak_flops(c.run.device);
   }

@@ -10,7 +10,9 @@ The step is PyTorch's usual one: fp32 parameters, the forward under torch.autoca
 backward, loss.item() (after the backward, where Strata's step reads it), clip_grad_norm_(1.0),
 torch.optim.AdamW(fused=True) with lr 6e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
 matrices and embeddings and 0 on biases and norm weights (as Strata's segments), zero_grad. No
-TF32, since Strata's GEMMs accumulate in fp32 without it. Ids and targets (random with a fixed
+TF32, since Strata's GEMMs accumulate in fp32 without it, unless --tf32 (with --dtype fp32, as
+bench_gpt2_cuda --tf32: torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32; the dtype
+column then says fp32+tf32). Ids and targets (random with a fixed
 seed; targets are the ids shifted by one) are copied from the host every step, as `train` does.
 --warmup untimed steps (with torch.compile they include the compilation), then --steps steps, each
 ended by torch.cuda.synchronize(); the median is reported. MFU uses Strata's count, training_flops_per_token (Note [MFU] in
@@ -18,6 +20,7 @@ tools/common/trainer.h); peak GPU memory is torch.cuda.max_memory_allocated over
 
 usage: gpt2_cuda.py [--dtype bf16|fp32] [--models a,b] [--B n] [--T n] [--warmup n] [--steps n]
                     [--peak-tflops X] [--modes eager,compile] [--seed n] [--device cuda|cpu]
+                    [--tf32]
 (--recompute-gelu is accepted and ignored, so run_gpt2_cuda.sh can pass bench_gpt2_cuda's
 arguments to both. --fill: where PyTorch runs out of memory at --B, B is halved until it fits, so
 each side is timed at its own largest power-of-two B.)
@@ -144,7 +147,7 @@ def measure(name, mode, batch, a):
     tokens_s = batch * a.T / step_s
     mfu = training_flops_per_token(n_params, n_layer, c, a.T) * tokens_s / (a.peak_tflops * 1e12)
     peak = f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if on_gpu else "-"
-    row = (f"| torch {mode} | {name} | {n_params / 1e6:.0f}M | {batch} | {a.T} | {a.dtype} | "
+    row = (f"| torch {mode} | {name} | {n_params / 1e6:.0f}M | {batch} | {a.T} | {dtype_label(a)} | "
            f"{tokens_s:.0f} | {step_s * 1e3:.1f} | {100 * mfu:.1f}% | {peak} | {loss:.4f} |")
     return row, profile_table(step, f"torch {mode} {name} at B = {batch}", a.profile, on_gpu)
 
@@ -165,6 +168,11 @@ def profile_table(step, what, steps, on_gpu):
     key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=30)
     return f"\nTime per kernel, {what}: {steps} profiled steps (totals)\n\n```\n{table}\n```\n"
+
+
+def dtype_label(a):
+    """The dtype column: --dtype, or fp32+tf32 (bench_gpt2_cuda's)."""
+    return "fp32+tf32" if a.tf32 else a.dtype
 
 
 def main():
@@ -196,9 +204,13 @@ def main():
                    help="ignored: Strata's cuBLASLt algorithm tuning; PyTorch runs its defaults")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a smoke run of this script without a GPU, not a benchmark")
+    p.add_argument("--tf32", action="store_true",
+                   help="with --dtype fp32: fp32 matmuls on TF32 (allow_tf32), as Strata's --tf32")
     a = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    if a.tf32 and a.dtype != "fp32":
+        raise SystemExit(f"--tf32 changes fp32 matmuls only; add --dtype fp32 (not {a.dtype})")
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
     if not a.no_header:
         print("| impl | model | params | B | T | dtype | tokens/s | step ms | MFU | peak GPU mem | "
               "loss |")
@@ -218,8 +230,8 @@ def main():
                 except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or inductor's wrapper
                     if "out of memory" not in str(e).lower():
                         raise
-                    row = (f"| torch {mode} | {name} | - | {batch} | {a.T} | {a.dtype} | OOM | - "
-                           "| - | - | - |")
+                    row = (f"| torch {mode} | {name} | - | {batch} | {a.T} | {dtype_label(a)} "
+                           "| OOM | - | - | - | - |")
                     if a.fill and batch > 1:
                         print(f"torch {mode} {name}: B = {batch} does not fit; trying {batch // 2}",
                               file=sys.stderr, flush=True)

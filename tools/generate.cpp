@@ -3,7 +3,7 @@
 //   generate --checkpoint runs/tiny [--prompt "Once upon" | --prompt-file FILE]
 //            [--max-new-tokens 128] [--temperature 0.8] [--top-k 40] [--top-p 1] [--seed 0]
 //            [--device cpu|cuda] [--kv-cache on|off] [--num-samples 1]
-//            [--dtype auto|fp32|bf16|fp16]
+//            [--dtype auto|fp32|bf16|fp16] [--tf32 auto|on|off]
 //
 // --checkpoint is a checkpoint directory (runs/x/checkpoints/step_00000200) or a run directory
 // (then the checkpoint its `latest` names). The model, its overrides and the tokenizer come from
@@ -22,6 +22,10 @@
 // run.dtype on the GPU (bf16 for a run trained there: the precision it trained in, half the
 // memory and about half the time of a decode step, which reads every weight) and fp32 on the CPU.
 // The checkpoint's weights are cast on the host before they move.
+// --tf32: whether an fp32 model's GEMMs on the GPU round their inputs to TF32 and run on the
+// tensor cores (Note [TF32] in tensor/cuda.h). auto (the default) follows the checkpoint's
+// run.tf32 when sampling runs fp32 on cuda, as `train`'s own samples do, and is off otherwise;
+// on asks for it and is an error anywhere else (the CPU, bf16/fp16, whose GEMMs it does not touch).
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -49,6 +53,7 @@ struct Args {
   SampleOptions sample;
   std::string device = "cpu";
   std::string dtype = "auto";
+  std::string tf32 = "auto";
   int64_t num_samples = 1;
 };
 
@@ -66,13 +71,23 @@ int run(Args args) {
   const std::string dtype = args.dtype != "auto"    ? args.dtype
                             : args.device == "cuda" ? cfg.run.dtype
                                                     : "fp32";
+  const bool fp32_on_gpu = args.device == "cuda" && dtype == "fp32";
+  if (args.tf32 == "on" && !fp32_on_gpu)
+    user_error(
+        "--tf32 on: TF32 is the GPU tensor cores' format for fp32 GEMMs, but sampling runs {} on "
+        "{}; use --device cuda with --dtype fp32 (or auto on an fp32 run), or --tf32 off",
+        dtype, args.device);
+  const bool tf32 =
+      fp32_on_gpu && (args.tf32 == "on" || (args.tf32 == "auto" && cfg.run.tf32 == "on"));
+  if (args.device == "cuda") tensor::set_cuda_tf32(tf32);  // the log below reads it back
   if (dtype == "bf16" || dtype == "fp16")
     models::cast_flat_units(model->flat_units(), dtype == "bf16" ? DType::BF16 : DType::F16);
   if (args.device == "cuda") models::move_flat_units(model->flat_units(), Device::cuda(0));
   int64_t parameters = 0;
   for (const models::FlatUnit& u : model->flat_units()) parameters += u.params.numel();
-  log::info("{} ({} parameters, {}) on {}", cfg.model.name, parameters,
+  log::info("{} ({} parameters, {}{}) on {}", cfg.model.name, parameters,
             dtype_name(model->flat_units().front().params.dtype()),
+            args.device == "cuda" && tensor::cuda_tf32() ? ", TF32 GEMMs" : "",
             model->flat_units().front().params.device().str());
 
   std::unique_ptr<Tokenizer> tok =
@@ -134,6 +149,11 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", args.dtype,
                  "parameter and compute dtype; auto: the run's on cuda, fp32 on the cpu")
       ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--tf32", args.tf32,
+                 "fp32 GEMMs on the GPU's tensor cores; auto: the run's run.tf32 when sampling "
+                 "fp32 on cuda")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   std::string kv_cache = "on";
   app.add_option("--kv-cache", kv_cache,

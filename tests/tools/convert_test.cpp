@@ -287,6 +287,25 @@ TEST_F(ToolsOnCheckpoint, GeneratePrintsThePromptAndTheSampledContinuation) {
   EXPECT_NE(r.err.find("generate: error: top_p must be in (0, 1] (1 = no cut), got 1.5\n"),
             std::string::npos)
       << r.err;
+  // --tf32 on asks for the GPU's TF32 GEMMs (Note [TF32] in tensor/cuda.h): on the CPU it is an
+  // error naming what to change; auto (the default, above) and off sample as before.
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --prompt hi --tf32 on",
+          dir_);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("generate: error: --tf32 on: TF32 is the GPU tensor cores' format for fp32 "
+                       "GEMMs, but sampling runs fp32 on cpu; use --device cuda"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out, "");
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() +
+              " --prompt 'Hello, Strata' --max-new-tokens 12 --temperature 0.9 --top-k 20"
+              " --seed 4 --tf32 off",
+          dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, expected + "\n");
+  r = run(tool("generate") + " --checkpoint " + (dir_ / "run").string() + " --tf32 yes", dir_);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--tf32"), std::string::npos) << r.err;
 }
 
 }  // namespace

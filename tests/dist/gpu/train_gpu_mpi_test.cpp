@@ -180,6 +180,48 @@ TEST_F(TrainGpuMpi, GenerateOnTheGpuDrawsTheCpusTokens) {
   EXPECT_EQ(g.out.size(), text[0].size()) << g.out;
 }
 
+// `generate --device cuda` on an fp32 checkpoint trained with run.tf32: on samples with TF32
+// GEMMs too (--tf32 auto, as `train`'s own samples do; Note [TF32] in tensor/cuda.h), --tf32 off
+// turns them off, and --tf32 on where no f32 GEMM runs on the GPU is an error naming the fix.
+TEST_F(TrainGpuMpi, GenerateFollowsTheRunsTf32) {
+  NEED_GPUS(1);
+  CommandResult t = train(0, config("tf32", 3), {"run.dtype=fp32", "run.tf32=on"});
+  ASSERT_EQ(t.exit_code, 0) << describe(t);
+  const auto generate = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {kBin + "/generate",
+                                     "--checkpoint",
+                                     tmp_ / "tf32",
+                                     "--prompt",
+                                     "The GPU",
+                                     "--max-new-tokens",
+                                     "8",
+                                     "--device",
+                                     "cuda"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return testing::run_command(argv, std::chrono::seconds(120));
+  };
+  CommandResult g = generate({});
+  ASSERT_EQ(g.exit_code, 0) << describe(g);
+  EXPECT_NE(g.err.find("f32, TF32 GEMMs) on cuda:0"), std::string::npos) << g.err;
+  EXPECT_EQ(g.out.rfind("The GPU", 0), 0u) << g.out;
+  g = generate({"--tf32", "off"});
+  ASSERT_EQ(g.exit_code, 0) << describe(g);
+  EXPECT_NE(g.err.find("f32) on cuda:0"), std::string::npos) << g.err;
+  EXPECT_EQ(g.err.find("TF32"), std::string::npos) << g.err;
+  // bf16 sampling of the same run: TF32 touches no bf16 GEMM, so auto leaves it off and on is an
+  // error.
+  g = generate({"--dtype", "bf16"});
+  ASSERT_EQ(g.exit_code, 0) << describe(g);
+  EXPECT_NE(g.err.find("bf16) on cuda:0"), std::string::npos) << g.err;
+  g = generate({"--dtype", "bf16", "--tf32", "on"});
+  EXPECT_EQ(g.exit_code, 1) << describe(g);
+  EXPECT_NE(g.err.find("--tf32 on: TF32 is the GPU tensor cores' format for fp32 GEMMs, but "
+                       "sampling runs bf16 on cuda"),
+            std::string::npos)
+      << g.err;
+  EXPECT_EQ(g.out, "");
+}
+
 TEST_F(TrainGpuMpi, NcclWithMoreRanksThanGpusIsAClearError) {
   NEED_GPUS(1);
   const int np = gpus_ + 1;

@@ -21,6 +21,14 @@
 #                                           --profile, as built and with each switch that picks
 #                                           an older path (STRATA_NORM_GRADS=separate,
 #                                           STRATA_GRAD_INTO_BUFFER=off): what each path buys
+#   bash tools/gpu_session.sh triage [FILTER]
+#                                           there: each test_cuda test of FILTER (a gtest
+#                                           filter; every test by default) in a process of its
+#                                           own with CUDA_LAUNCH_BLOCKING=1, the first failures
+#                                           again under compute-sanitizer (tools/gpu_triage.sh):
+#                                           which tests fail alone, and where, after `check`
+#                                           printed failures (it writes their filter to
+#                                           triage_filter.txt)
 #   bash tools/gpu_session.sh decode [MODELS]
 #                                           there: bench_generate in bf16, KV-cached against
 #                                           whole-window sampling, batch 1 and 8 (gpt2,gpt2-xl
@@ -33,7 +41,7 @@
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
 # `bench`, switch-*.md from `switches`, decode.md, decode_split_off.md and decode_candidates.md
-# from `decode`).
+# from `decode`, triage.md and triage/*.log from `triage`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
@@ -50,6 +58,14 @@ device_env() {
     [[ -d $d ]] && venv_libs+="$d:"
   done
   export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:${venv_libs}${LD_LIBRARY_PATH:-}"
+}
+
+# The tests a GoogleTest log names as failed (`[  FAILED  ] Suite.Name (12 ms)`, and again
+# in its summary, `[  FAILED  ] Suite.Name/0, where GetParam() = ...`), once each, joined
+# into a --gtest_filter; empty when none failed.
+failed_tests_filter() {
+  { grep -oE '^\[  FAILED  \] [A-Za-z_][A-Za-z0-9_/]*\.[A-Za-z_][A-Za-z0-9_/]*' "$1" || true; } |
+    cut -c14- | sort -u | paste -sd: -
 }
 
 case ${1:-} in
@@ -80,11 +96,21 @@ case ${1:-} in
     ls -d /opt/torch/.venv/lib/python3.12/site-packages/nvidia_*.dist-info >> "$OUT/smi.txt" 2>&1
     /opt/torch/.venv/bin/python -c 'import torch; print("torch", torch.__version__, "cuDNN",
       torch.backends.cudnn.version(), "NCCL", torch.cuda.nccl.version())' >> "$OUT/smi.txt" 2>&1
+    # The toolkit's tools there (is compute-sanitizer, which `triage` uses, among them?).
+    { echo "/usr/local/cuda/bin:"; ls /usr/local/cuda/bin; } >> "$OUT/smi.txt" 2>&1
     # Poisoned allocations (Note [GPU caching allocator]): an output that cuBLASLt, cuDNN or a
     # kernel leaves partly unwritten reads as NaN, on the real libraries too.
     STRATA_GPU_POISON=on timeout 240 stdbuf -oL -eL "$BUILD/bin/test_cuda" \
       > "$OUT/test_cuda.log" 2>&1
     echo "test_cuda exit $? (124: cut at 240 s)" | tee -a "$OUT/test_cuda.log"
+    # One bad kernel can fail every test after it (a sticky CUDA error): the failed tests'
+    # filter, for `triage` to run each alone.
+    failed=$(failed_tests_filter "$OUT/test_cuda.log")
+    if [[ -n $failed ]]; then
+      echo "$failed" > "$OUT/triage_filter.txt"
+      echo "tests failed; run each alone: bash tools/gpu_session.sh triage '$failed'" |
+        tee -a "$OUT/test_cuda.log"
+    fi
     data=$(mktemp -d)
     "$BUILD/bin/tokenize" --tokenizer byte --format text --val-fraction 0.2 --output "$data" \
       docs/*.md README.md > "$OUT/train.log" 2>&1
@@ -129,6 +155,11 @@ case ${1:-} in
       cat "$OUT/switch-$model-$name.md"
     done
     ;;
+  triage)
+    device_env
+    # Under the 600 s a command may run: 540 s for the tests and the memcheck runs.
+    bash tools/gpu_triage.sh "$BUILD/bin/test_cuda" "${2:-*}" "$OUT" 540
+    ;;
   decode)
     device_env
     models=${2:-gpt2,gpt2-xl}
@@ -167,7 +198,7 @@ case ${1:-} in
     cat "$OUT/decode_candidates.md"
     ;;
   *)
-    sed -n '2,28p' "$0" >&2
+    sed -n '2,/^set -euo/{/^set -euo/d;p}' "$0" >&2
     exit 2
     ;;
 esac

@@ -68,6 +68,14 @@ failed_tests_filter() {
     cut -c14- | sort -u | paste -sd: -
 }
 
+# The test of a GoogleTest log's last `[ RUN      ] Suite.Name` line when no line after it says
+# how that test ended (OK, FAILED or SKIPPED); empty otherwise.
+unfinished_test() {
+  awk '/^\[ RUN      \] / { t = $4; done = 0; next }
+       t != "" && /^\[ *(OK|FAILED|SKIPPED) *\] / && $0 ~ ("] " t) { done = 1 }
+       END { if (t != "" && !done) print t }' "$1"
+}
+
 case ${1:-} in
   pack)
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA_ARCHS=90 \
@@ -102,7 +110,15 @@ case ${1:-} in
     # kernel leaves partly unwritten reads as NaN, on the real libraries too.
     STRATA_GPU_POISON=on timeout 240 stdbuf -oL -eL "$BUILD/bin/test_cuda" \
       > "$OUT/test_cuda.log" 2>&1
-    echo "test_cuda exit $? (124: cut at 240 s)" | tee -a "$OUT/test_cuda.log"
+    rc=$?
+    echo "test_cuda exit $rc (124: cut at 240 s)" | tee -a "$OUT/test_cuda.log"
+    # Cut at the limit, or the process died (a crash, an abort) inside a test: that test never
+    # finished and the ones after it never ran.
+    unfinished=$(unfinished_test "$OUT/test_cuda.log")
+    if [[ -n $unfinished ]]; then
+      echo "test_cuda stopped inside $unfinished (exit $rc), so later tests did not run;" \
+        "bash tools/gpu_session.sh triage '*' runs every test alone" | tee -a "$OUT/test_cuda.log"
+    fi
     # One bad kernel can fail every test after it (a sticky CUDA error): the failed tests'
     # filter, for `triage` to run each alone.
     failed=$(failed_tests_filter "$OUT/test_cuda.log")

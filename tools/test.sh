@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds Strata (Release), and runs the whole test suite.
 # Tests labelled `cuda` skip themselves without a GPU; a second build then runs them on the CPU
-# emulator of the CUDA device (Note [CUDA emulator] in tests/cuda_emu/simt.h), so the kernels, the
+# emulator of the CUDA device (Note [CUDA emulator] in cuda_emu/simt.h), so the kernels, the
 # cuBLASLt and cuDNN calls and GPU training are exercised without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -35,7 +35,7 @@
 #include <type_traits>
 
 #if !defined(STRATA_CUDA_EMULATION)
-#include <mma.h>  // the emulation build gets nvcuda::wmma from tests/cuda_emu/wmma.h
+#include <mma.h>  // the emulation build gets nvcuda::wmma from cuda_emu/wmma.h
 #endif
 
 #include "tensor/cuda/attention_common.cuh"

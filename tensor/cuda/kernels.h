@@ -95,7 +95,7 @@ bool launch_layernorm_forward(int dt, const void* x, const void* w, const void* 
 // common.cuh). dy, x, w, dx, dw, db of dtype dt. 32 rows a chunk: GPT-2 1558M's rows of 1600
 // columns (one block of 224 threads across) at B*T = 16K make 512 blocks, about four per
 // multiprocessor of an H100; chunks of 128 rows made 128 blocks, one per multiprocessor and 4 of
-// the 132 idle (Note [Launch sites] in tests/cuda_emu/control.h). The partials then move 2 * 4
+// the 132 idle (Note [Launch sites] in cuda_emu/control.h). The partials then move 2 * 4
 // bytes per column per 32 rows against the 2 * 2 bytes per element of dy and x a bf16 chunk reads:
 // 1/16 more.
 inline constexpr int64_t kNormRowChunk = 32;

@@ -46,7 +46,7 @@ void load_once() {
   static std::once_flag once;
   std::call_once(once, [] {
 #if STRATA_CUDA_EMULATION
-    // The CUDA emulator's cuDNN (Note [Emulated cuDNN], tests/cuda_emu/cudnn.cpp) is linked in.
+    // The CUDA emulator's cuDNN (Note [Emulated cuDNN], cuda_emu/cudnn.cpp) is linked in.
     g_api = new Api{&::cudnnGetVersion,
                     &::cudnnCreate,
                     &::cudnnSetStream,

@@ -22,7 +22,7 @@
 #include "tests/support/norm_into_check.h"
 
 #if defined(STRATA_CUDA_EMULATION)
-#include "tests/cuda_emu/control.h"
+#include "cuda_emu/control.h"
 #endif
 
 namespace strata::tensor {

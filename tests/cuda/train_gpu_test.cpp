@@ -39,7 +39,7 @@
 #include "tools/common/trainer.h"
 
 #if defined(STRATA_CUDA_EMULATION)
-#include "tests/cuda_emu/control.h"
+#include "cuda_emu/control.h"
 #endif
 
 namespace strata {

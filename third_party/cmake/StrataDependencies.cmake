@@ -70,7 +70,7 @@ set(STRATA_CUDA_RUNTIME CUDA::cudart)
 set(STRATA_CUBLASLT CUDA::cublasLt)
 if(STRATA_CUDA_EMULATION)
   # Note [CUDA emulator]: the toolkit's headers only; the .cu files become C++ (see
-  # strata_emulate_cuda_sources below) and tests/cuda_emu provides the runtime and cuBLASLt.
+  # strata_emulate_cuda_sources below) and cuda_emu provides the runtime and cuBLASLt.
   find_package(CUDAToolkit REQUIRED)  # finds /usr/local/cuda without nvcc on PATH too
   set(STRATA_HAVE_CUDA ON)
   set(STRATA_CUDA_RUNTIME strata_cuda_emu)
@@ -114,7 +114,7 @@ if(STRATA_HAVE_CUDA AND NOT STRATA_CUDA_EMULATION)
     message(STATUS "cuDNN not found next to the CUDA toolkit; attention uses Strata's own kernel")
   endif()
 elseif(STRATA_CUDA_EMULATION)
-  # The emulator provides cuDNN's graph API (Note [Emulated cuDNN], tests/cuda_emu/cudnn.cpp):
+  # The emulator provides cuDNN's graph API (Note [Emulated cuDNN], cuda_emu/cudnn.cpp):
   # only the headers are needed.
   find_path(CUDNN_INCLUDE_DIR cudnn_graph.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/include
             NO_DEFAULT_PATH)
@@ -123,7 +123,7 @@ elseif(STRATA_CUDA_EMULATION)
   endif()
 endif()
 # The emulator also provides NCCL's collectives between the processes of an mpirun job (Note
-# [Emulated NCCL], tests/cuda_emu/nccl.cpp): only nccl.h is needed.
+# [Emulated NCCL], cuda_emu/nccl.cpp): only nccl.h is needed.
 set(STRATA_EMULATED_NCCL OFF)
 if(STRATA_CUDA_EMULATION)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} NO_DEFAULT_PATH)
@@ -145,7 +145,7 @@ endif()
 # per-thread register array. `shift` stops shifts by the width or more, which x86 and the GPU
 # resolve differently (x86 masks the count, PTX clamps it).
 set(STRATA_EMULATED_CUDA_OPTIONS
-    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/tests/cuda_emu/device.h;-ffp-contract=off;-Wno-unknown-pragmas;-fsanitize=alignment,bounds,shift;-fno-sanitize-recover=alignment,bounds,shift")
+    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/cuda_emu/device.h;-ffp-contract=off;-Wno-unknown-pragmas;-fsanitize=alignment,bounds,shift;-fno-sanitize-recover=alignment,bounds,shift")
 if(STRATA_CUDA_EMULATION)
   add_link_options(-fsanitize=alignment,bounds,shift)  # the UBSan runtime for the emulated kernels
 endif()

@@ -37,7 +37,7 @@
 // dtype column says fp32+tf32 (run_gpt2_cuda.sh --tf32 gives the PyTorch reference allow_tf32).
 //
 // In a STRATA_CUDA_EMULATION build run with STRATA_CUDA_EMU_DRY_RUN=1 (Note [Emulator dry run] in
-// tests/cuda_emu/control.h; tools/bench/run_host_overhead.sh) the device does no work, so a step's
+// cuda_emu/control.h; tools/bench/run_host_overhead.sh) the device does no work, so a step's
 // time is the host's side of it: the work the host does to enqueue the step, the emulated runtime
 // calls included. The table then has other columns: host ms per step beside the GPU time the step
 // would take at 50% MFU (its FLOPs over half of --peak-tflops), so host share above 100% would
@@ -89,7 +89,7 @@
 #include "tools/common/trainer.h"
 
 #if defined(STRATA_CUDA_EMULATION)
-#include "tests/cuda_emu/control.h"
+#include "cuda_emu/control.h"
 #endif
 
 using namespace strata;
@@ -158,7 +158,7 @@ DeviceCounts device_counts() {
   return c;
 }
 
-// Note [Launch sites] (tests/cuda_emu/control.h): the emulator's count of every kernel launch
+// Note [Launch sites] (cuda_emu/control.h): the emulator's count of every kernel launch
 // by where it is written, with its grid; empty on a GPU.
 #if defined(STRATA_CUDA_EMULATION)
 constexpr int kSiteMultiprocessors = strata::cuda_emu::kMultiprocessors;

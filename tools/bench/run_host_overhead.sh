@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The host's side of a GPU training step, measured where there is no GPU (Note [Emulator dry run]
-# in tests/cuda_emu/control.h): bench_gpt2_cuda from the CUDA emulation build, with the emulated
+# in cuda_emu/control.h): bench_gpt2_cuda from the CUDA emulation build, with the emulated
 # device doing no work and offering about what an H100 80GB leaves free (80000 MiB; set
 # STRATA_CUDA_EMU_MEMORY_MIB for another). --fill then finds each model's micro-batch as on the
 # GPU, and the table gives per step the host's milliseconds beside the GPU's at 50% MFU, the
@@ -12,7 +12,7 @@
 # BUILD_DIR (default build-emu) is configured and built when it has no bench_gpt2_cuda. Without
 # options: --fill --warmup 2 --steps 5 for GPT-2 124M, 350M, 774M and 1558M at T = 1024.
 # --launches adds each model's kernel launches by site with their grids (Note [Launch sites] in
-# tests/cuda_emu/control.h); --profile N the per-op table with its roofline bound.
+# cuda_emu/control.h); --profile N the per-op table with its roofline bound.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=build-emu

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
-#include "tests/cuda_emu/device_vector.h"
-#include "tests/cuda_emu/streams.h"
+#include "cuda_emu/control.h"
+#include "cuda_emu/device_vector.h"
+#include "cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
 namespace {

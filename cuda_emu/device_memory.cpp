@@ -1,4 +1,4 @@
-#include "tests/cuda_emu/device_memory.h"
+#include "cuda_emu/device_memory.h"
 
 #include <execinfo.h>
 #include <signal.h>
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "tests/cuda_emu/control.h"
+#include "cuda_emu/control.h"
 
 namespace strata::cuda_emu {
 

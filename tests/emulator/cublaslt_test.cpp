@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
+#include "cuda_emu/control.h"
 
 namespace strata::cuda_emu {
 namespace {

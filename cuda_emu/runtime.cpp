@@ -13,9 +13,9 @@
 #include <mutex>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
-#include "tests/cuda_emu/device_memory.h"
-#include "tests/cuda_emu/streams.h"
+#include "cuda_emu/control.h"
+#include "cuda_emu/device_memory.h"
+#include "cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
 

@@ -1,6 +1,6 @@
 // Streams and events of the emulated device: queues of pending work (Note [Emulated streams] in
 // streams.h) and the runtime API calls on them.
-#include "tests/cuda_emu/streams.h"
+#include "cuda_emu/streams.h"
 
 #include <execinfo.h>
 
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
+#include "cuda_emu/control.h"
 
 namespace strata::cuda_emu {
 

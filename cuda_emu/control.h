@@ -23,7 +23,7 @@ BlockOrder block_order();
 void set_thread_order(BlockOrder order);
 
 // STRATA_CUDA_EMU_CUDNN_VERSION=N (read at each cudnnGetVersion call): the emulated cuDNN reports
-// release N instead of the headers' (tests/cuda_emu/cudnn.cpp).
+// release N instead of the headers' (cuda_emu/cudnn.cpp).
 
 // Note [Emulator dry run]
 // STRATA_CUDA_EMU_DRY_RUN=1 (read once, at the first device operation): the device does no work.

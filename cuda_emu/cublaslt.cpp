@@ -55,10 +55,10 @@
 #include <thread>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
-#include "tests/cuda_emu/device_memory.h"
-#include "tests/cuda_emu/simt.h"
-#include "tests/cuda_emu/streams.h"
+#include "cuda_emu/control.h"
+#include "cuda_emu/device_memory.h"
+#include "cuda_emu/simt.h"
+#include "cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
 

@@ -1,4 +1,4 @@
-// The emulated cuDNN graph API (Note [Emulated cuDNN] in tests/cuda_emu/cudnn.cpp): the nodes it
+// The emulated cuDNN graph API (Note [Emulated cuDNN] in cuda_emu/cudnn.cpp): the nodes it
 // runs give what the backend API documents, and graphs or variant packs that do not fit are
 // refused with a message.
 #include <cudnn_graph.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda_emu/device_vector.h"
+#include "cuda_emu/device_vector.h"
 
 namespace strata::cuda_emu {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tests/cuda_emu/device_vector.h"
+#include "cuda_emu/device_vector.h"
 
 namespace strata::cuda_emu {
 namespace {

@@ -1,4 +1,4 @@
-#include "tests/cuda_emu/fiber.h"
+#include "cuda_emu/fiber.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// The emulated CUDA runtime (tests/cuda_emu/runtime.cpp) and device memory (Note [Emulated device
+// The emulated CUDA runtime (cuda_emu/runtime.cpp) and device memory (Note [Emulated device
 // memory]): the device it reports, copies checked against pointer kinds, the memory cap, poison,
 // and the faults that replace silent host access to device memory. Streams: streams_test.cpp.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
+#include "cuda_emu/control.h"
 
 namespace strata::cuda_emu {
 namespace {

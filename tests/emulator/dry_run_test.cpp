@@ -1,15 +1,15 @@
 // Note [Emulator dry run] (control.h): with STRATA_CUDA_EMU_DRY_RUN=1 the device does no work but
 // counts it, copies to the host still run, and device memory is neither poisoned nor touched.
 // These tests skip in an ordinary run; CTest's EmulatorDryRun runs them with the variable set
-// (tests/cuda_emu/CMakeLists.txt). Compiled like a .cu file, so its kernel is a real kernel.
+// (cuda_emu/CMakeLists.txt). Compiled like a .cu file, so its kernel is a real kernel.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
-#include "tests/cuda_emu/device_vector.h"
+#include "cuda_emu/control.h"
+#include "cuda_emu/device_vector.h"
 
 namespace strata::cuda_emu {
 namespace {

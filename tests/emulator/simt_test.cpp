@@ -8,8 +8,8 @@
 #include <set>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
-#include "tests/cuda_emu/device_vector.h"
+#include "cuda_emu/control.h"
+#include "cuda_emu/device_vector.h"
 
 namespace strata::cuda_emu {
 namespace {

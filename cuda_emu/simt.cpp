@@ -1,6 +1,6 @@
 // The SIMT engine (Note [CUDA emulator] in simt.h): launch validation, blocks run in sequence,
 // the threads of a block as cooperatively scheduled fibers, block barriers and warp collectives.
-#include "tests/cuda_emu/simt.h"
+#include "cuda_emu/simt.h"
 
 #include <algorithm>
 #include <cstdarg>
@@ -15,10 +15,10 @@
 #include <tuple>
 #include <vector>
 
-#include "tests/cuda_emu/control.h"
-#include "tests/cuda_emu/device_memory.h"
-#include "tests/cuda_emu/fiber.h"
-#include "tests/cuda_emu/streams.h"
+#include "cuda_emu/control.h"
+#include "cuda_emu/device_memory.h"
+#include "cuda_emu/fiber.h"
+#include "cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
 

@@ -48,9 +48,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "tests/cuda_emu/control.h"
-#include "tests/cuda_emu/device_memory.h"
-#include "tests/cuda_emu/streams.h"
+#include "cuda_emu/control.h"
+#include "cuda_emu/device_memory.h"
+#include "cuda_emu/streams.h"
 
 namespace strata::cuda_emu {
 

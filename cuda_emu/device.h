@@ -1,7 +1,7 @@
 #pragma once
 // The device side of the CUDA emulator: force-included (-include) into every .cu file of a
 // STRATA_CUDA_EMULATION build, which compiles them as plain C++ and runs their kernels on the CPU
-// (Note [CUDA emulator] in tests/cuda_emu/simt.h).
+// (Note [CUDA emulator] in cuda_emu/simt.h).
 //
 // The real CUDA headers come first, in host mode (no __CUDACC__): they give dim3, the vector
 // types, the cudaError_t enums and host implementations of the bf16/f16 conversions. Then this
@@ -10,7 +10,7 @@
 // threadIdx/blockIdx/blockDim/gridDim as the emulator's per-thread state, the barriers and warp
 // intrinsics as calls into the scheduler, exact host versions of the device math intrinsics, and
 // STRATA_LAUNCH (Note [Kernel launches] in tensor/cuda/launch.cuh) as a launch on the emulator,
-// and nvcuda::wmma (tests/cuda_emu/wmma.h).
+// and nvcuda::wmma (cuda_emu/wmma.h).
 //
 // Compile with -ffp-contract=off: a device `a * b + c` is two rounded operations unless nvcc
 // contracts it, and the __f*_rn intrinsics promise exactly one rounding each.
@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "tests/cuda_emu/simt.h"
+#include "cuda_emu/simt.h"
 
 // ---- execution spaces and qualifiers ----
 #undef __global__
@@ -375,4 +375,4 @@ class Launcher {
       [=](auto&... strata_emu_params) { __VA_ARGS__(strata_emu_params...); })
 
 // ---- warp matrix functions (mma.h): Note [Emulated WMMA] ----
-#include "tests/cuda_emu/wmma.h"
+#include "cuda_emu/wmma.h"

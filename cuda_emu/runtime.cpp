@@ -1,6 +1,6 @@
 // The CUDA runtime API of the emulated device (Note [CUDA emulator] in simt.h): one device,
 // "Strata CUDA emulator of an NVIDIA H100 80GB HBM3" with an H100 SXM's numbers (sm_90, 132 SMs,
-// 50 MiB of L2, a 5120-bit bus, its peak clocks; so tools::device_peaks gives an H100's peaks).
+// 50 MiB of L2, a 5120-bit bus, its peak clocks; so runtime::device_peaks gives an H100's peaks).
 // Memory follows Note [Emulated device memory]; streams and events (streams.cpp) Note [Emulated
 // streams]. The definitions take their signatures from the real cuda_runtime_api.h, which maps
 // versioned names for us.

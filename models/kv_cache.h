@@ -29,7 +29,7 @@
 //
 // Note [Dropping cache rows]
 // A batch whose rows finish at different steps (sampling with a stop token, Note [Batched
-// sampling] in tools/common/sampler.h) need not keep computing the finished ones: keep_rows(rows)
+// sampling] in sampling/sampler.h) need not keep computing the finished ones: keep_rows(rows)
 // moves each kept row's held positions down to its new index, in place (row rows[j] to row j,
 // j <= rows[j], in increasing j, so a row is read before anything is written over it), and every
 // slot becomes a view of its first rows.size() rows, so later appends and attention views see

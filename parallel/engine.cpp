@@ -30,7 +30,7 @@ void ZeroConfig::validate() const {
                stage3_param_persistence_threshold);
 }
 
-Engine::Engine(models::CausalLM& model, std::shared_ptr<Communicator> dp, const ZeroConfig& zero,
+Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp, const ZeroConfig& zero,
                OptimizerFactory make_optimizer, DType param_dtype)
     : model_(model), dp_(std::move(dp)), zero_(zero), param_dtype_(param_dtype) {
   STRATA_CHECK(dp_ != nullptr, "the engine needs a dp communicator");
@@ -299,7 +299,7 @@ void Engine::allgather_updated_params() {
     int unit;
     Range per_rank;
     tensor::Tensor staging;
-    WorkHandle work;
+    comm::WorkHandle work;
   };
   std::vector<Pending> pending;
   auto complete = [&](Pending& p) {

@@ -40,7 +40,7 @@
 // AdamW kernel's model copy), which stages 1/2 then allgather in the parameters' dtype.
 // Checkpoints carry the masters as key "master" next to the moments; a checkpoint without
 // masters (an fp32 run's) fills them from its parameters, and an fp32 engine resuming a
-// mixed-precision checkpoint takes its parameters from the masters (tools/common/trainer.cpp).
+// mixed-precision checkpoint takes its parameters from the masters (runtime/trainer.cpp).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,7 +50,7 @@
 #include "models/causal_lm.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
-#include "parallel/communicator.h"
+#include "comm/communicator.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/partition.h"
 #include "parallel/zero3.h"
@@ -84,7 +84,7 @@ class Engine {
   // this rank owns and installs the hooks. Collective over `dp`. The model must outlive the
   // engine; after a stage 2/3 engine is gone its buffers stay partitioned.
   // `param_dtype`: F32, or BF16/F16 for mixed precision (Note [Mixed precision]).
-  Engine(models::CausalLM& model, std::shared_ptr<Communicator> dp, const ZeroConfig& zero,
+  Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp, const ZeroConfig& zero,
          OptimizerFactory make_optimizer, DType param_dtype = DType::F32);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -102,7 +102,7 @@ class Engine {
 
   optim::Optimizer& optimizer() { return *optimizer_; }
   const ZeroConfig& config() const { return zero_; }
-  Communicator& dp() { return *dp_; }
+  comm::Communicator& dp() { return *dp_; }
   int stage() const { return zero_.stage; }
   // F32, or the low-precision dtype of the model's parameters (Note [Mixed precision]).
   DType param_dtype() const { return param_dtype_; }
@@ -168,7 +168,7 @@ class Engine {
   double allreduce_sum(double x);
 
   models::CausalLM& model_;
-  std::shared_ptr<Communicator> dp_;
+  std::shared_ptr<comm::Communicator> dp_;
   ZeroConfig zero_;
   std::vector<UnitPartition> parts_;
   std::vector<Reduction> kinds_;

@@ -85,12 +85,12 @@ void Engine::refresh_params_from_masters() {
 void Engine::sync_params() {
   if (dp_->size() == 1) return;
   std::vector<models::FlatUnit>& units = model_.flat_units();
-  std::vector<WorkHandle> work;
+  std::vector<comm::WorkHandle> work;
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
     if (gatherer_ && gatherer_->managed(u)) continue;
     work.push_back(dp_->broadcast(units[u].params, 0));
   }
-  for (WorkHandle& w : work) w->wait();
+  for (comm::WorkHandle& w : work) w->wait();
 }
 
 void Engine::for_each_gathered_unit(const std::function<void(const models::FlatUnit&)>& fn) {

@@ -15,12 +15,12 @@ struct GradReducer::State {
     int64_t pending = 0;  // parameters still to become final in this pass
     bool launched = false;
     tensor::Tensor staging;
-    WorkHandle work;
+    comm::WorkHandle work;
   };
 
   std::vector<models::FlatUnit>* units = nullptr;
   std::vector<UnitReduction> setup;
-  Communicator* dp = nullptr;
+  comm::Communicator* dp = nullptr;
   std::vector<BucketPlan> plans;
   std::vector<Bucket> buckets;
   std::vector<std::vector<std::vector<int>>> param_buckets;  // [unit][param] -> bucket ids
@@ -139,7 +139,7 @@ struct GradReducer::State {
 };
 
 GradReducer::GradReducer(std::vector<models::FlatUnit>& units, std::vector<UnitReduction> setup,
-                         Communicator& dp, int64_t bucket_size)
+                         comm::Communicator& dp, int64_t bucket_size)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   STRATA_CHECK(setup.size() == units.size(), "{} reductions for {} units", setup.size(),

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "models/flat_params.h"
-#include "parallel/communicator.h"
+#include "comm/communicator.h"
 #include "parallel/partition.h"
 
 namespace strata::parallel {
@@ -47,7 +47,7 @@ class GradReducer {
   // `units` must outlive the reducer and keep their buffers; one UnitReduction per unit.
   // Installs a grad-ready hook on every parameter (they become no-ops once the reducer is gone).
   GradReducer(std::vector<models::FlatUnit>& units, std::vector<UnitReduction> setup,
-              Communicator& dp, int64_t bucket_size);
+              comm::Communicator& dp, int64_t bucket_size);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;

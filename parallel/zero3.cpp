@@ -5,7 +5,7 @@
 namespace strata::parallel {
 
 ParamGatherer::ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<bool> managed,
-                             std::vector<UnitPartition> parts, Communicator& dp,
+                             std::vector<UnitPartition> parts, comm::Communicator& dp,
                              int64_t prefetch_size)
     : units_(&units),
       managed_(std::move(managed)),
@@ -34,7 +34,7 @@ ParamGatherer::ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<b
 }
 
 ParamGatherer::~ParamGatherer() {
-  for (WorkHandle& w : work_)
+  for (comm::WorkHandle& w : work_)
     if (w) {
       try {
         w->wait();

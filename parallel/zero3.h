@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "models/flat_params.h"
-#include "parallel/communicator.h"
+#include "comm/communicator.h"
 #include "parallel/partition.h"
 
 namespace strata::parallel {
@@ -40,7 +40,7 @@ class ParamGatherer {
   // `managed[u]`: unit u is partitioned (its full buffer is released by the constructor after its
   // rank's slice is copied into the partition). `parts[u]` as repad laid it out.
   ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<bool> managed,
-                std::vector<UnitPartition> parts, Communicator& dp, int64_t prefetch_size);
+                std::vector<UnitPartition> parts, comm::Communicator& dp, int64_t prefetch_size);
   ~ParamGatherer();
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
@@ -81,11 +81,11 @@ class ParamGatherer {
   std::vector<models::FlatUnit>* units_;
   std::vector<bool> managed_;
   std::vector<UnitPartition> parts_;
-  Communicator* dp_;
+  comm::Communicator* dp_;
   int64_t prefetch_size_;
   std::vector<tensor::Tensor> partition_;
   std::vector<State> state_;
-  std::vector<WorkHandle> work_;
+  std::vector<comm::WorkHandle> work_;
   std::vector<int> order_;
   bool recording_ = false;
   bool recorded_ = false;

@@ -28,7 +28,7 @@ void init_cuda(int device = 0);
 // without CUDA).
 void* cuda_current_stream();
 
-// What a device says of itself, from which tools::device_peaks (tools/common/device_peaks.h)
+// What a device says of itself, from which runtime::device_peaks (runtime/device_peaks.h)
 // derives its peak FLOP/s and memory bandwidth. A field the driver does not report stays 0.
 // Raises init_cuda's errors when the build has no CUDA backend or `device` is not visible.
 struct CudaDeviceFacts {

@@ -77,7 +77,7 @@ MaxResult max(const Tensor& x, int dim, bool keepdim = false);
 // first, equal values by smaller index; -0 and +0 are equal; every NaN ranks above +inf (as in
 // torch.topk), NaNs by index. So top_k(x, 1) is max's argmax on rows without NaN. 0 <= k <= the
 // row's length. A sampler uses it to bring a row's few candidates to the host instead of the
-// whole vocabulary (Note [Device candidates] in tools/common/sampler.h).
+// whole vocabulary (Note [Device candidates] in sampling/sampler.h).
 struct TopKResult {
   Tensor values;
   Tensor indices;

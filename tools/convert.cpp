@@ -25,10 +25,11 @@
 #include "models/gpt2/hf_interop.h"
 #include "models/registry.h"
 #include "tensor/safetensors.h"
-#include "tools/common/checkpoint.h"
-#include "tools/common/train_config.h"
+#include "runtime/checkpoint.h"
+#include "runtime/train_config.h"
 
 namespace strata::tools {
+using namespace strata::runtime;  // this binary's library
 namespace {
 
 int run(const std::string& checkpoint, const std::string& to_hf, const std::string& consolidate,

@@ -10,7 +10,7 @@
 // the checkpoint's config.yaml; tokenizer paths in it are relative to the working directory
 // (Note [Train config paths]). Prints the prompt followed by the continuation; sampling stops
 // early at the tokenizer's end-of-text token. GPT-2 and LLaMA decode with a KV cache unless
-// --kv-cache off (Note [Cached sampling] in tools/common/sampler.h).
+// --kv-cache off (Note [Cached sampling] in sampling/sampler.h).
 // --prompt-file FILE takes the prompt from the file's bytes, exactly (a final newline included);
 // "-" reads standard input.
 // --num-samples N draws N continuations in one batch (Note [Batched sampling]); each is printed
@@ -37,13 +37,16 @@
 #include "core/logging.h"
 #include "models/registry.h"
 #include "tensor/cuda.h"
-#include "tools/common/checkpoint.h"
-#include "tools/common/sampler.h"
-#include "tools/common/tokenizer.h"
-#include "tools/common/train_config.h"
-#include "tools/common/unicode.h"
+#include "runtime/checkpoint.h"
+#include "sampling/sampler.h"
+#include "data/tokenizer.h"
+#include "runtime/train_config.h"
+#include "data/unicode.h"
 
 namespace strata::tools {
+using namespace strata::data;  // this binary's library
+using namespace strata::runtime;  // this binary's library
+using namespace strata::sampling;  // this binary's library
 namespace {
 
 struct Args {

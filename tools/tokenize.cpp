@@ -1,4 +1,4 @@
-// tokenize: text files -> token shards (tools/common/token_shard.h) for `train`.
+// tokenize: text files -> token shards (data/token_shard.h) for `train`.
 //
 //   tokenize --tokenizer byte|gpt2 [--vocab F --merges F] --output DIR [--val-fraction 0.05]
 //            [--shard-tokens 100000000] [--format text|fortune] INPUT...
@@ -23,12 +23,13 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "tools/common/token_shard.h"
-#include "tools/common/tokenizer.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 
 namespace fs = std::filesystem;
 
 namespace strata::tools {
+using namespace strata::data;  // this binary's library
 namespace {
 
 struct Options {

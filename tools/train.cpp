@@ -14,21 +14,21 @@
 #include <vector>
 
 #include "core/error.h"
-#include "parallel/world.h"
-#include "tools/common/train_config.h"
-#include "tools/common/trainer.h"
+#include "comm/world.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
 
 namespace {
 
 extern "C" void on_signal(int sig) {
-  strata::tools::Trainer::request_stop();
-  // A second signal ends the process at once (Note [Interrupts] in tools/common/trainer.h).
+  strata::runtime::Trainer::request_stop();
+  // A second signal ends the process at once (Note [Interrupts] in runtime/trainer.h).
   std::signal(sig, SIG_DFL);
 }
 
 // " (rank 3 of 8)" under a launcher, "" for one process.
 std::string rank_label() {
-  const strata::parallel::LaunchInfo l = strata::parallel::detect_launch();
+  const strata::comm::LaunchInfo l = strata::comm::detect_launch();
   return l.size > 1 ? fmt::format(" (rank {} of {})", l.rank, l.size) : std::string();
 }
 
@@ -50,16 +50,16 @@ int main(int argc, char** argv) {
   }
   int code = 0;
   try {
-    strata::tools::TrainConfig config = strata::tools::load_train_config(config_path, sets);
+    strata::runtime::TrainConfig config = strata::runtime::load_train_config(config_path, sets);
     if (print_config) {
-      fmt::print("{}", strata::tools::to_yaml(config));
+      fmt::print("{}", strata::runtime::to_yaml(config));
       return 0;
     }
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
-    strata::tools::Trainer trainer(std::move(config));
+    strata::runtime::Trainer trainer(std::move(config));
     auto outcome = trainer.run();
-    if (outcome == strata::tools::Trainer::Outcome::Interrupted) {
+    if (outcome == strata::runtime::Trainer::Outcome::Interrupted) {
       if (trainer.rank() == 0)
         fmt::print(stderr,
                    "train: interrupted at step {}; checkpoint {} written; run the same "
@@ -75,8 +75,8 @@ int main(int argc, char** argv) {
     code = 2;
   }
   // One rank's error must not leave the others waiting in a collective (Note [Failed ranks]).
-  if ((code == 1 || code == 2) && strata::parallel::detect_launch().size > 1)
-    strata::parallel::abort_world(code);
-  strata::parallel::finalize_world();
+  if ((code == 1 || code == 2) && strata::comm::detect_launch().size > 1)
+    strata::comm::abort_world(code);
+  strata::comm::finalize_world();
   return code;
 }

@@ -32,7 +32,7 @@
 // compute stream (synchronize(), so after every copy to the host as well): a set flag raises the
 // UserError with that launch's message and clears them all. A training step waits at least once
 // (the gradient norm, the loss it logs), so bad data is reported in the step that used it, and
-// the data loader has already checked every token on the host (tools/common/data_loader.cpp).
+// the data loader has already checked every token on the host (data/data_loader.cpp).
 // With kDeviceChecks launches pending, the next checked launch waits first.
 #include <array>
 #include <cstddef>

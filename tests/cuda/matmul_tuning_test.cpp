@@ -18,7 +18,7 @@
 #include "tensor/cuda.h"
 #include "tensor/ops.h"
 #include "tests/support/mutate.h"
-#include "tests/tools/tool_test_util.h"
+#include "tests/support/tool_test_util.h"
 
 namespace strata::tensor {
 namespace {
@@ -145,7 +145,7 @@ TEST_F(CudaMatmulTuning, TuningKeepsTheFastestCandidate) {
 #endif
 
 TEST_F(CudaMatmulTuning, ATuningFileGivesALaterProcessTheSameAlgorithmsAndBits) {
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   const std::string file = tmp / "tuning.tsv";
   set_fastest(2);  // the emulator: candidate 2 (split k) wins the first time
   set_cuda_matmul_tuning(true, file);
@@ -219,7 +219,7 @@ TEST_F(CudaMatmulTuning, AStackOverASharedMatrixIsOneGemm) {
 // A CudaMatmulTuningPause: problems met inside are not timed or recorded, problems tuned before
 // keep their algorithm there, and a paused problem is tuned when met again unpaused.
 TEST_F(CudaMatmulTuning, APauseTimesNothingNew) {
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   const std::string file = tmp / "tuning.tsv";
   set_fastest(2);
   set_cuda_matmul_tuning(true, file);
@@ -268,14 +268,14 @@ std::string user_error_of(F&& f) {
 }
 
 TEST_F(CudaMatmulTuning, BadTuningFilesAreClearErrorsOrSetAside) {
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   set_fastest(0);  // the emulator: a problem timed again chooses what it chose the first time
   const std::string file = tmp / "tuning.tsv";
   set_cuda_matmul_tuning(true, file);
   const std::vector<Tensor> want = layer_gemms(kGpu);
   const std::vector<std::string> good = lines_of(file);
   ASSERT_GE(good.size(), 6u);
-  auto write = [&](const std::string& text) { tools::testing::write_text(file, text); };
+  auto write = [&](const std::string& text) { strata::testing::write_text(file, text); };
   auto join = [](const std::vector<std::string>& ls) {
     std::string s;
     for (const std::string& l : ls) s += l + "\n";
@@ -378,7 +378,7 @@ TEST_F(CudaMatmulTuning, BadTuningFilesAreClearErrorsOrSetAside) {
 // UserError naming the file, never another exception or a bad GEMM: whatever algorithms the
 // mutant leads to, the GEMMs must still give the CPU backend's values.
 TEST_F(CudaMatmulTuning, MutatedTuningFilesAreUsedOrRefused) {
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   set_fastest(0);
   const std::string file = tmp / "tuning.tsv";
   set_cuda_matmul_tuning(true, file);

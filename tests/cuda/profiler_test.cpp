@@ -20,11 +20,11 @@
 #include "models/gpt2/gpt2.h"
 #include "offload/memory_stats.h"
 #include "parallel/engine.h"
-#include "parallel/self_communicator.h"
+#include "comm/self_communicator.h"
 #include "tensor/backend.h"
 #include "tensor/cuda.h"
 #include "tests/parallel/engine_test_util.h"
-#include "tools/common/device_peaks.h"
+#include "runtime/device_peaks.h"
 
 namespace strata {
 namespace {
@@ -215,7 +215,7 @@ TEST(CudaProfiler, ATrainingStepIsCoveredOpByOp) {
   s.max_norm = 1.0;
   auto model = std::make_unique<models::gpt2::GPT2>(testing::tiny_config(s), s.seed);
   models::move_flat_units(model->flat_units(), kGpu);
-  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"), {},
+  parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), {},
                           testing::adamw_factory(), DType::BF16);
   auto step = [&](int i) {
     engine.begin_micro_batch(true);
@@ -261,7 +261,7 @@ TEST(CudaDeviceFacts, TheDeviceGivesItsPeaksAndAMissingIndexIsNamed) {
   EXPECT_GT(f.memory_clock_khz, 0) << f.name;
   EXPECT_GT(f.bus_width_bits, 0) << f.name;
   EXPECT_GT(f.total_bytes, 0) << f.name;
-  const tools::DevicePeaks p = tools::device_peaks(f);
+  const runtime::DevicePeaks p = runtime::device_peaks(f);
   EXPECT_GT(p.tensor_tflops, p.fp32_tflops) << p.source;
   EXPECT_GT(p.fp32_tflops, 0.0) << p.source;
   EXPECT_GT(p.memory_gbps, 100.0) << p.source;

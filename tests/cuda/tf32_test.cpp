@@ -15,7 +15,7 @@
 
 #include "tensor/cuda.h"
 #include "tensor/ops.h"
-#include "tests/tools/tool_test_util.h"
+#include "tests/support/tool_test_util.h"
 
 namespace strata::tensor {
 namespace {
@@ -225,7 +225,7 @@ TEST_F(CudaTf32, SixteenBitGemmsAreTheSameEitherWay) {
 // Note [cuBLASLt tuning]: an f32 problem run with TF32 is its own problem, with its own line in
 // the tuning file (the key's last field), so neither takes the other's algorithm.
 TEST_F(CudaTf32, TuningKeepsTf32ProblemsApartFromF32Ones) {
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   const std::string file = tmp / "tuning.tsv";
   set_cuda_matmul_tuning(true, file);
   const Tensor a = rnd({32, 48}, 21).to(kGpu), b = rnd({48, 40}, 22).to(kGpu);
@@ -262,19 +262,19 @@ TEST_F(CudaTf32, TuningKeepsTf32ProblemsApartFromF32Ones) {
 
 // A tuning file of the v1 format (problems without the TF32 field) is set aside, not misread.
 TEST_F(CudaTf32, AVersionOneTuningFileIsSetAside) {
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   const std::string file = tmp / "tuning.tsv";
   const std::string v1 =
       "# strata matmul tuning v1\n# cublasLt 1 sm_90 Some GPU\n"
       "40 32 48 1 0 0 0 0 0 0 256 1 0 0 0 0 5353545241544c47 0000000000000100 "
       "0000000000000100 0000000000000100 0000000000000100 0000000000000000 0000000000000000 "
       "0000000000000000 0.010000 0.010000\n";
-  tools::testing::write_text(file, v1);
+  strata::testing::write_text(file, v1);
   set_cuda_matmul_tuning(true, file);
   const Tensor a = rnd({32, 48}, 21).to(kGpu), b = rnd({48, 40}, 22).to(kGpu);
   const Tensor c = matmul(a, b);
   EXPECT_TRUE(allclose(c.to(kCpu), matmul(a.to(kCpu), b.to(kCpu)), 1e-4, 1e-5));
-  ASSERT_TRUE(tools::testing::fs::exists(file + ".old"));
+  ASSERT_TRUE(strata::testing::fs::exists(file + ".old"));
   std::ifstream old(file + ".old");
   const std::string kept((std::istreambuf_iterator<char>(old)), std::istreambuf_iterator<char>());
   EXPECT_EQ(kept, v1);

@@ -1,5 +1,5 @@
 // Training on the GPU (issue 4's "Must show"): the model, the optimizer, the engine and `train`
-// with their flat units on CUDA (Note [Training on the GPU] in tools/common/trainer.h). Every
+// with their flat units on CUDA (Note [Training on the GPU] in runtime/trainer.h). Every
 // test skips itself when no device is visible; there is no GPU in CI.
 #include <gtest/gtest.h>
 
@@ -28,15 +28,15 @@
 #include "optim/sgd.h"
 #include "parallel/engine.h"
 #include "parallel/param_groups.h"
-#include "parallel/self_communicator.h"
+#include "comm/self_communicator.h"
 #include "tensor/cuda.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/cudnn_sdpa.h"
 #include "tests/parallel/engine_test_util.h"
-#include "tests/tools/tool_test_util.h"
-#include "tools/common/sampler.h"
-#include "tools/common/train_config.h"
-#include "tools/common/trainer.h"
+#include "tests/support/tool_test_util.h"
+#include "sampling/sampler.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
 
 #if defined(STRATA_CUDA_EMULATION)
 #include "cuda_emu/control.h"
@@ -95,7 +95,7 @@ struct GpuRun {
 GpuRun gpu_engine_run(const TrainSpec& s, DType dtype, const parallel::ZeroConfig& zero = {},
                       optim::LossScaler* scaler = nullptr) {
   auto model = gpu_model(s);
-  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"), zero,
+  parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), zero,
                           testing::adamw_factory(), dtype);
   engine.set_loss_scaler(scaler);
   EXPECT_TRUE(engine.optimizer().device().is_cuda());
@@ -291,7 +291,7 @@ TEST(TrainGpu, AnEngineStepAddsAlmostNoGradientWithAnAxpy) {
   TrainSpec s;
   s.accum = 1;
   auto model = gpu_model(s);
-  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"), {},
+  parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), {},
                           testing::adamw_factory(), DType::BF16);
   gpu_engine_step(engine, *model, s, 0);  // builds what is built once
   const uint64_t before = cuda_emu::launches_of("axpy_kernel");
@@ -540,27 +540,27 @@ TEST(GpuSampler, ABatchDrawsTheCpusSamples) {
     auto cpu = models::ModelRegistry::global().create(preset, o);
     auto gpu = models::ModelRegistry::global().create(preset, o);
     models::move_flat_units(gpu->flat_units(), kGpu);
-    tools::SampleOptions so;
+    sampling::SampleOptions so;
     so.max_new_tokens = 12;
     so.temperature = 1.0;
     so.top_k = 0;
     so.seed = 9;
     const std::vector<int32_t> prompt{3, 1, 4, 1};
-    const auto want = tools::sample_batch(*cpu, prompt, so, 3);
-    EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
+    const auto want = sampling::sample_batch(*cpu, prompt, so, 3);
+    EXPECT_EQ(sampling::sample_batch(*gpu, prompt, so, 3), want);
     so.kv_cache = false;
-    EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
+    EXPECT_EQ(sampling::sample_batch(*gpu, prompt, so, 3), want);
     EXPECT_NE(want[0], want[1]);
     EXPECT_NE(want[1], want[2]);
     // A row that stops leaves the batch, its cache rows dropped on the device (Note [Dropping
     // cache rows]); the others go on drawing the CPU's tokens.
     so.stop_token = want[1][2];
     so.kv_cache = true;
-    const auto want_stopped = tools::sample_batch(*cpu, prompt, so, 3);
+    const auto want_stopped = sampling::sample_batch(*cpu, prompt, so, 3);
     EXPECT_LE(want_stopped[1].size(), 3u);
-    EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want_stopped);
+    EXPECT_EQ(sampling::sample_batch(*gpu, prompt, so, 3), want_stopped);
     so.kv_cache = false;
-    EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want_stopped);
+    EXPECT_EQ(sampling::sample_batch(*gpu, prompt, so, 3), want_stopped);
   }
 }
 
@@ -586,26 +586,26 @@ TEST(GpuSampler, DrawsFromTheDevicesCandidatesTheCpusTokens) {
     for (const Draw& d : {Draw{0.0, 0, 1.0}, Draw{1.0, 5, 1.0}, Draw{1.5, 9, 0.8}}) {
       SCOPED_TRACE(::testing::Message()
                    << "T " << d.temperature << " top_k " << d.top_k << " top_p " << d.top_p);
-      tools::SampleOptions so;
+      sampling::SampleOptions so;
       so.max_new_tokens = 10;
       so.temperature = d.temperature;
       so.top_k = d.top_k;
       so.top_p = d.top_p;
       so.seed = 3;
-      ASSERT_GT(tools::detail::device_candidates(so, gpu->vocab_size(), kGpu), 0);
-      const auto want = tools::sample_batch(*cpu, prompt, so, 3);
+      ASSERT_GT(sampling::detail::device_candidates(so, gpu->vocab_size(), kGpu), 0);
+      const auto want = sampling::sample_batch(*cpu, prompt, so, 3);
 #if defined(STRATA_CUDA_EMULATION)
       // Greedy draws take the one-pass kernel (Note [CUDA top-k]).
       const std::string kernel = d.top_k == 0 ? "top_1_kernel" : "top_k_kernel";
       const uint64_t before = cuda_emu::launches_of(kernel);
 #endif
-      EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
+      EXPECT_EQ(sampling::sample_batch(*gpu, prompt, so, 3), want);
 #if defined(STRATA_CUDA_EMULATION)
       EXPECT_EQ(cuda_emu::launches_of(kernel) - before,
                 10u);  // one per step, every row in one launch
 #endif
       so.kv_cache = false;
-      EXPECT_EQ(tools::sample_batch(*gpu, prompt, so, 3), want);
+      EXPECT_EQ(sampling::sample_batch(*gpu, prompt, so, 3), want);
       if (d.temperature > 0) {
         EXPECT_NE(want[0], want[1]);
       }
@@ -614,11 +614,11 @@ TEST(GpuSampler, DrawsFromTheDevicesCandidatesTheCpusTokens) {
     // candidates: a UserError, as on the CPU.
     gpu->flat_units().back().params.fill_(std::nan(""));
     for (double temperature : {0.0, 1.0}) {
-      tools::SampleOptions so;
+      sampling::SampleOptions so;
       so.max_new_tokens = 2;
       so.temperature = temperature;
       so.top_k = 5;
-      EXPECT_THROW(tools::sample_batch(*gpu, prompt, so, 2), UserError);
+      EXPECT_THROW(sampling::sample_batch(*gpu, prompt, so, 2), UserError);
     }
   }
 }
@@ -798,7 +798,7 @@ TEST(TrainGpu, Bf16OnTheTensorCoreAttentionTracksFp32) {
     c.n_head = 2;
     models::gpt2::GPT2 model(c, s.seed);
     models::move_flat_units(model.flat_units(), kGpu);
-    parallel::Engine engine(model, std::make_shared<parallel::SelfCommunicator>("dp"),
+    parallel::Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"),
                             parallel::ZeroConfig{}, testing::adamw_factory(), dtype);
     std::vector<double> losses;
     for (int step = 0; step < s.steps; ++step)
@@ -833,7 +833,7 @@ TEST(TrainGpu, NoDeviceAllocationAfterTheFirstSteps) {
       z.stage = stage;
       z.stage3_param_persistence_threshold = 0;
       auto model = gpu_model(s);
-      parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"), z,
+      parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), z,
                               testing::adamw_factory(), dtype);
       for (int step = 0; step < 2; ++step) gpu_engine_step(engine, *model, s, step);
       const int64_t warm = alloc.counters().raw_mallocs;
@@ -896,7 +896,7 @@ TEST(TrainGpu, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   SKIP_WITHOUT_GPU();
   TrainSpec s;
   auto model = gpu_model(s);
-  parallel::Engine engine(*model, std::make_shared<parallel::SelfCommunicator>("dp"),
+  parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"),
                           parallel::ZeroConfig{}, testing::adamw_factory(), DType::F16);
   optim::LossScalerConfig c;
   c.hysteresis = 1;
@@ -1017,49 +1017,49 @@ training: {{steps: {steps}, eval_every: 3, eval_batches: 2, sample_every: 4, sam
 }
 
 // gpu_config's run `name` (run.dir tmp/run_<name>) over shards in tmp/data, written once.
-tools::TrainConfig two_runs(const tools::testing::ScratchDir& tmp, const std::string& name,
+runtime::TrainConfig two_runs(const strata::testing::ScratchDir& tmp, const std::string& name,
                             int64_t steps, const GpuTrainSpec& spec = {}) {
   const std::string data = tmp / "data";
-  if (!tools::testing::fs::exists(data)) {
-    tools::testing::write_raw_shard(data + "/train_000000.bin",
-                                    {tools::testing::pattern_tokens(8000, 200, 1)});
-    tools::testing::write_raw_shard(data + "/val_000000.bin",
-                                    {tools::testing::pattern_tokens(2000, 200, 3)});
+  if (!strata::testing::fs::exists(data)) {
+    strata::testing::write_raw_shard(data + "/train_000000.bin",
+                                    {strata::testing::pattern_tokens(8000, 200, 1)});
+    strata::testing::write_raw_shard(data + "/val_000000.bin",
+                                    {strata::testing::pattern_tokens(2000, 200, 3)});
   }
   const std::string file = tmp / (name + ".yaml");
-  tools::testing::write_text(file, gpu_config(data, tmp / ("run_" + name), steps, spec));
-  return tools::load_train_config(file);
+  strata::testing::write_text(file, gpu_config(data, tmp / ("run_" + name), steps, spec));
+  return runtime::load_train_config(file);
 }
 
 // `train` on the GPU as `spec` says: 7 steps, and the same run stopped after step 4 and resumed
 // from its checkpoint, which must end with the uninterrupted run's bits.
 void trains_checkpoints_and_resumes_bitwise(const GpuTrainSpec& spec) {
-  tools::testing::ScratchDir tmp;
-  const tools::TrainConfig ca = two_runs(tmp, "a", 7, spec), cb = two_runs(tmp, "b", 7, spec);
+  strata::testing::ScratchDir tmp;
+  const runtime::TrainConfig ca = two_runs(tmp, "a", 7, spec), cb = two_runs(tmp, "b", 7, spec);
 
-  tools::Trainer a(ca);
+  runtime::Trainer a(ca);
   EXPECT_TRUE(a.model().flat_units().front().params.device().is_cuda());
   EXPECT_EQ(a.model().flat_units().front().params.dtype(), spec.dtype == "fp16"   ? DType::F16
                                                            : spec.dtype == "fp32" ? DType::F32
                                                                                   : DType::BF16);
   EXPECT_EQ(tensor::cuda_tf32(), spec.tf32) << "run.tf32 decides";
   EXPECT_TRUE(a.engine().optimizer().device().is_cuda());
-  ASSERT_EQ(a.run(), tools::Trainer::Outcome::Finished);
+  ASSERT_EQ(a.run(), runtime::Trainer::Outcome::Finished);
   ASSERT_EQ(a.history().size(), 7u);
-  for (const tools::StepRecord& r : a.history()) EXPECT_TRUE(std::isfinite(r.loss));
+  for (const runtime::StepRecord& r : a.history()) EXPECT_TRUE(std::isfinite(r.loss));
   EXPECT_LT(a.history().back().loss, a.history().front().loss);
-  EXPECT_TRUE(tools::testing::fs::exists(tmp / "run_a/checkpoints"));
+  EXPECT_TRUE(strata::testing::fs::exists(tmp / "run_a/checkpoints"));
   {
-    tools::Trainer b(cb);
-    ASSERT_EQ(b.run(/*stop_at=*/4), tools::Trainer::Outcome::Interrupted);
+    runtime::Trainer b(cb);
+    ASSERT_EQ(b.run(/*stop_at=*/4), runtime::Trainer::Outcome::Interrupted);
   }
-  tools::Trainer b(cb);  // resume: auto picks the step-4 checkpoint
+  runtime::Trainer b(cb);  // resume: auto picks the step-4 checkpoint
   ASSERT_EQ(b.step(), 4);
-  ASSERT_EQ(b.run(), tools::Trainer::Outcome::Finished);
+  ASSERT_EQ(b.run(), runtime::Trainer::Outcome::Finished);
   ASSERT_EQ(b.history().size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
-    const tools::StepRecord& ra = a.history()[4 + i];
-    const tools::StepRecord& rb = b.history()[i];
+    const runtime::StepRecord& ra = a.history()[4 + i];
+    const runtime::StepRecord& rb = b.history()[i];
     EXPECT_EQ(std::memcmp(&ra.loss, &rb.loss, sizeof(float)), 0)
         << "step " << ra.step << ": " << ra.loss << " vs " << rb.loss;
     EXPECT_EQ(ra.grad_norm, rb.grad_norm);
@@ -1151,15 +1151,15 @@ TEST(TrainGpu, TunedMatmulsResumeBitwiseFromTheirFile) {
       tensor::set_cuda_matmul_tuning(false);
     }
   } restore;
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   GpuTrainSpec with_tuning;
   with_tuning.matmul_tuning = true;
-  const tools::TrainConfig ca = two_runs(tmp, "a", 6, with_tuning),
+  const runtime::TrainConfig ca = two_runs(tmp, "a", 6, with_tuning),
                            cb = two_runs(tmp, "b", 6, with_tuning);
 
   fastest("2");
-  tools::Trainer a(ca);
-  ASSERT_EQ(a.run(), tools::Trainer::Outcome::Finished);
+  runtime::Trainer a(ca);
+  ASSERT_EQ(a.run(), runtime::Trainer::Outcome::Finished);
   const std::vector<tensor::CudaMatmulChoice> tuned = tensor::cuda_matmul_choices();
   ASSERT_FALSE(tuned.empty());
   for (const tensor::CudaMatmulChoice& c : tuned) {
@@ -1171,22 +1171,22 @@ TEST(TrainGpu, TunedMatmulsResumeBitwiseFromTheirFile) {
     EXPECT_TRUE(m % 32 == 0 && n % 32 == 0 && k % 32 == 0) << c.problem;
   }
   const std::string file = tmp / "run_a/matmul_tuning.rank0.tsv";
-  ASSERT_TRUE(tools::testing::fs::exists(file));
+  ASSERT_TRUE(strata::testing::fs::exists(file));
   {
-    tools::Trainer b(cb);
-    ASSERT_EQ(b.run(/*stop_at=*/4), tools::Trainer::Outcome::Interrupted);
+    runtime::Trainer b(cb);
+    ASSERT_EQ(b.run(/*stop_at=*/4), runtime::Trainer::Outcome::Interrupted);
   }
   fastest("1");
-  tools::Trainer b(cb);  // resume: auto picks the step-4 checkpoint
+  runtime::Trainer b(cb);  // resume: auto picks the step-4 checkpoint
   ASSERT_EQ(b.step(), 4);
-  ASSERT_EQ(b.run(), tools::Trainer::Outcome::Finished);
+  ASSERT_EQ(b.run(), runtime::Trainer::Outcome::Finished);
   const std::vector<tensor::CudaMatmulChoice> reread = tensor::cuda_matmul_choices();
   ASSERT_FALSE(reread.empty());
   for (const tensor::CudaMatmulChoice& c : reread) EXPECT_TRUE(c.from_file) << c.problem;
   ASSERT_EQ(b.history().size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
-    const tools::StepRecord& ra = a.history()[4 + i];
-    const tools::StepRecord& rb = b.history()[i];
+    const runtime::StepRecord& ra = a.history()[4 + i];
+    const runtime::StepRecord& rb = b.history()[i];
     EXPECT_EQ(std::memcmp(&ra.loss, &rb.loss, sizeof(float)), 0)
         << "step " << ra.step << ": " << ra.loss << " vs " << rb.loss;
     EXPECT_EQ(ra.grad_norm, rb.grad_norm);
@@ -1257,16 +1257,16 @@ TEST(TrainGpu, ATrainStepWaitsForTheDeviceTwice) {
 #if !defined(STRATA_CUDA_EMULATION)
   GTEST_SKIP() << "counts the host's waits with the CUDA emulator's counters";
 #else
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   const std::string data = tmp / "data";
-  tools::testing::write_raw_shard(data + "/train_000000.bin",
-                                  {tools::testing::pattern_tokens(8000, 200, 1)});
+  strata::testing::write_raw_shard(data + "/train_000000.bin",
+                                  {strata::testing::pattern_tokens(8000, 200, 1)});
   for (int accum : {1, 4}) {
     SCOPED_TRACE(fmt::format("grad_accum_steps {}", accum));
     int runs = 0;
     auto waits_of_a_run = [&](int64_t steps) {
       const std::string name = fmt::format("w{}_{}", accum, runs++);  // a fresh run directory
-      tools::testing::write_text(
+      strata::testing::write_text(
           tmp / (name + ".yaml"),
           fmt::format(R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16}}
 model:
@@ -1280,8 +1280,8 @@ training: {{steps: {steps}, eval_every: 0, sample_every: 0, checkpoint_every: 0,
                       fmt::arg("run", tmp / name), fmt::arg("data", data), fmt::arg("accum", accum),
                       fmt::arg("steps", steps)));
       const uint64_t before = cuda_emu::stats().idle_waits;
-      tools::Trainer t(tools::load_train_config(tmp / (name + ".yaml")));
-      EXPECT_EQ(t.run(), tools::Trainer::Outcome::Finished);
+      runtime::Trainer t(runtime::load_train_config(tmp / (name + ".yaml")));
+      EXPECT_EQ(t.run(), runtime::Trainer::Outcome::Finished);
       return cuda_emu::stats().idle_waits - before;
     };
     waits_of_a_run(2);
@@ -1296,11 +1296,11 @@ training: {{steps: {steps}, eval_every: 0, sample_every: 0, checkpoint_every: 0,
 // writes the table to the log and to run.dir/profile.md; steps outside the window are not in it.
 TEST(TrainGpu, TrainProfilesTheStepsItIsAskedTo) {
   SKIP_WITHOUT_GPU();
-  tools::testing::ScratchDir tmp;
+  strata::testing::ScratchDir tmp;
   const std::string data = tmp / "data";
-  tools::testing::write_raw_shard(data + "/train_000000.bin",
-                                  {tools::testing::pattern_tokens(8000, 200, 1)});
-  tools::testing::write_text(tmp / "p.yaml",
+  strata::testing::write_raw_shard(data + "/train_000000.bin",
+                                  {strata::testing::pattern_tokens(8000, 200, 1)});
+  strata::testing::write_text(tmp / "p.yaml",
                              fmt::format(R"(run: {{dir: {run}, seed: 7, device: cuda, dtype: bf16}}
 model:
   name: gpt2-tiny
@@ -1312,10 +1312,10 @@ training: {{steps: 5, eval_every: 0, sample_every: 0, checkpoint_every: 0, progr
            profile_steps: 3, profile_start: 2}}
 )",
                                          fmt::arg("run", tmp / "run"), fmt::arg("data", data)));
-  const tools::TrainConfig config = tools::load_train_config(tmp / "p.yaml");
-  tools::Trainer t(config);
-  EXPECT_EQ(t.run(), tools::Trainer::Outcome::Finished);
-  const std::string table = tools::testing::read_text(tmp / "run/profile.md");
+  const runtime::TrainConfig config = runtime::load_train_config(tmp / "p.yaml");
+  runtime::Trainer t(config);
+  EXPECT_EQ(t.run(), runtime::Trainer::Outcome::Finished);
+  const std::string table = strata::testing::read_text(tmp / "run/profile.md");
   EXPECT_NE(table.find("GPU time per op over steps 2 to 4"), std::string::npos) << table;
   // Once per step: AdamW and the gradient norm; per micro-batch (2 a step): the loss, forward
   // and backward in one kernel (Note [Fused cross-entropy gradient]: train knows the loss's
@@ -1332,9 +1332,9 @@ training: {{steps: 5, eval_every: 0, sample_every: 0, checkpoint_every: 0, progr
   models::ModelOptions mo;
   mo.overrides = config.model.config;
   const models::ModelShape shape = models::ModelRegistry::global().shape(config.model.name, mo);
-  const double flops_per_token = tools::training_flops_per_token(shape, 32);
+  const double flops_per_token = runtime::training_flops_per_token(shape, 32);
   ASSERT_EQ(t.history().size(), 5u);
-  for (const tools::StepRecord& r : t.history()) {
+  for (const runtime::StepRecord& r : t.history()) {
     EXPECT_GT(r.mfu, 0.0) << "step " << r.step;
     EXPECT_NEAR(r.mfu, flops_per_token * r.tokens_per_s / 989.4e12, 1e-9 * r.mfu)
         << "step " << r.step;

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "../tools/tool_test_util.h"
+#include "tests/support/tool_test_util.h"
 
-namespace strata::tools::testing {
+namespace strata::testing {
 
 // The run both suites train. `device` empty leaves run.device at its default (the CPU).
 inline std::string train_mpi_config_text(const std::string& run, const std::string& data, int steps,
@@ -122,4 +122,4 @@ class TrainMpiFixture : public ::testing::Test {
   ScratchDir tmp_;
 };
 
-}  // namespace strata::tools::testing
+}  // namespace strata::testing

@@ -13,9 +13,9 @@
 
 #include "core/error.h"
 #include "models/flat_params.h"
-#include "parallel/nccl_communicator.h"
-#include "parallel/self_communicator.h"
-#include "parallel/world.h"
+#include "comm/nccl_communicator.h"
+#include "comm/self_communicator.h"
+#include "comm/world.h"
 #include "tensor/cuda.h"
 #include "tensor/ops.h"
 #include "tests/parallel/engine_test_util.h"
@@ -29,8 +29,8 @@ using tensor::Tensor;
 // refuses two ranks on one GPU, and so does the emulator.
 const Device kGpu = launch_device(Device::cuda(0), detect_launch());
 
-std::shared_ptr<Communicator> nccl_world() {
-  static std::shared_ptr<Communicator> w = make_nccl_communicator(
+std::shared_ptr<comm::Communicator> nccl_world() {
+  static std::shared_ptr<comm::Communicator> w = make_nccl_communicator(
       strata::testing::test_world(), kGpu, "nccl", std::chrono::seconds(120));
   return w;
 }
@@ -65,7 +65,7 @@ TEST(EmulatedNccl, CollectivesGiveTheExpectedValues) {
   }
   {
     Tensor t = tensor::from_ints({r * 10, -r, 7}, {3}).to(kGpu);
-    w->allreduce(t, ReduceOp::Max)->wait();
+    w->allreduce(t, comm::ReduceOp::Max)->wait();
     const Tensor h = t.to(Device::cpu());
     EXPECT_EQ(h.data<int64_t>()[0], (n - 1) * 10);
     EXPECT_EQ(h.data<int64_t>()[1], 0);
@@ -117,7 +117,7 @@ double gpu_step(Engine& engine, models::CausalLM& model, const strata::testing::
 }
 
 std::vector<double> gpu_losses(const strata::testing::TrainSpec& s,
-                               std::shared_ptr<Communicator> dp, const ZeroConfig& z) {
+                               std::shared_ptr<comm::Communicator> dp, const ZeroConfig& z) {
   models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
   models::move_flat_units(model.flat_units(), kGpu);
   Engine engine(model, std::move(dp), z, strata::testing::adamw_factory(), DType::F32);
@@ -136,7 +136,7 @@ TEST(EmulatedNccl, EveryZeroStageOnTheGpuReproducesOneProcess) {
   strata::testing::TrainSpec one = s;
   one.accum = s.accum * w->size();
   const std::vector<double> expected =
-      gpu_losses(one, std::make_shared<SelfCommunicator>("one"), ZeroConfig{});
+      gpu_losses(one, std::make_shared<comm::SelfCommunicator>("one"), ZeroConfig{});
   for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE(::testing::Message() << "stage " << stage);
     ZeroConfig z;

@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "offload/memory_stats.h"
-#include "parallel/self_communicator.h"
+#include "comm/self_communicator.h"
 #include "tests/parallel/engine_test_util.h"
 
 namespace strata::parallel {
@@ -20,8 +20,8 @@ namespace {
 
 using strata::testing::TrainSpec;
 
-std::shared_ptr<Communicator> self() {
-  return std::make_shared<SelfCommunicator>("dp");
+std::shared_ptr<comm::Communicator> self() {
+  return std::make_shared<comm::SelfCommunicator>("dp");
 }
 
 ZeroConfig zero(int stage) {

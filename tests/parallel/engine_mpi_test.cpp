@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "parallel/self_communicator.h"
+#include "comm/self_communicator.h"
 #include "tests/parallel/engine_test_util.h"
 #include "tests/support/mpi_test_env.h"
 
@@ -16,7 +16,7 @@ namespace {
 
 using strata::testing::TrainSpec;
 
-std::shared_ptr<Communicator> world() {
+std::shared_ptr<comm::Communicator> world() {
   return strata::testing::test_world();
 }
 
@@ -88,7 +88,7 @@ TEST(EngineMixedDp, EveryStageTracksTheOneProcessBf16Run) {
   TrainSpec one = s;
   one.accum = s.accum * world()->size();
   const std::vector<double> expected = strata::testing::engine_losses(
-      one, std::make_shared<SelfCommunicator>("dp"), ZeroConfig{}, DType::BF16);
+      one, std::make_shared<comm::SelfCommunicator>("dp"), ZeroConfig{}, DType::BF16);
   for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     ZeroConfig z;

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "parallel/self_communicator.h"
+#include "comm/self_communicator.h"
 #include "tests/parallel/engine_test_util.h"
 
 namespace strata::parallel {
@@ -17,8 +17,8 @@ namespace {
 
 using strata::testing::TrainSpec;
 
-std::shared_ptr<Communicator> self() {
-  return std::make_shared<SelfCommunicator>("dp");
+std::shared_ptr<comm::Communicator> self() {
+  return std::make_shared<comm::SelfCommunicator>("dp");
 }
 
 class EngineSelf : public ::testing::TestWithParam<int> {};

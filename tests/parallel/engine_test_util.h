@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the engine tests: a tiny GPT-2, synthetic data, the single-process reference step
-// (tools/common/trainer.cpp's Note [Training step]) and the same training through the engine.
+// (runtime/trainer.cpp's Note [Training step]) and the same training through the engine.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -136,7 +136,7 @@ inline double engine_step(parallel::Engine& engine, models::CausalLM& model, con
 
 // The global mean loss per step through an engine over `dp`.
 inline std::vector<double> engine_losses(const TrainSpec& s,
-                                         std::shared_ptr<parallel::Communicator> dp,
+                                         std::shared_ptr<comm::Communicator> dp,
                                          const parallel::ZeroConfig& zero,
                                          DType param_dtype = DType::F32,
                                          optim::LossScaler* scaler = nullptr) {

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "offload/memory_stats.h"
-#include "parallel/self_communicator.h"
+#include "comm/self_communicator.h"
 #include "parallel/zero_memory.h"
 #include "tests/parallel/engine_test_util.h"
 #include "tests/support/mpi_test_env.h"
@@ -18,7 +18,7 @@ namespace {
 
 using strata::testing::TrainSpec;
 
-std::shared_ptr<Communicator> world() {
+std::shared_ptr<comm::Communicator> world() {
   return strata::testing::test_world();
 }
 
@@ -204,7 +204,7 @@ TEST(ZeroShards, ResumeOnAnotherDpLayout) {
       u.params.narrow(0, 0, numel[u.name]).copy_(files.at({u.name, "param"}));
     ZeroConfig z1;
     z1.stage = 1;
-    Engine engine1(model1, std::make_shared<SelfCommunicator>("dp"), z1,
+    Engine engine1(model1, std::make_shared<comm::SelfCommunicator>("dp"), z1,
                    strata::testing::adamw_factory());
     engine1.sync_params();
     int filled = 0;

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Generates tools/common/unicode_tables.h: the \\p{L}, \\p{N} and \\s classes of the GPT-2
+"""Generates data/unicode_tables.h: the \\p{L}, \\p{N} and \\s classes of the GPT-2
 pre-tokenizer pattern, as sorted code point ranges.
 
 The classes are read from the `regex` module itself, the engine OpenAI's GPT-2 encoder uses, so the
 C++ pre-tokenizer classifies every code point exactly as that engine does (for the Unicode version
 this `regex` release ships). Re-run after upgrading `regex` to move to a newer Unicode version:
 
-    python3 tests/reference/gen_unicode_tables.py > tools/common/unicode_tables.h
-    clang-format -i tools/common/unicode_tables.h
+    python3 tests/reference/gen_unicode_tables.py > data/unicode_tables.h
+    clang-format -i data/unicode_tables.h
 """
 import regex
 

@@ -15,14 +15,14 @@
 
 #include "core/error.h"
 #include "core/logging.h"
-#include "parallel/world.h"
+#include "comm/world.h"
 #include "tests/support/mpi_test_env.h"
 
 namespace strata::testing {
 
 namespace {
 
-std::shared_ptr<parallel::Communicator> g_world;
+std::shared_ptr<comm::Communicator> g_world;
 
 std::chrono::milliseconds test_timeout() {
   const char* v = std::getenv("STRATA_TEST_COMM_TIMEOUT_S");
@@ -53,7 +53,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 // After each test: did it fail on any rank? If so, name the ranks and stop the job.
 class FailureExchange : public ::testing::EmptyTestEventListener {
  public:
-  explicit FailureExchange(std::shared_ptr<parallel::Communicator> sync) : sync_(std::move(sync)) {}
+  explicit FailureExchange(std::shared_ptr<comm::Communicator> sync) : sync_(std::move(sync)) {}
   void OnTestEnd(const ::testing::TestInfo& info) override {
     const int n = sync_->size();
     auto flags = tensor::zeros({n}, DType::I32);
@@ -63,7 +63,7 @@ class FailureExchange : public ::testing::EmptyTestEventListener {
     } catch (const Error& e) {
       std::fprintf(stderr, "[rank %d] after %s.%s: %s\n", sync_->rank(), info.test_suite_name(),
                    info.name(), e.what());
-      parallel::abort_world(1);
+      comm::abort_world(1);
     }
     std::string failed;
     const int32_t* f = flags.data<int32_t>();
@@ -78,16 +78,16 @@ class FailureExchange : public ::testing::EmptyTestEventListener {
     // Give the other ranks' failure messages a moment to reach mpirun before the abort.
     std::fflush(nullptr);
     sync_->barrier();
-    parallel::abort_world(1);
+    comm::abort_world(1);
   }
 
  private:
-  std::shared_ptr<parallel::Communicator> sync_;
+  std::shared_ptr<comm::Communicator> sync_;
 };
 
 }  // namespace
 
-std::shared_ptr<parallel::Communicator> test_world() {
+std::shared_ptr<comm::Communicator> test_world() {
   return g_world;
 }
 
@@ -96,13 +96,13 @@ namespace {
 int run(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   log::set_level(spdlog::level::warn);
-  std::shared_ptr<parallel::Communicator> sync;
+  std::shared_ptr<comm::Communicator> sync;
   try {
-    g_world = parallel::init_world("auto", Device::cpu(), test_timeout());
+    g_world = comm::init_world("auto", Device::cpu(), test_timeout());
     sync = g_world->split(0, g_world->rank(), "test-sync");
   } catch (const Error& e) {
     std::fprintf(stderr, "mpi_test_main: %s\n", e.what());
-    parallel::abort_world(1);
+    comm::abort_world(1);
   }
   auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
   if (sync->rank() != 0) {
@@ -114,15 +114,15 @@ int run(int argc, char** argv) {
   // RUN_ALL_TESTS also fails on errors outside a test (e.g. a failing environment).
   auto any = tensor::full({1}, rc != 0 ? 1 : 0, DType::I32);
   try {
-    sync->allreduce(any, parallel::ReduceOp::Max)->wait();
+    sync->allreduce(any, comm::ReduceOp::Max)->wait();
   } catch (const Error& e) {
     std::fprintf(stderr, "mpi_test_main: %s\n", e.what());
-    parallel::abort_world(1);
+    comm::abort_world(1);
   }
   const bool failed = any.data<int32_t>()[0] != 0;
   sync.reset();
   g_world.reset();
-  parallel::finalize_world();
+  comm::finalize_world();
   return failed ? 1 : 0;
 }
 

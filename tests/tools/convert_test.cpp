@@ -15,11 +15,13 @@
 #include "models/registry.h"
 #include "tensor/cuda.h"
 #include "tensor/safetensors.h"
-#include "tools/common/checkpoint.h"
-#include "tools/common/sampler.h"
-#include "tools/common/train_config.h"
+#include "runtime/checkpoint.h"
+#include "sampling/sampler.h"
+#include "runtime/train_config.h"
 
 namespace strata::tools {
+using namespace strata::runtime;
+using namespace strata::sampling;
 namespace {
 
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/tools/tool_test_util.h"
+#include "tests/support/tool_test_util.h"
 
 namespace strata::tools {
 namespace {

@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/tools/temp_dir.h"
-#include "tools/common/token_shard.h"
-#include "tools/common/tokenizer.h"
+#include "tests/support/temp_dir.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 
 namespace strata::tools {
+using namespace strata::data;
 namespace {
 
 using ::testing::AllOf;

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "tensor/cuda.h"
-#include "tool_test_util.h"
+#include "tests/support/tool_test_util.h"
 
 namespace strata::tools {
 namespace {

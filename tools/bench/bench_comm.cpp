@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "parallel/world.h"
+#include "comm/world.h"
 #include "tensor/tensor.h"
 
 #if STRATA_HAVE_MPI
@@ -29,7 +29,7 @@
 
 namespace {
 
-using strata::parallel::Communicator;
+using strata::comm::Communicator;
 using strata::tensor::Tensor;
 using Clock = std::chrono::steady_clock;
 
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   try {
     const Args args = parse(argc, argv);
     auto world =
-        strata::parallel::init_world("mpi", strata::Device::cpu(), std::chrono::minutes(5));
+        strata::comm::init_world("mpi", strata::Device::cpu(), std::chrono::minutes(5));
     const int n = world->size(), rank = world->rank();
     int multiple = 0;
     MPI_Query_thread(&multiple);
@@ -150,11 +150,11 @@ int main(int argc, char** argv) {
       }
     }
     world.reset();
-    strata::parallel::finalize_world();
+    strata::comm::finalize_world();
     return 0;
   } catch (const strata::Error& e) {
     std::fprintf(stderr, "bench_comm: %s\n", e.what());
-    strata::parallel::abort_world(1);
+    strata::comm::abort_world(1);
   }
 }
 

@@ -1,5 +1,5 @@
 // bench_generate: decoding speed of the sampler `generate` and `train`'s samples use, with the KV
-// cache (Note [Cached sampling] in tools/common/sampler.h) against the same sampler running the
+// cache (Note [Cached sampling] in sampling/sampler.h) against the same sampler running the
 // whole window for every token (kv_cache off), the reference, measured in the same run on the
 // same model.
 //
@@ -11,7 +11,7 @@
 // on them), cast to --dtype and moved to --device as `generate --device cuda` does. A prompt of
 // --prompt random tokens is continued by --new tokens (greedily by default; --temperature, --top-k
 // and --top-p draw instead, which adds the host's draw per row and token, Note [Sampling cost]
-// in tools/common/sampler.h), once untimed
+// in sampling/sampler.h), once untimed
 // (warm-up: the GPU's cuBLASLt heuristics and cuDNN plans, the caching allocator's segments) and
 // then --reps times per mode, alternating; the median is reported. sample() reads every token's
 // logits back to the host, so a run's time covers its GPU work. Tokens/s counts the new tokens
@@ -38,7 +38,7 @@
 #include "core/rng.h"
 #include "models/registry.h"
 #include "tensor/cuda.h"
-#include "tools/common/sampler.h"
+#include "sampling/sampler.h"
 
 namespace strata {
 namespace {
@@ -99,7 +99,7 @@ int run(const Options& o) {
     for (int64_t i = 0; i < o.prompt; ++i)
       prompt.push_back(static_cast<int32_t>(philox4x32({7, 0}, static_cast<uint64_t>(i))[0] %
                                             static_cast<uint32_t>(model->vocab_size())));
-    tools::SampleOptions so;
+    sampling::SampleOptions so;
     so.max_new_tokens = o.new_tokens;
     so.temperature = o.temperature;
     so.top_k = o.top_k;
@@ -107,10 +107,10 @@ int run(const Options& o) {
     for (const int64_t batch : batches) {
       using Samples = std::vector<std::vector<int32_t>>;
       auto timed = [&](bool cached, Samples* tokens) {
-        tools::SampleOptions s = so;
+        sampling::SampleOptions s = so;
         s.kv_cache = cached;
         const auto t0 = std::chrono::steady_clock::now();
-        *tokens = tools::sample_batch(*model, prompt, s, batch);
+        *tokens = sampling::sample_batch(*model, prompt, s, batch);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       };
       Samples with, without;

@@ -1,5 +1,5 @@
 // GPT-2 training throughput on one GPU: the step `train` runs (Note [Training on the GPU] in
-// tools/common/trainer.h), timed, for gpt2 / gpt2-medium / gpt2-large / gpt2-xl at T = 1024.
+// runtime/trainer.h), timed, for gpt2 / gpt2-medium / gpt2-large / gpt2-xl at T = 1024.
 //
 // Per model, as Trainer builds it: the registry makes the model on the host (seed 1337; the
 // presets' dropout 0 and no activation checkpointing), models::move_flat_units puts its flat
@@ -16,7 +16,7 @@
 // element, which waits for the compute stream (AdamW runs there too), so a step's time covers all
 // of its GPU work; the median is reported. MFU is training_flops_per_token (Note [MFU]), the
 // count `train` logs, over --peak-tflops (default: the device's dense peak for --dtype, Note [GPU
-// peaks] in tools/common/device_peaks.h: 989.4 TFLOP/s bf16 on an H100 SXM; the table's header
+// peaks] in runtime/device_peaks.h: 989.4 TFLOP/s bf16 on an H100 SXM; the table's header
 // line names the peak and where it comes from). Peak GPU memory is
 // MemoryStats' tier gpu peak during the timed steps: bytes handed out, like
 // torch.cuda.max_memory_allocated (the allocator's cached segments are not counted).
@@ -50,7 +50,7 @@
 // (Note [CUDA op profiler] in tensor/cuda/profiler.cpp) and prints, after the main table, one
 // table per model: each backend op's calls, device ms and share of the step, with TFLOP/s for the
 // GEMMs and attention and GB/s for all, and each op's roofline bound (Note [Roofline bound] in
-// tools/common/op_profile.h) at --peak-tflops and --peak-gbps (default: the device's memory
+// runtime/op_profile.h) at --peak-tflops and --peak-gbps (default: the device's memory
 // bandwidth); under the table the step's bound and the MFU it caps. The profiled steps are not
 // the timed ones. In the dry run the bounds are what the step's kernels would need on an H100
 // SXM at its peaks (the emulated device reports an H100 SXM's), without any GPU.
@@ -81,12 +81,12 @@
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
 #include "parallel/engine.h"
-#include "parallel/world.h"
+#include "comm/world.h"
 #include "tensor/cuda.h"
 #include "tensor/storage.h"
-#include "tools/common/device_peaks.h"
-#include "tools/common/op_profile.h"
-#include "tools/common/trainer.h"
+#include "runtime/device_peaks.h"
+#include "runtime/op_profile.h"
+#include "runtime/trainer.h"
 
 #if defined(STRATA_CUDA_EMULATION)
 #include "cuda_emu/control.h"
@@ -224,7 +224,7 @@ Tokens random_tokens(int64_t batch, int64_t seq_len, int64_t vocab, uint64_t see
 // One model on the GPU inside its Engine, as Trainer's constructor builds it.
 class Bench {
  public:
-  Bench(const std::string& name, const Options& o, std::shared_ptr<parallel::Communicator> world)
+  Bench(const std::string& name, const Options& o, std::shared_ptr<comm::Communicator> world)
       : device_(o.device()) {
     models::ModelOptions mo;
     mo.seed = o.seed;
@@ -325,7 +325,7 @@ Row measure(Bench& bench, int64_t batch, const Options& o) {
 
 // --fill: true when one step at `batch` fits. After an OOM `bench` is rebuilt.
 bool step_fits(std::unique_ptr<Bench>& bench, int64_t batch, const std::string& name,
-               const Options& o, const std::shared_ptr<parallel::Communicator>& world) {
+               const Options& o, const std::shared_ptr<comm::Communicator>& world) {
   try {
     bench->step(random_tokens(batch, o.seq_len, bench->vocab_size(), o.seed));
     bench->synchronize();
@@ -342,7 +342,7 @@ bool step_fits(std::unique_ptr<Bench>& bench, int64_t batch, const std::string& 
 }
 
 Row run_model(const std::string& name, const Options& o,
-              const std::shared_ptr<parallel::Communicator>& world) {
+              const std::shared_ptr<comm::Communicator>& world) {
   auto bench = std::make_unique<Bench>(name, o, world);
   int64_t batch = o.batch > 0 ? o.batch : default_batch(name);
   if (o.fill) {
@@ -383,9 +383,9 @@ void print_profile(const std::string& name, const Row& r, const Options& o,
   fmt::print("\nDevice time per op, {} at B = {}, T = {}, {}: {} profiled steps{}\n\n", name,
              r.batch, o.seq_len, o.dtype_label(), o.profile,
              dry_run() ? " (dry run: the times mean nothing, the calls, sizes and bounds do)" : "");
-  const tools::PeakRates peaks{o.peak_tflops, o.peak_gbps};
-  fmt::print("{}", tools::op_time_table(r.ops, o.profile, r.profiled_s * 1e3 / o.profile, peaks));
-  const double bound = tools::bound_ms(r.ops, o.profile, peaks);
+  const runtime::PeakRates peaks{o.peak_tflops, o.peak_gbps};
+  fmt::print("{}", runtime::op_time_table(r.ops, o.profile, r.profiled_s * 1e3 / o.profile, peaks));
+  const double bound = runtime::bound_ms(r.ops, o.profile, peaks);
   if (bound > 0)
     fmt::print(
         "\nBound (Note [Roofline bound]): at {:.1f} TFLOP/s and {:.0f} GB/s these ops need at "
@@ -530,7 +530,7 @@ int main(int argc, char** argv) {
     if (!o.on_cpu) {
       tensor::init_cuda(0);  // no GPU or no CUDA build: a UserError saying so
       // Note [GPU peaks]: what MFU and the profile's bound count against.
-      const tools::DevicePeaks peaks = tools::device_peaks(tensor::cuda_device_facts(0));
+      const runtime::DevicePeaks peaks = runtime::device_peaks(tensor::cuda_device_facts(0));
       const bool own_flops = o.peak_tflops == 0;
       if (own_flops)
         o.peak_tflops = peaks.tflops_for(o.dtype == "bf16" ? DType::BF16 : DType::F32, o.tf32);
@@ -543,7 +543,7 @@ int main(int argc, char** argv) {
       if (o.matmul_tune) tensor::set_cuda_matmul_tuning(true);
       tensor::set_cuda_tf32(o.tf32);
     }
-    auto world = parallel::init_world("self", o.device(), std::chrono::seconds(60));
+    auto world = comm::init_world("self", o.device(), std::chrono::seconds(60));
     // Note [Fused ops in models]: STRATA_FUSED_OPS=off measures the unfused compositions.
     const std::string impl =
         std::string(models::nn::fused_ops_enabled() ? "strata" : "strata-unfused") +
@@ -562,7 +562,7 @@ int main(int argc, char** argv) {
         const Row r = run_model(name, o, world);
         if (o.profile > 0 || o.launches) profiled.emplace_back(name, r);
         const double tokens_s = static_cast<double>(r.batch * o.seq_len) / r.step_s;
-        const double flops_per_token = tools::training_flops_per_token(shapes[i], o.seq_len);
+        const double flops_per_token = runtime::training_flops_per_token(shapes[i], o.seq_len);
         // --device cpu has no peak unless --peak-tflops gives one: MFU "-".
         const std::string mfu = o.peak_tflops > 0
                                     ? fmt::format("{:.1f}%", 100.0 * flops_per_token * tokens_s /
@@ -599,11 +599,11 @@ int main(int argc, char** argv) {
       const auto& shape = registry.shape(name);
       if (o.profile > 0)
         print_profile(name, r, o,
-                      tools::training_flops_per_token(shape, o.seq_len) *
+                      runtime::training_flops_per_token(shape, o.seq_len) *
                           static_cast<double>(r.batch * o.seq_len));
       if (o.launches) print_launches(name, r, o);
     }
-    parallel::finalize_world();
+    comm::finalize_world();
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpt2_cuda: %s\n", e.what());
     return 1;

@@ -16,7 +16,7 @@ column then says fp32+tf32). Ids and targets (random with a fixed
 seed; targets are the ids shifted by one) are copied from the host every step, as `train` does.
 --warmup untimed steps (with torch.compile they include the compilation), then --steps steps, each
 ended by torch.cuda.synchronize(); the median is reported. MFU uses Strata's count, training_flops_per_token (Note [MFU] in
-tools/common/trainer.h); peak GPU memory is torch.cuda.max_memory_allocated over the timed steps.
+runtime/trainer.h); peak GPU memory is torch.cuda.max_memory_allocated over the timed steps.
 
 usage: gpt2_cuda.py [--dtype bf16|fp32] [--models a,b] [--B n] [--T n] [--warmup n] [--steps n]
                     [--peak-tflops X] [--modes eager,compile] [--seed n] [--device cuda|cpu]
@@ -95,7 +95,7 @@ class GPT(torch.nn.Module):
 
 
 def training_flops_per_token(n_params, n_layer, c, t):
-    """tools/common/trainer.cpp: 6 per matmul parameter (all but wpe) + 12 L T C for attention."""
+    """runtime/trainer.cpp: 6 per matmul parameter (all but wpe) + 12 L T C for attention."""
     return 6.0 * (n_params - N_POSITIONS * c) + 12.0 * n_layer * t * c
 
 
@@ -185,7 +185,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--peak-tflops", type=float, default=989.4,
                    help="dense peak for MFU (run_gpt2_cuda.sh passes the one Strata used: the "
-                        "device's datasheet peak, Note [GPU peaks] in tools/common/device_peaks.h)")
+                        "device's datasheet peak, Note [GPU peaks] in runtime/device_peaks.h)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--modes", default="eager,compile")
     p.add_argument("--fill", action="store_true",

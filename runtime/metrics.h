@@ -1,0 +1,72 @@
+#pragma once
+// What `train` reports each step: a console view (a progress bar on a terminal, plain lines
+// otherwise) and a metrics file of JSON lines, one record per step, in the run directory.
+//
+// Note [Metrics file]
+// run_dir/metrics.jsonl holds one JSON object per optimizer step: {"step", "loss", "lr",
+// "grad_norm", "tokens_per_s", "mfu", "step_s", "peak_bytes": {tier: bytes}} plus "val_loss" on
+// evaluation steps. Floats are written in their shortest round-trip form, so two runs can be
+// compared bitwise from their files. On resume the file is cut back to the records of steps the
+// checkpoint covers (rewritten atomically), so it always describes one consistent run.
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace strata::runtime {
+
+struct StepRecord {
+  int64_t step = 0;  // optimizer steps completed, 1-based in reports
+  float loss = 0.f;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double tokens_per_s = 0.0;
+  double mfu = 0.0;  // fraction of the estimated peak (Note [MFU])
+  double step_s = 0.0;
+  std::vector<std::pair<std::string, int64_t>> peak_bytes;  // per memory tier in use
+  std::optional<float> val_loss;
+};
+
+std::string to_json_line(const StepRecord& record);
+
+class MetricsFile {
+ public:
+  // Opens run_dir/metrics.jsonl for appending, first dropping records with step > keep_through
+  // (Note [Metrics file]); keep_through = 0 starts a fresh file.
+  MetricsFile(const std::string& path, int64_t keep_through);
+  ~MetricsFile();
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+
+  void append(const StepRecord& record);  // written and flushed at once
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// Console output. `mode` is "bar", "lines", "auto" (bar when stdout is a terminal) or "off"
+// (nothing: ranks other than 0, Note [Distributed training]).
+class ConsoleReporter {
+ public:
+  ConsoleReporter(const std::string& mode, int64_t total_steps);
+  void step(const StepRecord& record);
+  // A line that must stay on screen (eval result, sample, checkpoint): ends the bar line first.
+  void event(const std::string& text);
+  void finish();
+  bool bar() const { return bar_; }
+
+ private:
+  bool quiet_ = false;
+  bool bar_ = false;
+  bool bar_open_ = false;
+  int64_t total_ = 0;
+};
+
+// "12.3 MiB"
+std::string format_bytes(int64_t bytes);
+
+}  // namespace strata::runtime

@@ -1,0 +1,489 @@
+#include "runtime/train_config.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "models/registry.h"
+
+namespace strata::runtime {
+
+namespace {
+
+using config::Node;
+using config::Reader;
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sections: read, then check ranges. Each reader stays alive until the cross-field checks so
+// their errors can point at the key.
+
+void read_run(Reader& r, RunConfig& c) {
+  r.get("dir", c.dir);
+  r.get("seed", c.seed);
+  r.get_enum("device", c.device, {"cpu", "cuda"});
+  r.get_enum("dtype", c.dtype, {"auto", "fp32", "bf16", "fp16"});
+  r.get("threads", c.threads);
+  r.get_enum("matmul_tuning", c.matmul_tuning, {"off", "on"});
+  r.get_enum("tf32", c.tf32, {"off", "on"});
+}
+
+void read_model(Reader& r, ModelSection& c) {
+  r.get("name", c.name);
+  r.get("config", c.config);
+  r.get("init_from", c.init_from);
+}
+
+void read_data(Reader& r, DataSection& c) {
+  r.require("train", c.train);
+  r.get("val", c.val);
+  r.get_enum("tokenizer", c.tokenizer, {"byte", "gpt2"});
+  r.get("vocab", c.vocab);
+  r.get("merges", c.merges);
+  r.get("shuffle", c.shuffle);
+}
+
+void read_batch(Reader& r, BatchSection& c) {
+  r.get("micro_batch_size", c.micro_batch_size);
+  r.get("grad_accum_steps", c.grad_accum_steps);
+  r.get("global_batch_size", c.global_batch_size);
+  r.get("seq_len", c.seq_len);
+}
+
+void read_optimizer(Reader& r, OptimizerSection& c) {
+  r.get_enum("name", c.name, {"adamw", "sgd"});
+  r.get("lr", c.lr);
+  std::vector<double> betas;
+  if (r.get("betas", betas)) {
+    if (betas.size() != 2)
+      r.fail("betas", fmt::format("expected two numbers [beta1, beta2], got {}", betas.size()));
+    c.beta1 = betas[0];
+    c.beta2 = betas[1];
+  }
+  r.get("eps", c.eps);
+  r.get("weight_decay", c.weight_decay);
+  r.get("momentum", c.momentum);
+  r.get("nesterov", c.nesterov);
+  r.get("grad_clip", c.grad_clip);
+}
+
+void read_schedule(Reader& r, ScheduleSection& c) {
+  r.get_enum("name", c.name, {"cosine", "linear", "constant"});
+  r.get("warmup_steps", c.warmup_steps);
+  r.get("min_lr", c.min_lr);
+}
+
+void read_training(Reader& r, TrainingSection& c) {
+  r.get("steps", c.steps);
+  r.get("log_every", c.log_every);
+  r.get("eval_every", c.eval_every);
+  r.get("eval_batches", c.eval_batches);
+  r.get("sample_every", c.sample_every);
+  r.get("sample_tokens", c.sample_tokens);
+  r.get("sample_prompt", c.sample_prompt);
+  r.get("temperature", c.temperature);
+  r.get("top_k", c.top_k);
+  r.get("top_p", c.top_p);
+  r.get("checkpoint_every", c.checkpoint_every);
+  r.get("keep_checkpoints", c.keep_checkpoints);
+  r.get("resume", c.resume);
+  r.get_enum("progress", c.progress, {"auto", "bar", "lines"});
+  r.get("profile_steps", c.profile_steps);
+  r.get("profile_start", c.profile_start);
+}
+
+void read_distributed(Reader& r, DistributedSection& c) {
+  r.get_enum("backend", c.backend, {"auto", "self", "mpi", "nccl"});
+  r.get("timeout_s", c.timeout_s);
+}
+
+void read_zero(Reader& r, ZeroSection& c) {
+  r.get("stage", c.stage);
+  r.get("reduce_bucket_size", c.reduce_bucket_size);
+  r.get("allgather_bucket_size", c.allgather_bucket_size);
+  r.get("overlap_comm", c.overlap_comm);
+  r.get("stage3_prefetch_bucket_size", c.stage3_prefetch_bucket_size);
+  r.get("stage3_param_persistence_threshold", c.stage3_param_persistence_threshold);
+}
+
+void read_fp16(Reader& r, Fp16Section& c) {
+  r.get("loss_scale", c.loss_scale);
+  r.get("initial_scale_power", c.initial_scale_power);
+  r.get("loss_scale_window", c.loss_scale_window);
+  r.get("hysteresis", c.hysteresis);
+  r.get("min_loss_scale", c.min_loss_scale);
+}
+
+struct Readers {
+  Reader run, model, data, batch, optimizer, schedule, training, distributed, zero, fp16;
+};
+
+// The model must exist and accept model.config; returns its shape for the checks that follow.
+models::ModelShape check_model(Reader& r, const ModelSection& m, uint64_t seed) {
+  const models::ModelRegistry& registry = models::ModelRegistry::global();
+  if (!registry.contains(m.name)) {
+    const std::string near = config::nearest(m.name, registry.names());
+    r.fail("name", fmt::format("unknown model '{}'{}; known models: {}", m.name,
+                               near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near),
+                               join(registry.names())));
+  }
+  models::ModelOptions options;
+  options.seed = seed;
+  options.overrides = m.config;
+  try {
+    return registry.shape(m.name, options);
+  } catch (const UserError& e) {
+    r.fail(m.config.empty() ? "name" : "config",
+           fmt::format("model '{}' rejects this configuration: {}", m.name, e.what()));
+  }
+}
+
+void validate(TrainConfig& c, Readers& r) {
+  // run
+  if (c.run.dir.empty()) r.run.fail("dir", "must not be empty; it is where the run writes");
+  r.run.non_negative("threads", c.run.threads);
+  if (c.run.dtype == "auto") c.run.dtype = c.run.device == "cuda" ? "bf16" : "fp32";
+  if (c.run.matmul_tuning == "on" && c.run.device != "cuda")
+    r.run.fail("matmul_tuning",
+               fmt::format("is on, but it times cuBLASLt's GPU algorithms and run.device is "
+                           "'{}'; set run.device: cuda or matmul_tuning: off",
+                           c.run.device));
+  if (c.run.tf32 == "on" && c.run.device != "cuda")
+    r.run.fail("tf32",
+               fmt::format("is on, but TF32 is the GPU tensor cores' format and run.device is "
+                           "'{}' (the CPU computes fp32 matmuls in full f32); set run.device: cuda "
+                           "or tf32: off",
+                           c.run.device));
+  // bf16/fp16 run on the CPU too (Note [Mixed precision] in parallel/engine.h): the CPU
+  // kernels widen to f32, so it saves model-state memory, not time.
+
+  // fp16 (read whatever the dtype, so a shared config can carry it)
+  r.fp16.non_negative("loss_scale", c.fp16.loss_scale);
+  r.fp16.in_range("initial_scale_power", static_cast<double>(c.fp16.initial_scale_power), 0.0,
+                  127.0, true);
+  r.fp16.positive("loss_scale_window", static_cast<double>(c.fp16.loss_scale_window));
+  r.fp16.positive("hysteresis", static_cast<double>(c.fp16.hysteresis));
+  r.fp16.positive("min_loss_scale", c.fp16.min_loss_scale);
+
+  // batch (sizes first: the model checks below compare against them)
+  r.batch.positive("micro_batch_size", static_cast<double>(c.batch.micro_batch_size));
+  r.batch.non_negative("grad_accum_steps", static_cast<double>(c.batch.grad_accum_steps));
+  r.batch.non_negative("global_batch_size", static_cast<double>(c.batch.global_batch_size));
+  r.batch.positive("seq_len", static_cast<double>(c.batch.seq_len));
+
+  // model
+  const models::ModelShape shape = check_model(r.model, c.model, c.run.seed);
+  if (c.batch.seq_len > shape.max_seq_len)
+    r.batch.fail("seq_len", fmt::format("{} is longer than the context of model '{}' ({} "
+                                        "positions); lower it or raise model.config.n_positions",
+                                        c.batch.seq_len, c.model.name, shape.max_seq_len));
+
+  // data
+  if (c.data.train.empty())
+    r.data.fail("train", "must name the training shards, e.g. data/fortunes/train_*.bin");
+  if (c.data.tokenizer == "gpt2") {
+    const std::pair<const char*, const std::string*> files[] = {{"vocab", &c.data.vocab},
+                                                                {"merges", &c.data.merges}};
+    for (const auto& [key, value] : files)
+      if (value->empty())
+        r.data.fail(key, fmt::format("tokenizer gpt2 needs data.vocab (vocab.json) and "
+                                     "data.merges (merges.txt); data.{} is not set",
+                                     key));
+  } else if (shape.vocab_size < 256) {
+    r.data.fail("tokenizer", fmt::format("the byte tokenizer has 256 tokens but model '{}' has "
+                                         "vocab_size {}; set model.config.vocab_size: 256",
+                                         c.model.name, shape.vocab_size));
+  }
+
+  // optimizer
+  r.optimizer.non_negative("lr", c.optimizer.lr);
+  r.optimizer.in_range("betas", c.optimizer.beta1, 0.0, 1.0);
+  r.optimizer.in_range("betas", c.optimizer.beta2, 0.0, 1.0);
+  r.optimizer.positive("eps", c.optimizer.eps);
+  r.optimizer.non_negative("weight_decay", c.optimizer.weight_decay);
+  r.optimizer.in_range("momentum", c.optimizer.momentum, 0.0, 1.0);
+  r.optimizer.non_negative("grad_clip", c.optimizer.grad_clip);
+
+  // training
+  const TrainingSection& t = c.training;
+  r.training.positive("steps", static_cast<double>(t.steps));
+  r.training.positive("log_every", static_cast<double>(t.log_every));
+  r.training.non_negative("eval_every", static_cast<double>(t.eval_every));
+  r.training.positive("eval_batches", static_cast<double>(t.eval_batches));
+  r.training.non_negative("sample_every", static_cast<double>(t.sample_every));
+  r.training.positive("sample_tokens", static_cast<double>(t.sample_tokens));
+  r.training.non_negative("temperature", t.temperature);
+  r.training.non_negative("top_k", static_cast<double>(t.top_k));
+  if (!(t.top_p > 0.0 && t.top_p <= 1.0))
+    r.training.fail("top_p",
+                    fmt::format("must be in (0, 1] (1 = no nucleus cut), got {}", t.top_p));
+  r.training.non_negative("checkpoint_every", static_cast<double>(t.checkpoint_every));
+  r.training.non_negative("keep_checkpoints", static_cast<double>(t.keep_checkpoints));
+  if (t.resume.empty()) r.training.fail("resume", "must be auto, never or a checkpoint directory");
+  r.training.non_negative("profile_steps", static_cast<double>(t.profile_steps));
+  r.training.positive("profile_start", static_cast<double>(t.profile_start));
+  if (t.profile_steps > 0 && c.run.device != "cuda")
+    r.training.fail("profile_steps",
+                    fmt::format("is {} but times GPU ops; set run.device: cuda or profile_steps: 0",
+                                t.profile_steps));
+  else if (t.profile_steps > 0 && t.profile_start + t.profile_steps - 1 > t.steps)
+    r.training.fail("profile_steps",
+                    fmt::format("profiles steps {} to {}, past training.steps ({}); lower "
+                                "profile_start or profile_steps",
+                                t.profile_start, t.profile_start + t.profile_steps - 1, t.steps));
+  if (t.eval_every > 0 && c.data.val.empty())
+    r.training.fail("eval_every", fmt::format("is {} but data.val is not set; set data.val to "
+                                              "the validation shards or eval_every: 0",
+                                              t.eval_every));
+
+  // distributed, zero_optimization
+  r.distributed.positive("timeout_s", c.distributed.timeout_s);
+  if (c.distributed.backend == "nccl" && c.run.device != "cuda")
+    r.distributed.fail("backend", fmt::format("nccl communicates GPU memory but run.device is "
+                                              "'{}'; use backend: mpi (or auto) on the CPU",
+                                              c.run.device));
+  r.zero.in_range("stage", static_cast<double>(c.zero.stage), 0.0, 3.0, true);
+  r.zero.positive("reduce_bucket_size", static_cast<double>(c.zero.reduce_bucket_size));
+  r.zero.positive("allgather_bucket_size", static_cast<double>(c.zero.allgather_bucket_size));
+  r.zero.non_negative("stage3_prefetch_bucket_size",
+                      static_cast<double>(c.zero.stage3_prefetch_bucket_size));
+  r.zero.non_negative("stage3_param_persistence_threshold",
+                      static_cast<double>(c.zero.stage3_param_persistence_threshold));
+
+  // schedule
+  const ScheduleSection& s = c.schedule;
+  r.schedule.non_negative("warmup_steps", static_cast<double>(s.warmup_steps));
+  r.schedule.non_negative("min_lr", s.min_lr);
+  if (s.name == "constant") {
+    if (s.warmup_steps > t.steps)
+      r.schedule.fail("warmup_steps",
+                      fmt::format("{} is more than training.steps {}", s.warmup_steps, t.steps));
+  } else {
+    if (s.warmup_steps >= t.steps)
+      r.schedule.fail("warmup_steps",
+                      fmt::format("{} leaves no steps to decay over (training.steps is {}); "
+                                  "the {} schedule needs warmup_steps < steps",
+                                  s.warmup_steps, t.steps, s.name));
+    if (s.min_lr > c.optimizer.lr)
+      r.schedule.fail("min_lr", fmt::format("{} is above optimizer.lr {}; the {} schedule "
+                                            "decays from lr down to min_lr",
+                                            s.min_lr, c.optimizer.lr, s.name));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Emitting
+
+struct Emit {
+  Node& map;
+  void operator()(const char* key, const std::string& v) { map.set(key, {}, Node::scalar(v, {})); }
+  void operator()(const char* key, const char* v) { (*this)(key, std::string(v)); }
+  void operator()(const char* key, int64_t v) { (*this)(key, std::to_string(v)); }
+  void operator()(const char* key, int v) { (*this)(key, std::to_string(v)); }
+  void operator()(const char* key, uint64_t v) { (*this)(key, std::to_string(v)); }
+  void operator()(const char* key, bool v) { (*this)(key, std::string(v ? "true" : "false")); }
+  // fmt's shortest representation that reads back to the same double.
+  void operator()(const char* key, double v) { (*this)(key, fmt::format("{}", v)); }
+};
+
+Node& section(Node& root, const char* key) {
+  return root.set(key, {}, Node::map({}));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+void TrainConfig::resolve_batch(int dp) {
+  STRATA_CHECK(dp >= 1, "resolve_batch: dp must be >= 1, got {}", dp);
+  BatchSection& b = batch;
+  const int64_t micro = b.micro_batch_size;
+  if (micro <= 0) user_error("{}: batch.micro_batch_size must be positive, got {}", source, micro);
+  const int64_t accum = b.grad_accum_steps_derived ? 0 : b.grad_accum_steps;
+  const int64_t global = b.global_batch_size_derived ? 0 : b.global_batch_size;
+  if (accum < 0 || global < 0)
+    user_error(
+        "{}: batch.grad_accum_steps ({}) and batch.global_batch_size ({}) must be >= 0 "
+        "(0 = derive)",
+        source, accum, global);
+  const int64_t per_step = micro * dp;  // sequences of one micro-step over all ranks
+  if (global == 0) {
+    b.grad_accum_steps = accum == 0 ? 1 : accum;
+    b.global_batch_size = per_step * b.grad_accum_steps;
+    b.grad_accum_steps_derived = accum == 0;
+    b.global_batch_size_derived = true;
+    return;
+  }
+  if (accum == 0) {
+    if (global % per_step != 0)
+      user_error(
+          "{}: batch.global_batch_size {} is not divisible by batch.micro_batch_size {} x "
+          "{} data-parallel rank(s) = {}; make global_batch_size a multiple of {} (it is "
+          "micro_batch_size x grad_accum_steps x dp)",
+          source, global, micro, dp, per_step, per_step);
+    b.grad_accum_steps = global / per_step;
+    b.global_batch_size = global;
+    b.grad_accum_steps_derived = true;
+    b.global_batch_size_derived = false;
+    return;
+  }
+  if (per_step * accum != global)
+    user_error(
+        "{}: batch.micro_batch_size {} x batch.grad_accum_steps {} x {} data-parallel "
+        "rank(s) = {}, but batch.global_batch_size is {}; fix one of them, or set "
+        "grad_accum_steps: 0 to derive it",
+        source, micro, accum, dp, per_step * accum, global);
+  b.grad_accum_steps_derived = false;
+  b.global_batch_size_derived = false;
+}
+
+TrainConfig parse_train_config(const config::Node& root, const std::string& source) {
+  TrainConfig c;
+  c.source = source;
+  Reader top(root, "", source);
+  Readers r{top.section("run"),      top.section("model"),       top.section("data"),
+            top.section("batch"),    top.section("optimizer"),   top.section("schedule"),
+            top.section("training"), top.section("distributed"), top.section("zero_optimization"),
+            top.section("fp16")};
+  read_run(r.run, c.run);
+  read_model(r.model, c.model);
+  read_data(r.data, c.data);
+  read_batch(r.batch, c.batch);
+  read_optimizer(r.optimizer, c.optimizer);
+  read_schedule(r.schedule, c.schedule);
+  read_training(r.training, c.training);
+  read_distributed(r.distributed, c.distributed);
+  read_zero(r.zero, c.zero);
+  read_fp16(r.fp16, c.fp16);
+  // Unknown keys first: a misspelt key is the likely reason a value below looks wrong.
+  top.finish();
+  validate(c, r);
+  c.resolve_batch(1);
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& sets) {
+  Node root = config::load_file(path);
+  for (const std::string& s : sets) config::apply_set(root, s);
+  return parse_train_config(root, path);
+}
+
+std::string to_yaml(const TrainConfig& c) {
+  Node root = Node::map({});
+  {
+    Emit e{section(root, "run")};
+    e("dir", c.run.dir);
+    e("seed", c.run.seed);
+    e("device", c.run.device);
+    e("dtype", c.run.dtype);
+    e("threads", c.run.threads);
+    e("matmul_tuning", c.run.matmul_tuning);
+    e("tf32", c.run.tf32);
+  }
+  {
+    Node& m = section(root, "model");
+    Emit e{m};
+    e("name", c.model.name);
+    Node& overrides = m.set("config", {}, Node::map({}));
+    for (const auto& [k, v] : c.model.config) overrides.set(k, {}, Node::scalar(v, {}));
+    e("init_from", c.model.init_from);
+  }
+  {
+    Emit e{section(root, "data")};
+    e("train", c.data.train);
+    e("val", c.data.val);
+    e("tokenizer", c.data.tokenizer);
+    e("vocab", c.data.vocab);
+    e("merges", c.data.merges);
+    e("shuffle", c.data.shuffle);
+  }
+  {
+    const BatchSection& b = c.batch;
+    Node& m = section(root, "batch");
+    Emit e{m};
+    e("micro_batch_size", b.micro_batch_size);
+    // Note [Batch arithmetic]: a derived field is written as 0 so that it is derived again.
+    e("grad_accum_steps", b.grad_accum_steps_derived ? int64_t{0} : b.grad_accum_steps);
+    if (b.grad_accum_steps_derived)
+      m.find("grad_accum_steps")->set_comment(fmt::format("derived: {}", b.grad_accum_steps));
+    e("global_batch_size", b.global_batch_size_derived ? int64_t{0} : b.global_batch_size);
+    if (b.global_batch_size_derived)
+      m.find("global_batch_size")->set_comment(fmt::format("derived: {}", b.global_batch_size));
+    e("seq_len", b.seq_len);
+  }
+  {
+    const OptimizerSection& o = c.optimizer;
+    Node& m = section(root, "optimizer");
+    Emit e{m};
+    e("name", o.name);
+    e("lr", o.lr);
+    Node betas = Node::sequence({});
+    betas.push_back(Node::scalar(fmt::format("{}", o.beta1), {}));
+    betas.push_back(Node::scalar(fmt::format("{}", o.beta2), {}));
+    m.set("betas", {}, std::move(betas));
+    e("eps", o.eps);
+    e("weight_decay", o.weight_decay);
+    e("momentum", o.momentum);
+    e("nesterov", o.nesterov);
+    e("grad_clip", o.grad_clip);
+  }
+  {
+    Emit e{section(root, "schedule")};
+    e("name", c.schedule.name);
+    e("warmup_steps", c.schedule.warmup_steps);
+    e("min_lr", c.schedule.min_lr);
+  }
+  {
+    const TrainingSection& t = c.training;
+    Emit e{section(root, "training")};
+    e("steps", t.steps);
+    e("log_every", t.log_every);
+    e("eval_every", t.eval_every);
+    e("eval_batches", t.eval_batches);
+    e("sample_every", t.sample_every);
+    e("sample_tokens", t.sample_tokens);
+    e("sample_prompt", t.sample_prompt);
+    e("temperature", t.temperature);
+    e("top_k", t.top_k);
+    e("top_p", t.top_p);
+    e("checkpoint_every", t.checkpoint_every);
+    e("keep_checkpoints", t.keep_checkpoints);
+    e("resume", t.resume);
+    e("progress", t.progress);
+    e("profile_steps", t.profile_steps);
+    e("profile_start", t.profile_start);
+  }
+  {
+    Emit e{section(root, "distributed")};
+    e("backend", c.distributed.backend);
+    e("timeout_s", c.distributed.timeout_s);
+  }
+  {
+    const ZeroSection& z = c.zero;
+    Emit e{section(root, "zero_optimization")};
+    e("stage", z.stage);
+    e("reduce_bucket_size", z.reduce_bucket_size);
+    e("allgather_bucket_size", z.allgather_bucket_size);
+    e("overlap_comm", z.overlap_comm);
+    e("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
+    e("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+  }
+  {
+    Emit e{section(root, "fp16")};
+    e("loss_scale", c.fp16.loss_scale);
+    e("initial_scale_power", c.fp16.initial_scale_power);
+    e("loss_scale_window", c.fp16.loss_scale_window);
+    e("hysteresis", c.fp16.hysteresis);
+    e("min_loss_scale", c.fp16.min_loss_scale);
+  }
+  std::string header = c.source.empty()
+                           ? std::string("# Strata train config (resolved)\n")
+                           : fmt::format("# Strata train config, resolved from {}\n", c.source);
+  return header + config::to_yaml(root);
+}
+
+}  // namespace strata::runtime

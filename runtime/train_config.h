@@ -1,0 +1,176 @@
+#pragma once
+// The typed configuration of the `train` binary, parsed strictly from YAML (docs/config.md).
+//
+// Note [Train config paths]
+// Paths inside a config (data.train, data.val, data.vocab, data.merges, model.init_from, run.dir)
+// are used as written: a relative path is relative to the working directory `train` runs in,
+// not to the config file (unlike `base:`, which is relative to the including file). Configs in
+// configs/ are therefore meant to be run from the repository root. load_train_config does not
+// check that these files exist; the data loader, tokenizer and checkpoint code do, naming the key.
+//
+// Note [Batch arithmetic]
+// global_batch_size = micro_batch_size * grad_accum_steps * dp, in sequences, and this is the
+// only place that relation is computed. A config gives micro_batch_size and any of
+// grad_accum_steps / global_batch_size (0 = derive): neither -> accumulation 1; one -> the other
+// is derived (global must then be divisible by micro * dp); both -> they must agree. The derived
+// field is flagged, so resolve_batch can be called again for the real dp once the world size is
+// known (load_train_config resolves for dp = 1), and to_yaml writes 0 for it (with the derived
+// value as a comment): a saved config keeps the user's intent — usually a fixed global batch —
+// when it is resumed on a different number of ranks.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace strata::runtime {
+
+struct RunConfig {                   // YAML section `run`
+  std::string dir = "runs/default";  // output directory (metrics, checkpoints, config.yaml)
+  uint64_t seed = 1337;
+  std::string device = "cpu";  // cpu | cuda
+  // fp32 | bf16 | fp16 | auto; auto (the default) resolves to bf16 on cuda and fp32 on cpu
+  // (DESIGN.md decision 7) when the config is loaded.
+  std::string dtype = "auto";
+  int threads = 0;  // 0 = all cores
+  // off | on: time cuBLASLt's candidate algorithms per matmul problem and keep the fastest, the
+  // choices kept in <dir>/matmul_tuning.rank<R>.tsv (Note [cuBLASLt tuning]); cuda only.
+  std::string matmul_tuning = "off";
+  // off | on: fp32 matmuls on the GPU round their inputs to TF32 and run on the tensor cores
+  // (Note [TF32] in tensor/cuda.h); no effect on bf16/fp16 matmuls; cuda only.
+  std::string tf32 = "off";
+  bool operator==(const RunConfig&) const = default;
+};
+
+struct ModelSection {              // `model`
+  std::string name = "gpt2-tiny";  // registry name; validated against models::ModelRegistry
+  std::map<std::string, std::string> config;  // `model.config:` -> ModelOptions.overrides
+  std::string init_from;                      // optional HF GPT-2 model.safetensors
+  bool operator==(const ModelSection&) const = default;
+};
+
+struct DataSection {               // `data`
+  std::string train;               // glob of train shards (required)
+  std::string val;                 // glob of val shards (optional; empty = no eval)
+  std::string tokenizer = "byte";  // byte | gpt2
+  std::string vocab;               // gpt2: vocab.json path
+  std::string merges;              // gpt2: merges.txt path
+  bool shuffle = false;            // per-epoch shuffle from run.seed
+  bool operator==(const DataSection&) const = default;
+};
+
+struct BatchSection {  // `batch`; Note [Batch arithmetic]
+  int64_t micro_batch_size =
+      8;  // sequences per rank per micro-step (train_micro_batch_size_per_gpu)
+  int64_t grad_accum_steps = 0;   // gradient_accumulation_steps; 0 = derive from global_batch_size
+  int64_t global_batch_size = 0;  // train_batch_size; 0 = derive (micro*accum*dp)
+  int64_t seq_len = 128;
+  // Set by resolve_batch: the field was derived rather than given (not YAML keys).
+  bool grad_accum_steps_derived = false;
+  bool global_batch_size_derived = false;
+  bool operator==(const BatchSection&) const = default;
+};
+
+struct OptimizerSection {      // `optimizer`
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 6e-4;
+  double beta1 = 0.9, beta2 = 0.95;  // YAML key `betas: [0.9, 0.95]`
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double momentum = 0.9;   // sgd
+  bool nesterov = false;   // sgd
+  double grad_clip = 1.0;  // 0 = off
+  bool operator==(const OptimizerSection&) const = default;
+};
+
+struct ScheduleSection {        // `schedule`
+  std::string name = "cosine";  // cosine | linear | constant (optim/lr_schedule.h)
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  bool operator==(const ScheduleSection&) const = default;
+};
+
+struct TrainingSection {  // `training`
+  int64_t steps = 1000;
+  int64_t log_every = 1;
+  int64_t eval_every = 0;  // 0 = never
+  int64_t eval_batches = 10;
+  int64_t sample_every = 0;  // 0 = never
+  int64_t sample_tokens = 128;
+  std::string sample_prompt;      // empty = start from the first token of the val/train data
+  double temperature = 0.8;       // 0 = greedy
+  int64_t top_k = 40;             // 0 = no top-k cut
+  double top_p = 1.0;             // nucleus cut after top-k; 1 = none
+  int64_t checkpoint_every = 0;   // 0 = only at the end
+  int64_t keep_checkpoints = 3;   // 0 = keep all
+  std::string resume = "auto";    // auto | never | <checkpoint dir>
+  std::string progress = "auto";  // auto | bar | lines
+  int64_t profile_steps = 0;      // GPU: time every op over this many steps; 0 = never
+  int64_t profile_start = 5;      // the first profiled step (after plans and heuristics are built)
+  bool operator==(const TrainingSection&) const = default;
+};
+
+struct DistributedSection {      // `distributed`; docs/distributed.md
+  std::string backend = "auto";  // auto | self | mpi | nccl (parallel/world.h)
+  double timeout_s = 300;  // a collective longer than this is a failed rank (Note [Failed ranks])
+  bool operator==(const DistributedSection&) const = default;
+};
+
+struct ZeroSection {  // `zero_optimization`, DeepSpeed's names and meanings; docs/zero.md
+  int stage = 0;      // 0 = plain data parallel, 1, 2, 3
+  int64_t reduce_bucket_size = 500'000'000;          // elements per gradient bucket
+  int64_t allgather_bucket_size = 500'000'000;       // elements per allgather of updated parameters
+  bool overlap_comm = true;                          // reduce buckets during backward
+  int64_t stage3_prefetch_bucket_size = 50'000'000;  // elements prefetched ahead (stage 3)
+  int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay whole (stage 3)
+  bool operator==(const ZeroSection&) const = default;
+};
+
+struct Fp16Section {      // `fp16`: dynamic loss scaling for run.dtype fp16, DeepSpeed's names
+  double loss_scale = 0;  // > 0: static scale; 0: dynamic (optim/loss_scaler.h)
+  int initial_scale_power = 16;      // the dynamic scale starts at 2^this
+  int64_t loss_scale_window = 1000;  // steps without overflow before the scale doubles
+  int hysteresis = 2;                // overflows tolerated before the scale halves
+  double min_loss_scale = 1;
+  bool operator==(const Fp16Section&) const = default;
+};
+
+struct TrainConfig {
+  RunConfig run;
+  ModelSection model;
+  DataSection data;
+  BatchSection batch;
+  OptimizerSection optimizer;
+  ScheduleSection schedule;
+  TrainingSection training;
+  DistributedSection distributed;
+  ZeroSection zero;
+  Fp16Section fp16;
+  std::string source;  // the top config file path
+
+  // Note [Batch arithmetic]: resolves grad_accum_steps and global_batch_size for `dp`
+  // data-parallel ranks; strata::user_error naming the three numbers and the file when they
+  // cannot agree.
+  void resolve_batch(int dp);
+
+  bool operator==(const TrainConfig&) const = default;
+};
+
+// Loads FILE with base: and the --set overrides (core/config.h), parses strictly, validates
+// cross-field rules (positive sizes, lr >= 0, betas in [0,1), warmup within steps, tokenizer gpt2
+// needs vocab+merges, model name known and model.config accepted by its family, seq_len within
+// the model's context, dtype fp16/bf16 only with device cuda, ...), and resolves the batch for
+// dp = 1. Every error is a strata::user_error naming the file (and line and key where there is
+// one). Paths inside are kept as written (Note [Train config paths]).
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& sets = {});
+
+// The same from an already loaded tree; `source` names the file in errors.
+TrainConfig parse_train_config(const config::Node& root, const std::string& source);
+
+// The fully resolved config as YAML (every key, defaults included) — `train --print-config`, and
+// saved as config.yaml in the run directory and in each checkpoint; loading it back gives the
+// same config (Note [Batch arithmetic] for the two derived batch fields).
+std::string to_yaml(const TrainConfig& config);
+
+}  // namespace strata::runtime

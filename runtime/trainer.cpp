@@ -1,0 +1,680 @@
+#include "runtime/trainer.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <system_error>
+
+#include "autograd/functions.h"
+#include "autograd/rng_context.h"
+#include "core/atomic_file.h"
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "core/timer.h"
+#include "models/gpt2/hf_interop.h"
+#include "models/registry.h"
+#include "offload/memory_stats.h"
+#include "optim/adamw.h"
+#include "optim/sgd.h"
+#include "comm/process_groups.h"
+#include "comm/world.h"
+#include "parallel/zero_memory.h"
+#include "tensor/cuda.h"
+#include "runtime/checkpoint.h"
+#include "runtime/device_peaks.h"
+#include "runtime/op_profile.h"
+#include "sampling/sampler.h"
+#include "data/unicode.h"
+
+namespace strata::runtime {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+// The optimizer the config names, over the parameter groups the engine hands it (whole units in
+// one process or plain DP; the owned slices under ZeRO).
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c,
+                                                 std::vector<optim::ParamGroup> groups) {
+  const auto& o = c.optimizer;
+  if (o.name == "adamw") {
+    optim::AdamWConfig ac;
+    ac.lr = o.lr;
+    ac.beta1 = o.beta1;
+    ac.beta2 = o.beta2;
+    ac.eps = o.eps;
+    ac.weight_decay = o.weight_decay;
+    return std::make_unique<optim::AdamW>(std::move(groups), ac);
+  }
+  optim::SgdConfig sc;
+  sc.lr = o.lr;
+  sc.momentum = o.momentum;
+  sc.nesterov = o.nesterov;
+  sc.weight_decay = o.weight_decay;
+  return std::make_unique<optim::Sgd>(std::move(groups), sc);
+}
+
+DType param_dtype(const std::string& dtype) {
+  return dtype == "bf16" ? DType::BF16 : dtype == "fp16" ? DType::F16 : DType::F32;
+}
+
+parallel::ZeroConfig zero_config(const ZeroSection& z) {
+  parallel::ZeroConfig out;
+  out.stage = z.stage;
+  out.reduce_bucket_size = z.reduce_bucket_size;
+  out.allgather_bucket_size = z.allgather_bucket_size;
+  out.overlap_comm = z.overlap_comm;
+  out.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
+  out.stage3_param_persistence_threshold = z.stage3_param_persistence_threshold;
+  return out;
+}
+
+// Runs `fn`, re-raising a user error with the config file in front: errors about the model or
+// schedule sections come from layers that do not know which file the values came from.
+template <typename Fn>
+auto with_config_context(const TrainConfig& c, const char* section, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const UserError& e) {
+    user_error("{}: {}: {}", c.source, section, e.what());
+  }
+}
+
+void ensure_writable_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    user_error("run.dir '{}' cannot be created: {}; pick a writable run.dir", dir, ec.message());
+  }
+  if (!fs::is_directory(dir)) user_error("run.dir '{}' exists but is not a directory", dir);
+  std::string probe = dir + "/.write_test";
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (!f) {
+    user_error("run.dir '{}' is not writable ({}); pick a writable run.dir", dir,
+               std::strerror(errno));
+  }
+  std::fclose(f);
+  std::remove(probe.c_str());
+}
+
+}  // namespace
+
+void Trainer::request_stop() {
+  g_stop.store(true, std::memory_order_relaxed);
+}
+void Trainer::clear_stop() {
+  g_stop.store(false, std::memory_order_relaxed);
+}
+bool Trainer::stop_requested() {
+  return g_stop.load(std::memory_order_relaxed);
+}
+
+double training_flops_per_token(const models::ModelShape& s, int64_t seq_len) {
+  // Position embeddings are a lookup, not a matmul; everything else (the tied head included) is.
+  double n_matmul = static_cast<double>(s.num_parameters) -
+                    static_cast<double>(s.family == "gpt2" ? s.max_seq_len * s.n_embd : 0);
+  return 6.0 * n_matmul + 12.0 * static_cast<double>(s.n_layer * seq_len * s.n_embd);
+}
+
+double estimated_peak_flops(const std::string& device) {
+  if (device != "cpu") return 0.0;  // GPUs: device_peaks (Note [GPU peaks])
+  double mhz = 0.0;
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("cpu MHz", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) mhz = std::max(mhz, std::atof(line.c_str() + colon + 1));
+    }
+  }
+  if (mhz <= 0.0) mhz = 2500.0;
+  const auto& f = cpu_features();
+  double per_cycle = f.avx512f ? 64.0 : (f.avx2 && f.fma ? 32.0 : 8.0);
+  return static_cast<double>(num_threads()) * mhz * 1e6 * per_cycle;
+}
+
+Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(config_.run.seed) {
+  TrainConfig& c = config_;
+  // 0. The world (Note [Distributed training]): ranks on one machine share its cores.
+  const comm::LaunchInfo launch = comm::detect_launch();
+  if (c.run.threads > 0) {
+    omp_set_num_threads(c.run.threads);
+  } else if (launch.local_size > 1) {
+    const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+    omp_set_num_threads(std::max(1, cores / launch.local_size));
+  }
+  if (c.run.device == "cuda") {
+    // Note [Training on the GPU]: one process per GPU, the local rank's (modulo the visible
+    // devices: with backend mpi ranks may share a GPU; nccl refuses that, and init_world says so
+    // first). init_cuda fails with a clear message when the build has no CUDA backend or no
+    // device is visible.
+    const int count = tensor::cuda_device_count();
+    const int index = count > 0 ? launch.local_rank % count : 0;
+    with_config_context(c, "run.device", [&] { tensor::init_cuda(index); });
+    device_ = Device::cuda(index);
+  }
+  // A GPU process started alone is a world of one on the self communicator (Note [Distributed
+  // training]); `auto` would pick a one-rank nccl world, which adds nothing but NCCL's startup.
+  const std::string backend =
+      device_.is_cuda() && c.distributed.backend == "auto" && launch.launcher == "none"
+          ? std::string("self")
+          : c.distributed.backend;
+  auto world = with_config_context(c, "distributed", [&] {
+    return comm::init_world(
+        backend, device_,
+        std::chrono::milliseconds(static_cast<int64_t>(c.distributed.timeout_s * 1000.0)));
+  });
+  dp_ = comm::make_process_groups(world, 1, 1).dp;
+  rank_ = dp_->rank();
+  world_ = dp_->size();
+  c.resolve_batch(world_);
+  config_yaml_ = to_yaml(c);
+
+  // 1. Everything that can fail on bad input, before the run directory is touched.
+  const auto& registry = models::ModelRegistry::global();
+  models::ModelOptions mopts;
+  mopts.seed = c.run.seed;
+  mopts.overrides = c.model.config;
+  // The shape comes without building the model, so the checks against it (context, tokenizer,
+  // data) answer before a large model's seconds of initialisation.
+  models::ModelShape shape =
+      with_config_context(c, "model", [&] { return registry.shape(c.model.name, mopts); });
+  if (c.batch.seq_len > shape.max_seq_len) {
+    user_error(
+        "{}: batch.seq_len {} is longer than the model's context ({} positions); lower "
+        "batch.seq_len or raise model.config.n_positions",
+        c.source, c.batch.seq_len, shape.max_seq_len);
+  }
+  tokenizer_ = data::make_tokenizer(c.data.tokenizer, c.data.vocab, c.data.merges);
+  if (tokenizer_->vocab_size() > shape.vocab_size) {
+    user_error(
+        "{}: data.tokenizer '{}' has {} tokens but model '{}' has vocab_size {}; set "
+        "model.config.vocab_size to at least {}",
+        c.source, tokenizer_->name(), tokenizer_->vocab_size(), c.model.name, shape.vocab_size,
+        tokenizer_->vocab_size());
+  }
+  data::DataLoaderOptions dopts;
+  dopts.pattern = c.data.train;
+  dopts.config_key = "data.train";
+  dopts.config_file = c.source;
+  dopts.seq_len = c.batch.seq_len;
+  dopts.vocab_size = shape.vocab_size;
+  dopts.shuffle = c.data.shuffle;
+  dopts.seed = c.run.seed;
+  train_data_ = std::make_unique<data::DataLoader>(dopts);
+  if (!c.data.val.empty()) {
+    dopts.pattern = c.data.val;
+    dopts.config_key = "data.val";
+    dopts.shuffle = false;
+    val_data_ = std::make_unique<data::DataLoader>(dopts);
+  }
+
+  model_ = with_config_context(c, "model", [&] { return registry.create(c.model.name, mopts); });
+  STRATA_CHECK(
+      model_->max_seq_len() == shape.max_seq_len && model_->vocab_size() == shape.vocab_size,
+      "model '{}' built with context {} and vocabulary {}; its shape said {} and {}", c.model.name,
+      model_->max_seq_len(), model_->vocab_size(), shape.max_seq_len, shape.vocab_size);
+  if (!c.model.init_from.empty()) models::load_hf_gpt2(*model_, c.model.init_from);
+  // Note [Training on the GPU]: the zoo builds (and init_from loads) on the host; the flat units
+  // move before the Engine takes views of them.
+  models::move_flat_units(model_->flat_units(), device_);
+
+  unit_sizes_ = parallel::unit_sizes(*model_);  // before the engine pads them (Note [ZeRO padding])
+  engine_ = with_config_context(c, "zero_optimization", [&] {
+    return std::make_unique<parallel::Engine>(
+        *model_, dp_, zero_config(c.zero),
+        [&c](std::vector<optim::ParamGroup> groups) {
+          return make_optimizer(c, std::move(groups));
+        },
+        param_dtype(c.run.dtype));
+  });
+  if (c.run.dtype == "fp16") {
+    // Note [Dynamic loss scaling], DeepSpeed's fp16 section.
+    optim::LossScalerConfig lc;
+    lc.loss_scale = c.fp16.loss_scale;
+    lc.initial_scale_power = c.fp16.initial_scale_power;
+    lc.loss_scale_window = c.fp16.loss_scale_window;
+    lc.hysteresis = c.fp16.hysteresis;
+    lc.min_loss_scale = c.fp16.min_loss_scale;
+    scaler_ =
+        with_config_context(c, "fp16", [&] { return std::make_unique<optim::LossScaler>(lc); });
+    engine_->set_loss_scaler(scaler_.get());
+  }
+  optim::LrScheduleConfig sc;
+  sc.kind =
+      with_config_context(c, "schedule", [&] { return optim::parse_lr_schedule(c.schedule.name); });
+  sc.lr = c.optimizer.lr;
+  sc.min_lr = c.schedule.min_lr;
+  sc.warmup_steps = c.schedule.warmup_steps;
+  sc.max_steps = c.training.steps;
+  schedule_ =
+      with_config_context(c, "schedule", [&] { return std::make_unique<optim::LrSchedule>(sc); });
+
+  // 2. Resume: find the checkpoint before writing anything.
+  std::string resume_from;
+  if (c.training.resume == "auto") {
+    if (fs::is_directory(c.run.dir)) {
+      if (auto latest = find_latest_checkpoint(c.run.dir)) resume_from = *latest;
+    }
+  } else if (c.training.resume != "never") {
+    resume_from = c.training.resume;
+    if (!fs::is_directory(resume_from)) {
+      user_error("{}: training.resume: checkpoint directory '{}' does not exist", c.source,
+                 resume_from);
+    }
+  } else if (fs::is_directory(c.run.dir) && find_latest_checkpoint(c.run.dir)) {
+    user_error(
+        "{}: training.resume is 'never' but run.dir '{}' already holds checkpoints; "
+        "use resume: auto to continue, or pick a new run.dir (nothing was overwritten)",
+        c.source, c.run.dir);
+  }
+  if (!resume_from.empty()) resume(resume_from);
+
+  // 3. The run directory: rank 0 makes it, then every rank checks it can write there (they all
+  // write checkpoint files into it).
+  if (rank_ == 0) {
+    ensure_writable_dir(c.run.dir);
+    write_file_atomically(c.run.dir + "/config.yaml", config_yaml_);
+    metrics_ = std::make_unique<MetricsFile>(c.run.dir + "/metrics.jsonl", step_);
+  }
+  dp_->barrier();
+  if (rank_ != 0) ensure_writable_dir(c.run.dir);
+  if (device_.is_cuda()) {
+    // Note [cuBLASLt tuning]: the choices in a file per rank inside run.dir, so a resume (or a
+    // rerun in the same run.dir) takes the same algorithms and reproduces the bits. The config
+    // decides, not STRATA_MATMUL_TUNE.
+    tensor::set_cuda_matmul_tuning(c.run.matmul_tuning == "on",
+                                   fmt::format("{}/matmul_tuning.rank{}.tsv", c.run.dir, rank_));
+    // Note [TF32]: the config decides for fp32 matmuls, this run's and its samples'.
+    tensor::set_cuda_tf32(c.run.tf32 == "on");
+  }
+  console_ =
+      std::make_unique<ConsoleReporter>(rank_ == 0 ? c.training.progress : "off", c.training.steps);
+
+  flops_per_token_ = training_flops_per_token(shape, c.batch.seq_len);
+  std::string peak_note;
+  if (device_.is_cuda()) {
+    // Note [GPU peaks]: the datasheet's dense peak for this run's dtype, else an estimate.
+    const DevicePeaks peaks = device_peaks(tensor::cuda_device_facts(device_.index));
+    const bool tf32 = c.run.tf32 == "on" && param_dtype(c.run.dtype) == DType::F32;
+    peak_flops_ = peaks.tflops_for(param_dtype(c.run.dtype), tf32) * 1e12;
+    peak_rates_ = {peak_flops_ / 1e12, peaks.memory_gbps};
+    peak_note = peak_flops_ > 0
+                    ? fmt::format(" | MFU against {:.1f} TFLOP/s {} ({})", peak_flops_ / 1e12,
+                                  tf32 ? "tf32" : c.run.dtype, peaks.source)
+                    : fmt::format(" | no MFU: this GPU's peak is {}", peaks.source);
+  } else {
+    peak_flops_ = estimated_peak_flops(c.run.device);
+  }
+  console_->event(
+      fmt::format(
+          "strata train: model {} ({:.2f}M parameters) | {} | {} | global batch {} x {} tokens "
+          "(micro {} x accum {} x dp {}) | {} train samples{}",
+          c.model.name, static_cast<double>(shape.num_parameters) / 1e6, c.run.device,
+          world_ == 1
+              ? std::string("1 process")
+              : fmt::format("{} ranks ({}), ZeRO stage {}", world_, dp_->backend(), c.zero.stage),
+          c.batch.global_batch_size, c.batch.seq_len, c.batch.micro_batch_size,
+          c.batch.grad_accum_steps, world_, train_data_->num_samples(),
+          resume_from.empty() ? std::string()
+                              : fmt::format(" | resumed from {} at step {}", resume_from, step_)) +
+      peak_note);
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<std::pair<std::string, int64_t>> Trainer::peak_bytes() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  const auto& stats = offload::MemoryStats::global();
+  for (int t = 0; t < offload::kNumTiers; ++t) {
+    auto tier = static_cast<offload::Tier>(t);
+    int64_t peak = stats.tier_usage(tier).peak;
+    if (peak > 0) out.emplace_back(std::string(offload::tier_name(tier)), peak);
+  }
+  return out;
+}
+
+void Trainer::train_step(StepRecord& record) {
+  const auto& b = config_.batch;
+  const int64_t M = b.micro_batch_size, A = b.grad_accum_steps, G = b.global_batch_size;
+  Stopwatch watch;
+  autograd::GeneratorScope rng_scope(generator_);
+  const int64_t base = step_ * G + static_cast<int64_t>(rank_) * M * A;
+  std::vector<tensor::Tensor> losses;
+  for (int64_t m = 0; m < A; ++m) {
+    engine_->begin_micro_batch(m == A - 1);
+    data::Batch batch = train_data_->batch(base + m * M, M);
+    const float weight = A == 1 ? 1.0f : 1.0f / static_cast<float>(A);
+    autograd::Variable loss;
+    {
+      // Note [Fused cross-entropy gradient]: the gradient this loss will receive.
+      const autograd::LossGradientScope grad(engine_->loss_gradient(weight));
+      loss = model_->loss(batch.ids.to(device_), batch.targets.to(device_));
+    }
+    losses.push_back(loss.data().reshape({1}));
+    engine_->backward(A == 1 ? loss : autograd::scale(loss, weight));
+  }
+  // The micro-batches' losses are read once, after the last backward (Note [Training on the
+  // GPU]).
+  const tensor::Tensor host_losses =
+      (A == 1 ? losses.front() : tensor::concat(losses, 0)).to(Device::cpu());
+  double loss_sum = 0.0;
+  for (int64_t m = 0; m < A; ++m) loss_sum += static_cast<double>(host_losses.data<float>()[m]);
+  const double lr = schedule_->lr(step_);
+  const parallel::StepResult result = engine_->step(lr, config_.optimizer.grad_clip);
+  ++step_;
+  samples_consumed_ += G;
+  const double mean_loss = engine_->average(loss_sum / static_cast<double>(A));
+  double dt = watch.seconds();
+
+  record.step = step_;
+  record.loss = static_cast<float>(mean_loss);
+  record.lr = lr;
+  record.grad_norm = result.grad_norm;
+  record.step_s = dt;
+  double tokens = static_cast<double>(G * b.seq_len);
+  record.tokens_per_s = tokens / dt;
+  record.mfu = peak_flops_ > 0.0
+                   ? flops_per_token_ * tokens / dt / (peak_flops_ * static_cast<double>(world_))
+                   : 0.0;
+  record.peak_bytes = peak_bytes();
+  if (result.skipped)
+    console_->event(
+        fmt::format("step {}: gradient norm is {}; the update was skipped on every "
+                    "rank",
+                    step_, result.grad_norm));
+}
+
+float Trainer::evaluate() {
+  if (!val_data_) return NAN;
+  autograd::NoGradGuard no_grad;
+  model_->eval();
+  const int64_t M = config_.batch.micro_batch_size;
+  double sum = 0.0;
+  int64_t n = std::max<int64_t>(1, config_.training.eval_batches);
+  for (int64_t i = 0; i < n; ++i) {
+    data::Batch batch = val_data_->batch(i * M, M);
+    sum +=
+        static_cast<double>(model_->loss(batch.ids.to(device_), batch.targets.to(device_)).item());
+  }
+  model_->train();
+  return static_cast<float>(sum / static_cast<double>(n));
+}
+
+std::string Trainer::sample_text() {
+  std::vector<int32_t> prompt;
+  if (!config_.training.sample_prompt.empty()) {
+    prompt = tokenizer_->encode(config_.training.sample_prompt);
+  }
+  if (prompt.empty()) {
+    const data::DataLoader& d = val_data_ ? *val_data_ : *train_data_;
+    prompt.push_back(static_cast<int32_t>(tensor::to_int_vector(d.batch(0, 1).ids)[0]));
+  }
+  sampling::SampleOptions so;
+  so.max_new_tokens = config_.training.sample_tokens;
+  so.temperature = config_.training.temperature;
+  so.top_k = config_.training.top_k;
+  so.top_p = config_.training.top_p;
+  so.seed = config_.run.seed + static_cast<uint64_t>(step_);
+  // Every sampled token lengthens the sequence, so each forward is a new GEMM shape: not tuned
+  // (Note [cuBLASLt tuning]).
+  const tensor::CudaMatmulTuningPause no_tuning;
+  std::vector<int32_t> out = sample(*model_, prompt, so);
+  return tokenizer_->decode(out);
+}
+
+std::string Trainer::sample_event() {
+  std::string text;
+  try {
+    text = sample_text();
+  } catch (const UserError& e) {
+    // A diverged run trains on (its loss event says so); its sample has nothing to draw from.
+    return fmt::format("sample at step {} skipped: {}", step_, e.what());
+  }
+  return fmt::format("sample at step {}:\n{}\n---", step_, data::unicode::printable(text));
+}
+
+void Trainer::save(const char* why) {
+  if (last_saved_step_ == step_) return;
+  TrainerState st;
+  st.step = step_;
+  st.samples_consumed = samples_consumed_;
+  st.rng_seed = generator_.seed();
+  st.rng_offset = generator_.offset();
+  if (scaler_) {
+    const optim::LossScalerState& ls = scaler_->state();
+    st.loss_scale = ls.scale;
+    st.loss_scale_iteration = ls.iteration;
+    st.loss_scale_last_overflow = ls.last_overflow_iteration;
+    st.loss_scale_hysteresis_left = ls.hysteresis_left;
+  }
+  st.model_name = config_.model.name;
+  Stopwatch watch;
+  // Note [Distributed checkpoints]: whole parameters come from rank 0's model unless ZeRO-3
+  // partitions them; plain DP replicates the optimizer state, so rank 0 alone writes it.
+  CheckpointParts parts;
+  parts.model = model_.get();
+  const bool partitioned_params = engine_->config().stage >= 3;
+  parts.write_model = rank_ == 0 && !partitioned_params;
+  parts.optimizer_name = std::string(engine_->optimizer().name());
+  parts.optimizer_step = engine_->optimizer().step_count();
+  if (rank_ == 0 || engine_->config().stage >= 1) {
+    for (parallel::Engine::Shard& sh : engine_->shards()) {
+      FlatShard f{sh.unit, sh.key, sh.begin, sh.data};
+      (sh.key == "param" ? parts.param_shards : parts.optimizer_shards).push_back(std::move(f));
+    }
+  }
+  if (!partitioned_params) parts.param_shards.clear();
+  last_checkpoint_ = save_checkpoint(config_.run.dir, parts, st, config_yaml_,
+                                     config_.training.keep_checkpoints, *dp_, device_);
+  last_saved_step_ = step_;
+  console_->event(
+      fmt::format("checkpoint ({}): {} [{:.2f} s]", why, last_checkpoint_, watch.seconds()));
+}
+
+void Trainer::resume(const std::string& dir) {
+  const TrainConfig& c = config_;
+  OpenedCheckpoint ck = open_checkpoint(dir, *model_);
+  if (ck.state.model_name != c.model.name) {
+    user_error("checkpoint {} was written for model '{}' but the config asks for '{}'", dir,
+               ck.state.model_name, c.model.name);
+  }
+  optim::Optimizer& opt = engine_->optimizer();
+  if (ck.optimizer_name.empty())
+    user_error(
+        "checkpoint {} holds no optimizer state (optimizer*.safetensors); it cannot be "
+        "resumed, only used through model.init_from after `convert --to-hf`",
+        dir);
+  if (ck.optimizer_name != opt.name())
+    user_error(
+        "checkpoint {} holds the state of optimizer '{}', this run uses '{}'; set "
+        "optimizer.name to match or start a new run.dir",
+        dir, ck.optimizer_name, opt.name());
+  // Note [Mixed precision] (parallel/engine.h): parameters and masters are one thing at two
+  // precisions; take the fp32 masters when the checkpoint has them, else its parameters.
+  auto source_key = [&](const std::string& unit, const std::string& key, int64_t begin,
+                        int64_t numel) {
+    if (key != "param" && key != "master") return key;
+    return ck.index->covers(unit, "master", begin, numel) ? std::string("master")
+                                                          : std::string("param");
+  };
+  // Validate coverage of everything this rank will load before touching anything.
+  std::vector<parallel::Engine::Shard> owned = engine_->shards();
+  for (const parallel::Engine::Shard& sh : owned)
+    if (!ck.index->covers(sh.unit, source_key(sh.unit, sh.key, sh.begin, sh.data.numel()), sh.begin,
+                          sh.data.numel()))
+      user_error(
+          "checkpoint {}: has no '{}' state for elements [{}, {}) of unit '{}'; it was "
+          "written by a different optimizer or model, or some of its files are missing",
+          dir, sh.key, sh.begin, sh.begin + sh.data.numel(), sh.unit);
+  if (engine_->config().stage < 3) {
+    for (const models::FlatUnit& u : model_->flat_units())
+      ck.index->fill(u.name, source_key(u.name, "param", 0, u.size()), 0, u.params);
+    engine_->sync_params();
+  }
+  engine_->load_shards(
+      [&](const std::string& unit, const std::string& key, int64_t begin, tensor::Tensor dst) {
+        ck.index->fill(unit, source_key(unit, key, begin, dst.numel()), begin, dst);
+      });
+  if (scaler_ && ck.state.loss_scale > 0) {
+    optim::LossScalerState ls;
+    ls.scale = ck.state.loss_scale;
+    ls.iteration = ck.state.loss_scale_iteration;
+    ls.last_overflow_iteration = ck.state.loss_scale_last_overflow;
+    ls.hysteresis_left = ck.state.loss_scale_hysteresis_left;
+    scaler_->load_state(ls);
+  }
+  optim::OptimizerState counter = opt.state_dict();
+  counter.step = ck.optimizer_step;
+  opt.load_state_dict(counter);  // the live buffers again: sets the step count only
+  step_ = ck.state.step;
+  samples_consumed_ = ck.state.samples_consumed;
+  generator_.set_state(ck.state.rng_seed, ck.state.rng_offset);
+  last_saved_step_ = step_;
+  last_checkpoint_ = dir;
+}
+
+void Trainer::report_memory() {
+  // Note [ZeRO memory model]: this rank's model states as allocated (MemoryStats), the claim of
+  // the formula with the engine's padding, and the rest (activations, buffers) at its peak.
+  const parallel::Engine::ModelStateBytes b = engine_->model_state_bytes();
+  const auto& stats = offload::MemoryStats::global();
+  int64_t rest_peak = 0;
+  const offload::Tier tier = device_.is_cuda() ? offload::Tier::Gpu : offload::Tier::Host;
+  for (auto cat :
+       {offload::Category::Activation, offload::Category::Workspace, offload::Category::Comm})
+    rest_peak += stats.usage(tier, cat).peak;
+  tensor::Tensor mine = tensor::Tensor::empty({4}, DType::I64);
+  int64_t* m = mine.data<int64_t>();
+  m[0] = b.params;
+  m[1] = b.grads;
+  m[2] = b.optimizer;
+  m[3] = rest_peak;
+  // On the run's device: an nccl communicator moves GPU memory only.
+  tensor::Tensor all_dev = tensor::Tensor::empty({4 * world_}, DType::I64, device_);
+  dp_->allgather(mine.to(device_), all_dev)->wait();
+  const tensor::Tensor all = all_dev.to(Device::cpu());
+  if (rank_ != 0) return;
+  parallel::ZeroMemoryConfig zc;
+  zc.stage = config_.zero.stage;
+  zc.dp = world_;
+  zc.precision = param_dtype(config_.run.dtype) == DType::F32 ? parallel::StatePrecision::FP32
+                                                              : parallel::StatePrecision::Mixed;
+  zc.optimizer = config_.optimizer.name == "adamw"  ? parallel::StateOptimizer::AdamW
+                 : config_.optimizer.momentum > 0.0 ? parallel::StateOptimizer::SgdMomentum
+                                                    : parallel::StateOptimizer::Sgd;
+  const parallel::ModelStateBytes claim = parallel::padded_model_state_bytes(
+      zc, unit_sizes_, config_.zero.stage3_param_persistence_threshold);
+  console_->event(fmt::format(
+      "memory per rank, ZeRO stage {} x dp {}: model states claimed {} = {} (params {}, grads "
+      "{}, optimizer {})",
+      zc.stage, world_, parallel::formula(zc), format_bytes(claim.total()),
+      format_bytes(claim.params), format_bytes(claim.grads), format_bytes(claim.optimizer)));
+  const int64_t* a = all.data<int64_t>();
+  for (int r = 0; r < world_; ++r) {
+    const int64_t* x = a + 4 * r;
+    console_->event(
+        fmt::format("  rank {}: model states {} (params {}, grads {}, optimizer {}); rest peak {} "
+                    "(activations, workspace, communication buffers)",
+                    r, format_bytes(x[0] + x[1] + x[2]), format_bytes(x[0]), format_bytes(x[1]),
+                    format_bytes(x[2]), format_bytes(x[3])));
+  }
+}
+
+// The profiled window's table, in the log and in <run.dir>/profile.md (rank 0; every rank times
+// its own ops).
+void Trainer::report_profile(const std::vector<tensor::CudaOpTime>& ops, double seconds) {
+  const auto& t = config_.training;
+  const double step_ms = seconds * 1e3 / static_cast<double>(t.profile_steps);
+  if (rank_ != 0) return;
+  const std::string text = fmt::format(
+      "GPU time per op over steps {} to {} (rank 0; device time from CUDA events, share of the "
+      "steps' wall time):\n\n{}",
+      t.profile_start, t.profile_start + t.profile_steps - 1,
+      op_time_table(ops, t.profile_steps, step_ms, peak_rates_));
+  console_->event(text);
+  write_file_atomically(config_.run.dir + "/profile.md", text);
+}
+
+bool Trainer::agree_to_stop(bool local) {
+  if (world_ == 1) return local;
+  tensor::Tensor flag = tensor::Tensor::empty({1}, DType::I32);
+  flag.data<int32_t>()[0] = local ? 1 : 0;
+  if (device_.is_cpu()) {
+    dp_->allreduce(flag, comm::ReduceOp::Max)->wait();
+    return flag.data<int32_t>()[0] != 0;
+  }
+  tensor::Tensor on_device = flag.to(device_);  // an nccl communicator moves GPU memory only
+  dp_->allreduce(on_device, comm::ReduceOp::Max)->wait();
+  return on_device.item<int32_t>() != 0;
+}
+
+Trainer::Outcome Trainer::run(int64_t stop_at) {
+  const auto& t = config_.training;
+  if (step_ >= t.steps) {
+    console_->event(fmt::format("already trained to step {} (training.steps = {}); nothing to do",
+                                step_, t.steps));
+    return Outcome::Finished;
+  }
+  while (step_ < t.steps) {
+    if (agree_to_stop(stop_requested() || (stop_at >= 0 && step_ >= stop_at))) {
+      console_->finish();
+      save("interrupted");
+      return Outcome::Interrupted;
+    }
+    StepRecord record;
+    const bool first = history_.empty();
+    // training.profile_steps (Note [CUDA op profiler]): every op of steps profile_start .. +n-1.
+    const int64_t profile_last = t.profile_start + t.profile_steps - 1;
+    if (t.profile_steps > 0 && step_ + 1 == t.profile_start) {
+      tensor::cuda_profile_start();
+      profile_watch_.restart();
+      profiling_ = true;
+    }
+    train_step(record);
+    std::optional<std::vector<tensor::CudaOpTime>> profiled;
+    double profiled_s = 0;
+    if (profiling_ && step_ == profile_last) {  // not after a resume inside the window
+      profiling_ = false;
+      profiled = tensor::cuda_profile_stop();  // waits for the window's work; before evaluation
+      profiled_s = profile_watch_.seconds();
+    }
+
+    if (first) report_memory();
+    bool last = step_ == t.steps;
+    if (val_data_ && ((t.eval_every > 0 && step_ % t.eval_every == 0) || last)) {
+      record.val_loss = evaluate();
+    }
+    if (metrics_) metrics_->append(record);
+    history_.push_back(record);
+    if (t.log_every > 0 && (step_ % t.log_every == 0 || last)) console_->step(record);
+    if (profiled) report_profile(*profiled, profiled_s);
+    if (record.val_loss) {
+      console_->event(fmt::format("step {}: val loss {:.4f}", step_, *record.val_loss));
+    }
+    if (!std::isfinite(record.loss)) {
+      console_->event(fmt::format("step {}: loss is {}; lower optimizer.lr or enable grad_clip",
+                                  step_, record.loss));
+    }
+    if ((t.sample_every > 0 && step_ % t.sample_every == 0) || (last && t.sample_every > 0)) {
+      console_->event(sample_event());
+    }
+    if (t.checkpoint_every > 0 && step_ % t.checkpoint_every == 0) save("periodic");
+  }
+  console_->finish();
+  save("final");
+  return Outcome::Finished;
+}
+
+}  // namespace strata::runtime

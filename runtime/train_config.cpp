@@ -184,7 +184,7 @@ void validate(TrainConfig& c, Readers& r) {
 
   // data
   if (c.data.train.empty())
-    r.data.fail("train", "must name the training shards, e.g. data/fortunes/train_*.bin");
+    r.data.fail("train", "must name the training shards, e.g. datasets/fortunes/train_*.bin");
   if (c.data.tokenizer == "gpt2") {
     const std::pair<const char*, const std::string*> files[] = {{"vocab", &c.data.vocab},
                                                                 {"merges", &c.data.merges}};

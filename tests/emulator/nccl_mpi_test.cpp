@@ -27,10 +27,10 @@ namespace {
 using tensor::Tensor;
 // Each rank takes the GPU of its local rank (run with STRATA_CUDA_EMU_DEVICES >= ranks): NCCL
 // refuses two ranks on one GPU, and so does the emulator.
-const Device kGpu = launch_device(Device::cuda(0), detect_launch());
+const Device kGpu = comm::launch_device(Device::cuda(0), comm::detect_launch());
 
 std::shared_ptr<comm::Communicator> nccl_world() {
-  static std::shared_ptr<comm::Communicator> w = make_nccl_communicator(
+  static std::shared_ptr<comm::Communicator> w = comm::make_nccl_communicator(
       strata::testing::test_world(), kGpu, "nccl", std::chrono::seconds(120));
   return w;
 }
@@ -162,7 +162,7 @@ TEST(EmulatedNccl, AMissingRankIsAnErrorNotAHang) {
   if (w->size() < 2) GTEST_SKIP() << "needs two ranks";
   ::setenv("STRATA_CUDA_EMU_NCCL_TIMEOUT_S", "2", 1);
   {
-    auto c = make_nccl_communicator(w, kGpu, "lonely", std::chrono::seconds(120));
+    auto c = comm::make_nccl_communicator(w, kGpu, "lonely", std::chrono::seconds(120));
     if (w->rank() == 0) {
       Tensor t = tensor::ones({1000}, DType::F32, kGpu);
       try {
@@ -189,7 +189,7 @@ TEST(EmulatedNccl, TwoRanksOnOneGpuAreRefused) {
   auto w = strata::testing::test_world();
   ASSERT_GE(w->size(), 2);
   try {
-    make_nccl_communicator(w, Device::cuda(0), "shared", std::chrono::seconds(120));
+    comm::make_nccl_communicator(w, Device::cuda(0), "shared", std::chrono::seconds(120));
     ADD_FAILURE() << "two ranks on cuda:0 made a communicator";
   } catch (const UserError& e) {
     const std::string m = e.what();

@@ -95,8 +95,8 @@ TEST_F(TrainConfigTest, DefaultConfigIsATinyCpuRun) {
   EXPECT_EQ(c.run.dtype, "fp32");
   EXPECT_EQ(c.model.name, "gpt2-tiny");
   EXPECT_EQ(c.data.tokenizer, "byte");
-  EXPECT_EQ(c.data.train, "data/fortunes/train_*.bin");
-  EXPECT_EQ(c.data.val, "data/fortunes/val_*.bin");
+  EXPECT_EQ(c.data.train, "datasets/fortunes/train_*.bin");
+  EXPECT_EQ(c.data.val, "datasets/fortunes/val_*.bin");
   EXPECT_EQ(c.batch.micro_batch_size, 16);
   EXPECT_EQ(c.batch.grad_accum_steps, 1);
   EXPECT_EQ(c.batch.global_batch_size, 16);

@@ -19,7 +19,7 @@ trap 'rm -rf "$WORK"' EXIT
 
 # Data: the fortunes byte shards of tools/quickstart.sh if present, else the fortunes text
 # tokenized here (the fortunes package is in tools/setup.sh).
-DATA="$HERE/data/fortunes/train_*.bin"
+DATA="$HERE/datasets/fortunes/train_*.bin"
 if ! compgen -G "$DATA" > /dev/null; then
   "$BUILD/bin/tokenize" --tokenizer byte --output "$WORK/data" /usr/share/games/fortunes \
     > /dev/null || { echo "run_dp_scaling: no data; run tools/quickstart.sh first" >&2; exit 1; }

@@ -3,7 +3,12 @@
 //   estimate --model gpt2-medium --dp 8 --stage 2 [--precision mixed|fp32]
 //            [--optimizer adamw|sgd|sgd-plain]
 //   estimate --params 7.5e9 --dp 64 --stage all
-//   estimate --table zero          # Table 1 of the ZeRO paper, computed
+//   estimate --table zero             # Table 1 of the ZeRO paper, computed
+//   estimate --table infinity-memory  # ZeRO-Infinity's Figure 2a (memory for massive models)
+//   estimate --table strategies [--nodes N --gpus-per-node G --gpu-mem 32GiB --cpu-mem 1.5TiB
+//                               --nvme 28TiB]   # the largest model per placement
+//   estimate --table offload-models [cluster flags]  # ZeRO-Offload's GPT-2 models
+//   estimate --hardware [--nvme-dir DIR]    # this machine's tiers, measured
 //
 // Prints the bytes of parameters, gradients and optimizer states per device by the formula of
 // the stage (Note [ZeRO memory model] in parallel/zero_memory.h) and, for a registry model, the
@@ -23,6 +28,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "models/registry.h"
+#include "parallel/memory_tables.h"
 #include "parallel/zero_memory.h"
 
 namespace strata::tools {
@@ -39,6 +45,11 @@ struct Args {
   std::string optimizer = "adamw";
   int64_t persistence_threshold = 100'000;
   std::string table;
+  // The cluster of --table strategies / offload-models; empty: the paper's DGX-2.
+  std::string nodes, gpus_per_node, gpu_mem, cpu_mem, nvme;
+  bool hardware = false;
+  std::string nvme_dir = "/tmp";
+  double hardware_mib = 256;
 };
 
 // The names configs/ uses for the GPT-2 sizes (gpt2-124m.yaml ...), as the registry knows them.
@@ -132,6 +143,183 @@ void print_table_zero() {
   }
 }
 
+// "1.72B", "27.49B", "1.54T": parameters in billions below a trillion.
+std::string params_text(double params) {
+  return params >= 1e12 ? fmt::format("{:.2f}T", params / 1e12)
+                        : fmt::format("{:.2f}B", params / 1e9);
+}
+
+std::string size_text(double bytes) {
+  return bytes >= parallel::kTiB ? fmt::format("{:.2f} TiB", bytes / parallel::kTiB)
+                                 : fmt::format("{:.2f} GiB", bytes / parallel::kGiB);
+}
+
+void print_table_infinity_memory() {
+  using parallel::format_two_decimals;
+  fmt::print(
+      "Figure 2a of ZeRO-Infinity (Rajbhandari et al. 2021, arXiv:2104.07857): memory "
+      "requirements for massive models,\ncomputed (Note [ZeRO-Infinity memory model], "
+      "docs/tables.md). TB = 2^40 bytes, GB = 2^30, K = 1024; mixed-precision Adam,\n"
+      "20 bytes per parameter; sequence 1024, batch 32 per node (2 per GPU, 16 GPUs), an "
+      "activation checkpoint per block.\n"
+      "  model states 20·12·nl·hd²; act. 2·32·seq·nl·(16hd + 2·heads·seq); act. ckpt. "
+      "2·32·seq·hd·nl;\n  working memory: model state 4·hd·4hd (the hd x 4hd linear's fp16 "
+      "parameters and gradients), act. 2·2·seq·(16hd + 2·heads·seq).\n\n");
+  fmt::print("{:46}{:>18}{:>21}\n", "", "TB/Node", "Working mem/GPU (GB)");
+  fmt::print("{:>8}{:>8}{:>8}{:>7}{:>15}{:>10}{:>8}{:>13}{:>8}\n", "Params", "", "Hidden", "Attn",
+             "Model States", "", "Act.", "Model", "");
+  fmt::print("{:>8}{:>8}{:>8}{:>7}{:>15}{:>10}{:>8}{:>13}{:>8}\n", "(T)", "Layers", "Size", "Heads",
+             "(TB/Model)", "Act.", "Ckpt.", "State", "Act.");
+  std::vector<std::string> differences;
+  const auto shapes = parallel::infinity_table_shapes();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const parallel::InfinityMemoryRow r = parallel::infinity_memory_row(shapes[i]);
+    const std::string cells[6] = {format_two_decimals(r.params / 1e12),
+                                  format_two_decimals(r.model_states_bytes / parallel::kTiB),
+                                  format_two_decimals(r.activations_bytes / parallel::kTiB),
+                                  format_two_decimals(r.checkpoints_bytes / parallel::kTiB),
+                                  format_two_decimals(r.model_state_wm_bytes / parallel::kGiB),
+                                  format_two_decimals(r.activation_wm_bytes / parallel::kGiB)};
+    fmt::print("{:>8}{:>8}{:>8}{:>7}{:>15}{:>10}{:>8}{:>13}{:>8}\n", cells[0], r.shape.layers,
+               fmt::format("{}K", r.shape.hidden / 1024), r.shape.heads, cells[1], cells[2],
+               cells[3], cells[4], cells[5]);
+    static const char* const kColumns[6] = {"params",
+                                            "model states",
+                                            "activations",
+                                            "activation checkpoints",
+                                            "model-state working memory",
+                                            "activation working memory"};
+    for (size_t c = 0; c < 6; ++c)
+      if (cells[c] != parallel::kInfinityPaperFigure2a[i][c])
+        differences.push_back(fmt::format("{}T row, {}: {} here, {} in the paper",
+                                          parallel::kInfinityPaperFigure2a[i][0], kColumns[c],
+                                          cells[c], parallel::kInfinityPaperFigure2a[i][c]));
+  }
+  fmt::print("\nEntries that differ from the paper's printed values: {}\n",
+             differences.empty() ? "none" : std::to_string(differences.size()));
+  for (const std::string& d : differences) fmt::print("  {}\n", d);
+  if (!differences.empty())
+    fmt::print(
+        "  (the paper's 0.10T model-state working memory, 1.95, is 20·hd² bytes, not the "
+        "4·hd·4hd its text and its other\n  four rows use; docs/tables.md)\n");
+}
+
+parallel::ClusterSpec parse_cluster(const Args& a) {
+  parallel::ClusterSpec c;  // the paper's DGX-2
+  auto count = [](const std::string& text, const char* flag) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != text.size() || v < 1)
+      user_error("{} '{}' is not a count; give a whole number of 1 or more", flag, text);
+    return static_cast<int64_t>(v);
+  };
+  if (!a.nodes.empty()) c.nodes = count(a.nodes, "--nodes");
+  if (!a.gpus_per_node.empty()) c.gpus_per_node = count(a.gpus_per_node, "--gpus-per-node");
+  if (!a.gpu_mem.empty()) c.gpu_bytes = parallel::parse_bytes(a.gpu_mem, "--gpu-mem");
+  if (!a.cpu_mem.empty()) c.cpu_bytes = parallel::parse_bytes(a.cpu_mem, "--cpu-mem");
+  if (!a.nvme.empty()) c.nvme_bytes = parallel::parse_bytes(a.nvme, "--nvme");
+  parallel::validate(c);
+  return c;
+}
+
+std::string cluster_text(const parallel::ClusterSpec& c) {
+  return fmt::format(
+      "{} node{} x {} GPU{} (N = {}), {} per GPU; {} CPU memory and {} NVMe per node", c.nodes,
+      c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpus_per_node == 1 ? "" : "s", c.gpus(),
+      size_text(c.gpu_bytes), size_text(c.cpu_bytes), size_text(c.nvme_bytes));
+}
+
+void print_table_strategies(const parallel::ClusterSpec& cluster) {
+  using parallel::Placement;
+  fmt::print(
+      "The largest model per placement of ZeRO-Infinity's Table 2 (arXiv:2104.07857), by "
+      "capacity: model states only,\n20 bytes per parameter (2 fp16 parameters + 18 gradient "
+      "and optimizer states); activations and working buffers\nare not counted, so each is an "
+      "upper bound (Note [Placement capacities], docs/tables.md).\n"
+      "cluster: {}\n\n",
+      cluster_text(cluster));
+  fmt::print("  {:<16}{:<20}{:<20}{:<32}{:>14}  {}\n", "placement", "parameters",
+             "opt. + grad states", "bound", "largest model", "limited by");
+  for (Placement p : parallel::kPlacements) {
+    const parallel::PlacementCapacity cap = parallel::placement_capacity(p, cluster);
+    // {:<32} counts bytes; Ψ, ≤ and · are multi-byte, so pad by hand to the display width.
+    std::string bound = parallel::placement_formula(p);
+    int width = 0;
+    for (unsigned char ch : bound) width += (ch & 0xC0) != 0x80;
+    bound += std::string(width < 32 ? 32 - width : 0, ' ');
+    fmt::print("  {:<16}{:<20}{:<20}{}{:>14}  {}\n", parallel::placement_name(p),
+               parallel::placement_params(p), parallel::placement_states(p), bound,
+               params_text(cap.max_params), cap.limit);
+  }
+
+  // The paper's claims, on the DGX-2 clusters it names (not the flags above).
+  auto dgx2 = [](int64_t nodes, int64_t gpus) {
+    parallel::ClusterSpec c;
+    c.nodes = nodes;
+    c.gpus_per_node = gpus;
+    return c;
+  };
+  auto largest = [](Placement p, const parallel::ClusterSpec& c) {
+    return parallel::placement_capacity(p, c).max_params;
+  };
+  const double nvme1 = largest(Placement::ZeroInfNvme, dgx2(1, 16));
+  const double threed1 = largest(Placement::ThreeD, dgx2(1, 16));
+  const double nvme32 = largest(Placement::ZeroInfNvme, dgx2(32, 16));
+  const double threed32 = largest(Placement::ThreeD, dgx2(32, 16));
+  const double offload1 = largest(Placement::ZeroOffload, dgx2(1, 1));
+  fmt::print(
+      "\nThe paper's claims on DGX-2 nodes (16 x 32 GiB V100, 1.5 TiB CPU, 28 TiB NVMe per "
+      "node), beside these bounds:\n");
+  fmt::print("  {:<44}{:>8}{:>12}  {}\n", "claim", "paper", "bound here", "bound / claim");
+  auto claim = [](const std::string& what, double paper, double ours, const std::string& ours_text,
+                  const std::string& paper_text) {
+    fmt::print("  {:<44}{:>8}{:>12}  {:.2f}{}\n", what, paper_text, ours_text, ours / paper,
+               ours >= paper ? "" : "  (the claim exceeds this bound)");
+  };
+  claim("ZeRO-Inf-NVMe, 1 node", 1e12, nvme1, params_text(nvme1), "1T");
+  claim("3D parallelism, 1 node (Figure 1)", 0.02e12, threed1, params_text(threed1), "0.02T");
+  claim("ZeRO-Inf-NVMe / 3D parallelism, 1 node", 50, nvme1 / threed1,
+        fmt::format("{:.0f}x", nvme1 / threed1), "~50x");
+  claim("ZeRO-Offload, one 32 GB V100", 13e9, offload1, params_text(offload1), "13B");
+  claim("ZeRO-Inf-NVMe, 32 nodes (512 GPUs)", 32e12, nvme32, params_text(nvme32), "32T");
+  claim("ZeRO-Inf-NVMe / 3D parallelism, 32 nodes", 50, nvme32 / threed32,
+        fmt::format("{:.0f}x", nvme32 / threed32), "~50x");
+}
+
+void print_table_offload_models(const parallel::ClusterSpec& cluster) {
+  fmt::print(
+      "ZeRO-Offload's GPT-2 models (Ren et al. 2021, arXiv:2101.06840, Table 3) under "
+      "ZeRO-Offload with the paper's MP degree\n(Note [ZeRO-Offload model memory], "
+      "docs/tables.md): per GPU the fp16 parameters of one MP slice, fp16 activation\n"
+      "checkpoints of every block and one block's activation working memory (sequence 1024, "
+      "heads = hidden/128);\nper host the fp32 master parameters, gradients and Adam moments "
+      "(16 bytes per parameter). GiB = 2^30 bytes.\n"
+      "fits: one node of {}\n\n",
+      cluster_text(cluster));
+  fmt::print("  {:<6}{:>7}{:>8}{:>7}{:>4}{:>9}{:>10}{:>8}{:>8}{:>9}{:>10}{:>6}{:>8}\n", "model",
+             "layers", "hidden", "batch", "MP", "params", "GPU: par.", "ckpt.", "act.", "total",
+             "host", "fits", "min MP");
+  for (const parallel::OffloadModel& m : parallel::offload_table_models()) {
+    const parallel::OffloadModelMemory mem = parallel::offload_model_memory(m, m.mp);
+    const int64_t min_mp = parallel::smallest_fitting_mp(m, cluster);
+    auto g = [](double bytes) { return fmt::format("{:.1f}", bytes / parallel::kGiB); };
+    fmt::print("  {:<6}{:>7}{:>8}{:>7}{:>4}{:>9}{:>10}{:>8}{:>8}{:>9}{:>10}{:>6}{:>8}\n", m.name,
+               m.layers, m.hidden, m.batch_per_gpu, m.mp, params_text(mem.params),
+               g(mem.gpu_params_bytes), g(mem.gpu_checkpoints_bytes),
+               g(mem.gpu_activation_wm_bytes), g(mem.gpu_bytes()), g(mem.host_bytes),
+               parallel::offload_model_fits(m, m.mp, cluster) ? "yes" : "no",
+               min_mp == 0 ? std::string("none") : std::to_string(min_mp));
+  }
+  fmt::print(
+      "\n(memory columns in GiB; min MP: the smallest power-of-two MP degree up to the GPUs of "
+      "one node with which the\nmodel fits, none if no degree does)\n");
+}
+
 void print_stage(const ZeroMemoryConfig& config, double psi,
                  const std::optional<std::vector<parallel::UnitSize>>& units,
                  int64_t persistence_threshold) {
@@ -176,15 +364,35 @@ void print_stage(const ZeroMemoryConfig& config, double psi,
 }
 
 int run(const Args& args) {
+  const bool cluster_given = !args.nodes.empty() || !args.gpus_per_node.empty() ||
+                             !args.gpu_mem.empty() || !args.cpu_mem.empty() || !args.nvme.empty();
   if (!args.table.empty()) {
-    if (args.table != "zero")
-      user_error("--table '{}' is not a known table; use --table zero (Table 1 of the ZeRO paper)",
-                 args.table);
+    static const char* const kTables =
+        "zero (Table 1 of the ZeRO paper), infinity-memory (ZeRO-Infinity's Figure 2a), "
+        "strategies (the largest model per placement) or offload-models (ZeRO-Offload's GPT-2 "
+        "models)";
+    const bool known = args.table == "zero" || args.table == "infinity-memory" ||
+                       args.table == "strategies" || args.table == "offload-models";
+    if (!known) user_error("--table '{}' is not a known table; use {}", args.table, kTables);
     if (!args.model.empty() || !args.params.empty())
-      user_error("--table zero takes no --model or --params: the paper's models are fixed");
-    print_table_zero();
+      user_error("--table {} takes no --model or --params: the paper's models are fixed",
+                 args.table);
+    const bool takes_cluster = args.table == "strategies" || args.table == "offload-models";
+    if (cluster_given && !takes_cluster)
+      user_error(
+          "--table {} has no cluster: --nodes, --gpus-per-node, --gpu-mem, --cpu-mem and --nvme "
+          "apply to --table strategies and --table offload-models",
+          args.table);
+    if (args.table == "zero") print_table_zero();
+    if (args.table == "infinity-memory") print_table_infinity_memory();
+    if (args.table == "strategies") print_table_strategies(parse_cluster(args));
+    if (args.table == "offload-models") print_table_offload_models(parse_cluster(args));
     return 0;
   }
+  if (cluster_given)
+    user_error(
+        "--nodes, --gpus-per-node, --gpu-mem, --cpu-mem and --nvme describe a cluster for "
+        "--table strategies or --table offload-models");
   if (args.model.empty() == args.params.empty())
     user_error(
         "give exactly one of --model NAME (a registry model, e.g. gpt2-medium) or "
@@ -249,7 +457,14 @@ int main(int argc, char** argv) {
   app.add_option("--stage3-param-persistence-threshold", a.persistence_threshold,
                  "stage 3: units with fewer elements keep whole parameters (engine bytes)")
       ->capture_default_str();
-  app.add_option("--table", a.table, "print a paper's table: zero (Table 1 of the ZeRO paper)");
+  app.add_option("--table", a.table,
+                 "print a paper's table: zero, infinity-memory, strategies, offload-models "
+                 "(docs/tables.md)");
+  app.add_option("--nodes", a.nodes, "cluster nodes (strategies, offload-models; default 1)");
+  app.add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (default 16)");
+  app.add_option("--gpu-mem", a.gpu_mem, "memory per GPU, e.g. 32GiB, 80GB (default 32GiB)");
+  app.add_option("--cpu-mem", a.cpu_mem, "CPU memory per node (default 1.5TiB)");
+  app.add_option("--nvme", a.nvme, "NVMe per node (default 28TiB)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -117,7 +117,7 @@ TEST(Estimate, BadInputExitsOneWithAMessage) {
       {{"--params", "-5"}, "not a parameter count"},
       {{"--params", "1e9", "--precision", "fp8"}, "unknown precision 'fp8'"},
       {{"--params", "1e9", "--optimizer", "lion"}, "unknown optimizer 'lion'"},
-      {{"--table", "megatron"}, "--table zero"},
+      {{"--table", "megatron"}, "--table 'megatron' is not a known table"},
       {{"--table", "zero", "--model", "gpt2"}, "takes no --model"},
       {{"--dp", "eight", "--model", "gpt2"}, "--dp"},  // CLI11's own parse error
   };

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -28,6 +29,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "models/registry.h"
+#include "offload/hardware_probe.h"
 #include "parallel/memory_tables.h"
 #include "parallel/zero_memory.h"
 
@@ -49,7 +51,7 @@ struct Args {
   std::string nodes, gpus_per_node, gpu_mem, cpu_mem, nvme;
   bool hardware = false;
   std::string nvme_dir = "/tmp";
-  double hardware_mib = 256;
+  int64_t probe_mib = 256;
 };
 
 // The names configs/ uses for the GPT-2 sizes (gpt2-124m.yaml ...), as the registry knows them.
@@ -363,9 +365,60 @@ void print_stage(const ZeroMemoryConfig& config, double psi,
   }
 }
 
+void print_hardware(const Args& args) {
+  if (args.probe_mib < 1) user_error("--probe-mib {} must be 1 or more", args.probe_mib);
+  offload::ProbeOptions o;
+  o.nvme_dir = args.nvme_dir;
+  o.nvme_bytes = static_cast<size_t>(args.probe_mib) << 20;
+  o.gpu_bytes = o.nvme_bytes;
+  o.triad_bytes = std::max<size_t>(o.nvme_bytes, size_t{96} << 20);
+  const offload::HardwareProbe h = offload::probe_hardware(o);
+  auto tb = [](double bytes) { return fmt::format("{:.3f}", bytes / parallel::kTiB); };
+  fmt::print(
+      "This machine's row of ZeRO-Infinity's Figure 2b (arXiv:2104.07857), measured (Note "
+      "[Hardware probe] in offload/hardware_probe.h):\n"
+      "memory in TiB, bandwidth in GB/s (1e9 bytes/s). The paper's DGX-2 node: 16 GPUs, 0.5 / "
+      "1.5 / 28.0 TB of GPU / CPU / NVMe memory,\n600-900 GB/s GPU memory, 3.0 GB/s CPU and 1.6 "
+      "GB/s NVMe per GPU when all 16 read at once (12.0 and 12.0 for one GPU alone).\n\n");
+  fmt::print("{:>6}{:>6}{:>10}{:>10}{:>10}{:>12}{:>12}{:>12}{:>12}\n", "nodes", "GPUs", "GPU mem",
+             "CPU mem", "NVMe", "GPU mem bw", "CPU triad", "NVMe read", "NVMe write");
+  const std::string gpu_mem = h.gpu ? tb(h.gpu->memory_bytes * h.gpu->count) : "-";
+  const std::string gpu_bw = h.gpu ? fmt::format("{:.1f}", h.gpu->device_gbs) : "-";
+  fmt::print("{:>6}{:>6}{:>10}{:>10}{:>10}{:>12}{:>12.2f}{:>12.2f}{:>12.2f}\n", 1,
+             h.gpu ? h.gpu->count : 0, gpu_mem, tb(h.cpu_memory_bytes), tb(h.nvme_bytes), gpu_bw,
+             h.triad_gbs, h.nvme_read_gbs, h.nvme_write_gbs);
+  fmt::print(
+      "\nCPU: {} hardware threads, {:.1f} GiB memory ({:.1f} GiB available); STREAM "
+      "triad over {} MiB on every thread: {:.2f} GB/s\n",
+      h.cpu_threads, h.cpu_memory_bytes / parallel::kGiB, h.cpu_available_bytes / parallel::kGiB,
+      h.triad_bytes >> 20, h.triad_gbs);
+  fmt::print(
+      "NVMe: '{}' ({:.1f} GiB, {:.1f} GiB free), {} MiB through the NVMe store ({}, {}, "
+      "1 MiB blocks, queue depth 8): write {:.2f} GB/s, read {:.2f} GB/s\n",
+      h.nvme_dir, h.nvme_bytes / parallel::kGiB, h.nvme_free_bytes / parallel::kGiB,
+      h.nvme_io_bytes >> 20, h.nvme_engine, h.nvme_direct ? "O_DIRECT" : "page cache",
+      h.nvme_write_gbs, h.nvme_read_gbs);
+  if (h.gpu)
+    fmt::print(
+        "GPU: {} x {}, {:.1f} GiB each; host-to-device {:.1f} GB/s, device-to-host {:.1f} "
+        "GB/s (pinned), device memory {:.1f} GB/s (copy, read + write)\n",
+        h.gpu->count, h.gpu->name, h.gpu->memory_bytes / parallel::kGiB, h.gpu->h2d_gbs,
+        h.gpu->d2h_gbs, h.gpu->device_gbs);
+  else
+    fmt::print("GPU: {}\n", h.no_gpu_reason);
+}
+
 int run(const Args& args) {
   const bool cluster_given = !args.nodes.empty() || !args.gpus_per_node.empty() ||
                              !args.gpu_mem.empty() || !args.cpu_mem.empty() || !args.nvme.empty();
+  if (args.hardware) {
+    if (!args.table.empty() || !args.model.empty() || !args.params.empty() || cluster_given)
+      user_error(
+          "--hardware measures this machine and takes only --nvme-dir and --probe-mib; run "
+          "--table, --model or --params separately");
+    print_hardware(args);
+    return 0;
+  }
   if (!args.table.empty()) {
     static const char* const kTables =
         "zero (Table 1 of the ZeRO paper), infinity-memory (ZeRO-Infinity's Figure 2a), "
@@ -465,6 +518,12 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-mem", a.gpu_mem, "memory per GPU, e.g. 32GiB, 80GB (default 32GiB)");
   app.add_option("--cpu-mem", a.cpu_mem, "CPU memory per node (default 1.5TiB)");
   app.add_option("--nvme", a.nvme, "NVMe per node (default 28TiB)");
+  app.add_flag("--hardware", a.hardware,
+               "measure this machine's memory tiers: sizes and bandwidths (docs/tables.md)");
+  app.add_option("--nvme-dir", a.nvme_dir, "--hardware: the directory whose drive is measured")
+      ->capture_default_str();
+  app.add_option("--probe-mib", a.probe_mib, "--hardware: MiB written and read per measurement")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

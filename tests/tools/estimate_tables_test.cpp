@@ -3,11 +3,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
 #include "tests/support/tool_test_util.h"
 
 namespace strata::tools {
@@ -147,6 +149,33 @@ TEST(EstimateTables, OffloadModelsOnTheV100AndASmallHost) {
   EXPECT_EQ(rows["70B"][12], "none");
 }
 
+TEST(EstimateTables, HardwareMeasuresEachTierQuickly) {
+  testing::TempDir dir;
+  const CommandResult r =
+      estimate({"--hardware", "--nvme-dir", dir.path().string(), "--probe-mib", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The table row: nodes, GPUs, GPU mem, CPU mem, NVMe, GPU mem bw, triad, NVMe read, write.
+  std::vector<std::string> row;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> w = words(line);
+    if (w.size() == 9 && w[0] == "1") row = w;
+  }
+  ASSERT_EQ(row.size(), 9u) << r.out;
+  EXPECT_GT(std::stod(row[3]), 0) << "CPU memory\n" << r.out;
+  EXPECT_GT(std::stod(row[4]), 0) << "NVMe size\n" << r.out;
+  for (size_t c = 6; c < 9; ++c) EXPECT_GT(std::stod(row[c]), 0) << "column " << c << r.out;
+  EXPECT_THAT(r.out, HasSubstr("8 MiB through the NVMe store"));
+  if (row[1] == "0") {
+    EXPECT_THAT(r.out, HasSubstr("GPU: no GPU"));
+    EXPECT_EQ(row[5], "-");
+  } else {
+    EXPECT_THAT(r.out, HasSubstr("host-to-device"));
+  }
+  // The store removed its file.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
 TEST(EstimateTables, BadInputExitsOneWithAMessage) {
   struct Case {
     std::vector<std::string> args;
@@ -162,6 +191,9 @@ TEST(EstimateTables, BadInputExitsOneWithAMessage) {
       {{"--table", "infinity-memory", "--nodes", "2"}, "has no cluster"},
       {{"--model", "gpt2", "--gpu-mem", "32GiB"}, "describe a cluster"},
       {{"--table", "strategies", "--params", "1e9"}, "takes no --model or --params"},
+      {{"--hardware", "--nvme-dir", "/nonexistent/dir"}, "--nvme-dir '/nonexistent/dir'"},
+      {{"--hardware", "--probe-mib", "0"}, "--probe-mib 0"},
+      {{"--hardware", "--table", "zero"}, "--hardware measures this machine"},
   };
   for (const Case& c : cases) {
     const CommandResult r = estimate(c.args);

@@ -2,17 +2,22 @@
 // buffers, measured in the same run with the same threads.
 //
 //   bench_adamw [--params N] [--reps R]      (defaults: 64Mi params, 10 repetitions)
+//   bench_adamw --table [--sizes 1,2,4,8,10] [--reps R]   (billions; default 3 repetitions)
+//               ZeRO-Offload's CPU-Adam table (Note [CPU-Adam table])
 //
 // AdamW moves 28 bytes per parameter (reads p, g, m, v; writes p, m, v), plus 2 when it also
 // writes a bf16 model copy. The triad a[i] = b[i] + s * c[i] is counted the STREAM way, 12 bytes
 // per element (read b, c; write a); the write-allocate read of `a` that the hardware also does
 // is not counted, as in STREAM. AdamW updates in place, so it has no write-allocate traffic
 // (the model copy, write-only, does). The target is AdamW GB/s >= 0.8 x triad GB/s.
+#include <fmt/format.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +28,9 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "offload/memory_stats.h"
+#include "optim/adamw.h"
 #include "optim/adamw_kernel.h"
+#include "tensor/cuda.h"
 #include "tensor/tensor.h"
 
 namespace {
@@ -100,20 +107,269 @@ void init(float* x, int64_t n, float value) {
   }
 }
 
+// ---- --table: the CPU-Adam table of ZeRO-Offload (Note [CPU-Adam table]) ----
+
+// Note [CPU-Adam table]
+// Table 4 of ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840) gives the seconds of one Adam step
+// over 1, 2, 4, 8 and 10 billion fp32 parameters for its CPU-Adam, PyTorch's CPU Adam (PT-CPU)
+// and PyTorch's GPU Adam (PT-GPU, L2L), on a DGX-2 node's 2 x 24-core Xeon 8168 and a V100.
+// `--table` measures, for each size the memory holds: Strata's AdamW optimizer step on the CPU
+// (optim::AdamW on all OpenMP threads, the widest SIMD kernel), PyTorch's torch.optim.Adam on
+// the CPU when python3 can import torch (the paper's PT-CPU; nothing is installed), and Strata's
+// fused CUDA AdamW when a GPU is there; and, over the same buffers in the same run, the STREAM
+// triad, against which AdamW's bytes (28 per parameter: reads p, g, m, v; writes p, m, v) give
+// the fraction of the machine's bandwidth it reaches. A size runs only when MemAvailable holds
+// its buffers (16 bytes per parameter, 20 for PyTorch, whose step allocates a temporary the
+// size of the parameters) plus 1 GiB, so the table says where this host stops.
+
+struct PaperRow {
+  double billions, cpu_adam, pt_cpu, pt_gpu;
+};
+constexpr PaperRow kPaperTable4[] = {{1, 0.22, 1.39, 0.10},
+                                     {2, 0.51, 2.75, 0.26},
+                                     {4, 1.03, 5.71, 0.64},
+                                     {8, 2.41, 11.93, 0.87},
+                                     {10, 2.57, 14.76, 1.00}};
+
+const PaperRow* paper_row(double billions) {
+  for (const PaperRow& r : kPaperTable4)
+    if (std::abs(r.billions - billions) < 1e-9) return &r;
+  return nullptr;
+}
+
+double mem_available_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
+
+std::vector<double> parse_sizes(const std::string& text) {
+  std::vector<double> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || !(v > 0) || v > 1e4)
+      strata::user_error(
+          "--sizes '{}': '{}' is not a size in billions of parameters; give a list such as "
+          "1,2,4,8,10 or 0.01,0.02",
+          text, item);
+    out.push_back(v);
+    start = comma + 1;
+  }
+  return out;
+}
+
+// Seconds per step, median of `reps` after one warm-up step.
+double time_optimizer(strata::optim::AdamW& opt, int reps, const std::function<void()>& sync) {
+  return median_seconds(1, reps, [&] {
+    opt.step();
+    sync();
+  });
+}
+
+struct TorchResult {
+  bool ran = false;
+  double seconds = 0;
+  std::string note;
+};
+
+bool torch_importable() {
+  return std::system("python3 -c 'import torch' > /dev/null 2>&1") == 0;
+}
+
+// torch.optim.Adam on the CPU over n fp32 parameters in a python3 subprocess, all cores.
+TorchResult torch_cpu_adam(int64_t n, int reps) {
+  char path[] = "/tmp/strata_pt_adam_XXXXXX";
+  const int fd = ::mkstemp(path);
+  if (fd < 0) return {false, 0, "could not create a temporary file"};
+  ::close(fd);
+  const std::string script = fmt::format(
+      "import os, sys, time, statistics, torch\n"
+      "torch.set_num_threads(os.cpu_count())\n"
+      "n, reps = {}, {}\n"
+      "p = torch.nn.Parameter(torch.full((n,), 0.5))\n"
+      "p.grad = torch.full((n,), 1e-3)\n"
+      "opt = torch.optim.Adam([p], lr=1e-4)\n"
+      "opt.step()\n"
+      "t = []\n"
+      "for _ in range(reps):\n"
+      "    s = time.perf_counter(); opt.step(); t.append(time.perf_counter() - s)\n"
+      "print(statistics.median(t))\n",
+      n, reps);
+  {
+    std::FILE* f = std::fopen(path, "w");
+    if (f == nullptr) return {false, 0, "could not write the script"};
+    std::fputs(script.c_str(), f);
+    std::fclose(f);
+  }
+  const std::string cmd = fmt::format("python3 {} 2>&1", path);
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  if (p != nullptr) {
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    const int status = ::pclose(p);
+    std::remove(path);
+    double s = 0;
+    if (status == 0 && std::sscanf(out.c_str(), "%lf", &s) == 1 && s > 0) return {true, s, ""};
+  } else {
+    std::remove(path);
+  }
+  return {false, 0, "python3 with torch failed: " + out.substr(0, 200)};
+}
+
+std::string cell(double v, bool have) {
+  return have ? fmt::format("{:.3f}", v) : std::string("-");
+}
+
+int run_table(const std::vector<double>& sizes, int reps) {
+  using strata::tensor::Tensor;
+  const int threads = omp_get_max_threads();
+  const bool have_torch = torch_importable();
+  const bool have_gpu = strata::tensor::cuda_available();
+  const TriadKind triad_kind = strata::cpu_features().avx2 ? TriadKind::Avx2 : TriadKind::Baseline;
+  std::printf(
+      "ZeRO-Offload's CPU-Adam table (Ren et al. 2021, arXiv:2101.06840, Table 4): seconds per "
+      "Adam step, median of %d after a warm-up step.\n"
+      "Here: %d threads, %s; Strata AdamW kernel %s; MemAvailable %.1f GiB.\n"
+      "Paper: a DGX-2 node, 2 x 24-core Xeon Platinum 8168 (CPU-Adam, PT-CPU) and a V100 "
+      "(PT-GPU). Note [CPU-Adam table] in tools/bench/bench_adamw.cpp.\n\n",
+      reps, threads, strata::cpu_features().summary().c_str(),
+      std::string(strata::optim::isa_name(strata::optim::default_adamw_isa())).c_str(),
+      mem_available_bytes() / (1 << 30));
+  std::printf(
+      "| params | Strata CPU AdamW (s) | paper CPU-Adam (s) | PT-CPU here (s) | paper PT-CPU (s) "
+      "| PT-CPU / Strata here | paper PT-CPU / CPU-Adam | Strata GPU AdamW (s) | paper PT-GPU (s) "
+      "| AdamW GB/s | triad GB/s | AdamW / triad |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<std::string> notes;
+  for (double billions : sizes) {
+    const int64_t n = std::llround(billions * 1e9);
+    const PaperRow* paper = paper_row(billions);
+    const double need = 16.0 * static_cast<double>(n) + double(1 << 30);
+    const double avail = mem_available_bytes();
+    if (need > avail) {
+      notes.push_back(fmt::format(
+          "Stopped at {}B: its p, g, m and v take {:.1f} GiB (+1 GiB headroom) and MemAvailable "
+          "is {:.1f} GiB; larger sizes were not run.",
+          billions, 16.0 * static_cast<double>(n) / (1 << 30), avail / (1 << 30)));
+      break;
+    }
+    double cpu_s = 0, triad_gbs = 0;
+    {
+      Tensor p = Tensor::empty({n}), g = Tensor::empty({n});
+      init(p.data<float>(), n, 0.5f);
+      init(g.data<float>(), n, 1e-3f);
+      strata::optim::ParamGroup group;
+      group.param = p;
+      group.grad = g;
+      group.segments = {{"p", 0, n, true}};
+      strata::optim::AdamW opt({group});
+      cpu_s = time_optimizer(opt, reps, [] {});
+      Tensor m = opt.exp_avg(0);
+      const double triad_s = median_seconds(1, reps, [&] {
+        triad(p.data<float>(), g.data<float>(), m.data<float>(), 0.5f, n, triad_kind);
+      });
+      triad_gbs = 12.0 * static_cast<double>(n) / triad_s / 1e9;
+    }
+    TorchResult pt;
+    if (!have_torch) {
+      pt.note = "not measured: python3 cannot import torch";
+    } else if (20.0 * static_cast<double>(n) + double(1 << 30) > mem_available_bytes()) {
+      pt.note = fmt::format("not measured at {}B: PyTorch's step needs {:.1f} GiB", billions,
+                            20.0 * static_cast<double>(n) / (1 << 30));
+    } else {
+      pt = torch_cpu_adam(n, reps);
+    }
+    if (!pt.ran) notes.push_back("PT-CPU " + pt.note);
+    double gpu_s = 0;
+    bool gpu_ran = false;
+    if (have_gpu) {
+      const double gpu_bytes =
+          static_cast<double>(strata::tensor::cuda_device_facts(0).total_bytes);
+      if (16.0 * static_cast<double>(n) < 0.9 * gpu_bytes) {
+        const strata::Device cuda = strata::Device::cuda(0);
+        Tensor p = strata::tensor::full({n}, 0.5, strata::DType::F32, cuda);
+        Tensor g = strata::tensor::full({n}, 1e-3, strata::DType::F32, cuda);
+        strata::optim::ParamGroup group;
+        group.param = p;
+        group.grad = g;
+        group.segments = {{"p", 0, n, true}};
+        strata::optim::AdamW opt({group});
+        // Reading one element back waits for the step on the compute stream.
+        gpu_s =
+            time_optimizer(opt, reps, [&] { (void)p.narrow(0, 0, 1).to(strata::Device::cpu()); });
+        gpu_ran = true;
+      } else {
+        notes.push_back(
+            fmt::format("GPU AdamW not measured at {}B: 16 bytes per parameter pass "
+                        "90% of the GPU's memory",
+                        billions));
+      }
+    }
+    const double adamw_gbs = 28.0 * static_cast<double>(n) / cpu_s / 1e9;
+    std::printf("| %gB | %.3f | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f |\n",
+                billions, cpu_s, cell(paper ? paper->cpu_adam : 0, paper).c_str(),
+                cell(pt.seconds, pt.ran).c_str(), cell(paper ? paper->pt_cpu : 0, paper).c_str(),
+                pt.ran ? fmt::format("{:.2f}x", pt.seconds / cpu_s).c_str() : "-",
+                paper ? fmt::format("{:.2f}x", paper->pt_cpu / paper->cpu_adam).c_str() : "-",
+                have_gpu ? cell(gpu_s, gpu_ran).c_str() : "no GPU",
+                cell(paper ? paper->pt_gpu : 0, paper).c_str(), adamw_gbs, triad_gbs,
+                adamw_gbs / triad_gbs);
+  }
+  std::printf("\n");
+  if (!have_torch)
+    std::printf("PT-CPU: not measured (python3 cannot import torch here; nothing is installed).\n");
+  if (!have_gpu)
+    std::printf("GPU: no GPU (%s).\n", strata::tensor::cuda_built()
+                                           ? "the CUDA runtime sees no device"
+                                           : "this build has no CUDA backend");
+  for (const std::string& note : notes)
+    if (note.rfind("PT-CPU not measured: python3", 0) != 0) std::printf("%s\n", note.c_str());
+  std::printf(
+      "AdamW GB/s counts 28 bytes per parameter; triad GB/s 12 per element over the same "
+      "buffers (plain stores), measured right after each size's AdamW.\n");
+  return 0;
+}
+
 int run(int argc, char** argv) {
   int64_t n = int64_t{64} << 20;
   int reps = 10;
+  bool table = false, reps_given = false;
+  std::string sizes = "1,2,4,8,10";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "--params" && i + 1 < argc) {
+    if (arg == "--table") {
+      table = true;
+    } else if (arg == "--sizes" && i + 1 < argc) {
+      sizes = argv[++i];
+    } else if (arg == "--params" && i + 1 < argc) {
       n = std::atoll(argv[++i]);
     } else if (arg == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
+      reps_given = true;
     } else {
-      strata::user_error("unknown argument '{}'; usage: bench_adamw [--params N] [--reps R]", arg);
+      strata::user_error(
+          "unknown argument '{}'; usage: bench_adamw [--params N] [--reps R] | --table "
+          "[--sizes 1,2,4,8,10] [--reps R]",
+          arg);
     }
   }
   if (n <= 0 || reps <= 0) strata::user_error("--params and --reps must be positive");
+  if (table) return run_table(parse_sizes(sizes), reps_given ? reps : 3);
 
   using strata::tensor::Tensor;
   Tensor p = Tensor::empty({n}), g = Tensor::empty({n});

@@ -137,15 +137,20 @@ const PaperRow* paper_row(double billions) {
   return nullptr;
 }
 
-double mem_available_bytes() {
+// /proc/meminfo's `key` ("MemAvailable", "MemTotal") in bytes; 0 if absent.
+double meminfo_bytes(const char* key) {
   std::FILE* f = std::fopen("/proc/meminfo", "r");
   if (f == nullptr) return 0;
   char line[256];
   double kb = 0;
+  const std::string prefix = std::string(key) + ": %lf kB";
   while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (std::sscanf(line, prefix.c_str(), &kb) == 1) break;
   std::fclose(f);
   return kb * 1024;
+}
+double mem_available_bytes() {
+  return meminfo_bytes("MemAvailable");
 }
 
 std::vector<double> parse_sizes(const std::string& text) {
@@ -263,9 +268,10 @@ int run_table(const std::vector<double>& sizes, int reps) {
     const double avail = mem_available_bytes();
     if (need > avail) {
       notes.push_back(fmt::format(
-          "Stopped at {}B: its p, g, m and v take {:.1f} GiB (+1 GiB headroom) and MemAvailable "
-          "is {:.1f} GiB; larger sizes were not run.",
-          billions, 16.0 * static_cast<double>(n) / (1 << 30), avail / (1 << 30)));
+          "Stopped at {}B: its p, g, m and v take {:.1f} GiB (+1 GiB headroom); this host has "
+          "{:.1f} GiB of memory in all, {:.1f} GiB available now. Larger sizes were not run.",
+          billions, 16.0 * static_cast<double>(n) / (1 << 30),
+          meminfo_bytes("MemTotal") / (1 << 30), avail / (1 << 30)));
       break;
     }
     double cpu_s = 0, triad_gbs = 0;

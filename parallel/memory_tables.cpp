@@ -185,7 +185,7 @@ OffloadModelMemory offload_model_memory(const OffloadModel& m, int64_t mp) {
   r.gpu_params_bytes = 2 * r.params / d;
   r.gpu_checkpoints_bytes = 2 * b * seq * hd * nl;
   r.gpu_activation_wm_bytes = 2 * b * seq * (16 * hd + 2 * heads * seq) / d;
-  r.host_bytes = 16 * r.params;
+  r.host_bytes = 18 * r.params;
   return r;
 }
 

@@ -140,8 +140,10 @@ PlacementCapacity placement_capacity(Placement placement, const ClusterSpec& clu
 // every block (2·b·seq·hd·nl; each MP rank keeps its blocks' whole inputs) and the activation
 // working memory of one block being recomputed (2·b·seq·(16·hd + 2·heads·seq)/mp, Note
 // [ZeRO-Infinity memory model]), with seq = 1024 and heads = hd/128 (the paper gives neither).
-// Per host (the node whose CPU memory holds every rank's partition): fp32 master parameters,
-// gradients, momentum and variance, 16Ψ. Gradient buckets and pinned staging buffers are not
+// Per host (the node whose CPU memory holds every rank's partition): the 18 bytes of optimizer +
+// gradient states that Note [Placement capacities] puts in CPU memory for ZeRO-Offload (fp16
+// gradients as they arrive, fp32 gradients, master parameters, momentum and variance), 18Ψ, so
+// both tables count the same bytes. GPU gradient buckets and pinned staging buffers are not
 // counted.
 struct OffloadModel {
   const char* name;  // the paper's label, "10B"

@@ -299,8 +299,9 @@ void print_table_offload_models(const parallel::ClusterSpec& cluster) {
       "ZeRO-Offload with the paper's MP degree\n(Note [ZeRO-Offload model memory], "
       "docs/tables.md): per GPU the fp16 parameters of one MP slice, fp16 activation\n"
       "checkpoints of every block and one block's activation working memory (sequence 1024, "
-      "heads = hidden/128);\nper host the fp32 master parameters, gradients and Adam moments "
-      "(16 bytes per parameter). GiB = 2^30 bytes.\n"
+      "heads = hidden/128);\nper host the optimizer + gradient states of ZeRO-Infinity's split: "
+      "fp16 gradients, fp32 gradients, master\nparameters and Adam moments (18 bytes per "
+      "parameter). GiB = 2^30 bytes.\n"
       "fits: one node of {}\n\n",
       cluster_text(cluster));
   fmt::print("  {:<6}{:>7}{:>8}{:>7}{:>4}{:>9}{:>10}{:>8}{:>8}{:>9}{:>10}{:>6}{:>8}\n", "model",

@@ -53,7 +53,10 @@ std::string format_two_decimals(double value) {
 }
 
 void validate(const ClusterSpec& c) {
-  if (c.nodes < 1) user_error("--nodes {}: a cluster has 1 node or more", c.nodes);
+  if (c.nodes < 1 || c.nodes > 1'000'000)
+    user_error("--nodes {}: give a cluster of 1 to 1,000,000 nodes", c.nodes);
+  if (c.gpus_per_node > 100'000)
+    user_error("--gpus-per-node {}: give at most 100,000 GPUs per node", c.gpus_per_node);
   if (c.gpus_per_node < 1)
     user_error("--gpus-per-node {}: use 1 or more (placements that need no GPU do not exist here)",
                c.gpus_per_node);

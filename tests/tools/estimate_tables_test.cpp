@@ -184,6 +184,8 @@ TEST(EstimateTables, BadInputExitsOneWithAMessage) {
   const std::vector<Case> cases = {
       {{"--table", "infinity"}, "infinity-memory"},
       {{"--table", "strategies", "--nodes", "0"}, "--nodes '0' is not a count"},
+      {{"--table", "strategies", "--nodes", "99999999999999999999"}, "--nodes '9999"},
+      {{"--table", "strategies", "--nodes", "9000000000000000000"}, "1 to 1,000,000 nodes"},
       {{"--table", "strategies", "--gpus-per-node", "two"}, "--gpus-per-node 'two'"},
       {{"--table", "strategies", "--gpu-mem", "lots"}, "--gpu-mem 'lots' is not a size"},
       {{"--table", "offload-models", "--cpu-mem", "-1TB"}, "--cpu-mem '-1TB' is not a size"},

@@ -8,12 +8,13 @@
 //   estimate --table strategies [--nodes N --gpus-per-node G --gpu-mem 32GiB --cpu-mem 1.5TiB
 //                               --nvme 28TiB]   # the largest model per placement
 //   estimate --table offload-models [cluster flags]  # ZeRO-Offload's GPT-2 models
-//   estimate --hardware [--nvme-dir DIR]    # this machine's tiers, measured
+//   estimate --hardware [--nvme-dir DIR] [--probe-mib N]  # this machine's tiers, measured
 //
 // Prints the bytes of parameters, gradients and optimizer states per device by the formula of
 // the stage (Note [ZeRO memory model] in parallel/zero_memory.h) and, for a registry model, the
 // exact bytes the engine allocates with its padding (Note [ZeRO padding]) — what `train`
-// measures. Exit status: 0 done, 1 bad input.
+// measures. The papers' other tables are computed by parallel/memory_tables.h and measured by
+// offload/hardware_probe.h (docs/tables.md). Exit status: 0 done, 1 bad input.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>

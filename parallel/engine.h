@@ -1,29 +1,61 @@
 #pragma once
 // Engine: data parallelism with ZeRO stages 0-3 around a model and its optimizer — the one object
-// `train` steps (DESIGN.md decisions 4, 5, 6, 9). Configured with DeepSpeed's zero_optimization
+// `train`, the benchmarks and the tests step (DESIGN.md decisions 4, 5, 6, 9). A composition of
+// parts with one job each (Note [Engine parts]); configured with DeepSpeed's zero_optimization
 // names and meanings.
-//
-// Note [Engine step]
-// Per optimizer step, on every rank of `dp`, for each of the A micro-batches:
-//   begin_micro_batch(last); loss = model.loss(...) scaled by 1/A; backward(loss)
-// then step(lr, max_norm). Gradients are reduced across dp in buckets launched from grad-ready
-// hooks while backward runs (Note [Gradient buckets]): stages 0 and 1 only on the last
-// micro-batch (the others accumulate locally), stages 2 and 3 on every one (into the owned
-// partition, which is what lets the full gradients go: Note [Transient gradients]). step():
-//   1. waits for the reductions; divides the owned gradients by dp, so they are those of the
-//      mean loss over the global batch, as in one process (Note [Training step]);
-//   2. the global gradient norm: each rank sums squares over what it owns (fixed chunks, double,
-//      Note [Deterministic norm]), one allreduce of that double (stages 1-3; at stage 0 every
-//      rank holds the same reduced gradients), sqrt;
-//   3. a non-finite norm on any rank (the allreduced sum is then non-finite everywhere) skips
-//      the step on every rank — fp16 overflow semantics; with a LossScaler, it decides;
-//   4. clipping (max_norm > 0) scales the owned gradients by clip_grad_norm's coefficient;
-//   5. the optimizer steps the owned partition with `lr` (AdamW's update is elementwise, so a
-//      slice updates exactly as the same elements of the whole would);
-//   6. stages 1 and 2 allgather the updated slices so every rank has whole parameters again
-//      (bucketed by allgather_bucket_size); stage 3 keeps partitions (Note [ZeRO-3 gathering]);
-//   7. gradients are zeroed for the next step.
-// Same seed and same dp give bitwise-identical runs: every reduction has a fixed order.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/causal_lm.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "parallel/gradient_reduction.h"
+#include "parallel/micro_batch_schedule.h"
+#include "parallel/optimizer_placement.h"
+#include "parallel/param_gathering.h"
+#include "parallel/partition.h"
+#include "parallel/partitioning.h"
+
+namespace strata::parallel {
+
+struct ZeroConfig {                          // DeepSpeed's names and meanings (zero_optimization.*)
+  int stage = 0;                             // 0 = plain DP, 1, 2, 3
+  int64_t reduce_bucket_size = 500'000'000;  // elements per gradient bucket
+  int64_t allgather_bucket_size = 500'000'000;  // elements per allgather of updated params (1/2)
+  bool overlap_comm = true;                     // reduce buckets asynchronously during backward
+  int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements prefetched ahead (stage 3)
+  int64_t stage3_param_persistence_threshold = 100'000;  // units smaller stay whole (stage 3)
+
+  // strata::user_error naming the zero_optimization key for values out of range.
+  void validate() const;
+};
+
+// Note [Engine parts]
+// The Engine composes parts with one job each, chosen once at construction from the config; no
+// method branches on the ZeRO stage:
+//   Partitioning        which rank owns which slice of each flat unit: whole units (stage 0) or
+//                       dp-partitioned ones (1-3, repadded). parallel/partitioning.h
+//   GradientReduction   reduces gradients across dp into what each rank owns: allreduce (0),
+//                       into the owned slice of the full buffer (1), into partition buffers
+//                       with transient full buffers (2, 3). parallel/gradient_reduction.h
+//   ParamGathering      parameters whole where they are used: ZeRO-3's gather/release hooks, the
+//                       allgather of updated slices (1-3). parallel/param_gathering.h
+//   OptimizerPlacement  the optimizer over the owned slices, fp32 masters, the step's norm,
+//                       overflow skip, clip and update; DevicePlacement today (Note [Optimizer
+//                       placement] in parallel/optimizer_placement.h)
+//   MicroBatchSchedule  the order of a step's micro-batch forwards and backwards: plain
+//                       accumulation today. parallel/micro_batch_schedule.h
+// The Engine keeps the step's protocol (begin_micro_batch / backward / step and their checks)
+// and calls the parts in a fixed order. Construction, in order: Partitioning (repad), rank 0's
+// parameters broadcast, the placement (masters from the fp32 parameters), the cast to
+// param_dtype, GradientReduction (partitions, transient buffers, hooks), ParamGathering (ZeRO-3
+// partitions, hooks), the optimizer over the owned slices. Tensor and pipeline parallelism and
+// offload add parts, or implementations of one (a host OptimizerPlacement for ZeRO-Offload, a
+// pipelined MicroBatchSchedule), rather than branches.
 //
 // Note [Mixed precision]
 // With a low-precision `param_dtype` (BF16, FP16) the engine keeps DeepSpeed's and the ZeRO
@@ -41,43 +73,9 @@
 // Checkpoints carry the masters as key "master" next to the moments; a checkpoint without
 // masters (an fp32 run's) fills them from its parameters, and an fp32 engine resuming a
 // mixed-precision checkpoint takes its parameters from the masters (runtime/trainer.cpp).
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <string>
-#include <vector>
-
-#include "models/causal_lm.h"
-#include "optim/loss_scaler.h"
-#include "optim/optimizer.h"
-#include "comm/communicator.h"
-#include "parallel/grad_buckets.h"
-#include "parallel/partition.h"
-#include "parallel/zero3.h"
-
-namespace strata::parallel {
-
-struct ZeroConfig {                          // DeepSpeed's names and meanings (zero_optimization.*)
-  int stage = 0;                             // 0 = plain DP, 1, 2, 3
-  int64_t reduce_bucket_size = 500'000'000;  // elements per gradient bucket
-  int64_t allgather_bucket_size = 500'000'000;  // elements per allgather of updated params (1/2)
-  bool overlap_comm = true;                     // reduce buckets asynchronously during backward
-  int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements prefetched ahead (stage 3)
-  int64_t stage3_param_persistence_threshold = 100'000;  // units smaller stay whole (stage 3)
-
-  // strata::user_error naming the zero_optimization key for values out of range.
-  void validate() const;
-};
-
-struct StepResult {
-  double grad_norm = 0;
-  bool skipped = false;
-};
-
 class Engine {
  public:
-  using OptimizerFactory =
-      std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+  using OptimizerFactory = parallel::OptimizerFactory;
 
   // Repads (stages 1-3) and partitions the model's flat units, makes parameters equal on every
   // rank (broadcast from rank 0, as DDP does at construction), builds the optimizer over what
@@ -90,7 +88,37 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Note [Engine step].
+  // Note [Train step]
+  // One optimizer step as every training loop takes it (the trainer, bench_gpt2_cuda, the
+  // tests): the schedule runs the A micro-batches (begin_micro_batch(last); the model's loss
+  // under LossGradientScope(loss_gradient(w)); backward of the loss scaled by w = 1/A), then
+  // every micro-batch's loss is read in one device-to-host copy, after the last backward (Note
+  // [Training on the GPU] in runtime/trainer.h), then step(lr, max_norm). Returns this rank's
+  // losses; average() gives the global mean.
+  TrainStepOutput train_step(const TrainStepInputs& in);
+
+  // Note [Engine step]
+  // Per optimizer step, on every rank of `dp`, for each of the A micro-batches:
+  //   begin_micro_batch(last); loss = model.loss(...) scaled by 1/A; backward(loss)
+  // then step(lr, max_norm). Gradients are reduced across dp in buckets launched from grad-ready
+  // hooks while backward runs (Note [Gradient buckets]): stages 0 and 1 only on the last
+  // micro-batch (the others accumulate locally), stages 2 and 3 on every one (into the owned
+  // partition, which is what lets the full gradients go: Note [Transient gradients]). step():
+  //   1. waits for the reductions; divides the owned gradients by dp, so they are those of the
+  //      mean loss over the global batch, as in one process (Note [Training step]);
+  //   2. the global gradient norm: each rank sums squares over what it owns (fixed chunks,
+  //      double, Note [Deterministic norm]), one allreduce of that double (stages 1-3; at stage
+  //      0 every rank holds the same reduced gradients), sqrt;
+  //   3. a non-finite norm on any rank (the allreduced sum is then non-finite everywhere) skips
+  //      the step on every rank — fp16 overflow semantics; with a LossScaler, it decides;
+  //   4. clipping (max_norm > 0) scales the owned gradients by clip_grad_norm's coefficient;
+  //   5. the optimizer steps the owned partition with `lr` (AdamW's update is elementwise, so a
+  //      slice updates exactly as the same elements of the whole would);
+  //   6. stages 1 and 2 allgather the updated slices so every rank has whole parameters again
+  //      (bucketed by allgather_bucket_size); stage 3 keeps partitions (Note [ZeRO-3 gathering]);
+  //   7. gradients are zeroed for the next step.
+  // Steps 1-5 are the OptimizerPlacement's, 6 the ParamGathering's, 7 the GradientReduction's.
+  // Same seed and same dp give bitwise-identical runs: every reduction has a fixed order.
   void begin_micro_batch(bool last);
   void backward(const autograd::Variable& loss);  // loss already scaled by 1/grad_accum
   // The gradient backward(x) hands x, where x = loss scaled by `weight` (1 / grad_accum, or 1
@@ -100,7 +128,7 @@ class Engine {
   float loss_gradient(float weight) const;
   StepResult step(double lr, double max_norm);
 
-  optim::Optimizer& optimizer() { return *optimizer_; }
+  optim::Optimizer& optimizer() { return placement_->optimizer(); }
   const ZeroConfig& config() const { return zero_; }
   comm::Communicator& dp() { return *dp_; }
   int stage() const { return zero_.stage; }
@@ -121,8 +149,8 @@ class Engine {
   };
   ModelStateBytes model_state_bytes() const;
   // Stage 3: peak bytes of gathered (whole) unit parameters since the last reset.
-  int64_t gathered_param_peak_bytes() const;
-  void reset_gathered_peak();
+  int64_t gathered_param_peak_bytes() const { return gathering_->gathered_peak_bytes(); }
+  void reset_gathered_peak() { gathering_->reset_gathered_peak(); }
 
   // ---- checkpoints (Note [ZeRO partitions]: flat coordinates [0, unit_numel)) ----
   struct Shard {
@@ -148,45 +176,40 @@ class Engine {
   void sync_params();
   // Runs fn with every unit's parameters whole, one unit at a time (stage 3 gathers and
   // releases each). Collective at stage 3.
-  void for_each_gathered_unit(const std::function<void(const models::FlatUnit&)>& fn);
+  void for_each_gathered_unit(const std::function<void(const models::FlatUnit&)>& fn) {
+    gathering_->for_each_gathered_unit(fn);
+  }
 
   // ---- introspection (tests, logs) ----
-  const UnitPartition& partition(int unit) const { return parts_[unit]; }
+  const UnitPartition& partition(int unit) const { return partitioning_->unit(unit); }
   // Stage 3: the order of gathers recorded in the first micro-batch, as unit indices.
-  const std::vector<int>& gather_order() const;
-  int64_t prefetches() const;
+  const std::vector<int>& gather_order() const { return gathering_->gather_order(); }
+  int64_t prefetches() const { return gathering_->prefetches(); }
   // Receives "reduce <unit> [a, b)", "gather/prefetch/release <unit>", "allgather <unit> ...".
   void set_trace(std::function<void(const std::string&)> fn);
 
  private:
-  void install_hooks();
-  std::vector<tensor::Tensor> owned_grads() const;
-  void allgather_updated_params();
-  // Mixed precision: rewrites the owned low-precision parameters from the masters and makes
-  // the units whole again (after loading a checkpoint).
-  void refresh_params_from_masters();
-  double allreduce_sum(double x);
+  // Every slice this rank holds, as shards; `for_loading`: also whole units on ranks > 0.
+  std::vector<Shard> held_shards(bool for_loading);
 
   models::CausalLM& model_;
   std::shared_ptr<comm::Communicator> dp_;
   ZeroConfig zero_;
-  std::vector<UnitPartition> parts_;
-  std::vector<Reduction> kinds_;
-  std::vector<tensor::Tensor> partition_grads_;  // stages 2/3
   DType param_dtype_ = DType::F32;
-  std::vector<tensor::Tensor> masters_;  // mixed precision: fp32 owned slice per unit
-  std::unique_ptr<GradReducer> reducer_;
-  std::unique_ptr<ParamGatherer> gatherer_;  // stage 3
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  // The parts (Note [Engine parts]), in construction order; each later one may refer to the
+  // earlier ones, so they go in reverse.
+  std::unique_ptr<Partitioning> partitioning_;
+  std::unique_ptr<OptimizerPlacement> placement_;
+  std::unique_ptr<GradientReduction> reduction_;
+  std::unique_ptr<ParamGathering> gathering_;
+  std::unique_ptr<MicroBatchSchedule> schedule_;
   optim::LossScaler* scaler_ = nullptr;
-  std::vector<std::pair<models::nn::Module*, models::nn::HookHandle>> hooks_;
   bool in_backward_ = false;
   bool in_micro_batch_ = false;
   bool last_micro_batch_ = false;
   // No backward since the last step (or construction): the gradient buffers hold zeros
   // (Note [Weight gradients into their buffer] in autograd/grad_sink.h).
   bool grads_zero_ = true;
-  std::function<void(const std::string&)> trace_;
 };
 
 }  // namespace strata::parallel

@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "models/flat_params.h"
 #include "comm/communicator.h"
+#include "models/flat_params.h"
 #include "parallel/partition.h"
 
 namespace strata::parallel {

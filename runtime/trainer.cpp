@@ -15,25 +15,25 @@
 
 #include "autograd/functions.h"
 #include "autograd/rng_context.h"
+#include "comm/process_groups.h"
+#include "comm/world.h"
 #include "core/atomic_file.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/timer.h"
+#include "data/unicode.h"
 #include "models/gpt2/hf_interop.h"
 #include "models/registry.h"
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
-#include "comm/process_groups.h"
-#include "comm/world.h"
 #include "parallel/zero_memory.h"
-#include "tensor/cuda.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_peaks.h"
 #include "runtime/op_profile.h"
 #include "sampling/sampler.h"
-#include "data/unicode.h"
+#include "tensor/cuda.h"
 
 namespace strata::runtime {
 
@@ -351,31 +351,20 @@ void Trainer::train_step(StepRecord& record) {
   Stopwatch watch;
   autograd::GeneratorScope rng_scope(generator_);
   const int64_t base = step_ * G + static_cast<int64_t>(rank_) * M * A;
-  std::vector<tensor::Tensor> losses;
-  for (int64_t m = 0; m < A; ++m) {
-    engine_->begin_micro_batch(m == A - 1);
+  parallel::TrainStepInputs in;
+  in.micro_batches = A;
+  in.batch = [&](int64_t m) {
     data::Batch batch = train_data_->batch(base + m * M, M);
-    const float weight = A == 1 ? 1.0f : 1.0f / static_cast<float>(A);
-    autograd::Variable loss;
-    {
-      // Note [Fused cross-entropy gradient]: the gradient this loss will receive.
-      const autograd::LossGradientScope grad(engine_->loss_gradient(weight));
-      loss = model_->loss(batch.ids.to(device_), batch.targets.to(device_));
-    }
-    losses.push_back(loss.data().reshape({1}));
-    engine_->backward(A == 1 ? loss : autograd::scale(loss, weight));
-  }
-  // The micro-batches' losses are read once, after the last backward (Note [Training on the
-  // GPU]).
-  const tensor::Tensor host_losses =
-      (A == 1 ? losses.front() : tensor::concat(losses, 0)).to(Device::cpu());
-  double loss_sum = 0.0;
-  for (int64_t m = 0; m < A; ++m) loss_sum += static_cast<double>(host_losses.data<float>()[m]);
+    return parallel::MicroBatch{batch.ids.to(device_), batch.targets.to(device_)};
+  };
   const double lr = schedule_->lr(step_);
-  const parallel::StepResult result = engine_->step(lr, config_.optimizer.grad_clip);
+  in.lr = lr;
+  in.max_norm = config_.optimizer.grad_clip;
+  const parallel::TrainStepOutput out = engine_->train_step(in);  // Note [Train step]
+  const parallel::StepResult& result = out.result;
   ++step_;
   samples_consumed_ += G;
-  const double mean_loss = engine_->average(loss_sum / static_cast<double>(A));
+  const double mean_loss = engine_->average(out.mean_loss);
   double dt = watch.seconds();
 
   record.step = step_;

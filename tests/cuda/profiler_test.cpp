@@ -206,9 +206,9 @@ TEST(CudaProfiler, AttentionNamesItsPathAndCountsTheCausalPairs) {
   EXPECT_DOUBLE_EQ(rows.at("attention_backward[own]").flops, B * H * pairs * 2.0 * D * 5.0);
 }
 
-// A GPU training step (bf16, fused AdamW, gradient clipping) under the profiler: the model's ops,
-// the optimizer and the gradient norm each have a row; the ops' device time fits in the step's
-// wall time.
+// A GPU training step (Engine::train_step: bf16, fused AdamW, gradient clipping) under the
+// profiler: the model's ops, the optimizer and the gradient norm each have a row; the ops' device
+// time fits in the step's wall time.
 TEST(CudaProfiler, ATrainingStepIsCoveredOpByOp) {
   SKIP_WITHOUT_GPU();
   testing::TrainSpec s;
@@ -218,12 +218,14 @@ TEST(CudaProfiler, ATrainingStepIsCoveredOpByOp) {
   parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), {},
                           testing::adamw_factory(), DType::BF16);
   auto step = [&](int i) {
-    engine.begin_micro_batch(true);
-    testing::Batch b = testing::make_batch(i * s.micro, s.micro);
-    autograd::Variable loss = model->loss(b.ids.to(kGpu), b.targets.to(kGpu));
-    engine.backward(loss);
-    (void)loss.item();
-    engine.step(s.lr, s.max_norm);
+    parallel::TrainStepInputs in;
+    in.batch = [&](int64_t) {
+      testing::Batch b = testing::make_batch(i * s.micro, s.micro);
+      return parallel::MicroBatch{b.ids.to(kGpu), b.targets.to(kGpu)};
+    };
+    in.lr = s.lr;
+    in.max_norm = s.max_norm;
+    engine.train_step(in);  // Note [Train step]
   };
   step(0);  // plans and heuristics outside the profiled step
   tensor::cuda_profile_start();
@@ -232,12 +234,15 @@ TEST(CudaProfiler, ATrainingStepIsCoveredOpByOp) {
   model->flat_units().front().params.narrow(0, 0, 1).to(Device::cpu());  // waits for the step
   const double wall_ms = watch.seconds() * 1e3;
   const auto rows = by_name(tensor::cuda_profile_stop());
+  // The loss's forward and backward are one kernel: the step knows the loss's gradient (Note
+  // [Fused cross-entropy gradient]).
   for (const char* op : {"adamw", "sum_squares", "linear_forward", "linear_backward_weight",
-                         "cross_entropy_forward", "cross_entropy_backward", "embedding_forward",
-                         "embedding_backward", "add_layernorm_forward", "add_layernorm_backward"})
+                         "cross_entropy_fused", "embedding_forward", "embedding_backward",
+                         "add_layernorm_forward", "add_layernorm_backward"})
     EXPECT_TRUE(rows.count(op)) << op << " has no row";
   EXPECT_EQ(rows.at("adamw").calls, 1);
   EXPECT_GT(rows.at("adamw").bytes, 0.0);
+  EXPECT_EQ(rows.count("cross_entropy_backward"), 0u);
   int attention = 0;
   double total_ms = 0;
   for (const auto& [op, r] : rows) {

@@ -68,21 +68,21 @@ std::unique_ptr<models::gpt2::GPT2> gpu_model(const TrainSpec& s) {
 
 // One engine step on the GPU: testing::engine_step with the batch copied to the device.
 // `loss_factor` multiplies the loss that backward starts from (an infinite one forces an overflow).
-double gpu_engine_step(parallel::Engine& engine, models::CausalLM& model, const TrainSpec& s,
-                       int step, parallel::StepResult* result = nullptr, float loss_factor = 1.f) {
+double gpu_engine_step(parallel::Engine& engine, const TrainSpec& s, int step,
+                       parallel::StepResult* result = nullptr, float loss_factor = 1.f) {
   const int64_t G = s.micro * s.accum;
-  double sum = 0;
-  for (int64_t m = 0; m < s.accum; ++m) {
-    engine.begin_micro_batch(m == s.accum - 1);
+  parallel::TrainStepInputs in;
+  in.micro_batches = s.accum;
+  in.batch = [&](int64_t m) {
     testing::Batch b = testing::make_batch(step * G + m * s.micro, s.micro);
-    autograd::Variable loss = model.loss(b.ids.to(kGpu), b.targets.to(kGpu));
-    sum += loss.item();
-    const float f = loss_factor / static_cast<float>(s.accum);
-    engine.backward(f == 1.f ? loss : autograd::scale(loss, f));
-  }
-  const parallel::StepResult r = engine.step(s.lr, s.max_norm);
-  if (result) *result = r;
-  return sum / static_cast<double>(s.accum);
+    return parallel::MicroBatch{b.ids.to(kGpu), b.targets.to(kGpu)};
+  };
+  in.lr = s.lr;
+  in.max_norm = s.max_norm;
+  in.loss_factor = loss_factor;
+  const parallel::TrainStepOutput out = engine.train_step(in);  // Note [Train step]
+  if (result) *result = out.result;
+  return out.mean_loss;
 }
 
 struct GpuRun {
@@ -100,8 +100,7 @@ GpuRun gpu_engine_run(const TrainSpec& s, DType dtype, const parallel::ZeroConfi
   engine.set_loss_scaler(scaler);
   EXPECT_TRUE(engine.optimizer().device().is_cuda());
   GpuRun run;
-  for (int step = 0; step < s.steps; ++step)
-    run.losses.push_back(gpu_engine_step(engine, *model, s, step));
+  for (int step = 0; step < s.steps; ++step) run.losses.push_back(gpu_engine_step(engine, s, step));
   // Whole parameters at every stage (stage 3 gathers each unit for the call).
   engine.for_each_gathered_unit(
       [&](const models::FlatUnit& u) { run.params.push_back(host_bytes(u.params)); });
@@ -293,9 +292,9 @@ TEST(TrainGpu, AnEngineStepAddsAlmostNoGradientWithAnAxpy) {
   auto model = gpu_model(s);
   parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), {},
                           testing::adamw_factory(), DType::BF16);
-  gpu_engine_step(engine, *model, s, 0);  // builds what is built once
+  gpu_engine_step(engine, s, 0);  // builds what is built once
   const uint64_t before = cuda_emu::launches_of("axpy_kernel");
-  gpu_engine_step(engine, *model, s, 1);
+  gpu_engine_step(engine, s, 1);
   EXPECT_EQ(cuda_emu::launches_of("axpy_kernel") - before, 1u);
 #endif
 }
@@ -801,8 +800,7 @@ TEST(TrainGpu, Bf16OnTheTensorCoreAttentionTracksFp32) {
     parallel::Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"),
                             parallel::ZeroConfig{}, testing::adamw_factory(), dtype);
     std::vector<double> losses;
-    for (int step = 0; step < s.steps; ++step)
-      losses.push_back(gpu_engine_step(engine, model, s, step));
+    for (int step = 0; step < s.steps; ++step) losses.push_back(gpu_engine_step(engine, s, step));
     return losses;
   };
   const std::vector<double> fp32 = run(DType::F32);
@@ -835,10 +833,10 @@ TEST(TrainGpu, NoDeviceAllocationAfterTheFirstSteps) {
       auto model = gpu_model(s);
       parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), z,
                               testing::adamw_factory(), dtype);
-      for (int step = 0; step < 2; ++step) gpu_engine_step(engine, *model, s, step);
+      for (int step = 0; step < 2; ++step) gpu_engine_step(engine, s, step);
       const int64_t warm = alloc.counters().raw_mallocs;
       const int64_t hits = alloc.counters().cache_hits;
-      for (int step = 2; step < 6; ++step) gpu_engine_step(engine, *model, s, step);
+      for (int step = 2; step < 6; ++step) gpu_engine_step(engine, s, step);
       EXPECT_EQ(alloc.counters().raw_mallocs, warm) << "cudaMalloc in a steady-state step";
       EXPECT_GT(alloc.counters().cache_hits, hits);  // the steps did allocate, from the cache
     }
@@ -905,12 +903,12 @@ TEST(TrainGpu, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   const double scale = scaler.scale();
   const std::vector<uint8_t> before = host_bytes(engine.optimizer().groups()[0].param);
   parallel::StepResult r;
-  gpu_engine_step(engine, *model, s, 0, &r, std::numeric_limits<float>::infinity());
+  gpu_engine_step(engine, s, 0, &r, std::numeric_limits<float>::infinity());
   EXPECT_TRUE(r.skipped);
   EXPECT_EQ(engine.optimizer().step_count(), 0);
   EXPECT_EQ(scaler.scale(), scale / 2);
   EXPECT_EQ(host_bytes(engine.optimizer().groups()[0].param), before);
-  gpu_engine_step(engine, *model, s, 1, &r);
+  gpu_engine_step(engine, s, 1, &r);
   EXPECT_FALSE(r.skipped);
   EXPECT_TRUE(std::isfinite(r.grad_norm));
   EXPECT_EQ(engine.optimizer().step_count(), 1);

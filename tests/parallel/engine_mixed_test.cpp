@@ -10,9 +10,9 @@
 #include <optional>
 #include <string>
 
+#include "comm/self_communicator.h"
 #include "core/error.h"
 #include "offload/memory_stats.h"
-#include "comm/self_communicator.h"
 #include "tests/parallel/engine_test_util.h"
 
 namespace strata::parallel {
@@ -76,7 +76,7 @@ TEST(EngineMixed, ParametersAreTheRoundedMasters) {
       EXPECT_EQ(u.grads.dtype(), DType::BF16) << u.name;
     }
     for (int step = 0; step < s.steps; ++step) {
-      strata::testing::engine_step(engine, model, s, step);
+      strata::testing::engine_step(engine, s, step);
       for (const optim::ParamGroup& g : engine.optimizer().groups()) {
         ASSERT_EQ(g.param.dtype(), DType::F32);
         ASSERT_EQ(g.low_precision_copy.dtype(), DType::BF16);
@@ -163,14 +163,12 @@ TEST(EngineMixed, Fp16OverflowSkipsAndHalvesTheScale) {
   EXPECT_EQ(scale, 65536.0);
   const auto masters_before = tensor::to_float_vector(engine.optimizer().groups()[0].param);
   StepResult r;
-  strata::testing::engine_step(engine, model, s, 0, &r, [](autograd::Variable& loss) {
-    loss = autograd::scale(loss, std::numeric_limits<float>::infinity());
-  });
+  strata::testing::engine_step(engine, s, 0, &r, std::numeric_limits<float>::infinity());
   EXPECT_TRUE(r.skipped);
   EXPECT_EQ(engine.optimizer().step_count(), 0);
   EXPECT_EQ(scaler.scale(), scale / 2);
   EXPECT_EQ(tensor::to_float_vector(engine.optimizer().groups()[0].param), masters_before);
-  strata::testing::engine_step(engine, model, s, 1, &r);
+  strata::testing::engine_step(engine, s, 1, &r);
   EXPECT_FALSE(r.skipped);
   EXPECT_TRUE(std::isfinite(r.grad_norm));
   EXPECT_EQ(engine.optimizer().step_count(), 1);

@@ -127,7 +127,7 @@ TEST(EngineDeterminism, TwoRunsAreBitwiseEqual) {
       models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
       Engine engine(model, world(), z, strata::testing::adamw_factory());
       for (int step = 0; step < s.steps; ++step)
-        losses[run].push_back(engine.average(strata::testing::engine_step(engine, model, s, step)));
+        losses[run].push_back(engine.average(strata::testing::engine_step(engine, s, step)));
       engine.for_each_gathered_unit([&](const models::FlatUnit& u) {
         params[run].push_back(tensor::to_float_vector(u.params));
       });
@@ -161,7 +161,7 @@ TEST(EngineSkip, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
     });
     Engine engine(model, world(), z, strata::testing::adamw_factory());
     StepResult r;
-    strata::testing::engine_step(engine, model, s, 0, &r);
+    strata::testing::engine_step(engine, s, 0, &r);
     ASSERT_FALSE(r.skipped);
     std::vector<std::vector<float>> before;
     engine.for_each_gathered_unit(
@@ -169,7 +169,7 @@ TEST(EngineSkip, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
     const int64_t steps_before = engine.optimizer().step_count();
 
     inject = true;
-    strata::testing::engine_step(engine, model, s, 1, &r);
+    strata::testing::engine_step(engine, s, 1, &r);
     inject = false;
     EXPECT_TRUE(r.skipped) << "rank " << world()->rank();
     EXPECT_FALSE(std::isfinite(r.grad_norm));
@@ -179,7 +179,7 @@ TEST(EngineSkip, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
         [&](const models::FlatUnit& u) { after.push_back(tensor::to_float_vector(u.params)); });
     EXPECT_EQ(after, before) << "parameters changed on rank " << world()->rank();
 
-    strata::testing::engine_step(engine, model, s, 2, &r);
+    strata::testing::engine_step(engine, s, 2, &r);
     EXPECT_FALSE(r.skipped);
     EXPECT_TRUE(std::isfinite(r.grad_norm));
     EXPECT_EQ(engine.optimizer().step_count(), steps_before + 1);

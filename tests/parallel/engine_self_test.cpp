@@ -4,12 +4,14 @@
 // transient gradients) is exercised without MPI. Multi-rank agreement: engine_mpi_test.cpp.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 #include <string>
 
-#include "core/error.h"
 #include "comm/self_communicator.h"
+#include "core/error.h"
 #include "tests/parallel/engine_test_util.h"
 
 namespace strata::parallel {
@@ -76,7 +78,7 @@ TEST(EngineSelfBuckets, LaunchDuringBackward) {
         v.add_grad_ready_hook([&log, name = u.name](autograd::Variable&) {
           if (log.empty() || log.back() != "ready " + name) log.push_back("ready " + name);
         });
-    strata::testing::engine_step(engine, model, s, 0);
+    strata::testing::engine_step(engine, s, 0);
     auto first = [&](const std::string& e) {
       return std::find_if(log.begin(), log.end(),
                           [&](const std::string& x) { return x.rfind(e, 0) == 0; }) -
@@ -116,7 +118,7 @@ TEST(EngineSelfZero3, UnitsAreGatheredOnlyWhileUsed) {
 
   std::vector<std::string> log;
   engine.set_trace([&](const std::string& e) { log.push_back(e); });
-  strata::testing::engine_step(engine, model, s, 0);
+  strata::testing::engine_step(engine, s, 0);
   for (auto& u : units) {
     EXPECT_TRUE(u.params.storage()->is_released()) << u.name << " after the step";
     EXPECT_TRUE(u.grads.storage()->is_released()) << u.name << " after the step";
@@ -137,7 +139,7 @@ TEST(EngineSelfZero3, UnitsAreGatheredOnlyWhileUsed) {
   // Step 2 uses the order: h.1 is prefetched (while h.0 computes) instead of gathered on demand.
   log.clear();
   engine.reset_gathered_peak();
-  strata::testing::engine_step(engine, model, s, 1);
+  strata::testing::engine_step(engine, s, 1);
   EXPECT_GT(engine.prefetches(), 0);
   EXPECT_GE(std::count(log.begin(), log.end(), "prefetch h.1"), 1);
   const int64_t block_bytes = units[1].size() * 4;
@@ -164,6 +166,66 @@ TEST(EngineSelfZero3, UnitsAreGatheredOnlyWhileUsed) {
   });
   EXPECT_EQ(seen, static_cast<int>(units.size()));
   for (auto& u : units) EXPECT_TRUE(u.params.storage()->is_released()) << u.name;
+}
+
+// Note [Train step]: Engine::train_step runs each loss under a LossGradientScope (the fused
+// cross-entropy gradient) and reads the losses after the last backward; the same steps through
+// the low-level calls, with the unfused loss read as it is made, give the same bits: losses,
+// parameters and fp32 masters, with accumulation, clipping and fp16's loss scale.
+TEST(EngineSelfTrainStep, GivesTheBitsOfTheLowLevelCalls) {
+  TrainSpec s;
+  s.steps = 3;
+  s.accum = 3;
+  s.max_norm = 0.5;
+  struct Run {
+    std::vector<double> losses;
+    std::vector<float> params, masters;
+  };
+  for (DType dtype : {DType::F32, DType::F16})
+    for (int stage : {0, 3}) {
+      SCOPED_TRACE(fmt::format("{} stage {}", dtype_name(dtype), stage));
+      auto run = [&](bool api) {
+        models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+        ZeroConfig z;
+        z.stage = stage;
+        z.stage3_param_persistence_threshold = 0;
+        Engine engine(model, self(), z, strata::testing::adamw_factory(), dtype);
+        optim::LossScaler scaler;
+        if (dtype == DType::F16) engine.set_loss_scaler(&scaler);
+        Run r;
+        for (int step = 0; step < s.steps; ++step) {
+          if (api) {
+            r.losses.push_back(strata::testing::engine_step(engine, s, step));
+            continue;
+          }
+          double sum = 0;
+          for (int64_t m = 0; m < s.accum; ++m) {
+            engine.begin_micro_batch(m == s.accum - 1);
+            const strata::testing::Batch b =
+                strata::testing::make_batch((step * s.accum + m) * s.micro, s.micro);
+            autograd::Variable loss = model.loss(b.ids, b.targets);
+            sum += loss.item();
+            engine.backward(autograd::scale(loss, 1.f / static_cast<float>(s.accum)));
+          }
+          engine.step(s.lr, s.max_norm);
+          r.losses.push_back(sum / static_cast<double>(s.accum));
+        }
+        engine.for_each_gathered_unit([&](const models::FlatUnit& u) {
+          const std::vector<float> v = tensor::to_float_vector(u.params.to(DType::F32));
+          r.params.insert(r.params.end(), v.begin(), v.end());
+        });
+        for (const optim::ParamGroup& g : engine.optimizer().groups()) {
+          const std::vector<float> v = tensor::to_float_vector(g.param);
+          r.masters.insert(r.masters.end(), v.begin(), v.end());
+        }
+        return r;
+      };
+      const Run api = run(true), calls = run(false);
+      EXPECT_EQ(api.losses, calls.losses);
+      EXPECT_EQ(api.params, calls.params);
+      EXPECT_EQ(api.masters, calls.masters);
+      EXPECT_GT(api.params.size(), 0u);
+    }
 }
 
 TEST(EngineSelf, RejectsBadConfigAndMisuse) {
@@ -210,7 +272,7 @@ TEST(EngineSelfLossScale, StaticScaleIsExactAndOverflowSkips) {
     optim::LossScaler scaler(sc);
     engine.set_loss_scaler(&scaler);
     for (int step = 0; step < s.steps; ++step)
-      EXPECT_EQ(strata::testing::engine_step(engine, model, s, step), expected[step]);
+      EXPECT_EQ(strata::testing::engine_step(engine, s, step), expected[step]);
   }
   models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
   Engine engine(model, self(), ZeroConfig{}, strata::testing::adamw_factory());
@@ -220,13 +282,11 @@ TEST(EngineSelfLossScale, StaticScaleIsExactAndOverflowSkips) {
   engine.set_loss_scaler(&scaler);
   const double scale = scaler.scale();
   StepResult r;
-  strata::testing::engine_step(engine, model, s, 0, &r, [](autograd::Variable& loss) {
-    loss = autograd::scale(loss, std::numeric_limits<float>::infinity());
-  });
+  strata::testing::engine_step(engine, s, 0, &r, std::numeric_limits<float>::infinity());
   EXPECT_TRUE(r.skipped);
   EXPECT_EQ(engine.optimizer().step_count(), 0);
   EXPECT_EQ(scaler.scale(), scale / 2);
-  strata::testing::engine_step(engine, model, s, 1, &r);
+  strata::testing::engine_step(engine, s, 1, &r);
   EXPECT_FALSE(r.skipped);
   EXPECT_EQ(engine.optimizer().step_count(), 1);
 }

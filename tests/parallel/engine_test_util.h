@@ -112,31 +112,29 @@ inline parallel::Engine::OptimizerFactory adamw_factory() {
   };
 }
 
-// One training step through the engine on this rank (Note [Training step]'s data split); returns
-// the rank's mean micro-batch loss. `before_step` runs after the last backward.
-inline double engine_step(parallel::Engine& engine, models::CausalLM& model, const TrainSpec& s,
-                          int step, parallel::StepResult* result = nullptr,
-                          const std::function<void(autograd::Variable&)>& scale_loss = {}) {
+// One training step through the engine on this rank (Note [Training step]'s data split, Note
+// [Train step]); returns the rank's mean micro-batch loss. `loss_factor` multiplies the loss that
+// backward starts from (an infinite one forces an overflow).
+inline double engine_step(parallel::Engine& engine, const TrainSpec& s, int step,
+                          parallel::StepResult* result = nullptr, float loss_factor = 1.f) {
   const int dp = engine.dp().size(), r = engine.dp().rank();
   const int64_t G = s.micro * s.accum * dp;
-  double sum = 0;
-  for (int64_t m = 0; m < s.accum; ++m) {
-    engine.begin_micro_batch(m == s.accum - 1);
+  parallel::TrainStepInputs in;
+  in.micro_batches = s.accum;
+  in.batch = [&](int64_t m) {
     Batch b = make_batch(step * G + r * s.micro * s.accum + m * s.micro, s.micro);
-    autograd::Variable loss = model.loss(b.ids, b.targets);
-    sum += loss.item();
-    loss = autograd::scale(loss, 1.f / static_cast<float>(s.accum));
-    if (scale_loss) scale_loss(loss);
-    engine.backward(loss);
-  }
-  parallel::StepResult res = engine.step(s.lr, s.max_norm);
-  if (result) *result = res;
-  return sum / static_cast<double>(s.accum);
+    return parallel::MicroBatch{b.ids, b.targets};
+  };
+  in.lr = s.lr;
+  in.max_norm = s.max_norm;
+  in.loss_factor = loss_factor;
+  const parallel::TrainStepOutput out = engine.train_step(in);
+  if (result) *result = out.result;
+  return out.mean_loss;
 }
 
 // The global mean loss per step through an engine over `dp`.
-inline std::vector<double> engine_losses(const TrainSpec& s,
-                                         std::shared_ptr<comm::Communicator> dp,
+inline std::vector<double> engine_losses(const TrainSpec& s, std::shared_ptr<comm::Communicator> dp,
                                          const parallel::ZeroConfig& zero,
                                          DType param_dtype = DType::F32,
                                          optim::LossScaler* scaler = nullptr) {
@@ -145,7 +143,7 @@ inline std::vector<double> engine_losses(const TrainSpec& s,
   engine.set_loss_scaler(scaler);
   std::vector<double> losses;
   for (int step = 0; step < s.steps; ++step)
-    losses.push_back(engine.average(engine_step(engine, model, s, step)));
+    losses.push_back(engine.average(engine_step(engine, s, step)));
   return losses;
 }
 

@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <map>
 
-#include "offload/memory_stats.h"
 #include "comm/self_communicator.h"
+#include "offload/memory_stats.h"
 #include "parallel/zero_memory.h"
 #include "tests/parallel/engine_test_util.h"
 #include "tests/support/mpi_test_env.h"
@@ -50,7 +50,7 @@ TEST(ZeroModelStates, MeasuredBytesEqualTheFormula) {
     z.stage = stage;
     z.stage3_param_persistence_threshold = 0;
     Engine engine(model, world(), z, strata::testing::adamw_factory());
-    strata::testing::engine_step(engine, model, s, 0);
+    strata::testing::engine_step(engine, s, 0);
     world()->barrier();
     Engine::ModelStateBytes m = engine.model_state_bytes();
     m.params -= baseline.params;
@@ -103,13 +103,13 @@ TEST(Zero3Gathering, PeakStaysNearTwoUnitsPlusPrefetch) {
     largest = std::max<int64_t>(largest, u.size() * 4);
     total += u.size() * 4;
   }
-  strata::testing::engine_step(engine, model, s, 0);
+  strata::testing::engine_step(engine, s, 0);
   const size_t recorded = engine.gather_order().size();
   EXPECT_GE(recorded, 2 * (static_cast<size_t>(s.n_layer) + 2)) << "forward and backward gathers";
   EXPECT_EQ(engine.prefetches(), 0);
   engine.reset_gathered_peak();
-  strata::testing::engine_step(engine, model, s, 1);
-  strata::testing::engine_step(engine, model, s, 2);
+  strata::testing::engine_step(engine, s, 1);
+  strata::testing::engine_step(engine, s, 2);
   const int64_t peak = engine.gathered_param_peak_bytes();
   EXPECT_GT(engine.prefetches(), 0);
   EXPECT_EQ(engine.gather_order().size(), recorded) << "recorded once";
@@ -142,11 +142,11 @@ TEST(Zero2Memory, TransientGradientsStayBounded) {
     largest = std::max<int64_t>(largest, u.size() * 4);
   }
   const int64_t embeddings = model.flat_units().front().size() * 4;
-  strata::testing::engine_step(engine, model, s, 0);
+  strata::testing::engine_step(engine, s, 0);
   world()->barrier();
   auto& stats = offload::MemoryStats::global();
   stats.reset_peaks();
-  strata::testing::engine_step(engine, model, s, 1);
+  strata::testing::engine_step(engine, s, 1);
   const int64_t peak = stats.usage(offload::Tier::Host, offload::Category::Comm).peak;
   // The embeddings' gradient (from the tied head to the end of backward), one block's, and at
   // most about three buckets of staging.
@@ -172,7 +172,7 @@ TEST(ZeroShards, ResumeOnAnotherDpLayout) {
     z.stage3_param_persistence_threshold = 1000;  // head whole at stage 3
     models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
     Engine engine(model, world(), z, strata::testing::adamw_factory());
-    for (int step = 0; step < s.steps; ++step) strata::testing::engine_step(engine, model, s, step);
+    for (int step = 0; step < s.steps; ++step) strata::testing::engine_step(engine, s, step);
 
     // What files would hold: every (unit, key) assembled in flat coordinates from all ranks.
     std::map<std::pair<std::string, std::string>, tensor::Tensor> files;
@@ -219,8 +219,8 @@ TEST(ZeroShards, ResumeOnAnotherDpLayout) {
     engine1.optimizer().load_state_dict(st);
 
     for (int step = s.steps; step < s.steps + 3; ++step) {
-      const double a = engine.average(strata::testing::engine_step(engine, model, s, step));
-      const double b = strata::testing::engine_step(engine1, model1, s1, step);
+      const double a = engine.average(strata::testing::engine_step(engine, s, step));
+      const double b = strata::testing::engine_step(engine1, s1, step);
       EXPECT_LE(std::fabs(a - b), 1e-5 * std::fabs(b)) << "step " << step;
     }
   }

@@ -6,10 +6,10 @@
 // units on the GPU, and a parallel::Engine over a world of one (the self communicator, ZeRO
 // stage 0) owns it with param_dtype BF16 (Note [Mixed precision] in parallel/engine.h: bf16
 // parameters and gradients, fp32 masters and moments) or F32. One step is Trainer::train_step
-// with one micro-batch: ids and targets copied from the host, the loss forward,
-// engine.backward, loss.item(), engine.step (global gradient norm, clipping to 1.0, the fused AdamW
-// kernel with lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices). Tokens are random
-// (fixed seed); targets are the ids shifted by one, as the data loader gives them.
+// with one micro-batch (Engine::train_step): ids and targets copied from the host, the loss
+// forward, engine.backward, the loss read, engine.step (global gradient norm, clipping to 1.0, the
+// fused AdamW kernel with lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices). Tokens
+// are random (fixed seed); targets are the ids shifted by one, as the data loader gives them.
 //
 // `--warmup` steps (cuBLASLt heuristics, cuDNN plans, the caching allocator's segments) are not
 // timed. Each of the `--steps` timed steps ends with a device-to-host copy of one parameter
@@ -73,6 +73,7 @@
 #include <vector>
 
 #include "autograd/functions.h"
+#include "comm/world.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "models/nn/fused_ops.h"
@@ -81,12 +82,11 @@
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
 #include "parallel/engine.h"
-#include "comm/world.h"
-#include "tensor/cuda.h"
-#include "tensor/storage.h"
 #include "runtime/device_peaks.h"
 #include "runtime/op_profile.h"
 #include "runtime/trainer.h"
+#include "tensor/cuda.h"
+#include "tensor/storage.h"
 
 #if defined(STRATA_CUDA_EMULATION)
 #include "cuda_emu/control.h"
@@ -247,20 +247,17 @@ class Bench {
 
   int64_t vocab_size() const { return model_->vocab_size(); }
 
-  // Trainer::train_step with one micro-batch and a constant learning rate.
+  // Trainer::train_step with one micro-batch and a constant learning rate (Note [Train step] in
+  // parallel/engine.h): the loss's forward writes its gradient (Note [Fused cross-entropy
+  // gradient] in autograd/functions_nn.cpp) and is read after the backward.
   float step(const Tokens& x) {
-    engine_->begin_micro_batch(true);
-    autograd::Variable loss;
-    {
-      // As Trainer: the loss's gradient is known, so its forward writes the logits' gradient
-      // (Note [Fused cross-entropy gradient] in autograd/functions_nn.cpp).
-      const autograd::LossGradientScope grad(engine_->loss_gradient(1.0f));
-      loss = model_->loss(x.ids.to(device_), x.targets.to(device_));
-    }
-    engine_->backward(loss);
-    const float value = loss.item();  // after the backward, as Trainer reads it
-    engine_->step(kLr, kGradClip);
-    return value;
+    parallel::TrainStepInputs in;
+    in.batch = [&](int64_t) {
+      return parallel::MicroBatch{x.ids.to(device_), x.targets.to(device_)};
+    };
+    in.lr = kLr;
+    in.max_norm = kGradClip;
+    return engine_->train_step(in).losses.front();
   }
 
   // A copy to the host waits for everything queued on the compute stream (Note [CUDA streams]).

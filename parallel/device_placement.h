@@ -1,0 +1,40 @@
+#pragma once
+// DevicePlacement: the optimizer placement with every state on the model's device (Note
+// [Optimizer placement] in parallel/optimizer_placement.h), and under mixed precision the fp32
+// masters of the owned slices (Note [Mixed precision] in parallel/engine.h).
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/flat_params.h"
+#include "parallel/optimizer_placement.h"
+#include "parallel/partitioning.h"
+
+namespace strata::parallel {
+
+class DevicePlacement final : public OptimizerPlacement {
+ public:
+  // Before the units are cast to `param_dtype`: takes fp32 masters of the owned slices when
+  // param_dtype is low precision (Category::Optimizer). `dp` for the 1/dp mean and, when `parts`
+  // is partitioned, the norm's allreduce.
+  DevicePlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
+                  DType param_dtype, comm::Communicator& dp);
+
+  void build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) override;
+  optim::Optimizer& optimizer() override { return *optimizer_; }
+  StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
+  void params_from_masters() override;
+
+ private:
+  bool mixed_precision() const { return param_dtype_ != DType::F32; }
+  double global_sum(double local) const;
+
+  DType param_dtype_;
+  comm::Communicator& dp_;
+  bool sum_over_ranks_;  // ranks own different slices
+  Device device_;
+  std::vector<tensor::Tensor> masters_;  // mixed precision: fp32, one per unit's owned slice
+  std::unique_ptr<optim::Optimizer> optimizer_;
+};
+
+}  // namespace strata::parallel

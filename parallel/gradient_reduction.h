@@ -1,0 +1,67 @@
+#pragma once
+// GradientReduction: the Engine part that reduces gradients across dp and holds the reduced
+// gradients of what this rank owns (the optimizer's `grad`s). It wraps GradReducer's buckets
+// (Note [Gradient buckets] in parallel/partition.h), one reduction for every unit, chosen once
+// from the ZeRO stage:
+//   stage 0    Allreduce       of the full buffers, on the last micro-batch (plain DP);
+//   stage 1    IntoOwnedSlice  the full buffers accumulate; the last micro-batch reduce-scatters
+//                              them into the owned slice of themselves;
+//   stages 2/3 IntoPartition   every micro-batch reduce-scatters into a persistent partition
+//                              buffer (owned here); the full buffers are transient (Note
+//                              [Transient gradients] in parallel/grad_buckets.h), materialised
+//                              from module backward pre-hooks installed here.
+// What accumulates across the micro-batches of a step (partitions, or the full buffers) is
+// zeroed after the step by zero_grads().
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/causal_lm.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/module_hooks.h"
+#include "parallel/partitioning.h"
+
+namespace strata::parallel {
+
+class GradientReduction {
+ public:
+  // The reduction ZeRO stage `stage` uses (table above).
+  static Reduction for_stage(int stage);
+
+  // `parts` as the units are laid out (repadded when partitioned); IntoOwnedSlice and
+  // IntoPartition need a partitioned layout. IntoPartition allocates the partitions
+  // (Category::Grad) and releases the full gradient buffers. Installs GradReducer's grad-ready
+  // hooks, and under IntoPartition the backward pre-hooks on `model`'s modules.
+  GradientReduction(models::CausalLM& model, const Partitioning& parts, Reduction kind,
+                    comm::Communicator& dp, int64_t bucket_size, bool overlap_comm);
+  GradientReduction(const GradientReduction&) = delete;
+  GradientReduction& operator=(const GradientReduction&) = delete;
+
+  Reduction kind() const { return kind_; }
+  // The reduced gradient of this rank's slice of unit u, once wait_all() returned: the
+  // partition buffer (IntoPartition) or a view of the owned slice of the unit's full buffer.
+  tensor::Tensor owned_grad(int u) const;
+
+  // Around each micro-batch's backward; `last`: the step's last micro-batch.
+  void begin_pass(bool last) { reducer_->begin_pass(last); }
+  void end_pass() { reducer_->end_pass(); }
+  // Before the step reads the owned gradients.
+  void wait_all() { reducer_->wait_all(); }
+  // After the step: zero what accumulates over a step's micro-batches.
+  void zero_grads();
+
+  void set_trace(std::function<void(const std::string&)> fn) { reducer_->set_trace(std::move(fn)); }
+
+ private:
+  std::vector<models::FlatUnit>& units_;
+  const Partitioning& parts_;
+  Reduction kind_;
+  std::vector<tensor::Tensor> partition_grads_;  // IntoPartition
+  std::unique_ptr<GradReducer> reducer_;
+  ModuleHooks hooks_;  // after reducer_: removed before it goes
+};
+
+}  // namespace strata::parallel

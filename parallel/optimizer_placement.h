@@ -1,0 +1,62 @@
+#pragma once
+// OptimizerPlacement: the Engine part that holds the optimizer over what this rank owns and does
+// the step's arithmetic on the reduced gradients — the 1/dp mean, the global norm, the overflow
+// skip, clipping, the update (Note [Engine step] steps 1-5 in parallel/engine.h).
+//
+// Note [Optimizer placement]
+// Where the optimizer's state lives and where its update runs is the placement's one decision.
+// The Engine makes the placement before the model's parameters go low precision, so it can take
+// fp32 masters from the initialisation (Note [Mixed precision]), and hands it, once the other
+// parts have laid the units out, one OwnedSlice per unit (build): the owned parameter slice
+// (which the update must write, in the model's dtype), the owned reduced gradient (a sum over dp
+// ranks) and the slice's segments. step() leaves the updated slice in OwnedSlice::params; making
+// units whole again is the parameter gathering's job, zeroing the gradients the reduction's.
+//
+// DevicePlacement is the implementation today: states on the model's device, the optimizer's
+// own kernels (fused CUDA AdamW on the GPU). The seam for ZeRO-Offload is a host placement of
+// this same interface: masters and moments in pinned host memory (Category::Optimizer, Tier
+// host), each owned gradient slice copied to the host on the offload engine's copy stream, the
+// CPU AdamW stepping there, the updated slice copied back into OwnedSlice::params; for
+// ZeRO-Infinity the states page through the NVMe tier. The Engine, the gradient reduction and
+// the parameter gathering are the same for every placement.
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+
+namespace strata::parallel {
+
+using OptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+
+struct StepResult {
+  double grad_norm = 0;
+  bool skipped = false;
+};
+
+// One unit's part of the optimizer's work on this rank.
+struct OwnedSlice {
+  std::vector<optim::Segment> segments;  // offsets relative to the slice
+  tensor::Tensor params;                 // the model's dtype; the update writes it
+  tensor::Tensor grads;                  // the reduced gradient: the sum over dp ranks
+};
+
+class OptimizerPlacement {
+ public:
+  virtual ~OptimizerPlacement() = default;
+
+  // Once, in unit order: builds the optimizer (through `make`) over the slices.
+  virtual void build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) = 0;
+  virtual optim::Optimizer& optimizer() = 0;
+  // After the reductions are in: mean over dp, global norm (an allreduce when ranks own
+  // different slices), overflow skip (on every rank alike; with a scaler, it decides), clipping
+  // to max_norm (> 0), the update with `lr`. `scaler` may be null.
+  virtual StepResult step(double lr, double max_norm, optim::LossScaler* scaler) = 0;
+  // After a checkpoint load filled the optimizer's states: rewrites the owned parameter slices
+  // from the fp32 masters (mixed precision; nothing to do otherwise).
+  virtual void params_from_masters() = 0;
+};
+
+}  // namespace strata::parallel

@@ -13,11 +13,11 @@
 //
 // Note [Transient gradients]
 // Under IntoPartition a unit's full gradient buffer holds memory only while the unit is in
-// backward: the engine calls ensure_full_grads from the unit's backward pre-hooks (materialised,
-// charged to Category::Comm, zeroed), backward accumulates into it, and once every parameter of
-// the unit has a final gradient its buckets have been copied into their staging buffers, so the
-// buffer is released at once (Note [Released storage]). The persistent Grad bytes are then the
-// partitions alone: 4 Psi / Nd.
+// backward: GradientReduction calls ensure_full_grads from the unit's backward pre-hooks
+// (materialised, charged to Category::Comm, zeroed), backward accumulates into it, and once every
+// parameter of the unit has a final gradient its buckets have been copied into their staging
+// buffers, so the buffer is released at once (Note [Released storage]). The persistent Grad bytes
+// are then the partitions alone: 4 Psi / Nd.
 //
 // A reduce-scatter bucket copies its dp ranges into one contiguous staging buffer
 // (Category::Comm, freed when the reduction is waited for) laid out as the collective needs;

@@ -7,7 +7,7 @@
 // of L elements (Category::Param) that is also the optimizer's master copy. The unit's full
 // buffer (`FlatUnit::params`, which every parameter Variable views) is released (Note [Released
 // storage]) except while the unit is gathered: materialised (charged to Category::Comm, like
-// every transient communication buffer) and filled by an allgather of the slices. The engine
+// every transient communication buffer) and filled by an allgather of the slices. ParamGathering
 // drives it from module hooks on the unit's modules — its prefixes and its users (UnitSpec::
 // users: GPT-2's tied `lm_head` reads wte) — so model code does not change (DESIGN.md decision 6):
 //   forward pre-hook    gather                 forward post-hook   release (not in backward)
@@ -15,7 +15,7 @@
 // Autograd's saved tensors are views of the parameters; they become valid again when the
 // backward pre-hook re-gathers, at whatever address the new memory has. Activation checkpointing
 // recomputes forward inside backward: the forward post-hooks seen then must not release
-// (the engine tracks the phase), the unit stays gathered until its backward post-hook.
+// (ParamGathering tracks the phase), the unit stays gathered until its backward post-hook.
 // Prefetch: the order of gathers in the first micro-batch (forward and backward) is recorded;
 // later, each gather at position i of that order starts asynchronous allgathers of the next
 // units in the order, up to stage3_prefetch_bucket_size elements in all, so their

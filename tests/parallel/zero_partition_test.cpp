@@ -4,9 +4,11 @@
 
 #include "core/error.h"
 #include "models/flat_params.h"
+#include "models/nn/module.h"
 #include "offload/memory_stats.h"
 #include "parallel/param_groups.h"
 #include "parallel/partition.h"
+#include "parallel/partitioning.h"
 #include "tensor/tensor.h"
 
 namespace strata::parallel {
@@ -151,6 +153,43 @@ TEST(FlatParams, RepadGrowsBuffersRebindsViewsAndKeepsPaddingZero) {
   auto storage = u.params.storage();
   models::repad_flat_units(units, 16);
   EXPECT_EQ(units[0].params.storage(), storage);
+}
+
+// Note [Engine parts]: the Partitioning part. Whole units (stage 0) are not repadded, every rank
+// owns all of each and rank 0 alone writes them to a checkpoint; partitioned units (stages 1-3)
+// are repadded to dp * 16 and rank r owns slice r, whose checkpoint coordinates stop at the
+// unpadded size.
+TEST(Partitioning, WholeOrSlicedUnitsAndWhoWritesThem) {
+  auto make_units = [] {
+    auto root = std::make_unique<models::nn::Module>();
+    auto& a = root->add_module<models::nn::Module>("a");
+    a.register_parameter("w", tensor::Shape{10, 10});  // 100 elements, padded to 112 by flatten
+    auto units = models::flatten_parameters(*root, {{"a", {"a"}}});
+    return std::make_pair(std::move(root), std::move(units));
+  };
+  {
+    auto [root, units] = make_units();
+    const int64_t n = units[0].size();
+    const Partitioning whole(units, /*partitioned=*/false, /*dp_size=*/4, /*dp_rank=*/2);
+    EXPECT_FALSE(whole.partitioned());
+    EXPECT_EQ(units[0].size(), n);  // not repadded
+    EXPECT_EQ(whole.owned(0).begin, 0);
+    EXPECT_EQ(whole.owned(0).end, n);
+    EXPECT_FALSE(whole.writes_shards());
+    EXPECT_TRUE(Partitioning(units, false, 4, 0).writes_shards());
+  }
+  auto [root, units] = make_units();
+  const int64_t numel = units[0].size();
+  const Partitioning sliced(units, /*partitioned=*/true, /*dp_size=*/4, /*dp_rank=*/3);
+  EXPECT_TRUE(sliced.partitioned());
+  EXPECT_TRUE(sliced.writes_shards());
+  EXPECT_EQ(sliced.unit(0).numel, numel);  // checkpoint coordinates: before the repad
+  EXPECT_EQ(units[0].size(), align_up(numel, 4 * kPartitionAlign));
+  EXPECT_EQ(sliced.unit(0).padded, units[0].size());
+  const int64_t L = units[0].size() / 4;
+  EXPECT_EQ(sliced.owned(0).begin, 3 * L);
+  EXPECT_EQ(sliced.owned(0).end, 4 * L);
+  EXPECT_EQ(sliced.owned_unpadded(0).end, numel);
 }
 
 TEST(Storage, ReleaseFreesTheBytesAndAUseFailsUntilMaterialized) {

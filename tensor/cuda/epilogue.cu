@@ -18,10 +18,16 @@ __device__ __forceinline__ float gelu_f(float v) {
   return 0.5f * v * (1.0f + tanhf(kGeluScale * (v + kGeluCube * v * v * v)));
 }
 
+// Every operation explicitly rounded (Note [Explicitly rounded norm gradients] in fused_norm.cu
+// says why): gelu_backward_f32 and gelu_backward_bias_partials inline it into different code,
+// and must give the same bits.
 __device__ __forceinline__ float gelu_grad_f(float v) {
-  const float t = tanhf(kGeluScale * (v + kGeluCube * v * v * v));
-  const float du = kGeluScale * (1.0f + 3.0f * kGeluCube * v * v);
-  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kGeluCube, v), v), v);
+  const float t = tanhf(__fmul_rn(kGeluScale, __fadd_rn(v, cube)));
+  const float du =
+      __fmul_rn(kGeluScale, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * kGeluCube, v), v)));
+  return __fadd_rn(__fmul_rn(0.5f, __fadd_rn(1.0f, t)),
+                   __fmul_rn(__fmul_rn(__fmul_rn(0.5f, v), __fsub_rn(1.0f, __fmul_rn(t, t))), du));
 }
 
 // Note [CUDA element groups]: K = group_width<float, T> consecutive elements per thread; `wide`
@@ -62,10 +68,50 @@ __global__ void gelu_backward_f32(float* dh, const T* pre, T* dpre, int64_t n, b
     load_group<K>(w, dh + i0, valid, d);
     load_group<K>(w, pre + i0, valid, p);
 #pragma unroll
-    for (int e = 0; e < K; ++e) d[e] *= gelu_grad_f(p[e]);
+    for (int e = 0; e < K; ++e) d[e] = __fmul_rn(d[e], gelu_grad_f(p[e]));
     store_group<K>(w, dh + i0, valid, d);
     store_group<K>(w, dpre + i0, valid, d);
   });
+}
+
+// Note [Linear GELU gradient kernel]
+// The MLP's backward GEMM without cuBLASLt's DGELU_BGRAD (Note [CUDA linear epilogues]): the GEMM
+// writes dh = dz W in f32, and this one pass computes dpre = dh * gelu'(pre) in f32, writes it
+// rounded once, and sums each column's f32 values over a chunk of kNormRowChunk rows in row
+// order into partial[chunk, j]; launch_chunk_column_sums adds the chunks (Note [Chunk partial
+// sums]) and rounds the bias gradient once. Those are the operations of gelu_backward_f32 and
+// then launch_column_sums over its f32 output, in the same order, so both give the same bits,
+// with one read of dh instead of two and no write of it. K consecutive columns per thread (Note
+// [CUDA element groups]); `wide` when cols is a multiple of K and every pointer is 16-byte
+// aligned.
+template <typename T>
+__global__ void gelu_backward_bias_partials(const float* dh, const T* pre, T* dpre,
+                                            float* partial, int64_t rows, int64_t cols,
+                                            bool wide) {
+  constexpr int K = group_width<float, T>;
+  const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * K;
+  if (j >= cols) return;
+  const int64_t valid = cols - j;
+  const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kNormRowChunk;
+    const int64_t r1 = r0 + kNormRowChunk < rows ? r0 + kNormRowChunk : rows;
+    float s[K] = {};
+    for (int64_t r = r0; r < r1; ++r) {
+      float d[K], p[K];
+      load_group<K>(wide, dh + r * cols + j, valid, d);
+      load_group<K>(wide, pre + r * cols + j, valid, p);
+#pragma unroll
+      for (int e = 0; e < K; ++e) {
+        d[e] = __fmul_rn(d[e], gelu_grad_f(p[e]));
+        s[e] = __fadd_rn(s[e], d[e]);
+      }
+      store_group<K>(wide, dpre + r * cols + j, valid, d);
+    }
+#pragma unroll
+    for (int e = 0; e < K; ++e)
+      if (e < valid) partial[chunk * cols + j + e] = s[e];
+  }
 }
 
 // partial[chunk, j] = sum of x[r, j] over the chunk's kNormRowChunk rows, in row order, in f32;
@@ -105,6 +151,23 @@ bool launch_gelu_backward_f32(int dt, float* dh, const void* pre, void* dpre, in
     const bool wide = aligned16(dh) && aligned16(pre) && aligned16(dpre);
     STRATA_LAUNCH(blocks_for((n + K - 1) / K, 256), 256, 0, stream, gelu_backward_f32<T>)
     (dh, static_cast<const T*>(pre), static_cast<T*>(dpre), n, wide);
+  });
+}
+
+bool launch_gelu_backward_bias(int dt, const float* dh, const void* pre, void* dpre, void* dbias,
+                               float* scratch, int64_t rows, int64_t cols, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    if (cols == 0) return;
+    const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
+    constexpr int K = group_width<float, T>;
+    const ColumnLaunch l = column_launch(cols, K);
+    const bool wide = cols % K == 0 && aligned16(dh) && aligned16(pre) && aligned16(dpre);
+    if (chunks > 0)
+      STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream,
+                    gelu_backward_bias_partials<T>)
+    (dh, static_cast<const T*>(pre), static_cast<T*>(dpre), scratch, rows, cols, wide);
+    launch_chunk_column_sums<float>(scratch, dbias, nullptr, nullptr, dt, chunks, cols, stream);
   });
 }
 

@@ -119,13 +119,23 @@ __device__ __forceinline__ void add_row_terms(const Vec<T, P>& gv, const Vec<T, 
                                               float& sgx) {
 #pragma unroll
   for (int e = 0; e < P; ++e) {
-    const float g = to_f32(gv.v[e]) * to_f32(wv.v[e]);
-    sg += g;
-    sgx += g * (to_f32(sv.v[e]) - mu) * rs;
+    const float g = __fmul_rn(to_f32(gv.v[e]), to_f32(wv.v[e]));
+    sg = __fadd_rn(sg, g);
+    sgx = __fadd_rn(sgx, __fmul_rn(__fmul_rn(g, __fsub_rn(to_f32(sv.v[e]), mu)), rs));
   }
 }
 
 // One pack of dsum = round(ds + round(dx)) (no ds: round(dx)) from the row's means mg, mgx.
+//
+// Note [Explicitly rounded norm gradients]
+// nvcc contracts a * b + c into one FMA by default (-fmad=true), where and whether it does
+// depending on the code around it: the same source inlined into the two-kernel path and into the
+// fused kernel, or in the branch with ds and the one without, compiled to different roundings,
+// and in f32 (where round(dx) is no conversion) ds + rs * (...) became one FMA, skipping dx's
+// rounding that the unfused graph (layernorm_backward, then the engine's add) has. Every
+// operation of dx, of the row sums it needs, and of dsum is therefore an explicitly rounded
+// intrinsic (__fmul_rn, __fadd_rn, __fsub_rn: never contracted), so every path computes the
+// same operations; the emulator contracts where GCC can (Note [Emulated FMA contraction]).
 template <typename T, int P>
 __device__ __forceinline__ Vec<T, P> dsum_pack(const Vec<T, P>& gv, const Vec<T, P>& sv,
                                                const Vec<T, P>& wv, const Vec<T, P>& dv,
@@ -134,9 +144,10 @@ __device__ __forceinline__ Vec<T, P> dsum_pack(const Vec<T, P>& gv, const Vec<T,
   Vec<T, P> o;
 #pragma unroll
   for (int e = 0; e < P; ++e) {
-    const float xhat = (to_f32(sv.v[e]) - mu) * rs;
-    const T dx = from_f32<T>(rs * (to_f32(gv.v[e]) * to_f32(wv.v[e]) - mg - xhat * mgx));
-    o.v[e] = has_ds ? from_f32<T>(to_f32(dv.v[e]) + to_f32(dx)) : dx;
+    const float xhat = __fmul_rn(__fsub_rn(to_f32(sv.v[e]), mu), rs);
+    const float g = __fmul_rn(to_f32(gv.v[e]), to_f32(wv.v[e]));
+    const T dx = from_f32<T>(__fmul_rn(rs, __fsub_rn(__fsub_rn(g, mg), __fmul_rn(xhat, mgx))));
+    o.v[e] = has_ds ? from_f32<T>(__fadd_rn(to_f32(dv.v[e]), to_f32(dx))) : dx;
   }
   return o;
 }

@@ -182,6 +182,12 @@ bool launch_bias_act(int dt, const float* acc, const void* bias, int act, void* 
 // (dtype dt) = round of it.
 bool launch_gelu_backward_f32(int dt, float* dh, const void* pre, void* dpre, int64_t rows,
                               int64_t cols, Stream stream);
+// Note [Linear GELU gradient kernel] (epilogue.cu): dpre [rows, cols] (dtype dt) = round(dh *
+// gelu'(pre)) and dbias [cols] (dtype dt) = the rounded column sums of those f32 products, the
+// bits of launch_gelu_backward_f32 then launch_column_sums, in one pass over dh (left unchanged).
+// scratch: ceil(rows / kNormRowChunk) * cols floats.
+bool launch_gelu_backward_bias(int dt, const float* dh, const void* pre, void* dpre, void* dbias,
+                               float* scratch, int64_t rows, int64_t cols, Stream stream);
 // out [cols] (dtype out_dt) = column sums of x [rows, cols] (dtype x_dt), f32 partials over
 // chunks of kNormRowChunk rows added in a fixed order (Note [Chunk partial sums]), rounded once.
 // scratch: ceil(rows / kNormRowChunk) * cols floats.

@@ -11,8 +11,11 @@
 // (Note [TF32] in tensor/cuda.h); bf16/f16 inputs accumulate in f32 (CUBLAS_COMPUTE_32F, f32
 // alpha/beta) and write C/D in their own dtype (the op layer's default, Note [Low-precision ops])
 // or in f32 (matmul_out into an F32 out); with beta != 0, C is read in that same dtype. The
-// algorithm is chosen once per problem (cached) and never one whose split-K reduction is done in
-// place with atomics, so the same problem gives the same bits every run (Note [Backend contract]).
+// algorithm is chosen once per problem (cached) and sums split-K slices only in f32 (Note
+// [Split-K reductions]), so the same problem gives the same bits every run (Note [Backend
+// contract]) and a 16-bit output is rounded once. Two problems (another shape, transpose,
+// epilogue or alignment) may get other algorithms, and so other summation orders and other
+// last bits: callers that need two paths to agree bitwise give them the same problem.
 //
 // Note [CUDA linear epilogues]
 // linear and its backward pieces (Note [Linear epilogues] in tensor/ops.h) run one GEMM each with
@@ -30,6 +33,12 @@
 // the bias (gradient) take the output's dtype (cuBLASLt's default). NVIDIA's documentation calls
 // the epilogue just "GELU"; PyTorch's _addmm_activation relies on it being the tanh form, and
 // tests/cuda/fused_ops_test.cpp holds it to the CPU's tanh GELU, which would catch an erf one.
+// The backward GELU is the exception: on the H100 DGELU_BGRAD does not keep that contract (its
+// f32 dpre and bias gradient stray from the CPU's by TF32-sized amounts, an approximate GELU
+// derivative, though the GEMM itself is full f32; its bf16 bias gradient by several ulps, as if
+// summed from the rounded dpre; docs/perf/2026-11-26-h100.md), so linear_backward_gelu runs a plain GEMM and Note [Linear GELU gradient kernel] unless
+// STRATA_LINEAR_DGELU=epilogue asks for the epilogue (for measurements: tools/gpu_session.sh
+// bench runs both).
 // cuBLASLt requires AUX's leading dimension to be a multiple of 8, and may have no algorithm for
 // an epilogue at some shape or alignment: then (once logged per epilogue) the GEMM writes its f32
 // product and the kernels of epilogue.cu finish with the same one-rounding semantics.
@@ -201,6 +210,14 @@ bool epilogues_enabled() {
                      {"off", "plain GEMMs and separate kernels"}}) == 0;
 }
 
+// STRATA_LINEAR_DGELU: whether linear_backward_gelu runs cuBLASLt's DGELU(_BGRAD) epilogue
+// (Note [CUDA linear epilogues]).
+bool dgelu_epilogue() {
+  return env_choice("STRATA_LINEAR_DGELU",
+                    {{"kernels", "a plain GEMM, then Strata's GELU-gradient and bias-gradient pass"},
+                     {"epilogue", "cuBLASLt's DGELU_BGRAD epilogue (not the op's rounding)"}}) == 1;
+}
+
 // Logs once per epilogue kind that it fell back to the unfused kernels.
 void note_fallback(cublasLtEpilogue_t e, const char* op, int64_t m, int64_t n, int64_t k) {
   static std::mutex mu;
@@ -218,6 +235,27 @@ void ensure_workspace(Tensor& ws, Device device) {
   if (ws.defined()) return;
   offload::CategoryScope scope(offload::Category::Workspace);
   ws = Tensor::empty({kWorkspaceBytes}, DType::U8, device);
+}
+
+// Note [Split-K reductions]
+// A split-K algorithm sums k in slices and then adds the slices' partial products. In place
+// (CUBLASLT_REDUCTION_SCHEME_INPLACE) the slices meet in D with atomics, in an order that
+// changes from run to run; with OUTPUT_TYPE they are stored in D's type first, so a bf16 or f16
+// output is rounded once per slice and again after the sum, two and more ulps off the one
+// rounding the op promises (Note [Low-precision ops]; the H100's bf16 weight gradients and biased
+// linears of small problems, docs/perf/2026-11-26-h100.md). Only COMPUTE_TYPE (f32
+// partials in the workspace, added in a fixed order, rounded once) and no split at all are
+// allowed, for the heuristic and for algorithms read from a tuning file.
+constexpr uint32_t kReductionSchemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+
+// Whether `algo` sums split-K slices only in a way Note [Split-K reductions] allows.
+bool reduction_allowed(const cublasLtMatmulAlgo_t& algo) {
+  uint32_t scheme = 0;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                           sizeof(scheme), &written) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  return (scheme & ~kReductionSchemes) == 0;
 }
 
 // ---- tuning (Note [cuBLASLt tuning]) ----
@@ -448,7 +486,9 @@ std::optional<cublasLtMatmulAlgo_t> tune(Tuning& t, const Key& key, const GemmCa
     cublasLtMatmulHeuristicResult_t check{};
     cublasStatus_t st = cublasLtMatmulAlgoCheck(call.lt, call.op, call.la, call.lb, call.lc,
                                                 call.lc, &r->second.second, &check);
-    if (st == CUBLAS_STATUS_SUCCESS && check.workspaceSize > static_cast<size_t>(kWorkspaceBytes))
+    if (st == CUBLAS_STATUS_SUCCESS &&
+        (check.workspaceSize > static_cast<size_t>(kWorkspaceBytes) ||
+         !reduction_allowed(r->second.second)))
       st = CUBLAS_STATUS_NOT_SUPPORTED;
     if (st == CUBLAS_STATUS_SUCCESS) st = call.run(r->second.second);
     restore();
@@ -620,8 +660,8 @@ bool run_gemm(cublasLtHandle_t lt, Tensor& workspace, cudaStream_t stream, const
             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
         check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)),
                  "alignment pref");
-      // Deterministic reductions only (Note [CUDA matmul]).
-      uint32_t mask = CUBLASLT_REDUCTION_SCHEME_MASK & ~CUBLASLT_REDUCTION_SCHEME_INPLACE;
+      // Note [Split-K reductions].
+      uint32_t mask = kReductionSchemes;
       check_lt(cublasLtMatmulPreferenceSetAttribute(
                    pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)),
                "reduction pref");
@@ -797,23 +837,27 @@ void CudaBackend::linear_backward_gelu(const Tensor& dz, const Tensor& weight, c
   e.aux = pre.data_ptr();
   e.aux_ld = n;
   const bool fits = rows > 0 && n > 0 && p > 0 && n % 8 == 0;
-  if (fits && epilogues_enabled() &&
+  const bool want_epilogue = epilogues_enabled() && dgelu_epilogue();
+  if (fits && want_epilogue &&
       run_gemm(lt_, matmul_workspace_, stream_, dz, weight, dpre, false, false, 1.f, 0.f, e))
     return;
-  if (rows > 0 && n > 0) note_fallback(e.kind, "linear GELU gradient", rows, n, p);
+  if (rows > 0 && n > 0 && want_epilogue) note_fallback(e.kind, "linear GELU gradient", rows, n, p);
+  // Note [Linear GELU gradient kernel]: the f32 product, then one pass for dpre and dbias.
   Tensor dh2 = f32_scratch(rows, n, device());
   matmul(dz, weight, dh2, false, false, 1.f, 0.f);
   const int dt = static_cast<int>(dpre.dtype());
-  check_kernel(launch_gelu_backward_f32(dt, dh2.data<float>(), pre.data_ptr(), dpre.data_ptr(),
-                                        rows, n, stream_),
-               "linear GELU gradient");
-  if (!dbias.defined()) return;
+  if (!dbias.defined()) {
+    check_kernel(launch_gelu_backward_f32(dt, dh2.data<float>(), pre.data_ptr(), dpre.data_ptr(),
+                                          rows, n, stream_),
+                 "linear GELU gradient");
+    return;
+  }
   const int64_t chunks = (rows + kNormRowChunk - 1) / kNormRowChunk;
   Tensor s = scratch(std::max<int64_t>(chunks, 1) * n * 4);
-  check_kernel(
-      launch_column_sums(static_cast<int>(DType::F32), dh2.data_ptr(), dt, dbias.data_ptr(),
-                         static_cast<float*>(s.data_ptr()), rows, n, stream_),
-      "linear GELU bias gradient");
+  check_kernel(launch_gelu_backward_bias(dt, dh2.data<float>(), pre.data_ptr(), dpre.data_ptr(),
+                                         dbias.data_ptr(), static_cast<float*>(s.data_ptr()), rows,
+                                         n, stream_),
+               "linear GELU and bias gradient");
 }
 
 void set_matmul_tuning(bool on, const std::string& file) {

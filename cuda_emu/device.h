@@ -136,15 +136,42 @@ inline unsigned __activemask() {
   return ::strata::cuda_emu::active_mask();
 }
 
-// ---- arithmetic intrinsics: one IEEE operation each (-ffp-contract=off) ----
+// ---- arithmetic intrinsics: one IEEE operation each ----
+// Note [Emulated FMA contraction]
+// nvcc contracts a * b + c into one FMA by default (-fmad=true), where its optimiser finds the
+// pair in one block; only the __f*_rn intrinsics are never contracted. The emulated kernels are
+// compiled the same way where the host has FMA (-ffp-contract=fast -mfma,
+// STRATA_CUDA_EMU_FMA_CONTRACT in third_party/cmake/StrataDependencies.cmake): GCC contracts by
+// its own rules, not nvcc's, but code whose bits depend on whether a product was rounded before
+// an add (two paths promised equal, a formula promised to round twice) shows here too. The
+// intrinsics below keep one rounding each: the empty asm makes each operand and result an opaque
+// register value, so GCC cannot fuse the operation with the multiply that produced an operand or
+// the add that consumes its result.
+#if defined(__x86_64__)
+#define STRATA_EMU_ROUNDED(v) __asm__("" : "+x"(v))
+#elif defined(__aarch64__)
+#define STRATA_EMU_ROUNDED(v) __asm__("" : "+w"(v))
+#else
+#define STRATA_EMU_ROUNDED(v) (void)(v)  // no contraction is enabled on other hosts
+#endif
 inline float __fadd_rn(float a, float b) {
-  return a + b;
+  STRATA_EMU_ROUNDED(a);
+  STRATA_EMU_ROUNDED(b);
+  float r = a + b;
+  STRATA_EMU_ROUNDED(r);
+  return r;
 }
 inline float __fsub_rn(float a, float b) {
-  return a - b;
+  STRATA_EMU_ROUNDED(a);
+  STRATA_EMU_ROUNDED(b);
+  float r = a - b;
+  STRATA_EMU_ROUNDED(r);
+  return r;
 }
 inline float __fmul_rn(float a, float b) {
-  return a * b;
+  float r = a * b;
+  STRATA_EMU_ROUNDED(r);
+  return r;
 }
 inline float __fdiv_rn(float a, float b) {
   return a / b;
@@ -159,13 +186,23 @@ inline float __fmaf_rn(float a, float b, float c) {
   return std::fma(a, b, c);
 }
 inline double __dadd_rn(double a, double b) {
-  return a + b;
+  STRATA_EMU_ROUNDED(a);
+  STRATA_EMU_ROUNDED(b);
+  double r = a + b;
+  STRATA_EMU_ROUNDED(r);
+  return r;
 }
 inline double __dsub_rn(double a, double b) {
-  return a - b;
+  STRATA_EMU_ROUNDED(a);
+  STRATA_EMU_ROUNDED(b);
+  double r = a - b;
+  STRATA_EMU_ROUNDED(r);
+  return r;
 }
 inline double __dmul_rn(double a, double b) {
-  return a * b;
+  double r = a * b;
+  STRATA_EMU_ROUNDED(r);
+  return r;
 }
 inline double __ddiv_rn(double a, double b) {
   return a / b;
@@ -183,7 +220,7 @@ using std::isnan;
 using std::signbit;
 
 // The device's approximate forms, computed exactly: the emulator checks indexing and
-// synchronisation, not the last bits of a fast-math function (docs/gpu.md, "Emulated device").
+// synchronisation, not the last bits of a fast-math function (cuda_emu/README.md).
 inline float rsqrtf(float a) {
   return 1.0f / std::sqrt(a);
 }

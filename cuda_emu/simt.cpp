@@ -469,6 +469,14 @@ void reset_launch_sites() {
 }
 
 void launch(const LaunchConfig& config, std::shared_ptr<KernelJob> job) {
+#if defined(STRATA_CUDA_EMU_CONTRACTS)
+  // Note [Emulated FMA contraction]: the kernels were compiled with -mfma.
+  static const bool host_fma = __builtin_cpu_supports("fma");
+  if (!host_fma)
+    fail(std::string("kernel ") + config.kernel +
+         ": this emulation build contracts FMAs (-mfma) and this CPU has no FMA; reconfigure "
+         "with -DSTRATA_CUDA_EMU_FMA_CONTRACT=OFF");
+#endif
   if (g_in_kernel)
     fail(where() + ": launches kernel " + config.kernel +
          " from device code (dynamic parallelism is not emulated)");

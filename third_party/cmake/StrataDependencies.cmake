@@ -134,7 +134,7 @@ endif()
 
 # Compiles every .cu source of `target` (the sources it has when called) as C++ for the emulator
 # (Note [CUDA emulator]): C++17 as under nvcc (Note [CUDA build] above), the device header
-# force-included, no FMA contraction (the device rounds every __f*_rn operation once). Does
+# force-included, FMA contraction as nvcc's default where the host has FMA (below). Does
 # nothing in the other builds, where nvcc compiles them.
 # The GPU faults on any access that is not naturally aligned ("misaligned address": a 128-bit
 # Pack load from an address that is not a multiple of 16, a float load from an odd bf16 offset);
@@ -144,8 +144,30 @@ endif()
 # an overrun would silently write the next variable, as it would the next tile on the GPU) or a
 # per-thread register array. `shift` stops shifts by the width or more, which x86 and the GPU
 # resolve differently (x86 masks the count, PTX clamps it).
+# FMA contraction as nvcc does it by default (Note [Emulated FMA contraction] in
+# cuda_emu/device.h), where the compiler and this host have FMA; off elsewhere.
+option(STRATA_CUDA_EMU_FMA_CONTRACT
+       "emulated kernels contract a*b+c into FMAs as nvcc does (needs a host CPU with FMA)" ON)
+set(STRATA_EMULATED_CONTRACT "-ffp-contract=off")
+if(STRATA_CUDA_EMULATION AND STRATA_CUDA_EMU_FMA_CONTRACT)
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-mfma STRATA_COMPILER_HAS_MFMA)
+  set(_host_fma OFF)
+  if(EXISTS /proc/cpuinfo)
+    file(STRINGS /proc/cpuinfo _flags REGEX "^flags" LIMIT_COUNT 1)
+    if(_flags MATCHES " fma( |$)")
+      set(_host_fma ON)
+    endif()
+  endif()
+  if(STRATA_COMPILER_HAS_MFMA AND _host_fma)
+    set(STRATA_EMULATED_CONTRACT "-ffp-contract=fast;-mfma")
+    set(STRATA_CUDA_EMU_CONTRACTS ON)
+  else()
+    message(STATUS "CUDA emulator: no FMA on this host or compiler; kernels are not contracted")
+  endif()
+endif()
 set(STRATA_EMULATED_CUDA_OPTIONS
-    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/cuda_emu/device.h;-ffp-contract=off;-Wno-unknown-pragmas;-fsanitize=alignment,bounds,shift;-fno-sanitize-recover=alignment,bounds,shift")
+    "-std=c++17;-include;${CMAKE_SOURCE_DIR}/cuda_emu/device.h;${STRATA_EMULATED_CONTRACT};-Wno-unknown-pragmas;-fsanitize=alignment,bounds,shift;-fno-sanitize-recover=alignment,bounds,shift")
 if(STRATA_CUDA_EMULATION)
   add_link_options(-fsanitize=alignment,bounds,shift)  # the UBSan runtime for the emulated kernels
 endif()

@@ -21,6 +21,13 @@
 #                                           --profile, as built and with each switch that picks
 #                                           an older path (STRATA_NORM_GRADS=separate,
 #                                           STRATA_GRAD_INTO_BUFFER=off): what each path buys
+#   bash tools/gpu_session.sh dgelu [MODEL [ARGS...]]
+#                                           there: Strata-only step benchmarks of MODEL (gpt2-xl
+#                                           --B 16 by default) with the per-op table, the MLP's
+#                                           GELU gradient as a plain GEMM and Strata's kernel
+#                                           (the default) and with cuBLASLt's DGELU_BGRAD
+#                                           epilogue (STRATA_LINEAR_DGELU=epilogue): the
+#                                           linear_backward_gelu rows decide the default
 #   bash tools/gpu_session.sh triage [FILTER]
 #                                           there: each test_cuda test of FILTER (a gtest
 #                                           filter; every test by default) in a process of its
@@ -40,7 +47,7 @@
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
-# `bench`, switch-*.md from `switches`, decode.md, decode_split_off.md and decode_candidates.md
+# `bench`, switch-*.md from `switches`, dgelu-*.md from `dgelu`, decode.md, decode_split_off.md and decode_candidates.md
 # from `decode`, triage.md and triage/*.log from `triage`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -169,6 +176,22 @@ case ${1:-} in
         --profile 3 "$@" > "$OUT/switch-$model-$name.md" 2>> "$OUT/switch-$model.log"
       echo "bench $model ${sw:-as built} exit $?" | tee -a "$OUT/switch-$model.log"
       cat "$OUT/switch-$model-$name.md"
+    done
+    ;;
+  dgelu)
+    device_env
+    model=${2:-gpt2-xl}
+    shift $(($# < 2 ? $# : 2))
+    (($# > 0)) || set -- --B 16
+    set +e
+    # Two runs of at most 270 s each: under the 600 s a command may take. Note [CUDA linear
+    # epilogues]: the epilogue's bits are not the op's, so only its speed is compared here.
+    for sw in STRATA_LINEAR_DGELU=kernels STRATA_LINEAR_DGELU=epilogue; do
+      name=${sw#STRATA_LINEAR_DGELU=}
+      env $sw timeout 270 "$BUILD/bin/bench_gpt2_cuda" --models "$model" --warmup 2 --steps 5 \
+        --profile 3 "$@" > "$OUT/dgelu-$model-$name.md" 2>> "$OUT/dgelu-$model.log"
+      echo "bench $model $sw exit $?" | tee -a "$OUT/dgelu-$model.log"
+      cat "$OUT/dgelu-$model-$name.md"
     done
     ;;
   triage)

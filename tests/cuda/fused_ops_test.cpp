@@ -7,10 +7,18 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "tensor/cuda.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
+
+#if defined(STRATA_CUDA_EMULATION)
+#include "cuda_emu/control.h"
+#endif
 
 namespace strata::tensor {
 namespace {
@@ -312,6 +320,97 @@ TEST(CudaLinear, FallbackKernelsGiveTheSameBitsPackedOrNot) {
     EXPECT_TRUE(same_bits(linear_backward_weight(dy, x, true).dbias,
                           linear_backward_weight(unaligned(dy), x, true).dbias));
   }
+}
+
+// Note [Linear GELU gradient kernel]: the one-pass kernel gives the bits of the GELU-gradient
+// kernel followed by the column sums over its f32 output, in every dtype, on whole 128-bit
+// groups (cols 96) and on single elements (cols 37, an unaligned pre), over row counts that end
+// inside a chunk of rows and that span several.
+TEST(CudaLinear, GeluGradientKernelGivesTheTwoKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  const auto stream = static_cast<cuda::Stream>(cuda_current_stream());
+  const int64_t chunk = cuda::kNormRowChunk;
+  for (DType dt : kDtypes)
+    for (const auto& [rows, cols, misalign] :
+         {std::tuple<int64_t, int64_t, bool>{3 * chunk + 5, 96, false}, {chunk - 1, 37, true}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " rows=" + std::to_string(rows) +
+                   " cols=" + std::to_string(cols));
+      const Tensor dh = rnd({rows, cols}, 61, -8.f, 8.f).to(kGpu);
+      Tensor pre = on(rnd({rows, cols}, 62, -3.f, 3.f), dt, kGpu);
+      if (misalign) pre = unaligned(pre);
+      const int d = static_cast<int>(dt);
+      const int64_t chunks = (rows + chunk - 1) / chunk;
+      Tensor scratch = zeros({chunks * cols}, DType::F32, kGpu);
+      const Tensor dh_before = dh.clone();
+      Tensor dpre1 = zeros({rows, cols}, dt, kGpu), db1 = zeros({cols}, dt, kGpu);
+      ASSERT_TRUE(cuda::launch_gelu_backward_bias(d, dh.data<float>(), pre.data_ptr(),
+                                                  dpre1.data_ptr(), db1.data_ptr(),
+                                                  scratch.data<float>(), rows, cols, stream));
+      Tensor dh2 = dh.clone(), dpre2 = zeros({rows, cols}, dt, kGpu), db2 = zeros({cols}, dt, kGpu);
+      ASSERT_TRUE(cuda::launch_gelu_backward_f32(d, dh2.data<float>(), pre.data_ptr(),
+                                                 dpre2.data_ptr(), rows, cols, stream));
+      ASSERT_TRUE(cuda::launch_column_sums(static_cast<int>(DType::F32), dh2.data_ptr(), d,
+                                           db2.data_ptr(), scratch.data<float>(), rows, cols,
+                                           stream));
+      EXPECT_TRUE(same_bits(dpre1, dpre2));
+      EXPECT_TRUE(same_bits(db1, db2));
+      EXPECT_TRUE(same_bits(dh, dh_before)) << "dh is left as it was";
+    }
+}
+
+// STRATA_LINEAR_DGELU picks linear_backward_gelu's path (Note [CUDA linear epilogues]): by
+// default a plain GEMM and the one-pass kernel, whose results are the fallback's bits (the same
+// operations); `epilogue` runs cuBLASLt's DGELU_BGRAD (on the emulator: no GELU-gradient kernel
+// launched); any other value is a UserError naming the variable.
+TEST(CudaLinear, TheGeluGradientPathIsChosenByStrataLinearDgelu) {
+  SKIP_WITHOUT_GPU();
+  const LinearCase lc = kLinearCases[0];  // n = 96: the epilogue can run
+  const Tensor dz = on(rnd({lc.m, lc.p}, 71), DType::BF16, kGpu),
+               w2 = on(rnd({lc.p, lc.n}, 72), DType::BF16, kGpu),
+               pre = on(rnd({lc.m, lc.n}, 73, -3.f, 3.f), DType::BF16, kGpu);
+  auto kernel_launches = [&](const char* setting) {
+    if (setting)
+      ::setenv("STRATA_LINEAR_DGELU", setting, 1);
+    else
+      ::unsetenv("STRATA_LINEAR_DGELU");
+#if defined(STRATA_CUDA_EMULATION)
+    cuda_emu::reset_launch_sites();
+#endif
+    LinearGeluGrads g = linear_backward_gelu(dz, w2, pre, true);
+    ::unsetenv("STRATA_LINEAR_DGELU");
+    uint64_t n = 0;
+#if defined(STRATA_CUDA_EMULATION)
+    for (const cuda_emu::LaunchSite& site : cuda_emu::launch_sites())
+      if (site.kernel.find("gelu_backward") != std::string::npos) n += site.launches;
+#endif
+    return std::make_pair(n, g);
+  };
+  [[maybe_unused]] const auto [n_default, by_default] = kernel_launches(nullptr);
+  [[maybe_unused]] const auto [n_kernels, kernels] = kernel_launches("kernels");
+  [[maybe_unused]] const auto [n_epilogue, epilogue] = kernel_launches("epilogue");
+  LinearGeluGrads fallback;
+  {
+    EpiloguesOff off;
+    fallback = linear_backward_gelu(dz, w2, pre, true);
+  }
+  EXPECT_TRUE(same_bits(by_default.dpre, fallback.dpre));
+  EXPECT_TRUE(same_bits(by_default.dbias, fallback.dbias));
+  EXPECT_TRUE(same_bits(kernels.dpre, fallback.dpre));
+  EXPECT_TRUE(same_bits(kernels.dbias, fallback.dbias));
+#if defined(STRATA_CUDA_EMULATION)
+  EXPECT_EQ(n_default, 1u);
+  EXPECT_EQ(n_kernels, 1u);
+  EXPECT_EQ(n_epilogue, 0u) << "DGELU_BGRAD ran as a kernel of Strata's";
+#endif
+  EXPECT_EQ(epilogue.dpre.shape(), fallback.dpre.shape());
+  ::setenv("STRATA_LINEAR_DGELU", "fused", 1);
+  try {
+    linear_backward_gelu(dz, w2, pre, true);
+    ADD_FAILURE() << "STRATA_LINEAR_DGELU=fused was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("STRATA_LINEAR_DGELU"), std::string::npos) << e.what();
+  }
+  ::unsetenv("STRATA_LINEAR_DGELU");
 }
 
 }  // namespace

@@ -19,6 +19,13 @@
 // element at a time; a launch picks once for all its operands (attention_pack, the template
 // parameter V). Which elements a lane holds and the order of every sum are the same either way,
 // so a view gives the bits of a contiguous tensor (Note [Strided attention operands]).
+//
+// Note [Explicit FMAs in attention]
+// The same order is not enough for the same bits: nvcc contracts a * b + c into one FMA by
+// default, and where it does may differ between the packed and the element-wise instantiation
+// (the emulator showed it, Note [Emulated FMA contraction]). Every product added into a sum is
+// therefore an explicit fmaf (one rounding, what the contraction would give), and every other
+// product an explicitly rounded __fmul_rn, in both instantiations and in the decode kernel.
 #include <cmath>
 #include <initializer_list>
 #include <type_traits>
@@ -86,7 +93,7 @@ __device__ inline float dot_row(const float (&a)[kPer], const T* p, int64_t d, i
   load_row<T, V>(p, d, lane, x);
   float s = 0;
 #pragma unroll
-  for (int e = 0; e < kPer; ++e) s += a[e] * x[e];  // both 0 beyond d
+  for (int e = 0; e < kPer; ++e) s = fmaf(a[e], x[e], s);  // both 0 beyond d
   return attn_warp_sum(s);
 }
 
@@ -112,10 +119,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const float sc = scale * dot_row<T, V>(qr, kh + j * ks, d, lane);
     const float mn = fmaxf(m, sc);
     const float corr = expf(m - mn), p = expf(sc - mn);
-    l = l * corr + p;
+    l = fmaf(l, corr, p);
     load_row<T, V>(vh + j * vs, d, lane, vr);
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) acc[e] = acc[e] * corr + p * vr[e];
+    for (int e = 0; e < kPer; ++e) acc[e] = fmaf(p, vr[e], __fmul_rn(acc[e], corr));
     m = mn;
   }
   store_row<T, V>(out + row_at(s.out, hb, hh, i), d, lane, acc, jmax >= 0 ? 1.f / l : 0.f);
@@ -148,11 +155,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     load_row<T, V>(kh + j * ks, d, lane, kr);
     float sk = 0;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) sk += qr[e] * kr[e];
-    const float p = expf(scale * attn_warp_sum(sk) - li);
+    for (int e = 0; e < kPer; ++e) sk = fmaf(qr[e], kr[e], sk);
+    const float p = expf(fmaf(scale, attn_warp_sum(sk), -li));
     const float ds = p * (dot_row<T, V>(gr, vh + j * vs, d, lane) - di);
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) acc[e] += ds * kr[e];
+    for (int e = 0; e < kPer; ++e) acc[e] = fmaf(ds, kr[e], acc[e]);
   }
   store_row<T, V>(dq + row_at(s.dq, hb, hh, i), d, lane, acc, scale);
 }
@@ -184,15 +191,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     float sq = 0, sg = 0;
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
-      sq += kr[e] * qi[e];
-      sg += vr[e] * gi[e];
+      sq = fmaf(kr[e], qi[e], sq);
+      sg = fmaf(vr[e], gi[e], sg);
     }
-    const float p = expf(scale * attn_warp_sum(sq) - lse[head * tq + i]);
+    const float p = expf(fmaf(scale, attn_warp_sum(sq), -lse[head * tq + i]));
     const float ds = p * (attn_warp_sum(sg) - dsum[head * tq + i]);
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
-      av[e] += p * gi[e];
-      ak[e] += ds * qi[e];
+      av[e] = fmaf(p, gi[e], av[e]);
+      ak[e] = fmaf(ds, qi[e], ak[e]);
     }
   }
   store_row<T, V>(dk + row_at(s.dk, hb, hh, j), d, lane, ak, scale);

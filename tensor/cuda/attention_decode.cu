@@ -42,7 +42,8 @@ constexpr int kDecodeWarpsPerSm = 16;  // the warps attention_decode_splits aims
 constexpr int kValueRows = 8;          // value rows whose loads are in flight together
 
 // <q, key row>, q the f32 row in shared memory; V: the key row in 128-bit packs. Elements are
-// added in index order either way.
+// added in index order either way, each product added with one explicit fmaf (Note [Explicit
+// FMAs in attention], attention.cu).
 template <typename T, int D, bool V>
 __device__ inline float key_dot(const float* q, const T* key) {
   float s = 0.f;
@@ -54,10 +55,10 @@ __device__ inline float key_dot(const float* q, const T* key) {
 #pragma unroll
     for (int c = 0; c < D / P; ++c)
 #pragma unroll
-      for (int e = 0; e < P; ++e) s += q[c * P + e] * to_f32(pk[c].v[e]);
+      for (int e = 0; e < P; ++e) s = fmaf(q[c * P + e], to_f32(pk[c].v[e]), s);
   } else {
 #pragma unroll 8
-    for (int e = 0; e < D; ++e) s += q[e] * to_f32(key[e]);
+    for (int e = 0; e < D; ++e) s = fmaf(q[e], to_f32(key[e]), s);
   }
   return s;
 }
@@ -91,7 +92,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
     const float mn = fmaxf(m, attn_warp_max(sc));  // lane 0's key is always valid
     const float corr = expf(m - mn);
     const float p = valid ? expf(sc - mn) : 0.f;
-    l = l * corr + attn_warp_sum(p);
+    l = fmaf(l, corr, attn_warp_sum(p));
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] *= corr;
     const int n = static_cast<int>(j_end - j0 < kDecodeChunk ? j_end - j0 : kDecodeChunk);
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
         const float pu = __shfl_sync(0xffffffffu, p, u0 + u);
         if (u0 + u < n) {
 #pragma unroll
-          for (int e = 0; e < E; ++e) acc[e] += pu * vv[u][e];
+          for (int e = 0; e < E; ++e) acc[e] = fmaf(pu, vv[u][e], acc[e]);
         }
       }
     }
@@ -139,9 +140,9 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
     for (int64_t r = 0; r < splits; ++r) {
       const float* p = pr + r * (D + 2);
       const float w = expf(p[0] - mx);
-      l += w * p[1];
+      l = fmaf(w, p[1], l);
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc[e] += w * p[2 + lane + 32 * e];
+      for (int e = 0; e < E; ++e) acc[e] = fmaf(w, p[2 + lane + 32 * e], acc[e]);
     }
   const float mul = any ? 1.f / l : 0.f;
   T* o = out + row_at(s.out, hb, hh, i);

@@ -710,7 +710,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = pref->align[i];
     r.algo.data[5] = p.ta | (uint64_t{p.tc} << 32);
     r.algo.data[6] = static_cast<uint64_t>(variants[static_cast<size_t>(v)]);  // summation order
-    r.algo.data[7] = (p.tf32 ? 1u : 0u) | (static_cast<uint64_t>(v) << 8);   // tf32, rank
+    r.algo.data[7] = (p.tf32 ? 1u : 0u) | (static_cast<uint64_t>(v) << 8);     // tf32, rank
     r.workspaceSize = 0;
     r.state = CUBLAS_STATUS_SUCCESS;
     r.wavesCount = 1.f;
@@ -741,8 +741,8 @@ cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDe
 }
 
 cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
-                                                   cublasLtMatmulAlgoConfigAttributes_t attr,
-                                                   void* buf, size_t n, size_t* written) {
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    void* buf, size_t n, size_t* written) {
   if (algo == nullptr || algo->data[0] != kAlgoMagic) return CUBLAS_STATUS_INVALID_VALUE;
   const uint64_t variant = algo->data[6];
   switch (attr) {
@@ -806,8 +806,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     const Desc* dsc = &dv;
     const Layout *la = &av, *lb = &bv, *lc = &cv, *ld = &dd;
     count_matmul();
-    if (fastest >= 0 && rank != fastest)
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (fastest >= 0 && rank != fastest) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     if (strata::cuda_emu::dry_run()) return;  // Note [Emulator dry run]
     DeviceOp op("cublasLtMatmul");
     const size_t ea = type_bytes(p.ta), ec = type_bytes(p.tc);

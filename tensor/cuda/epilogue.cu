@@ -85,9 +85,8 @@ __global__ void gelu_backward_f32(float* dh, const T* pre, T* dpre, int64_t n, b
 // [CUDA element groups]); `wide` when cols is a multiple of K and every pointer is 16-byte
 // aligned.
 template <typename T>
-__global__ void gelu_backward_bias_partials(const float* dh, const T* pre, T* dpre,
-                                            float* partial, int64_t rows, int64_t cols,
-                                            bool wide) {
+__global__ void gelu_backward_bias_partials(const float* dh, const T* pre, T* dpre, float* partial,
+                                            int64_t rows, int64_t cols, bool wide) {
   constexpr int K = group_width<float, T>;
   const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * K;
   if (j >= cols) return;

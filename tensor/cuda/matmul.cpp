@@ -33,15 +33,15 @@
 // the bias (gradient) take the output's dtype (cuBLASLt's default). NVIDIA's documentation calls
 // the epilogue just "GELU"; PyTorch's _addmm_activation relies on it being the tanh form, and
 // tests/cuda/fused_ops_test.cpp holds it to the CPU's tanh GELU, which would catch an erf one.
-// The backward GELU is the exception: on the H100 DGELU_BGRAD does not keep that contract (its
-// f32 dpre and bias gradient stray from the CPU's by TF32-sized amounts, an approximate GELU
-// derivative, though the GEMM itself is full f32; its bf16 bias gradient by several ulps, as if
-// summed from the rounded dpre; docs/perf/2026-11-26-h100.md), so linear_backward_gelu runs a plain GEMM and Note [Linear GELU gradient kernel] unless
-// STRATA_LINEAR_DGELU=epilogue asks for the epilogue (for measurements: tools/gpu_session.sh
-// bench runs both).
-// cuBLASLt requires AUX's leading dimension to be a multiple of 8, and may have no algorithm for
-// an epilogue at some shape or alignment: then (once logged per epilogue) the GEMM writes its f32
-// product and the kernels of epilogue.cu finish with the same one-rounding semantics.
+// The backward GELU is the exception: on the H100 DGELU_BGRAD did not keep that contract (its
+// f32 dpre and bias gradient strayed from the CPU's by TF32-sized amounts, as an approximate GELU
+// derivative would, though the GEMM itself is full f32; its bf16 bias gradient by several ulps,
+// as if summed from the rounded dpre; docs/perf/2026-11-26-h100.md). So linear_backward_gelu runs
+// a plain GEMM and Note [Linear GELU gradient kernel] unless STRATA_LINEAR_DGELU=epilogue asks
+// for the epilogue (for measurements: tools/gpu_session.sh dgelu times both). cuBLASLt requires
+// AUX's leading dimension to be a multiple of 8, and may have no algorithm for an epilogue at
+// some shape or alignment: then (once logged per epilogue) the GEMM writes its f32 product and
+// the kernels of epilogue.cu finish with the same one-rounding semantics.
 // STRATA_LINEAR_EPILOGUE=off (unset, empty or auto: on) forces that fallback everywhere, for
 // tests and comparisons.
 //
@@ -104,6 +104,7 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/profiler.h"
+#include "tensor/cuda/split_k.h"
 
 namespace strata::tensor::cuda {
 
@@ -213,9 +214,10 @@ bool epilogues_enabled() {
 // STRATA_LINEAR_DGELU: whether linear_backward_gelu runs cuBLASLt's DGELU(_BGRAD) epilogue
 // (Note [CUDA linear epilogues]).
 bool dgelu_epilogue() {
-  return env_choice("STRATA_LINEAR_DGELU",
-                    {{"kernels", "a plain GEMM, then Strata's GELU-gradient and bias-gradient pass"},
-                     {"epilogue", "cuBLASLt's DGELU_BGRAD epilogue (not the op's rounding)"}}) == 1;
+  return env_choice(
+             "STRATA_LINEAR_DGELU",
+             {{"kernels", "a plain GEMM, then Strata's GELU-gradient and bias-gradient pass"},
+              {"epilogue", "cuBLASLt's DGELU_BGRAD epilogue (not the op's rounding)"}}) == 1;
 }
 
 // Logs once per epilogue kind that it fell back to the unfused kernels.
@@ -235,27 +237,6 @@ void ensure_workspace(Tensor& ws, Device device) {
   if (ws.defined()) return;
   offload::CategoryScope scope(offload::Category::Workspace);
   ws = Tensor::empty({kWorkspaceBytes}, DType::U8, device);
-}
-
-// Note [Split-K reductions]
-// A split-K algorithm sums k in slices and then adds the slices' partial products. In place
-// (CUBLASLT_REDUCTION_SCHEME_INPLACE) the slices meet in D with atomics, in an order that
-// changes from run to run; with OUTPUT_TYPE they are stored in D's type first, so a bf16 or f16
-// output is rounded once per slice and again after the sum, two and more ulps off the one
-// rounding the op promises (Note [Low-precision ops]; the H100's bf16 weight gradients and biased
-// linears of small problems, docs/perf/2026-11-26-h100.md). Only COMPUTE_TYPE (f32
-// partials in the workspace, added in a fixed order, rounded once) and no split at all are
-// allowed, for the heuristic and for algorithms read from a tuning file.
-constexpr uint32_t kReductionSchemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-
-// Whether `algo` sums split-K slices only in a way Note [Split-K reductions] allows.
-bool reduction_allowed(const cublasLtMatmulAlgo_t& algo) {
-  uint32_t scheme = 0;
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                           sizeof(scheme), &written) != CUBLAS_STATUS_SUCCESS)
-    return false;
-  return (scheme & ~kReductionSchemes) == 0;
 }
 
 // ---- tuning (Note [cuBLASLt tuning]) ----

@@ -325,10 +325,9 @@ TEST(CudaEmuCublasLt, GradientEpilogues) {
         const double du = std::sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
         const double ab_ij = ab[i + j * e.m];
         const double want = dgelu ? ab_ij * gelu_grad_ref(x) : ab_ij;
-        const double approx =
-            dgelu ? std::fabs(ab_ij) * std::ldexp(1.0, -11) * std::fabs(t) *
-                        std::fabs(0.5 - x * t * du)
-                  : 0.0;
+        const double approx = dgelu ? std::fabs(ab_ij) * std::ldexp(1.0, -11) * std::fabs(t) *
+                                          std::fabs(0.5 - x * t * du)
+                                    : 0.0;
         const double bound = approx + 1e-6 * (1 + std::fabs(want));
         row_sum[i] += want;
         row_bound[i] += bound;
@@ -679,8 +678,8 @@ TEST(CudaEmuCublasLt, TheFirstAlgorithmDependsOnTheProblemAndThePreference) {
   auto first = [&](uint64_t workspace, uint32_t mask) {
     cublasLtMatmulPreference_t pref;
     EXPECT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                         &workspace, sizeof(workspace));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                         sizeof(workspace));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
                                          sizeof(mask));
     cublasLtMatmulHeuristicResult_t r[8] = {};
@@ -691,9 +690,10 @@ TEST(CudaEmuCublasLt, TheFirstAlgorithmDependsOnTheProblemAndThePreference) {
     EXPECT_GE(found, 2);
     uint32_t scheme = 99;
     size_t written = 0;
-    EXPECT_EQ(cublasLtMatmulAlgoConfigGetAttribute(&r[0].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                   &scheme, sizeof(scheme), &written),
-              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(
+        cublasLtMatmulAlgoConfigGetAttribute(&r[0].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                             &scheme, sizeof(scheme), &written),
+        CUBLAS_STATUS_SUCCESS);
     const float one = 1.f, zero = 0.f;
     EXPECT_EQ(cublasLtMatmul(lt.h, op, &one, da.p, la, db.p, lb, &zero, dd.p, ld, dd.p, ld,
                              &r[0].algo, nullptr, 0, nullptr),

@@ -38,10 +38,11 @@
 // derivative would, though the GEMM itself is full f32; its bf16 bias gradient by several ulps,
 // as if summed from the rounded dpre; docs/perf/2026-11-26-h100.md). So linear_backward_gelu runs
 // a plain GEMM and Note [Linear GELU gradient kernel] unless STRATA_LINEAR_DGELU=epilogue asks
-// for the epilogue (for measurements: tools/gpu_session.sh dgelu times both). cuBLASLt requires
-// AUX's leading dimension to be a multiple of 8, and may have no algorithm for an epilogue at
-// some shape or alignment: then (once logged per epilogue) the GEMM writes its f32 product and
-// the kernels of epilogue.cu finish with the same one-rounding semantics.
+// for the epilogue in bf16/f16 (for measurements: tools/gpu_session.sh dgelu times both; f32
+// never takes it). cuBLASLt requires AUX's leading dimension to be a multiple of 8, and may have
+// no algorithm for an epilogue at some shape or alignment: then (once logged per epilogue) the
+// GEMM writes its f32 product and the kernels of epilogue.cu finish with the same one-rounding
+// semantics.
 // STRATA_LINEAR_EPILOGUE=off (unset, empty or auto: on) forces that fallback everywhere, for
 // tests and comparisons.
 //
@@ -818,7 +819,8 @@ void CudaBackend::linear_backward_gelu(const Tensor& dz, const Tensor& weight, c
   e.aux = pre.data_ptr();
   e.aux_ld = n;
   const bool fits = rows > 0 && n > 0 && p > 0 && n % 8 == 0;
-  const bool want_epilogue = epilogues_enabled() && dgelu_epilogue();
+  // f32 keeps its own rounding whatever the switch says: run.tf32 off means f32 everywhere.
+  const bool want_epilogue = epilogues_enabled() && dpre.dtype() != DType::F32 && dgelu_epilogue();
   if (fits && want_epilogue &&
       run_gemm(lt_, matmul_workspace_, stream_, dz, weight, dpre, false, false, 1.f, 0.f, e))
     return;

@@ -360,8 +360,9 @@ TEST(CudaLinear, GeluGradientKernelGivesTheTwoKernelsBits) {
 
 // STRATA_LINEAR_DGELU picks linear_backward_gelu's path (Note [CUDA linear epilogues]): by
 // default a plain GEMM and the one-pass kernel, whose results are the fallback's bits (the same
-// operations); `epilogue` runs cuBLASLt's DGELU_BGRAD (on the emulator: no GELU-gradient kernel
-// launched); any other value is a UserError naming the variable.
+// operations); `epilogue` runs cuBLASLt's DGELU_BGRAD in bf16/f16 (on the emulator: no
+// GELU-gradient kernel launched) and changes nothing in f32; any other value is a UserError
+// naming the variable.
 TEST(CudaLinear, TheGeluGradientPathIsChosenByStrataLinearDgelu) {
   SKIP_WITHOUT_GPU();
   const LinearCase lc = kLinearCases[0];  // n = 96: the epilogue can run
@@ -403,6 +404,14 @@ TEST(CudaLinear, TheGeluGradientPathIsChosenByStrataLinearDgelu) {
   EXPECT_EQ(n_epilogue, 0u) << "DGELU_BGRAD ran as a kernel of Strata's";
 #endif
   EXPECT_EQ(epilogue.dpre.shape(), fallback.dpre.shape());
+  // f32 never takes the epilogue: run.tf32 off means f32 everywhere.
+  ::setenv("STRATA_LINEAR_DGELU", "epilogue", 1);
+  const Tensor dz32 = dz.to(DType::F32), w32 = w2.to(DType::F32), pre32 = pre.to(DType::F32);
+  const LinearGeluGrads f32 = linear_backward_gelu(dz32, w32, pre32, true);
+  ::unsetenv("STRATA_LINEAR_DGELU");
+  const LinearGeluGrads f32_kernels = linear_backward_gelu(dz32, w32, pre32, true);
+  EXPECT_TRUE(same_bits(f32.dpre, f32_kernels.dpre));
+  EXPECT_TRUE(same_bits(f32.dbias, f32_kernels.dbias));
   ::setenv("STRATA_LINEAR_DGELU", "fused", 1);
   try {
     linear_backward_gelu(dz, w2, pre, true);

@@ -151,6 +151,7 @@ const Rule kRules[] = {
     {R"(sum_squares_partial<)", kLoads, "gradient norm"},
     {R"(bias_act<)", kBoth, "linear epilogue fallback"},
     {R"(gelu_backward_f32<)", kBoth, "linear epilogue fallback"},
+    {R"(gelu_backward_bias_partials<)", kBoth, "linear GELU gradient with its bias partials"},
     {R"(adamw_kernel\()", kBoth, "fused AdamW"},
     {R"(sgd_kernel\()", kBoth, "multi-tensor SGD"},
     // Column kernels: K consecutive columns per thread.

@@ -171,12 +171,17 @@ set(STRATA_EMULATED_CUDA_OPTIONS
 if(STRATA_CUDA_EMULATION)
   add_link_options(-fsanitize=alignment,bounds,shift)  # the UBSan runtime for the emulated kernels
 endif()
+# NO_CONTRACT (after the target): the target's .cu files are built with nvcc's --fmad=false, so
+# the emulator does not contract them either.
 function(strata_emulate_cuda_sources target)
   if(STRATA_CUDA_EMULATION)
     get_target_property(srcs ${target} SOURCES)
     list(FILTER srcs INCLUDE REGEX "\\.cu$")
-    set_source_files_properties(${srcs} PROPERTIES LANGUAGE CXX
-                                COMPILE_OPTIONS "${STRATA_EMULATED_CUDA_OPTIONS}")
+    set(opts "${STRATA_EMULATED_CUDA_OPTIONS}")
+    if("NO_CONTRACT" IN_LIST ARGN)
+      list(APPEND opts -ffp-contract=off)
+    endif()
+    set_source_files_properties(${srcs} PROPERTIES LANGUAGE CXX COMPILE_OPTIONS "${opts}")
   endif()
 endfunction()
 

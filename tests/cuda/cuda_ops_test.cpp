@@ -1,6 +1,6 @@
 // CUDA backend vs the CPU backend (the reference): every op, forward and backward, on the same
-// inputs. Skips itself when no GPU is visible (CTest label `cuda`); the no-GPU error path is
-// checked everywhere.
+// inputs (the op table's CUDA samples), and the kernels' paths one by one. Skips itself when no GPU
+// is visible (CTest label `cuda`); the no-GPU error path is checked everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 #include "tests/support/norm_into_check.h"
+#include "tests/support/op_table.h"
 
 #if defined(STRATA_CUDA_EMULATION)
 #include "cuda_emu/control.h"
@@ -37,16 +38,6 @@ Tensor rnd(const Shape& s, uint64_t stream, float lo = -2.f, float hi = 2.f) {
   return uniform(s, {42, stream}, lo, hi);
 }
 
-// One case: builds its inputs on `device` from CPU originals and returns its outputs.
-struct Case {
-  std::string name;
-  std::function<std::vector<Tensor>(Device)> run;
-  double atol = 1e-5, rtol = 1e-4;  // for the F32 run
-  // Exact ops (Note [Low-precision ops]: copy, fill, casts, embedding forward, dropout, max):
-  // the BF16/F16 runs want equal bits.
-  bool exact_lowp = false;
-};
-
 // The tolerance of a BF16/F16 output against the CPU backend's BF16/F16 output on the same
 // inputs: both round the f32 result once, so they differ by at most one ulp of the output dtype
 // (rel 2^-7 for bf16, 2^-10 for f16) plus the f32 rounding noise of a different summation order,
@@ -62,239 +53,6 @@ std::string dtype_tag(DType dt) {
   return dt == DType::F32 ? "f32" : dt == DType::BF16 ? "bf16" : "f16";
 }
 
-// Every case in compute dtype `dt`: float inputs are made in F32 on the CPU and converted to dt
-// (so the CPU and the GPU see the same rounded values); the contract's F32-only inputs (dloss,
-// mean/rstd, lse, rotary tables) stay F32. Backward ops take the forward outputs of the CPU
-// backend on both devices, so each kernel is compared on identical inputs.
-// A copy whose destination is a strided view: src [33, 17] into the transpose of a [17, 33].
-Tensor strided_into(const Tensor& src) {
-  Tensor dst = zeros({src.size(1), src.size(0)}, src.dtype(), src.device());
-  Tensor view = dst.transpose(0, 1);
-  view.copy_(src);
-  return dst;
-}
-
-std::vector<Case> cases(DType dt) {
-  const Tensor a = rnd({4, 33, 17}, 1), b = rnd({33, 17}, 2), pos = rnd({4, 33, 17}, 3, 0.1f, 3.f);
-  const Tensor m1 = rnd({3, 40, 24}, 4), m2 = rnd({24, 56}, 5), m3 = rnd({3, 56, 24}, 6);
-  const Tensor x2 = rnd({37, 96}, 7), w = rnd({96}, 8), bias = rnd({96}, 9), dy = rnd({37, 96}, 10);
-  const Tensor q = rnd({2, 3, 29, 40}, 11), k = rnd({2, 3, 29, 40}, 12),
-               v = rnd({2, 3, 29, 40}, 13);
-  const Tensor dout = rnd({2, 3, 29, 40}, 14);
-  const Tensor emb = rnd({50, 24}, 15), ids = from_ints({3, 7, 3, 49, 0, 3, 12}, {7}, DType::I32);
-  const Tensor demb = rnd({7, 24}, 19), emb_grad0 = rnd({50, 24}, 20);
-  const Tensor logits = rnd({7, 50}, 16, -5.f, 5.f);
-  const Tensor targets = from_ints({1, -100, 49, 0, 3, 3, 20}, {7});
-  const Tensor dloss = rnd({7}, 17);
-  const Tensor rx = rnd({2, 5, 3, 8}, 18), rx6 = rnd({2, 5, 3, 6}, 27);
-  const Tensor cols = rnd({3, 100, 40}, 25), cols2 = rnd({1000, 24}, 26);
-  // Cross-entropy over the first `classes` columns (Note [CUDA cross-entropy]): a row length
-  // that takes 128-bit packs (136: 272 bytes in bf16) and one that does not (75).
-  const Tensor wide = rnd({6, 136}, 21, -6.f, 6.f), odd = rnd({5, 75}, 22, -6.f, 6.f);
-  const Tensor wide_t = from_ints({130, 0, -100, 7, 77, 129}, {6});
-  const Tensor odd_t = from_ints({69, -100, 0, 33, 12}, {5});
-  const Tensor wide_dl = rnd({6}, 23), odd_dl = rnd({5}, 24);
-  const bool lowp = dt != DType::F32;
-  // A compute-dtype input on device d; an F32 one; an index tensor.
-  auto on = [dt](const Tensor& t, Device d) { return t.to(dt).to(d); };
-  auto on32 = [](const Tensor& t, Device d) { return t.to(DType::F32).to(d); };
-  auto on_ids = [](const Tensor& t, Device d) { return t.to(d); };
-  const Device cpu = Device::cpu();
-  std::vector<Case> c;
-  c.push_back({"binary_broadcast", [=](Device d) {
-                 return std::vector<Tensor>{add(on(a, d), on(b, d)), sub(on(a, d), on(b, d)),
-                                            mul(on(a, d), on(b, d)), div(on(a, d), on(pos, d))};
-               }});
-  c.push_back({"binary_strided", [=](Device d) {
-                 return std::vector<Tensor>{
-                     add(on(a, d).transpose(1, 2), on(a, d).transpose(1, 2))};
-               }});
-  c.push_back(
-      {"affine_axpy", [=](Device d) {
-         Tensor y = on(a, d).clone();
-         axpy_(0.5f, on(pos, d), y);
-         // Mixed dtypes (gradient accumulation): low-precision x into an F32 y and back.
-         Tensor y32 = on32(a, d).clone();
-         axpy_(0.5f, on(pos, d), y32);
-         Tensor ylp = on(a, d).clone();
-         axpy_(-1.5f, on32(pos, d), ylp);
-         return std::vector<Tensor>{affine(on(a, d).transpose(0, 2), 3.f, -1.f), y, y32, ylp};
-       }});
-  for (UnaryOp op : {UnaryOp::Gelu, UnaryOp::Silu, UnaryOp::Relu, UnaryOp::Exp, UnaryOp::Log,
-                     UnaryOp::Neg, UnaryOp::Sqrt, UnaryOp::Square, UnaryOp::Tanh}) {
-    c.push_back({"unary_" + std::to_string(static_cast<int>(op)), [=](Device d) {
-                   return std::vector<Tensor>{unary(op, on(pos, d)),
-                                              unary_backward(op, on(pos, d), on(a, d))};
-                 }});
-  }
-  c.push_back({"bias_add", [=](Device d) {
-                 // 96 columns: the packed path; 17 columns: the scalar one.
-                 return std::vector<Tensor>{bias_add(on(x2, d), on(bias, d)),
-                                            bias_add(on(a, d), on(b.select(0, 0), d))};
-               }});
-  c.push_back({"dropout",
-               [=](Device d) {
-                 return std::vector<Tensor>{dropout(on(x2, d), 0.3f, {5, 6}),
-                                            dropout(on(a, d), 0.5f, {5, 7})};
-               },
-               1e-5, 1e-4, /*exact_lowp=*/true});
-  c.push_back({"reductions", [=](Device d) {
-                 return std::vector<Tensor>{
-                     sum(on(a, d), 0), mean(on(a, d), 2), sum_to(on(a, d), {1, 17}),
-                     sum_all(on(a, d)),
-                     from_vector({static_cast<float>(sum_squares(on(a, d)))}, {1}).to(d)};
-               }});
-  // Bias gradients: [N, C] -> [C] with N >= 128 takes the column-sum kernels (Note [CUDA column
-  // sums]), several chunks of rows and a partial last one; the F32 output of a low-precision
-  // input is the mixed-precision case.
-  c.push_back({"column_sums", [=](Device d) {
-                 return std::vector<Tensor>{sum_to(on(cols, d), {40}),
-                                            sum_to(on(cols, d).reshape({300, 40}), {40}),
-                                            sum_to(on(cols2, d), {24})};
-               }});
-  c.push_back({"max",
-               [=](Device d) {
-                 MaxResult mx = max(on(a, d), 1);
-                 return std::vector<Tensor>{mx.values, mx.indices.to(DType::F32)};
-               },
-               0.0, 0.0, /*exact_lowp=*/true});
-  c.push_back({"matmul", [=](Device d) {
-                 // beta != 0 reads `o`: start both devices from the CPU's product.
-                 Tensor o = matmul(on(m1, cpu), on(m2, cpu)).to(d);
-                 matmul_out(on(m1, d), on(m3, d), o, false, true, 0.5f, 2.f);
-                 std::vector<Tensor> r{matmul(on(m1, d), on(m2, d)), o,
-                                       matmul(on(m1, d), on(m1, d), true, false)};
-                 if (lowp) {  // mixed output: low-precision inputs into an F32 out
-                   Tensor o32 = zeros({3, 40, 56}, DType::F32, d);
-                   matmul_out(on(m1, d), on(m2, d), o32, false, false, 1.f, 0.f);
-                   r.push_back(o32);
-                 }
-                 return r;
-               }});
-  if (!lowp) {
-    c.push_back({"matmul_bf16_inputs",
-                 [=](Device d) {
-                   return std::vector<Tensor>{
-                       matmul(on(m1, d).to(DType::BF16), on(m2, d).to(DType::BF16))};
-                 },
-                 2e-2, 2e-2});
-  }
-  c.push_back({"layernorm", [=](Device d) {
-                 NormResult r = layernorm(on(x2, d), on(w, d), on(bias, d), 1e-5f);
-                 NormResult rc = layernorm(on(x2, cpu), on(w, cpu), on(bias, cpu), 1e-5f);
-                 LayerNormGrads g = layernorm_backward(on(dy, d), on(x2, d), on(w, d),
-                                                       rc.mean.to(d), rc.rstd.to(d));
-                 return std::vector<Tensor>{r.y, r.mean, r.rstd, g.dx, g.dweight, g.dbias};
-               }});
-  c.push_back({"rmsnorm_softmax", [=](Device d) {
-                 NormResult r = rmsnorm(on(x2, d), on(w, d), 1e-6f);
-                 NormResult rc = rmsnorm(on(x2, cpu), on(w, cpu), 1e-6f);
-                 RmsNormGrads g = rmsnorm_backward(on(dy, d), on(x2, d), on(w, d), rc.rstd.to(d));
-                 Tensor s = softmax(on(x2, d));
-                 Tensor sc = softmax(on(x2, cpu)).to(d);
-                 return std::vector<Tensor>{r.y,       r.rstd, g.dx,
-                                            g.dweight, s,      softmax_backward(sc, on(dy, d))};
-               }});
-  // The norms and softmax on rows of 17 (no 128-bit packs: the one-element path of the same
-  // kernels, Note [CUDA fused residual norm], Note [CUDA softmax]); the 96-wide rows above take
-  // the packed one.
-  c.push_back({"norms_odd_width", [=](Device d) {
-                 const Tensor xo = on(a, d).reshape({-1, 17}), go = on(pos, d).reshape({-1, 17});
-                 const Tensor wo = on(b.select(0, 1), d), bo = on(b.select(0, 2), d);
-                 NormResult l = layernorm(xo, wo, bo, 1e-5f);
-                 const Tensor xc = on(a, cpu).reshape({-1, 17});
-                 NormResult lc =
-                     layernorm(xc, on(b.select(0, 1), cpu), on(b.select(0, 2), cpu), 1e-5f);
-                 LayerNormGrads lg = layernorm_backward(go, xo, wo, lc.mean.to(d), lc.rstd.to(d));
-                 NormResult r = rmsnorm(xo, wo, 1e-6f);
-                 NormResult rc = rmsnorm(xc, on(b.select(0, 1), cpu), 1e-6f);
-                 RmsNormGrads rg = rmsnorm_backward(go, xo, wo, rc.rstd.to(d));
-                 // Softmax on the same rows: its one-element path (Note [CUDA softmax]).
-                 const Tensor so = softmax(xo), sg = softmax_backward(softmax(xc).to(d), go);
-                 return std::vector<Tensor>{l.y, l.mean, l.rstd, lg.dx,      lg.dweight, lg.dbias,
-                                            r.y, r.rstd, rg.dx,  rg.dweight, so,         sg};
-               }});
-  for (bool causal : {false, true}) {
-    c.push_back({std::string("attention_") + (causal ? "causal" : "full"), [=](Device d) {
-                   AttentionResult r = attention(on(q, d), on(k, d), on(v, d), causal, 0.f);
-                   AttentionResult rc = attention(on(q, cpu), on(k, cpu), on(v, cpu), causal, 0.f);
-                   AttentionGrads g = attention_backward(on(q, d), on(k, d), on(v, d), rc.out.to(d),
-                                                         rc.lse.to(d), on(dout, d), causal, 0.f);
-                   return std::vector<Tensor>{r.out, r.lse, g.dq, g.dk, g.dv};
-                 }});
-  }
-  c.push_back(
-      {"rotary", [=](Device d) {
-         auto [cs, sn] = rotary_tables(5, 8, 10000.0, 0, d);
-         std::vector<Tensor> r{rotary(on(rx, d), cs, sn, false), rotary(on(rx, d), cs, sn, true)};
-         if (lowp) r.push_back(rotary(on(rx, d), cs.to(dt), sn.to(dt), false));
-         // Head dim 6 (3 pairs): groups of 2 or 4 pairs (Note [CUDA element groups]) straddle
-         // rows, so the one-element path, carrying the position from row to row.
-         auto [cs6, sn6] = rotary_tables(5, 6, 10000.0, 0, d);
-         r.push_back(rotary(on(rx6, d), cs6, sn6, false));
-         return r;
-       }});
-  c.push_back({"embedding_backward_cross_entropy", [=](Device d) {
-                 Tensor dw = zeros({50, 24}, dt, d);
-                 embedding_backward(on_ids(ids, d), on(demb, d), dw);
-                 // Accumulating into a non-zero dweight: f32 sums added to the old value.
-                 Tensor dw2 = on(emb_grad0, d).clone();
-                 embedding_backward(on_ids(ids, d), on(demb, d), dw2);
-                 CrossEntropyResult ce = cross_entropy(on(logits, d), on_ids(targets, d), -100);
-                 CrossEntropyResult cc = cross_entropy(on(logits, cpu), targets, -100);
-                 return std::vector<Tensor>{
-                     dw,
-                     dw2,
-                     ce.losses,
-                     ce.lse,
-                     ce.norm,
-                     cross_entropy_backward(on(logits, d), on_ids(targets, d), cc.lse.to(d),
-                                            on32(dloss, d), -100)};
-               }});
-  for (auto [x, t, dl, classes] : {std::tuple{wide, wide_t, wide_dl, int64_t{131}},
-                                   std::tuple{odd, odd_t, odd_dl, int64_t{70}}})
-    c.push_back({"cross_entropy_classes_" + std::to_string(x.size(1)), [=](Device d) {
-                   CrossEntropyResult ce = cross_entropy(on(x, d), on_ids(t, d), -100, classes);
-                   CrossEntropyResult cc = cross_entropy(on(x, cpu), t, -100, classes);
-                   return std::vector<Tensor>{
-                       ce.losses, ce.lse,
-                       cross_entropy_backward(on(x, d), on_ids(t, d), cc.lse.to(d), on32(dl, d),
-                                              -100, classes)};
-                 }});
-  c.push_back({"embedding_forward",
-               [=](Device d) { return std::vector<Tensor>{embedding(on(emb, d), on_ids(ids, d))}; },
-               0.0, 0.0, /*exact_lowp=*/true});
-  c.push_back({"copy_cast_fill",
-               [=](Device d) {
-                 Tensor h = on(a, d).transpose(0, 1).to(DType::F16).to(DType::F32);
-                 Tensor bf = on(a, d).to(DType::BF16).to(DType::F32);
-                 Tensor i = on(a, d).to(DType::I32).to(DType::F32);
-                 return std::vector<Tensor>{
-                     h, bf, i, on32(a, d).to(dt),  // contiguous cast path
-                     on(a, d).transpose(1, 2).contiguous(),
-                     // Note [CUDA same-dtype copies]: layouts that merge
-                     // to 3 dims, a narrow, a copy into a strided view.
-                     on(q, d).transpose(1, 2).contiguous(), on(a, d).narrow(2, 3, 9).contiguous(),
-                     strided_into(on(b, d)),
-                     on_ids(ids, d)
-                         .to(DType::I64)
-                         .reshape({7, 1})
-                         .expand({7, 3})
-                         .contiguous()
-                         .to(DType::F32),
-                     full({3, 5}, 2.5, dt, d), arange(11, dt, d), concat({on(a, d), on(a, d)}, 1)};
-               },
-               0.0, 0.0, /*exact_lowp=*/true});
-  c.push_back({"random", [=](Device d) {
-                 // Drawn in f32 exactly as for F32, then rounded once into dt.
-                 Tensor n = Tensor::empty({1001}, dt, d), u = Tensor::empty({1001}, dt, d);
-                 backend_for(d).random_normal(n, {7, 8}, 0.f, 1.f);
-                 backend_for(d).random_uniform(u, {7, 9}, -1.f, 1.f);
-                 return std::vector<Tensor>{n, u};
-               }});
-  return c;
-}
-
 constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
 
 // These tests hold Strata's own kernels to the CPU at one rounding of tolerance. cuDNN's flash
@@ -305,11 +63,18 @@ struct OwnAttentionKernel {
   ~OwnAttentionKernel() { ::unsetenv("STRATA_ATTENTION"); }
 };
 
-TEST(CudaOps, AgreeWithTheCpuBackend) {
+// Every op: the CUDA samples of the op table (tests/support/op_table.h), one test per entry,
+// e.g. OpTable/CudaOpTable.AgreeWithTheCpuBackend/matmul.
+using strata::testing::DeviceSample;
+using strata::testing::OpInfo;
+
+class CudaOpTable : public ::testing::TestWithParam<OpInfo> {};
+
+TEST_P(CudaOpTable, AgreeWithTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   OwnAttentionKernel own;
   for (DType dt : kDtypes) {
-    for (const Case& c : cases(dt)) {
+    for (const DeviceSample& c : GetParam().cuda(dt)) {
       SCOPED_TRACE(c.name + " " + dtype_tag(dt));
       std::vector<Tensor> want = c.run(Device::cpu());
       std::vector<Tensor> got = c.run(kGpu);
@@ -331,17 +96,25 @@ TEST(CudaOps, AgreeWithTheCpuBackend) {
   }
 }
 
-TEST(CudaOps, SameInputsGiveTheSameBits) {
+TEST_P(CudaOpTable, SameInputsGiveTheSameBits) {
   SKIP_WITHOUT_GPU();
   OwnAttentionKernel own;
   for (DType dt : kDtypes) {
-    for (const Case& c : cases(dt)) {
+    for (const DeviceSample& c : GetParam().cuda(dt)) {
       SCOPED_TRACE(c.name + " " + dtype_tag(dt));
       std::vector<Tensor> r1 = c.run(kGpu), r2 = c.run(kGpu);
       for (size_t i = 0; i < r1.size(); ++i) EXPECT_EQ(max_abs_diff(r1[i], r2[i]), 0.0);
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(OpTable, CudaOpTable,
+                         ::testing::ValuesIn(strata::testing::op_entries([](const OpInfo& e) {
+                           return static_cast<bool>(e.cuda);
+                         })),
+                         [](const ::testing::TestParamInfo<OpInfo>& info) {
+                           return info.param.name;
+                         });
 
 // Contiguous elementwise kernels move 8 bf16/f16 (4 f32) per load when every pointer is 16-byte
 // aligned and fall back to one element per thread otherwise: both paths and the tail must agree.

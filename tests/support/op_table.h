@@ -22,6 +22,7 @@
 // must exist), every autograd function needs gradcheck samples (or a stated exemption), and
 // every entry needs CUDA agreement samples of some kind.
 #include <functional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -162,6 +163,10 @@ struct OpInfo {
 
 // The whole table, in a fixed order.
 const std::vector<OpInfo>& op_table();
+// GoogleTest prints a parameter by its name.
+inline void PrintTo(const OpInfo& e, std::ostream* os) {
+  *os << e.name;
+}
 // The entries for which `has` is true (for INSTANTIATE_TEST_SUITE_P).
 std::vector<OpInfo> op_entries(const std::function<bool(const OpInfo&)>& has);
 

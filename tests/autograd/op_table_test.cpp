@@ -4,6 +4,7 @@
 // added without its entry (docs/adding_an_op.md).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -46,6 +47,26 @@ std::set<std::string> api_functions(std::string header) {
   const size_t end = header.find("// ---- comparisons (tests) ----");
   if (end != std::string::npos) header.resize(end);
   return matches(header, std::regex(R"((^|\n)(inline\s+)?[A-Za-z_][\w:<>, ]*?[\s&*](\w+)\()"), 3);
+}
+
+// The op API functions that take two or more tensors (a std::vector<Tensor> counts as two), each
+// with its operand count: the ones that must check their operands share a device.
+std::map<std::string, int> multi_tensor_api_functions(std::string header) {
+  const size_t end = header.find("// ---- comparisons (tests) ----");
+  if (end != std::string::npos) header.resize(end);
+  std::map<std::string, int> out;
+  const std::regex decl(R"((^|\n)(inline\s+)?[A-Za-z_][\w:<>, ]*?[\s&*](\w+)\(([^)]*)\))");
+  for (auto it = std::sregex_iterator(header.begin(), header.end(), decl);
+       it != std::sregex_iterator(); ++it) {
+    const std::string params = (*it)[4].str();
+    const std::regex tensor_param(R"(Tensor\s*&|std::vector<Tensor>)");
+    int n = 0;
+    for (auto p = std::sregex_iterator(params.begin(), params.end(), tensor_param);
+         p != std::sregex_iterator(); ++p)
+      n += p->str().find("vector") != std::string::npos ? 2 : 1;
+    if (n >= 2) out[(*it)[3].str()] = n;
+  }
+  return out;
 }
 
 // Differentiable functions: declarations at column 0 returning Variables.
@@ -91,6 +112,29 @@ TEST(OpTable, EveryOpApiFunctionHasAnEntry) {
   EXPECT_EQ(missing(declared, in_table), "")
       << "op API functions without an op table entry (tests/support/op_table*.cpp)";
   EXPECT_EQ(missing(in_table, declared), "") << "entries name op API functions that do not exist";
+}
+
+// Each op API function with two or more tensor operands has a mixed-device sample named after it:
+// one operand on the other device must be a UserError (tests/cuda/mixed_devices_cuda_test.cpp).
+TEST(OpTable, EveryMultiTensorOpHasAMixedDeviceSample) {
+  const std::map<std::string, int> declared = multi_tensor_api_functions(read("tensor/ops.h"));
+  ASSERT_GE(declared.size(), 30u) << "the parse of tensor/ops.h found too little";
+  ASSERT_TRUE(declared.count("matmul_out") && declared.count("concat"));
+  ASSERT_FALSE(declared.count("gelu"));
+  // Takes tensors on several devices by contract (CudaMixedDevices.GlobalNormSumsEachTensor...).
+  const std::set<std::string> exempt{"global_l2_norm"};
+  std::set<std::string> in_table;
+  for (const OpInfo& e : op_table())
+    for (const MixedSample& m : e.mixed) {
+      in_table.insert(m.name);
+      EXPECT_TRUE(std::find(e.api.begin(), e.api.end(), m.name) != e.api.end())
+          << e.name << ": mixed sample " << m.name << " is not one of the entry's api functions";
+    }
+  std::set<std::string> need;
+  for (const auto& [name, n] : declared)
+    if (!exempt.count(name)) need.insert(name);
+  EXPECT_EQ(missing(need, in_table), "")
+      << "op API functions of several tensors without a mixed-device sample";
 }
 
 // Each autograd function has a gradcheck sample in its entry named after it (the function's name,
@@ -156,6 +200,12 @@ TEST(OpTable, TheCheckFindsAnOpWithoutAnEntry) {
       "Variable add(const Variable& a);\nstd::pair<Variable, Variable> two(int);\n"
       "  Variable member(int);\nstd::vector<Variable> split(const Variable& x);\n";
   EXPECT_EQ(missing(autograd_functions(fns), {"add"}), "split, two");
+  const std::string multi =
+      "Tensor add(const Tensor& a, const Tensor& b);\nTensor gelu(const Tensor& x);\n"
+      "Tensor cat(const std::vector<Tensor>& xs, int dim);\nvoid out_(const Tensor& a,\n"
+      "          Tensor& out, float alpha);\n";
+  const std::map<std::string, int> want{{"add", 2}, {"cat", 2}, {"out_", 2}};
+  EXPECT_EQ(multi_tensor_api_functions(multi), want);
 }
 
 }  // namespace

@@ -66,6 +66,16 @@ Tensor rnd(const Shape& s, uint64_t stream, float lo, float hi) {
   return tops::uniform(s, {42, stream}, lo, hi);
 }
 
+Tensor mixed_operand(const Shape& s, uint64_t stream, Device d) {
+  return tops::uniform(s, {11, stream}, -1.f, 1.f).to(d);
+}
+
+Tensor mixed_ids(const Shape& s, int64_t n, Device d) {
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(static_cast<int64_t>(i) % n);
+  return tops::from_vector(v, s).to(DType::I64).to(d);
+}
+
 const std::vector<OpInfo>& op_table() {
   static const std::vector<OpInfo> table = [] {
     std::vector<OpInfo> t;

@@ -17,6 +17,7 @@
 //   cuda             tests/cuda/cuda_ops_test.cpp          CUDA vs CPU, F32/BF16/F16, same bits
 //   twice empty            tests/cuda/empty_shapes_cuda_test.cpp CUDA vs CPU on zero-sized dims
 //   random           tests/cuda/random_shapes_cuda_test.cpp CUDA vs CPU on drawn shapes
+//   mixed            tests/cuda/mixed_devices_cuda_test.cpp an operand on the other device
 // tests/autograd/op_table_test.cpp keeps the table complete: every Backend virtual, every op API
 // function and every autograd function must be named by an entry (and every name an entry gives
 // must exist), every autograd function needs gradcheck samples (or a stated exemption), and
@@ -144,6 +145,14 @@ struct RandomFamily {
   std::function<RandomSample(Draw&)> draw;  // null: no random-shape family
 };
 
+// ---- operands on two devices (mixed_devices_cuda_test.cpp) ----
+// One op API function called with one operand on the other device: a UserError naming both.
+struct MixedSample {
+  std::string name;                                 // the op API function
+  std::function<std::vector<Tensor>(Device)> make;  // the operands, all on one device
+  std::function<void(std::vector<Tensor>&)> run;
+};
+
 // ---- the entry ----
 struct OpInfo {
   std::string name;  // [a-z0-9_]: the test names carry it
@@ -159,6 +168,7 @@ struct OpInfo {
   DeviceSamples cuda;   // null: none
   DeviceSamples empty;  // null: none
   RandomFamily random;
+  std::vector<MixedSample> mixed;
 };
 
 // The whole table, in a fixed order.
@@ -186,6 +196,10 @@ Tensor lowp_rand(const Shape& s, uint64_t seed, float lo = -1.f, float hi = 1.f)
 Tensor lp(const Shape& s, uint64_t seed, DType dt, float lo = -1.f, float hi = 1.f);
 // The CUDA-agreement inputs: uniform values from stream `stream` of key 42.
 Tensor rnd(const Shape& s, uint64_t stream, float lo = -2.f, float hi = 2.f);
+// The mixed-device operands: uniform values from stream `stream` of key 11, on d.
+Tensor mixed_operand(const Shape& s, uint64_t stream, Device d);
+// I64 ids 0, 1, ..., n - 1, 0, 1, ... of shape s, on d.
+Tensor mixed_ids(const Shape& s, int64_t n, Device d);
 // t in dt on d.
 inline Tensor on(const Tensor& t, DType dt, Device d) {
   return t.to(dt).to(d);

@@ -125,6 +125,30 @@ OpInfo attention() {
                         {},
                         dh == 64 || dh == 128};
               }};
+  using MV = std::vector<Tensor>;
+  const auto qkv = [](Device d) {
+    return MV{mixed_operand({1, 2, 4, 8}, 1, d), mixed_operand({1, 2, 4, 8}, 2, d),
+              mixed_operand({1, 2, 4, 8}, 3, d)};
+  };
+  const auto attn_bwd_in = [qkv](Device d) {
+    MV t = qkv(d);
+    tensor::AttentionResult a = tensor::attention(t[0], t[1], t[2], true);
+    t.insert(t.end(), {a.out, a.lse, mixed_operand({1, 2, 4, 8}, 4, d)});
+    return t;
+  };
+  e.mixed = {{"attention", qkv, [](MV& t) { tensor::attention(t[0], t[1], t[2], true); }},
+             {"attention_backward", attn_bwd_in,
+              [](MV& t) { tensor::attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], true); }},
+             {"attention_backward_into",
+              [=](Device d) {
+                MV t = attn_bwd_in(d);
+                for (int i = 0; i < 3; ++i) t.push_back(Tensor::empty({1, 2, 4, 8}, DType::F32, d));
+                return t;
+              },
+              [](MV& t) {
+                tensor::attention_backward_into(t[0], t[1], t[2], t[3], t[4], t[5], true, 0.f, t[6],
+                                                t[7], t[8]);
+              }}};
   return e;
 }
 
@@ -196,6 +220,13 @@ OpInfo rotary() {
                             tensor::embedding(on(table, dt, d), ids.to(d)), dw};
                 }};
       }};
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"rotary",
+              [](Device d) {
+                auto [cos, sin] = tensor::rotary_tables(4, 8, 10000.0, 0, d);
+                return MV{mixed_operand({1, 4, 2, 8}, 1, d), cos, sin};
+              },
+              [](MV& t) { tensor::rotary(t[0], t[1], t[2]); }}};
   return e;
 }
 

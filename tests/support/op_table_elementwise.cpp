@@ -119,6 +119,27 @@ OpInfo binary() {
                                     tensor::add(x.transpose(1, 2), x.transpose(1, 2))};
                         }};
               }};
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"add",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::add(t[0], t[1]); }},
+             {"sub",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::sub(t[0], t[1]); }},
+             {"mul",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::mul(t[0], t[1]); }},
+             {"div",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::div(t[0], t[1]); }}};
   return e;
 }
 
@@ -178,6 +199,12 @@ OpInfo affine_axpy() {
                  }});
     return c;
   };
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"axpy_",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::axpy_(2.f, t[0], t[1]); }}};
   return e;
 }
 
@@ -225,6 +252,12 @@ OpInfo unary() {
     }
     return c;
   };
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"unary_backward",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::unary_backward(UnaryOp::Gelu, t[0], t[1]); }}};
   return e;
 }
 
@@ -253,6 +286,12 @@ OpInfo bias_add() {
                  }});
     return c;
   };
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"bias_add",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({4}, 2, d)};
+              },
+              [](MV& t) { tensor::bias_add(t[0], t[1]); }}};
   return e;
 }
 

@@ -93,6 +93,18 @@ OpInfo embedding() {
     return c;
   };
   // Random shapes: with rotary (the rotary entry's family).
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"embedding",
+              [](Device d) {
+                return MV{mixed_operand({10, 4}, 1, d), mixed_ids({6}, 10, d)};
+              },
+              [](MV& t) { tensor::embedding(t[0], t[1]); }},
+             {"embedding_backward",
+              [](Device d) {
+                return MV{mixed_ids({6}, 10, d), mixed_operand({6, 4}, 1, d),
+                          mixed_operand({10, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::embedding_backward(t[0], t[1], t[2]); }}};
   return e;
 }
 
@@ -198,6 +210,21 @@ OpInfo cross_entropy() {
                               fr.losses};
                         }};
               }};
+  using MV = std::vector<Tensor>;
+  const auto ce_in = [](Device d) {
+    return MV{mixed_operand({6, 10}, 1, d), mixed_ids({6}, 10, d)};
+  };
+  const auto ce_bwd_in = [](Device d) {
+    const Tensor logits = mixed_operand({6, 10}, 1, d), t = mixed_ids({6}, 10, d);
+    return MV{logits, t, tensor::cross_entropy(logits, t).lse, tensor::ones({6}, DType::F32, d)};
+  };
+  e.mixed = {{"cross_entropy", ce_in, [](MV& t) { tensor::cross_entropy(t[0], t[1]); }},
+             {"cross_entropy_backward", ce_bwd_in,
+              [](MV& t) { tensor::cross_entropy_backward(t[0], t[1], t[2], t[3]); }},
+             {"cross_entropy_backward_", ce_bwd_in,
+              [](MV& t) { tensor::cross_entropy_backward_(t[0], t[1], t[2], t[3]); }},
+             {"cross_entropy_fused_", ce_in,
+              [](MV& t) { tensor::cross_entropy_fused_(t[0], t[1], 1.f); }}};
   return e;
 }
 

@@ -123,6 +123,18 @@ OpInfo matmul() {
                         },
                         1e-4, 1e-4};
               }};
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"matmul",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({4, 5}, 2, d)};
+              },
+              [](MV& t) { tensor::matmul(t[0], t[1]); }},
+             {"matmul_out",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({4, 5}, 2, d),
+                          mixed_operand({3, 5}, 3, d)};
+              },
+              [](MV& t) { tensor::matmul_out(t[0], t[1], t[2], false, false, 1.f, 1.f); }}};
   return e;
 }
 
@@ -248,6 +260,30 @@ OpInfo linear() {
             },
             1e-4, 1e-4};
       }};
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"linear",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({5, 4}, 2, d),
+                          mixed_operand({5}, 3, d)};
+              },
+              [](MV& t) { tensor::linear(t[0], t[1], t[2], Activation::Gelu, true); }},
+             {"linear_backward_weight",
+              [](Device d) {
+                return MV{mixed_operand({3, 5}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::linear_backward_weight(t[0], t[1], true); }},
+             {"linear_backward_weight_into",
+              [](Device d) {
+                return MV{mixed_operand({3, 5}, 1, d), mixed_operand({3, 4}, 2, d),
+                          mixed_operand({5, 4}, 3, d)};
+              },
+              [](MV& t) { tensor::linear_backward_weight_into(t[0], t[1], t[2], true); }},
+             {"linear_backward_gelu",
+              [](Device d) {
+                return MV{mixed_operand({3, 5}, 1, d), mixed_operand({5, 4}, 2, d),
+                          mixed_operand({3, 4}, 3, d)};
+              },
+              [](MV& t) { tensor::linear_backward_gelu(t[0], t[1], t[2], true); }}};
   return e;
 }
 

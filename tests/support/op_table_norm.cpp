@@ -190,6 +190,60 @@ OpInfo norms() {
                 1e-4,
                 {{12, ds}}};
       }};
+  using MV = std::vector<Tensor>;
+  const auto r = [](const Shape& s, uint64_t stream, Device d) {
+    return mixed_operand(s, stream, d);
+  };
+  e.mixed = {
+      {"layernorm",
+       [=](Device d) {
+         return MV{r({3, 8}, 1, d), r({8}, 2, d), r({8}, 3, d)};
+       },
+       [](MV& t) { tensor::layernorm(t[0], t[1], t[2], 1e-5f); }},
+      {"rmsnorm",
+       [=](Device d) {
+         return MV{r({3, 8}, 1, d), r({8}, 2, d)};
+       },
+       [](MV& t) { tensor::rmsnorm(t[0], t[1], 1e-5f); }},
+      // Backward operands: dy, x, weight, then the statistics the forward gave (made on d).
+      {"layernorm_backward",
+       [=](Device d) {
+         const Tensor x = r({3, 8}, 1, d), w = r({8}, 2, d);
+         tensor::NormResult n = tensor::layernorm(x, w, r({8}, 3, d), 1e-5f);
+         return MV{r({3, 8}, 4, d), x, w, n.mean, n.rstd};
+       },
+       [](MV& t) { tensor::layernorm_backward(t[0], t[1], t[2], t[3], t[4]); }},
+      {"rmsnorm_backward",
+       [=](Device d) {
+         const Tensor x = r({3, 8}, 1, d), w = r({8}, 2, d);
+         return MV{r({3, 8}, 4, d), x, w, tensor::rmsnorm(x, w, 1e-5f).rstd};
+       },
+       [](MV& t) { tensor::rmsnorm_backward(t[0], t[1], t[2], t[3]); }},
+      {"add_layernorm",
+       [=](Device d) {
+         return MV{r({3, 8}, 1, d), r({3, 8}, 5, d), r({8}, 2, d), r({8}, 3, d)};
+       },
+       [](MV& t) { tensor::add_layernorm(t[0], t[1], t[2], t[3], 1e-5f); }},
+      {"add_rmsnorm",
+       [=](Device d) {
+         return MV{r({3, 8}, 1, d), r({3, 8}, 5, d), r({8}, 2, d)};
+       },
+       [](MV& t) { tensor::add_rmsnorm(t[0], t[1], t[2], 1e-5f); }},
+      {"add_layernorm_backward",
+       [=](Device d) {
+         const Tensor w = r({8}, 2, d);
+         tensor::AddNormResult n =
+             tensor::add_layernorm(r({3, 8}, 1, d), r({3, 8}, 5, d), w, r({8}, 3, d), 1e-5f);
+         return MV{r({3, 8}, 4, d), r({3, 8}, 6, d), n.s, w, n.mean, n.rstd};
+       },
+       [](MV& t) { tensor::add_layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5]); }},
+      {"add_rmsnorm_backward",
+       [=](Device d) {
+         const Tensor w = r({8}, 2, d);
+         tensor::AddNormResult n = tensor::add_rmsnorm(r({3, 8}, 1, d), r({3, 8}, 5, d), w, 1e-5f);
+         return MV{r({3, 8}, 4, d), r({3, 8}, 6, d), n.s, w, n.rstd};
+       },
+       [](MV& t) { tensor::add_rmsnorm_backward(t[0], t[1], t[2], t[3], t[4]); }}};
   return e;
 }
 
@@ -234,6 +288,12 @@ OpInfo softmax() {
                                     tensor::softmax_backward(y.to(d), on(dy, dt, d))};
                         }};
               }};
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"softmax_backward",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) { tensor::softmax_backward(t[0], t[1]); }}};
   return e;
 }
 

@@ -129,6 +129,14 @@ OpInfo reductions() {
                         },
                         1e-4, 1e-4};
               }};
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"sum_squares_many",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) {
+                tensor::sum_squares_many({t[0], t[1]});
+              }}};
   return e;
 }
 
@@ -181,6 +189,12 @@ OpInfo scale_unless_equal() {
                  }});
     return c;
   };
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"scale_unless_equal_",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({1}, 2, d)};
+              },
+              [](MV& t) { tensor::scale_unless_equal_(t[0], t[1], 1.f); }}};
   return e;
 }
 
@@ -284,6 +298,14 @@ OpInfo memory() {
          }});
     return c;
   };
+  using MV = std::vector<Tensor>;
+  e.mixed = {{"concat",
+              [](Device d) {
+                return MV{mixed_operand({3, 4}, 1, d), mixed_operand({3, 4}, 2, d)};
+              },
+              [](MV& t) {
+                tensor::concat({t[0], t[1]}, 0);
+              }}};
   return e;
 }
 

@@ -166,6 +166,8 @@ TEST(OpTable, EntriesAreWellFormed) {
     SCOPED_TRACE(e.name);
     EXPECT_TRUE(std::regex_match(e.name, std::regex("[a-z0-9_]+")));
     EXPECT_TRUE(names.insert(e.name).second) << "two entries named " << e.name;
+    EXPECT_FALSE(e.dtypes.empty());
+    for (DType dt : e.dtypes) EXPECT_TRUE(is_floating(dt)) << dtype_name(dt);
     for (const GradSample& s : e.gradcheck) {
       EXPECT_TRUE(std::regex_match(s.name, std::regex("[A-Za-z0-9_]+"))) << s.name;
       EXPECT_TRUE(samples.insert(s.name).second) << "two gradcheck samples named " << s.name;

@@ -1,9 +1,8 @@
 #pragma once
 // The op table: one entry per op family of the op API (tensor/ops.h), naming the Backend methods
 // (tensor/backend.h) and differentiable functions (autograd/functions.h) it covers and holding the
-// samples every per-op test runs: finite-difference gradients, bf16/f16 against f32, CUDA against
-// the CPU, empty shapes and random shapes. The tests are parameterized over the entries; adding an
-// op means adding its entry here (docs/adding_an_op.md). See Note [Op table].
+// samples every per-op test runs. The tests are parameterized over the entries; adding an op
+// means adding its entry here (docs/adding_an_op.md). See Note [Op table].
 //
 // Note [Op table]
 // PyTorch's OpInfo (sample inputs, dtypes, supports_autograd per op) and ggml's test-backend-ops
@@ -11,17 +10,18 @@
 // forward and backward ops that share a kernel file and whose samples share inputs (a backward
 // sample takes the CPU forward's saved tensors, so each kernel is compared on identical inputs).
 // Each kind of sample keeps its own shapes and tolerances, written next to the sample with the
-// reason. The tests that read the table:
-//   gradcheck        tests/autograd/gradcheck_test.cpp     f32 on the CPU, central differences
-//   lowp             tests/tensor/lowp_ops_test.cpp        BF16/F16 vs round(f32 op), CPU
-//   cuda             tests/cuda/cuda_ops_test.cpp          CUDA vs CPU, F32/BF16/F16, same bits
-//   twice empty            tests/cuda/empty_shapes_cuda_test.cpp CUDA vs CPU on zero-sized dims
-//   random           tests/cuda/random_shapes_cuda_test.cpp CUDA vs CPU on drawn shapes
-//   mixed            tests/cuda/mixed_devices_cuda_test.cpp an operand on the other device
-// tests/autograd/op_table_test.cpp keeps the table complete: every Backend virtual, every op API
-// function and every autograd function must be named by an entry (and every name an entry gives
-// must exist), every autograd function needs gradcheck samples (or a stated exemption), and
-// every entry needs CUDA agreement samples of some kind.
+// reason. The tests that read the table (one test per entry or per gradcheck sample):
+//   gradcheck  tests/autograd/gradcheck_test.cpp: f32 on the CPU against central differences
+//   lowp       tests/tensor/lowp_ops_test.cpp: BF16/F16 against round(f32 op), on the CPU
+//   cuda       tests/cuda/cuda_ops_test.cpp: CUDA against the CPU in F32/BF16/F16, same bits twice
+//   empty      tests/cuda/empty_shapes_cuda_test.cpp: CUDA against the CPU on zero-sized dims
+//   random     tests/cuda/random_shapes_cuda_test.cpp: CUDA against the CPU on drawn shapes
+//   mixed      tests/cuda/mixed_devices_cuda_test.cpp: an operand on the other device
+// tests/autograd/op_table_test.cpp keeps the table complete: every Backend virtual, op API
+// function and autograd function must be named by an entry (and every name an entry gives must
+// exist), every autograd function needs a gradcheck sample (or a stated exemption), every op API
+// function of two or more tensors a mixed sample, and every entry with a Backend method CUDA
+// agreement samples of some kind.
 #include <functional>
 #include <ostream>
 #include <random>
@@ -160,6 +160,14 @@ struct OpInfo {
   std::vector<std::string> backend;    // Backend virtual methods
   std::vector<std::string> api;        // op API functions (tensor/ops.h)
   std::vector<std::string> functions;  // autograd functions (autograd/functions.h)
+  // The float compute dtypes the ops take (Note [Low-precision ops]: all three, so far); the
+  // tests run the dtypes of theirs that are listed here. Differentiable: `functions` not empty.
+  std::vector<DType> dtypes = {DType::F32, DType::BF16, DType::F16};
+  bool supports(DType dt) const {
+    for (DType d : dtypes)
+      if (d == dt) return true;
+    return false;
+  }
   // Autograd functions of this entry that have no gradcheck sample, each with the reason.
   std::vector<std::pair<std::string, std::string>> gradcheck_exempt;
 

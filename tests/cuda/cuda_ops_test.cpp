@@ -64,13 +64,13 @@ struct OwnAttentionKernel {
 };
 
 // Every op: the CUDA samples of the op table (tests/support/op_table.h), one test per entry,
-// e.g. OpTable/CudaOpTable.AgreeWithTheCpuBackend/matmul.
+// e.g. OpTable/CudaOps.AgreeWithTheCpuBackend/matmul.
 using strata::testing::DeviceSample;
 using strata::testing::OpInfo;
 
-class CudaOpTable : public ::testing::TestWithParam<OpInfo> {};
+class CudaOps : public ::testing::TestWithParam<OpInfo> {};
 
-TEST_P(CudaOpTable, AgreeWithTheCpuBackend) {
+TEST_P(CudaOps, AgreeWithTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   OwnAttentionKernel own;
   for (DType dt : kDtypes) {
@@ -97,7 +97,7 @@ TEST_P(CudaOpTable, AgreeWithTheCpuBackend) {
   }
 }
 
-TEST_P(CudaOpTable, SameInputsGiveTheSameBits) {
+TEST_P(CudaOps, SameInputsGiveTheSameBits) {
   SKIP_WITHOUT_GPU();
   OwnAttentionKernel own;
   for (DType dt : kDtypes) {
@@ -110,7 +110,7 @@ TEST_P(CudaOpTable, SameInputsGiveTheSameBits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(OpTable, CudaOpTable,
+INSTANTIATE_TEST_SUITE_P(OpTable, CudaOps,
                          ::testing::ValuesIn(strata::testing::op_entries([](const OpInfo& e) {
                            return static_cast<bool>(e.cuda);
                          })),

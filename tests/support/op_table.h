@@ -11,7 +11,8 @@
 // sample takes the CPU forward's saved tensors, so each kernel is compared on identical inputs).
 // Each kind of sample keeps its own shapes and tolerances, written next to the sample with the
 // reason. The tests that read the table (one test per entry or per gradcheck sample):
-//   gradcheck  tests/autograd/gradcheck_test.cpp: f32 on the CPU against central differences
+//   gradcheck  tests/autograd/gradcheck_test.cpp: f32 on the CPU against central differences;
+//              tests/autograd/lowp_autograd_test.cpp: BF16/F16 inputs, gradients against f32
 //   lowp       tests/tensor/lowp_ops_test.cpp: BF16/F16 against round(f32 op), on the CPU
 //   cuda       tests/cuda/cuda_ops_test.cpp: CUDA against the CPU in F32/BF16/F16, same bits twice
 //   empty      tests/cuda/empty_shapes_cuda_test.cpp: CUDA against the CPU on zero-sized dims

@@ -8,6 +8,8 @@
 // library, and with them such registrations. The global registry is built on first use.
 // A preset can be tweaked by key=value overrides (the YAML `model:` section), which its family
 // parses into its typed config; unknown keys are user errors naming the known ones.
+// A family may also register its Hugging Face mapping (Note [HF mapping] in models/hf_mapping.h)
+// on the same line of models/zoo.cpp; model.init_from and convert --to-hf find it by family.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "models/causal_lm.h"
+#include "models/hf_mapping.h"
 
 namespace strata::models {
 
@@ -59,11 +62,21 @@ class ModelRegistry {
   ModelShape shape(std::string_view name, const ModelOptions& options = {}) const;
   std::vector<std::string> names() const;  // sorted
 
+  // `mapping` outlives the registry (a family's static instance). Internal error on a second
+  // mapping for one family.
+  void add_hf_mapping(const HfMapping& mapping);
+  // The mapping of `family`; strata::user_error naming `path` (the file being read or written)
+  // when the family has none.
+  const HfMapping& hf_mapping(std::string_view family, const std::string& path) const;
+  const HfMapping* find_hf_mapping(std::string_view family) const;  // null when none
+  std::vector<const HfMapping*> hf_mappings() const;                // by family
+
   // Every family of models/zoo.cpp, registered on first use.
   static const ModelRegistry& global();
 
  private:
   std::map<std::string, ModelEntry, std::less<>> entries_;
+  std::map<std::string, const HfMapping*, std::less<>> hf_mappings_;
 };
 
 }  // namespace strata::models

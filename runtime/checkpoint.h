@@ -10,7 +10,7 @@
 // model.safetensors holds each parameter under its full name (HF GPT-2 names for gpt2) in
 // Strata's layout (Linear weights [out, in], Note [Linear layout]; wte with its padding rows),
 // fp32, exactly the bytes of the flat buffers; its metadata names the family and the layout.
-// It is NOT an HF file: `convert --to-hf` writes one (models/gpt2/hf_interop.h).
+// It is NOT an HF file: `convert --to-hf` writes one (models/hf_interop.h).
 // optimizer.safetensors has the optimizer's name and step count in its metadata.
 //
 // Note [Atomic checkpoints]

@@ -46,7 +46,7 @@ struct RunConfig {                   // YAML section `run`
 struct ModelSection {              // `model`
   std::string name = "gpt2-tiny";  // registry name; validated against models::ModelRegistry
   std::map<std::string, std::string> config;  // `model.config:` -> ModelOptions.overrides
-  std::string init_from;                      // optional HF GPT-2 model.safetensors
+  std::string init_from;                      // optional HF checkpoint (models/hf_interop.h)
   bool operator==(const ModelSection&) const = default;
 };
 

@@ -23,7 +23,7 @@
 #include "core/logging.h"
 #include "core/timer.h"
 #include "data/unicode.h"
-#include "models/gpt2/hf_interop.h"
+#include "models/hf_interop.h"
 #include "models/registry.h"
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
@@ -225,7 +225,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
       model_->max_seq_len() == shape.max_seq_len && model_->vocab_size() == shape.vocab_size,
       "model '{}' built with context {} and vocabulary {}; its shape said {} and {}", c.model.name,
       model_->max_seq_len(), model_->vocab_size(), shape.max_seq_len, shape.vocab_size);
-  if (!c.model.init_from.empty()) models::load_hf_gpt2(*model_, c.model.init_from);
+  if (!c.model.init_from.empty()) models::load_hf(*model_, c.model.init_from);
   // Note [Training on the GPU]: the zoo builds (and init_from loads) on the host; the flat units
   // move before the Engine takes views of them.
   models::move_flat_units(model_->flat_units(), device_);

@@ -9,9 +9,10 @@
 // machine; exit status 1 names the first damaged file. With --to-hf or --consolidate it runs
 // first (those load through load_checkpoint, which checks the files it reads anyway).
 //
-// --to-hf writes a Hugging Face GPT-2 directory (model.safetensors + config.json) that
-// transformers.GPT2LMHeadModel.from_pretrained loads (models/gpt2/hf_interop.h); only gpt2-family
-// models can be exported. --consolidate writes every parameter by name into one safetensors file
+// --to-hf writes a Hugging Face directory (model.safetensors + config.json) that transformers'
+// from_pretrained loads with the family's architecture (GPT2LMHeadModel, LlamaForCausalLM): the
+// family's registered mapping says how (Note [HF mapping] in models/hf_mapping.h); a family
+// without one is an error. --consolidate writes every parameter by name into one safetensors file
 // in Strata's layout (what model.safetensors of a one-process checkpoint holds), gathering the
 // per-rank shards of a ZeRO-3 checkpoint (Note [Distributed checkpoints]). --checkpoint is a
 // checkpoint directory or a run directory (then its latest checkpoint); the model and its
@@ -22,11 +23,11 @@
 #include <iostream>
 
 #include "core/error.h"
-#include "models/gpt2/hf_interop.h"
+#include "models/hf_interop.h"
 #include "models/registry.h"
-#include "tensor/safetensors.h"
 #include "runtime/checkpoint.h"
 #include "runtime/train_config.h"
+#include "tensor/safetensors.h"
 
 namespace strata::tools {
 using namespace strata::runtime;  // this binary's library
@@ -59,7 +60,7 @@ int run(const std::string& checkpoint, const std::string& to_hf, const std::stri
       models::ModelRegistry::global().create(cfg.model.name, options);
   load_checkpoint(dir, *model, nullptr, cfg.model.name);
   if (!to_hf.empty()) {
-    models::export_hf_gpt2(*model, to_hf);
+    models::export_hf(*model, to_hf);
     std::cout << "convert: wrote " << to_hf << "/model.safetensors and " << to_hf
               << "/config.json from " << dir << std::endl;
   }
@@ -92,7 +93,8 @@ int main(int argc, char** argv) {
                  "checkpoint directory, or run directory (then its latest checkpoint)")
       ->required();
   app.add_option("--to-hf", to_hf,
-                 "write a Hugging Face GPT-2 directory (model.safetensors + config.json) here");
+                 "write a Hugging Face directory (model.safetensors + config.json) here, for "
+                 "transformers' GPT2LMHeadModel or LlamaForCausalLM");
   app.add_option("--consolidate", consolidate,
                  "write all parameters (ZeRO-3 shards gathered) into this one "
                  "safetensors file, in Strata's layout");

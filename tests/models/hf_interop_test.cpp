@@ -1,6 +1,7 @@
-// Hugging Face GPT-2 interop (models/gpt2/hf_interop.h) against a file written by
-// transformers' save_pretrained (tests/reference/gen_gpt2_hf.py): logits, name/dtype variants,
-// errors that leave the model untouched, and export -> load round trips.
+// Hugging Face GPT-2 interop (models/hf_interop.h through models/gpt2/hf_interop.h) against a
+// file written by transformers' save_pretrained (tests/reference/gen_gpt2_hf.py): logits,
+// name/dtype variants, errors that leave the model untouched, config.json checks, and export ->
+// load round trips. LLaMA's are in llama_hf_interop_test.cpp.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +12,7 @@
 
 #include "autograd/variable.h"
 #include "model_test_util.h"
-#include "models/gpt2/hf_interop.h"
+#include "models/hf_interop.h"
 #include "models/registry.h"
 #include "tensor/ops.h"
 #include "tests/support/mutate.h"
@@ -79,13 +80,13 @@ class HfInterop : public ::testing::Test {
     return path;
   }
 
-  // Expects load_hf_gpt2 to raise a UserError mentioning the file and each of `needles`, and the
+  // Expects load_hf to raise a UserError mentioning the file and each of `needles`, and the
   // model to be exactly as before.
   void expect_load_error(CausalLM& m, const std::string& path,
                          const std::vector<std::string>& needles) {
     auto before = snapshot(m);
     try {
-      load_hf_gpt2(m, path);
+      load_hf(m, path);
       ADD_FAILURE() << "expected a UserError loading " << path;
     } catch (const UserError& e) {
       std::string msg = e.what();
@@ -103,7 +104,7 @@ TEST_F(HfInterop, LoadedModelMatchesTransformersLogits) {
   ASSERT_EQ(m->padded_vocab_size(), 128);  // 96 padded: the padding must stay out of the way
   // Fill everything with garbage first: the load must overwrite every parameter and zero the pad.
   for (FlatUnit& u : m->flat_units()) u.params.fill_(3.0);
-  load_hf_gpt2(*m, reference_path(kHfFile));
+  load_hf(*m, reference_path(kHfFile));
 
   tensor::SafetensorsReader ref(reference_path("gpt2_hf_tiny/logits.safetensors"));
   tensor::Tensor logits;
@@ -124,7 +125,7 @@ TEST_F(HfInterop, LoadedModelMatchesTransformersLogits) {
 
 TEST_F(HfInterop, LoadWritesIntoTheFlatBuffersAndTransposesConv1D) {
   auto m = make_model();
-  load_hf_gpt2(*m, reference_path(kHfFile));
+  load_hf(*m, reference_path(kHfFile));
   for (const FlatUnit& u : m->flat_units())
     for (size_t k = 0; k < u.names.size(); ++k) {
       SCOPED_TRACE(u.names[k]);
@@ -139,7 +140,7 @@ TEST_F(HfInterop, LoadWritesIntoTheFlatBuffersAndTransposesConv1D) {
 
 TEST_F(HfInterop, AcceptsNamesWithoutPrefixATiedLmHeadAndHalfPrecision) {
   auto reference = make_model();
-  load_hf_gpt2(*reference, reference_path(kHfFile));
+  load_hf(*reference, reference_path(kHfFile));
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     SCOPED_TRACE(std::string(dtype_name(dt)));
     std::string path =
@@ -154,7 +155,7 @@ TEST_F(HfInterop, AcceptsNamesWithoutPrefixATiedLmHeadAndHalfPrecision) {
           ts.emplace_back("h.0.attn.bias", tensor::ones({1, 1, 32, 32}));  // old HF mask buffer
         });
     auto m = make_model(tiny_overrides(), 99);
-    load_hf_gpt2(*m, path);
+    load_hf(*m, path);
     for (auto& [name, p] : reference->named_parameters()) {
       SCOPED_TRACE(name);
       // The expected value is the fp32 reference rounded through `dt`, exactly.
@@ -248,7 +249,9 @@ TEST_F(HfInterop, CorruptFilesAndOtherFamiliesAreUserErrors) {
   expect_load_error(*m, (dir_ / "absent.safetensors").string(), {"cannot open"});
 
   auto llama = make_model({}, 0, "llama-tiny");
-  expect_load_error(*llama, reference_path(kHfFile), {"gpt2-family", "llama"});
+  expect_load_error(*llama, reference_path(kHfFile),
+                    {"not a Hugging Face LLaMA checkpoint", "model.embed_tokens.weight",
+                     "a GPT-2 checkpoint", "transformer.wte.weight", "choose a gpt2-family"});
 }
 
 // Note [Hostile input tests] (tests/support/mutate.h): mutants of the transformers-written file
@@ -264,7 +267,7 @@ TEST_F(HfInterop, MutatedFilesLoadOrAreRefusedWithoutTouchingTheModel) {
       ::strata::testing::check_hostile("HF model.safetensors", path, good, n, 31, [&] {
         const auto before = snapshot(*m);
         try {
-          load_hf_gpt2(*m, path.string());
+          load_hf(*m, path.string());
         } catch (const UserError&) {
           EXPECT_TRUE(snapshot(*m) == before) << "a refused load touched the model";
           throw;
@@ -277,8 +280,8 @@ TEST_F(HfInterop, MutatedFilesLoadOrAreRefusedWithoutTouchingTheModel) {
 
 TEST_F(HfInterop, ExportThenLoadIsBitwiseAndWritesAnHfConfig) {
   auto a = make_model();
-  load_hf_gpt2(*a, reference_path(kHfFile));
-  export_hf_gpt2(*a, (dir_ / "export").string());
+  load_hf(*a, reference_path(kHfFile));
+  export_hf(*a, (dir_ / "export").string());
   for (const auto& entry : fs::directory_iterator(dir_ / "export"))
     EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
 
@@ -298,7 +301,7 @@ TEST_F(HfInterop, ExportThenLoadIsBitwiseAndWritesAnHfConfig) {
   // Round trip into a differently initialised model: every byte of the flat buffers matches.
   auto b = make_model(tiny_overrides(), 12345);
   ASSERT_FALSE(snapshot(*a) == snapshot(*b));
-  load_hf_gpt2(*b, (dir_ / "export").string());  // a directory means its model.safetensors
+  load_hf(*b, (dir_ / "export").string());  // a directory means its model.safetensors
   EXPECT_TRUE(snapshot(*a) == snapshot(*b));
 
   std::ifstream in(dir_ / "export" / "config.json");
@@ -314,10 +317,80 @@ TEST_F(HfInterop, ExportThenLoadIsBitwiseAndWritesAnHfConfig) {
   EXPECT_EQ(c.at("activation_function"), "gelu_new");
   EXPECT_EQ(c.at("tie_word_embeddings"), true);
   EXPECT_DOUBLE_EQ(c.at("layer_norm_epsilon").get<double>(), 1e-5);
+}
 
-  auto llama = make_model({}, 0, "llama-tiny");
-  EXPECT_THROW(export_hf_gpt2(*llama, (dir_ / "llama").string()), UserError);
-  EXPECT_FALSE(fs::exists(dir_ / "llama" / "model.safetensors"));
+// Note [HF mapping]: the mapping is found by family in the registry; a family without one is a
+// UserError naming the path, and nothing is written or loaded.
+TEST_F(HfInterop, FamiliesFindTheirMappingInTheRegistry) {
+  const ModelRegistry& global = ModelRegistry::global();
+  ASSERT_NE(global.find_hf_mapping("gpt2"), nullptr);
+  ASSERT_NE(global.find_hf_mapping("llama"), nullptr);
+  EXPECT_EQ(global.find_hf_mapping("gpt2")->architecture(), "GPT2LMHeadModel");
+  EXPECT_EQ(global.find_hf_mapping("llama")->architecture(), "LlamaForCausalLM");
+  EXPECT_EQ(global.find_hf_mapping("mamba"), nullptr);
+
+  ModelRegistry bare;  // presets only, no mappings
+  auto m = make_model();
+  const std::string out = (dir_ / "bare").string();
+  try {
+    export_hf(*m, out, &bare);
+    ADD_FAILURE() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(out), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("family 'gpt2' has no Hugging Face mapping"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out));
+  auto before = snapshot(*m);
+  EXPECT_THROW(load_hf(*m, reference_path(kHfFile), &bare), UserError);
+  EXPECT_TRUE(snapshot(*m) == before);
+}
+
+// A config.json beside the file is checked against the model: n_head cannot be seen in any
+// tensor's shape, so only the config can tell a 4-head file from an 8-head model.
+TEST_F(HfInterop, ConfigJsonBesideTheFileMustDescribeTheModel) {
+  auto a = make_model();
+  load_hf(*a, reference_path(kHfFile));
+  const fs::path out = dir_ / "export";
+  export_hf(*a, out.string());
+  auto b = make_model(tiny_overrides(), 3);
+  load_hf(*b, out.string());  // its own config.json: accepted
+  EXPECT_TRUE(snapshot(*a) == snapshot(*b));
+
+  auto heads = tiny_overrides();
+  heads["n_head"] = "8";
+  auto c = make_model(heads);
+  const std::string config = (out / "config.json").string();
+  expect_load_error(*c, out.string(), {config, "n_head = 4", "model.config.n_head: 4"});
+
+  auto rewrite = [&](const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(config);
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    std::ofstream(config, std::ios::trunc) << j.dump(2);
+  };
+  auto d = make_model();
+  rewrite([](nlohmann::json& j) { j["activation_function"] = "relu"; });
+  expect_load_error(*d, out.string(), {config, "activation_function", "relu", "tanh GELU"});
+  rewrite([](nlohmann::json& j) {
+    j["activation_function"] = "gelu_new";
+    j["n_layer"] = "2";
+  });
+  expect_load_error(*d, out.string(), {config, "'n_layer'", "an integer"});
+  rewrite([](nlohmann::json& j) {
+    j["n_layer"] = 2;
+    j["model_type"] = "llama";
+  });
+  expect_load_error(*d, out.string(),
+                    {config, "model_type is \"llama\"", "a LLaMA checkpoint", "llama-family"});
+  rewrite([](nlohmann::json& j) {
+    j["model_type"] = "gpt2";
+    j.erase("n_positions");  // transformers' default 1024 then
+  });
+  expect_load_error(*d, out.string(), {config, "n_positions = 1024", "absent", "32"});
+  std::ofstream(config, std::ios::trunc) << "{\"n_embd\": 32,";
+  expect_load_error(*d, out.string(), {config, "not valid JSON"});
 }
 
 }  // namespace

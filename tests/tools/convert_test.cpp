@@ -1,5 +1,6 @@
 // The `convert` and `generate` binaries on a checkpoint written by save_checkpoint: convert's
-// HF export loaded by transformers (tests/reference/check_hf_export.py) gives Strata's logits;
+// HF export (GPT-2 and LLaMA) loaded by transformers (tests/reference/check_hf_export.py) gives
+// Strata's logits, and a LLaMA export loads back through model.init_from exactly;
 // generate prints exactly prompt + sample() (and sample_batch()'s rows for --num-samples); bad
 // input is `<tool>: error: ...` and exit 1.
 #include <gtest/gtest.h>
@@ -9,15 +10,20 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "autograd/variable.h"
+#include "models/hf_interop.h"
 #include "models/registry.h"
-#include "tensor/cuda.h"
-#include "tensor/safetensors.h"
 #include "runtime/checkpoint.h"
-#include "sampling/sampler.h"
 #include "runtime/train_config.h"
+#include "runtime/trainer.h"
+#include "sampling/sampler.h"
+#include "tensor/cuda.h"
+#include "tensor/ops.h"
+#include "tensor/safetensors.h"
+#include "tests/support/tool_test_util.h"
 
 namespace strata::tools {
 using namespace strata::runtime;
@@ -67,37 +73,47 @@ class ToolsOnCheckpoint : public ::testing::Test {
   // A gpt2-tiny variant with weights scaled up from GPT-2's init (so every term shows in the
   // logits), checkpointed under dir_/run with a config.yaml that load_train_config accepts.
   std::unique_ptr<models::CausalLM> make_checkpoint(const std::string& vocab) {
-    TrainConfig cfg;
-    cfg.model.name = "gpt2-tiny";
-    cfg.model.config = {{"vocab_size", vocab},
-                        {"n_positions", "32"},
-                        {"n_embd", "32"},
-                        {"n_layer", "2"},
-                        {"n_head", "4"}};
-    cfg.data.train = "unused/*.bin";
-    cfg.batch.seq_len = 16;
-    cfg.run.dir = (dir_ / "run").string();
-    cfg.run.seed = 5;
+    return make_checkpoint("gpt2-tiny", {{"vocab_size", vocab},
+                                         {"n_positions", "32"},
+                                         {"n_embd", "32"},
+                                         {"n_layer", "2"},
+                                         {"n_head", "4"}});
+  }
+  std::unique_ptr<models::CausalLM> make_checkpoint(
+      const std::string& name, const std::map<std::string, std::string>& overrides) {
+    TrainConfig cfg = train_config(name, overrides);
     models::ModelOptions o;
     o.seed = cfg.run.seed;
     o.overrides = cfg.model.config;
     auto model = models::ModelRegistry::global().create(cfg.model.name, o);
     uint64_t k = 0;
-    for (auto& [name, p] : model->named_parameters()) {
+    for (auto& [pname, p] : model->named_parameters()) {
       tensor::Tensor d = p.data();
-      const bool ln = name.find("ln_") != std::string::npos;
-      const bool bias = name.ends_with(".bias");
-      d.copy_(tensor::randn(d.shape(), RngKey{77, ++k}, ln && !bias ? 1.f : 0.f,
-                            ln || bias ? 0.1f : 0.15f));
+      const bool norm =
+          pname.find("ln_") != std::string::npos || pname.find("norm") != std::string::npos;
+      const bool bias = pname.ends_with(".bias");
+      d.copy_(tensor::randn(d.shape(), RngKey{77, ++k}, norm && !bias ? 1.f : 0.f,
+                            norm || bias ? 0.1f : 0.15f));
+      // Note [Padded vocabulary]: the padding rows stay zero.
+      if (d.ndim() == 2 && d.size(0) == model->padded_vocab_size())
+        d.narrow(0, model->vocab_size(), d.size(0) - model->vocab_size()).zero_();
     }
-    // Note [Padded vocabulary]: the padding rows stay zero.
-    tensor::Tensor wte = model->parameter("wte.weight").data();
-    wte.narrow(0, model->vocab_size(), wte.size(0) - model->vocab_size()).zero_();
     TrainerState st;
     st.step = 3;
     st.model_name = cfg.model.name;
     save_checkpoint(cfg.run.dir, *model, nullptr, st, to_yaml(cfg), 0);
     return model;
+  }
+  TrainConfig train_config(const std::string& name,
+                           const std::map<std::string, std::string>& overrides) {
+    TrainConfig cfg;
+    cfg.model.name = name;
+    cfg.model.config = overrides;
+    cfg.data.train = "unused/*.bin";
+    cfg.batch.seq_len = 16;
+    cfg.run.dir = (dir_ / "run").string();
+    cfg.run.seed = 5;
+    return cfg;
   }
 
   fs::path dir_;
@@ -124,6 +140,77 @@ TEST_F(ToolsOnCheckpoint, ConvertedModelLoadsInTransformersWithTheSameLogits) {
     model->eval();
     logits = model->forward(ids_t).data().narrow(2, 0, 300);
   }
+  const fs::path expected = dir_ / "expected.safetensors";
+  tensor::save_safetensors(expected.string(), {{"ids", ids_t}, {"logits", logits}});
+  Result check =
+      run("python3 " + std::string(STRATA_SOURCE_DIR) + "/tests/reference/check_hf_export.py " +
+              out.string() + " " + expected.string(),
+          dir_);
+  std::cout << check.out;
+  EXPECT_EQ(check.rc, 0) << check.out << check.err;
+}
+
+// A LLaMA run (grouped-query attention, untied head) through `convert --to-hf`: the directory
+// holds LlamaForCausalLM's names and config.json, loads back (load_hf, and a Trainer's
+// model.init_from) to the checkpoint's exact weights and logits, and, where python3 has
+// transformers, loads there with the same logits.
+TEST_F(ToolsOnCheckpoint, ConvertedLlamaLoadsBackAndInTransformersWithTheSameLogits) {
+  const std::map<std::string, std::string> overrides = {{"hidden_size", "32"},
+                                                        {"intermediate_size", "48"},
+                                                        {"num_attention_heads", "4"},
+                                                        {"num_key_value_heads", "2"},
+                                                        {"max_position_embeddings", "32"}};
+  auto model = make_checkpoint("llama-tiny", overrides);  // vocab 256: the byte tokenizer's
+  const fs::path out = dir_ / "hf";
+  Result r =
+      run(tool("convert") + " --checkpoint " + (dir_ / "run").string() + " --to-hf " + out.string(),
+          dir_);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  std::ifstream in(out / "config.json");
+  const nlohmann::json config = nlohmann::json::parse(in);
+  EXPECT_EQ(config.at("architectures").at(0), "LlamaForCausalLM");
+  EXPECT_EQ(config.at("num_key_value_heads"), 2);
+  tensor::SafetensorsReader file((out / "model.safetensors").string());
+  EXPECT_TRUE(file.contains("model.layers.1.self_attn.k_proj.weight"));
+  EXPECT_TRUE(file.contains("lm_head.weight"));
+
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 2 * 16; ++i) ids.push_back((i * 37 + 11) % 256);
+  const tensor::Tensor ids_t = tensor::from_ints(ids, {2, 16});
+  auto logits_of = [&](models::CausalLM& m) {
+    autograd::NoGradGuard no_grad;
+    m.eval();
+    return m.forward(ids_t).data();
+  };
+  const tensor::Tensor logits = logits_of(*model);
+  models::ModelOptions o;
+  o.seed = 1234;
+  o.overrides = overrides;
+  auto loaded = models::ModelRegistry::global().create("llama-tiny", o);
+  models::load_hf(*loaded, out.string());
+  EXPECT_EQ(tensor::max_abs_diff(logits_of(*loaded), logits), 0.0);
+
+  // model.init_from in a training run starts from exactly these weights.
+  const fs::path data = dir_ / "data";
+  testing::write_raw_shard((data / "train_000000.bin").string(),
+                           {testing::pattern_tokens(2000, 200, 1)});
+  TrainConfig cfg = train_config("llama-tiny", overrides);
+  cfg.run.dir = (dir_ / "run_init").string();
+  cfg.data.train = (data / "train_*.bin").string();
+  cfg.data.tokenizer = "byte";
+  cfg.model.init_from = out.string();
+  cfg.training.steps = 1;
+  {
+    Trainer trainer(cfg);
+    for (auto& [name, p] : model->named_parameters()) {
+      SCOPED_TRACE(name);
+      EXPECT_EQ(tensor::max_abs_diff(trainer.model().parameter(name).data(), p.data()), 0.0);
+    }
+  }
+
+  if (std::system("python3 -c 'import transformers, safetensors' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 with transformers and safetensors is not available: the export "
+                    "loaded back into Strata exactly, but transformers could not check it";
   const fs::path expected = dir_ / "expected.safetensors";
   tensor::save_safetensors(expected.string(), {{"ids", ids_t}, {"logits", logits}});
   Result check =

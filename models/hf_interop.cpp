@@ -108,8 +108,18 @@ HfFiles open_hf_files(const std::string& path_in) {
                      it == file_of.end() ? "" : " for this file (it says " + it->second + ")");
       }
   }
-  for (const auto& r : files.readers)
+  for (const auto& r : files.readers) {
+    // Strata's own files hold the same names in Strata's layouts; loading one as HF's would
+    // permute LLaMA's q/k rows with every shape still matching.
+    auto format = r->metadata().find("format");
+    if (format != r->metadata().end() && format->second == "strata")
+      user_error(
+          "{}: a Strata checkpoint file (metadata format \"strata\": Strata's layouts, not "
+          "Hugging Face's); resume its checkpoint with training.resume, or write a Hugging Face "
+          "directory with `convert --checkpoint DIR --to-hf OUT` and start from that",
+          r->path());
     for (const SafetensorsEntry& e : r->entries()) files.items.push_back({r.get(), &e});
+  }
   return files;
 }
 

@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -60,7 +61,10 @@ void check_config_float(const nlohmann::json& config, const std::string& path,
   float file = hf_default;
   if (v) {
     if (!v->is_number()) wrong_type(path, key, *v, "a number");
-    file = static_cast<float>(v->get<double>());
+    const double d = v->get<double>();
+    if (!(std::fabs(d) <= std::numeric_limits<float>::max()))
+      mismatch(path, key, fmt::format("{}", d), fmt::format("{}", model_value), model_key, true);
+    file = static_cast<float>(d);
   }
   if (file != model_value)
     mismatch(path, key, fmt::format("{}", file), fmt::format("{}", model_value), model_key,

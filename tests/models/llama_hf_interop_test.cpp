@@ -360,6 +360,15 @@ TEST_F(LlamaHf, WrongFamilyMissingAndMisshapenTensorsAreNamed) {
                            }),
                     {"model.norm.weight", "F32, F16 or BF16"});
 
+  // Strata's own checkpoint files (Strata's layouts under the same names) are not HF files.
+  {
+    const std::string path = (dir_ / "strata_checkpoint.safetensors").string();
+    Tensors params;
+    for (auto& [name, p] : m->named_parameters()) params.emplace_back(name, p.data());
+    tensor::save_safetensors(path, params, {{"format", "strata"}, {"family", "llama"}});
+    expect_load_error(*m, path, {"a Strata checkpoint file", "convert --checkpoint DIR --to-hf"});
+  }
+
   // Shapes (no config.json beside these files): the key that probably differs.
   struct Case {
     std::string key, value;

@@ -3,7 +3,20 @@
 // checkpoint (model.safetensors + config.json). Each family implements it next to its presets
 // and models/zoo.cpp registers it with them; models/hf_interop.h loads (`model.init_from`) and
 // exports (`convert --to-hf`) any family through it.
-//
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "tensor/tensor.h"
+
+namespace strata::models {
+
+class CausalLM;
+
 // Note [HF mapping]
 // For a model built from the registry, a family's mapping says:
 //  - hf_name / strata_name: each parameter's name in the transformers *ForCausalLM state dict
@@ -20,19 +33,6 @@
 //    the field otherwise).
 // The generic loader reads and validates the whole file before it writes anything, then copies
 // into the parameters' existing storage (views into the flat buffers, Note [Flat parameters]).
-#include <cstdint>
-#include <functional>
-#include <initializer_list>
-#include <nlohmann/json_fwd.hpp>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include "tensor/tensor.h"
-
-namespace strata::models {
-
-class CausalLM;
 
 // One parameter's tensor in an HF checkpoint (Note [HF mapping]).
 struct HfTensor {

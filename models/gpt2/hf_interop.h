@@ -1,7 +1,10 @@
 #pragma once
 // GPT-2's Hugging Face mapping (Note [HF mapping]): `GPT2LMHeadModel.save_pretrained` / the hub's
 // model.safetensors and config.json in and out of a Strata gpt2-family model.
-//
+#include "models/hf_mapping.h"
+
+namespace strata::models::gpt2 {
+
 // Note [HF GPT-2 layout]
 // HF names are Strata's with an optional "transformer." prefix (Note [Module names]); export
 // writes them without it, as GPT-2's hub files are. But:
@@ -14,9 +17,6 @@
 //  - the attn.bias / attn.masked_bias causal-mask buffers older versions saved are ignored.
 // config.json: n_embd, n_layer, n_head, n_positions, vocab_size, layer_norm_epsilon, a tanh
 // GELU (gelu_new), n_inner 4 * n_embd and tied embeddings must match the model being loaded.
-#include "models/hf_mapping.h"
-
-namespace strata::models::gpt2 {
 
 // The family's static instance, registered by models/zoo.cpp.
 const HfMapping& hf_mapping();

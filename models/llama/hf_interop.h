@@ -1,7 +1,13 @@
 #pragma once
 // LLaMA's Hugging Face mapping (Note [HF mapping]): transformers' LlamaForCausalLM checkpoints
 // (model.safetensors + config.json) in and out of a Strata llama-family model.
-//
+#include <cstdint>
+
+#include "models/hf_mapping.h"
+#include "tensor/tensor.h"
+
+namespace strata::models::llama {
+
 // Note [HF LLaMA layout]
 // HF names are Strata's with the "model." prefix (optional on load, written on export), except
 // lm_head.weight, which has none. Linear weights are [out, in] on both sides. But:
@@ -19,12 +25,6 @@
 // num_key_value_heads, vocab_size, rms_norm_eps, rope_theta and tie_word_embeddings must match
 // the model; hidden_act must be silu, without biases or rope_scaling. max_position_embeddings is
 // not checked: it sizes no parameter, and a model may be built for a shorter or longer context.
-#include <cstdint>
-
-#include "models/hf_mapping.h"
-#include "tensor/tensor.h"
-
-namespace strata::models::llama {
 
 // The family's static instance, registered by models/zoo.cpp.
 const HfMapping& hf_mapping();

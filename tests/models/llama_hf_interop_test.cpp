@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -163,6 +164,43 @@ TEST_F(LlamaHf, RotaryRowPermutationMatchesAHandWorkedExample) {
   EXPECT_NE(tensor::to_float_vector(llama::rotary_rows_from_hf(w, 1)), want);
   // Any float dtype goes through unchanged in value.
   EXPECT_EQ(tensor::to_float_vector(llama::rotary_rows_from_hf(w.to(DType::BF16), 2)), want);
+}
+
+// Why the permutation: HF's rotate_half rotary (pairs (i, i + D/2), written out here) on the
+// projection by HF-ordered rows gives, feature for feature, Strata's interleaved rotary
+// (tensor::rotary, pairs (2i, 2i + 1)) on the projection by Strata's rows, so every attention
+// score q.k is the same.
+TEST_F(LlamaHf, RotateHalfOnHfRowsIsStratasRotaryOnStratasRows) {
+  const int64_t n = 2, D = 8, C = 5, T = 6;
+  const double theta = 10000.0;
+  const Tensor w = tensor::randn({n * D, C}, RngKey{3, 1});  // Strata's rows
+  const Tensor x = tensor::randn({T, C}, RngKey{3, 2});
+  // Strata: [1, T, n, D] through the kernel the model uses.
+  auto [cos, sin] = tensor::rotary_tables(T, D, theta);
+  const Tensor ours = tensor::rotary(
+      tensor::matmul(x, w, false, true).reshape({1, T, n, D}).contiguous(), cos, sin);
+  const std::vector<float> s = tensor::to_float_vector(ours);
+  // HF: rotate_half on x @ W_hf^T, in double.
+  const std::vector<float> q =
+      tensor::to_float_vector(tensor::matmul(x, llama::rotary_rows_to_hf(w, n), false, true));
+  double worst = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < n; ++h)
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const double angle = static_cast<double>(t) * std::pow(theta, -2.0 * i / D);
+        const double a = q[t * n * D + h * D + i], b = q[t * n * D + h * D + i + D / 2];
+        const double hf0 = a * std::cos(angle) - b * std::sin(angle);  // feature i
+        const double hf1 = b * std::cos(angle) + a * std::sin(angle);  // feature i + D/2
+        worst = std::max(worst, std::fabs(hf0 - s[t * n * D + h * D + 2 * i]));
+        worst = std::max(worst, std::fabs(hf1 - s[t * n * D + h * D + 2 * i + 1]));
+      }
+  EXPECT_LT(worst, 1e-5);
+  // Without the permutation the features do not line up.
+  const std::vector<float> unpermuted = tensor::to_float_vector(tensor::matmul(x, w, false, true));
+  double off = 0;
+  for (int64_t k = 0; k < T * n * D; ++k)
+    off = std::max(off, static_cast<double>(std::fabs(unpermuted[k] - q[k])));
+  EXPECT_GT(off, 0.1);
 }
 
 // The PyTorch reference weights (tests/reference/gen_llama_tiny.py, whose check_hf_equivalence

@@ -6,7 +6,7 @@
 // Checkpoints are mutated file by file under a Trainer that resumes from them (ZeRO-0's whole
 // files and ZeRO-3's shard files); a refused resume must leave the checkpoints as they were. The
 // Hugging Face loader has its tests beside its others (tests/models/hf_interop_test.cpp and
-// llama_hf_interop_test.cpp: safetensors files, shard indexes and config.json).
+// llama_hf_files_test.cpp: safetensors files, shard indexes and config.json).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 

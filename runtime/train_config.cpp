@@ -108,6 +108,45 @@ void read_zero(Reader& r, ZeroSection& c) {
   r.get("overlap_comm", c.overlap_comm);
   r.get("stage3_prefetch_bucket_size", c.stage3_prefetch_bucket_size);
   r.get("stage3_param_persistence_threshold", c.stage3_param_persistence_threshold);
+  Reader o = r.section("offload_optimizer");
+  OffloadOptimizerSection& off = c.offload_optimizer;
+  o.get_enum("device", off.device, {"none", "cpu", "nvme"});
+  o.get("pin_memory", off.pin_memory);
+  o.get("delayed_param_update", off.delayed_param_update);
+  o.get("delayed_param_update_start", off.delayed_param_update_start);
+}
+
+// zero_optimization.offload_optimizer against the rest of the config (docs/config.md).
+void validate_offload(const TrainConfig& c, Reader& zero) {
+  const OffloadOptimizerSection& off = c.zero.offload_optimizer;
+  // A second reader of the section, for error locations (finish() has run already).
+  Reader o = zero.section("offload_optimizer");
+  o.non_negative("delayed_param_update_start", static_cast<double>(off.delayed_param_update_start));
+  if (!off.enabled()) {
+    if (off.delayed_param_update)
+      o.fail("delayed_param_update",
+             "delays the CPU optimizer's update, but offload_optimizer.device is none; set "
+             "device: cpu or delayed_param_update: false");
+    return;
+  }
+  if (off.device == "nvme")
+    o.fail("device",
+           "nvme (ZeRO-Infinity: optimizer states on NVMe) is not available yet; use device: cpu "
+           "(ZeRO-Offload) or none");
+  if (c.run.device != "cuda")
+    o.fail("device", fmt::format("cpu moves the optimizer from the GPU to the host, but "
+                                 "run.device is '{}': there is nothing to offload from; set "
+                                 "run.device: cuda or offload_optimizer.device: none",
+                                 c.run.device));
+  if (c.zero.stage != 1 && c.zero.stage != 2)
+    o.fail("device",
+           fmt::format("ZeRO-Offload partitions the optimizer across data-parallel ranks and "
+                       "needs zero_optimization.stage 1 or 2, got stage {}",
+                       c.zero.stage));
+  if (c.optimizer.name != "adamw")
+    o.fail("device", fmt::format("the offloaded optimizer is the CPU AdamW; optimizer.name is "
+                                 "'{}' (set it to adamw or offload_optimizer.device: none)",
+                                 c.optimizer.name));
 }
 
 void read_fp16(Reader& r, Fp16Section& c) {
@@ -253,6 +292,7 @@ void validate(TrainConfig& c, Readers& r) {
                       static_cast<double>(c.zero.stage3_prefetch_bucket_size));
   r.zero.non_negative("stage3_param_persistence_threshold",
                       static_cast<double>(c.zero.stage3_param_persistence_threshold));
+  validate_offload(c, r.zero);
 
   // schedule
   const ScheduleSection& s = c.schedule;
@@ -471,6 +511,15 @@ std::string to_yaml(const TrainConfig& c) {
     e("overlap_comm", z.overlap_comm);
     e("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
     e("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+  }
+  {
+    const OffloadOptimizerSection& o = c.zero.offload_optimizer;
+    Node& zero = *root.find("zero_optimization");
+    Emit e{zero.set("offload_optimizer", {}, Node::map({}))};
+    e("device", o.device);
+    e("pin_memory", o.pin_memory);
+    e("delayed_param_update", o.delayed_param_update);
+    e("delayed_param_update_start", o.delayed_param_update_start);
   }
   {
     Emit e{section(root, "fp16")};

@@ -117,6 +117,19 @@ struct DistributedSection {      // `distributed`; docs/distributed.md
   bool operator==(const DistributedSection&) const = default;
 };
 
+// `zero_optimization.offload_optimizer`: ZeRO-Offload (optim/host_offload.h), DeepSpeed's names;
+// docs/config.md. Only ZeRO stages 1 and 2 on run.device cuda with optimizer adamw.
+struct OffloadOptimizerSection {
+  std::string device = "none";  // none | cpu | nvme (nvme: ZeRO-Infinity, not yet: an error)
+  bool pin_memory = true;       // masters and the gradient/parameter staging in pinned memory
+  // The paper's one-step delayed parameter update (Note [Delayed parameter update]): from step
+  // delayed_param_update_start + 1 on, each update reaches the GPU one step late.
+  bool delayed_param_update = false;
+  int64_t delayed_param_update_start = 10;  // plain steps first
+  bool enabled() const { return device != "none"; }
+  bool operator==(const OffloadOptimizerSection&) const = default;
+};
+
 struct ZeroSection {  // `zero_optimization`, DeepSpeed's names and meanings; docs/zero.md
   int stage = 0;      // 0 = plain data parallel, 1, 2, 3
   int64_t reduce_bucket_size = 500'000'000;          // elements per gradient bucket
@@ -124,6 +137,7 @@ struct ZeroSection {  // `zero_optimization`, DeepSpeed's names and meanings; do
   bool overlap_comm = true;                          // reduce buckets during backward
   int64_t stage3_prefetch_bucket_size = 50'000'000;  // elements prefetched ahead (stage 3)
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay whole (stage 3)
+  OffloadOptimizerSection offload_optimizer;
   bool operator==(const ZeroSection&) const = default;
 };
 

@@ -24,6 +24,7 @@ class DevicePlacement final : public OptimizerPlacement {
   optim::Optimizer& optimizer() override { return *optimizer_; }
   StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
   void params_from_masters() override;
+  bool has_masters() const override { return mixed_precision(); }
 
  private:
   bool mixed_precision() const { return param_dtype_ != DType::F32; }

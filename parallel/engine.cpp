@@ -22,6 +22,15 @@ void ZeroConfig::validate() const {
   if (stage3_prefetch_bucket_size < 0)
     user_error("zero_optimization.stage3_prefetch_bucket_size must be >= 0, got {}",
                stage3_prefetch_bucket_size);
+  if (offload_optimizer.enabled && stage != 1 && stage != 2)
+    user_error(
+        "zero_optimization.offload_optimizer.device: cpu needs zero_optimization.stage 1 or 2, "
+        "got {}",
+        stage);
+  if (offload_optimizer.delayed_param_update_start < 0)
+    user_error(
+        "zero_optimization.offload_optimizer.delayed_param_update_start must be >= 0, got {}",
+        offload_optimizer.delayed_param_update_start);
   if (stage3_param_persistence_threshold < 0)
     user_error("zero_optimization.stage3_param_persistence_threshold must be >= 0, got {}",
                stage3_param_persistence_threshold);
@@ -46,7 +55,12 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
   partitioning_ = std::make_unique<Partitioning>(units, zero_.stage >= 1, dp_->size(), dp_->rank());
   sync_params();  // before anything is partitioned: every unit is whole here
   // Note [Mixed precision]: fp32 masters of the owned slices, then the model goes low precision.
-  placement_ = std::make_unique<DevicePlacement>(units, *partitioning_, param_dtype_, *dp_);
+  if (zero_.offload_optimizer.enabled) {
+    placement_ = std::make_unique<HostPlacement>(units, *partitioning_, param_dtype_, *dp_,
+                                                 zero_.offload_optimizer);
+  } else {
+    placement_ = std::make_unique<DevicePlacement>(units, *partitioning_, param_dtype_, *dp_);
+  }
   if (mixed_precision()) models::cast_flat_units(units, param_dtype_);
   reduction_ = std::make_unique<GradientReduction>(model_, *partitioning_,
                                                    GradientReduction::for_stage(zero_.stage), *dp_,

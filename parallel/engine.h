@@ -14,6 +14,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "parallel/gradient_reduction.h"
+#include "parallel/host_placement.h"
 #include "parallel/micro_batch_schedule.h"
 #include "parallel/optimizer_placement.h"
 #include "parallel/param_gathering.h"
@@ -29,6 +30,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
   bool overlap_comm = true;                     // reduce buckets asynchronously during backward
   int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements prefetched ahead (stage 3)
   int64_t stage3_param_persistence_threshold = 100'000;  // units smaller stay whole (stage 3)
+  // ZeRO-Offload: the optimizer on the host (HostPlacement); stages 1 and 2.
+  OffloadOptimizerConfig offload_optimizer;
 
   // strata::user_error naming the zero_optimization key for values out of range.
   void validate() const;
@@ -45,8 +48,9 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 //   ParamGathering      parameters whole where they are used: ZeRO-3's gather/release hooks, the
 //                       allgather of updated slices (1-3). parallel/param_gathering.h
 //   OptimizerPlacement  the optimizer over the owned slices, fp32 masters, the step's norm,
-//                       overflow skip, clip and update; DevicePlacement today (Note [Optimizer
-//                       placement] in parallel/optimizer_placement.h)
+//                       overflow skip, clip and update; DevicePlacement, or HostPlacement when
+//                       zero_optimization.offload_optimizer is on (ZeRO-Offload; Note
+//                       [Optimizer placement] in parallel/optimizer_placement.h)
 //   MicroBatchSchedule  the order of a step's micro-batch forwards and backwards: plain
 //                       accumulation today. parallel/micro_batch_schedule.h
 // The Engine keeps the step's protocol (begin_micro_batch / backward / step and their checks)
@@ -54,8 +58,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // parameters broadcast, the placement (masters from the fp32 parameters), the cast to
 // param_dtype, GradientReduction (partitions, transient buffers, hooks), ParamGathering (ZeRO-3
 // partitions, hooks), the optimizer over the owned slices. Tensor and pipeline parallelism and
-// offload add parts, or implementations of one (a host OptimizerPlacement for ZeRO-Offload, a
-// pipelined MicroBatchSchedule), rather than branches.
+// offload add parts, or implementations of one (HostPlacement for ZeRO-Offload, a pipelined
+// MicroBatchSchedule), rather than branches.
 //
 // Note [Mixed precision]
 // With a low-precision `param_dtype` (BF16, FP16) the engine keeps DeepSpeed's and the ZeRO

@@ -39,7 +39,7 @@ std::vector<Engine::Shard> Engine::held_shards(bool for_loading) {
                  units.size());
     add(g, key, t.tensor);
   }
-  if (mixed_precision()) {
+  if (placement_->has_masters()) {
     for (int u = 0; u < static_cast<int>(units.size()); ++u)
       add(u, "master", optimizer().groups()[u].param);
   }
@@ -60,8 +60,9 @@ void Engine::load_shards(const std::function<void(const std::string&, const std:
   for (Shard& s : held_shards(/*for_loading=*/true)) fill(s.unit, s.key, s.begin, s.data);
   // Mixed precision: the owned low-precision parameters come from the masters. Either way,
   // slices filled one by one (those, or stage 3's whole units) are made whole on every rank.
-  if (mixed_precision()) placement_->params_from_masters();
-  if (mixed_precision() || gathering_->params_partitioned()) gathering_->allgather_updated();
+  if (placement_->has_masters()) placement_->params_from_masters();
+  if (placement_->has_masters() || gathering_->params_partitioned())
+    gathering_->allgather_updated();
 }
 
 void Engine::sync_params() {

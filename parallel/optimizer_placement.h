@@ -13,12 +13,12 @@
 // units whole again is the parameter gathering's job, zeroing the gradients the reduction's.
 //
 // DevicePlacement is the implementation today: states on the model's device, the optimizer's
-// own kernels (fused CUDA AdamW on the GPU). The seam for ZeRO-Offload is a host placement of
-// this same interface: masters and moments in pinned host memory (Category::Optimizer, Tier
-// host), each owned gradient slice copied to the host on the offload engine's copy stream, the
-// CPU AdamW stepping there, the updated slice copied back into OwnedSlice::params; for
-// ZeRO-Infinity the states page through the NVMe tier. The Engine, the gradient reduction and
-// the parameter gathering are the same for every placement.
+// own kernels (fused CUDA AdamW on the GPU). HostPlacement is ZeRO-Offload's (Note [Offloaded
+// step] in parallel/host_placement.h): masters in pinned host memory, moments in host memory,
+// each owned gradient slice copied to the host on a copy stream, the CPU AdamW stepping there,
+// the updated slice copied back into OwnedSlice::params; for ZeRO-Infinity the states would page
+// through the NVMe tier. The Engine, the gradient reduction and the parameter gathering are the
+// same for every placement.
 #include <functional>
 #include <memory>
 #include <vector>
@@ -57,6 +57,9 @@ class OptimizerPlacement {
   // After a checkpoint load filled the optimizer's states: rewrites the owned parameter slices
   // from the fp32 masters (mixed precision; nothing to do otherwise).
   virtual void params_from_masters() = 0;
+  // Whether fp32 masters are kept apart from the owned parameters: then checkpoints carry them
+  // (key "master"), and a load fills them and calls params_from_masters().
+  virtual bool has_masters() const = 0;
 };
 
 }  // namespace strata::parallel

@@ -77,6 +77,11 @@ parallel::ZeroConfig zero_config(const ZeroSection& z) {
   out.overlap_comm = z.overlap_comm;
   out.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
   out.stage3_param_persistence_threshold = z.stage3_param_persistence_threshold;
+  const OffloadOptimizerSection& o = z.offload_optimizer;
+  out.offload_optimizer.enabled = o.device == "cpu";
+  out.offload_optimizer.pin_memory = o.pin_memory;
+  out.offload_optimizer.delayed_param_update = o.delayed_param_update;
+  out.offload_optimizer.delayed_param_update_start = o.delayed_param_update_start;
   return out;
 }
 
@@ -570,6 +575,19 @@ void Trainer::report_memory() {
       "{}, optimizer {})",
       zc.stage, world_, parallel::formula(zc), format_bytes(claim.total()),
       format_bytes(claim.params), format_bytes(claim.grads), format_bytes(claim.optimizer)));
+  if (config_.zero.offload_optimizer.enabled()) {
+    // ZeRO-Offload: the optimizer states the claim counts live on the host, not the GPU.
+    using offload::Category;
+    using offload::Tier;
+    console_->event(fmt::format(
+        "  ZeRO-Offload (rank 0): optimizer states on the host, not in the claim's GPU bytes: "
+        "pinned {} (masters {}, gradient staging {}, parameter staging {}), host {} (moments)",
+        format_bytes(stats.tier_usage(Tier::Pinned).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Optimizer).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Grad).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Param).current),
+        format_bytes(stats.usage(Tier::Host, Category::Optimizer).current)));
+  }
   const int64_t* a = all.data<int64_t>();
   for (int r = 0; r < world_; ++r) {
     const int64_t* x = a + 4 * r;

@@ -1,0 +1,73 @@
+#pragma once
+// HostPlacement: the optimizer placement of ZeRO-Offload (Ren et al., 2021; Note [Optimizer
+// placement] in parallel/optimizer_placement.h). The fp32 masters and the optimizer's states
+// of this rank's owned slices live on the host and the step runs on the CPU (optim/host_offload.h,
+// Note [Host offload]); the parameters and gradients forward and backward use stay on the device.
+//
+// Note [Offloaded step]
+// The step's arithmetic is DevicePlacement's, on the device, in the same order: the 1/dp mean,
+// the global norm (an allreduce when ranks own different slices), the overflow skip, the clip
+// coefficient (fp32: applied to the device gradients in place; mixed precision: folded with
+// 1/dp and 1/loss-scale into one f32 factor the optimizer applies after widening). Only the
+// update moves: the owned gradients go to pinned host memory on the copy stream, the CPU AdamW
+// steps the host masters and moments, and the updated slices come back in the model's dtype.
+// The fused GPU AdamW and the CPU kernel give the same bits (Note [CUDA AdamW]), so without the
+// delayed update an offloaded run is bitwise the run without offload. The masters are kept at
+// every precision (in fp32 they are the optimizer's parameters, the device's a copy), so
+// checkpoints carry them as key "master" (has_masters()).
+// With delayed_param_update, from step delayed_param_update_start on the update runs on a host
+// thread while the device computes the next step (Note [Delayed parameter update]); optimizer()
+// finishes a pending update first, so whoever reads the states (a checkpoint) sees them whole.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/flat_params.h"
+#include "optim/host_offload.h"
+#include "parallel/optimizer_placement.h"
+#include "parallel/partitioning.h"
+
+namespace strata::parallel {
+
+struct OffloadOptimizerConfig {  // zero_optimization.offload_optimizer (DeepSpeed's names)
+  bool enabled = false;          // device: cpu
+  bool pin_memory = true;
+  bool delayed_param_update = false;        // the paper's DPU
+  int64_t delayed_param_update_start = 10;  // plain steps before the delayed ones
+};
+
+class HostPlacement final : public OptimizerPlacement {
+ public:
+  // Before the units are cast to `param_dtype`: copies the fp32 owned slices to the host, where
+  // build() makes them the masters.
+  HostPlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
+                DType param_dtype, comm::Communicator& dp, const OffloadOptimizerConfig& config);
+
+  void build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) override;
+  optim::Optimizer& optimizer() override;
+  StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
+  void params_from_masters() override;
+  bool has_masters() const override { return true; }
+
+  // Completes a delayed update (nothing without one pending).
+  void finish();
+  int64_t delayed_steps() const { return delayed_steps_; }
+
+ private:
+  bool mixed_precision() const { return param_dtype_ != DType::F32; }
+  double global_sum(double local) const;
+
+  DType param_dtype_;
+  comm::Communicator& dp_;
+  bool sum_over_ranks_;
+  Device device_;
+  OffloadOptimizerConfig config_;
+  std::vector<tensor::Tensor> initial_masters_;  // host fp32, until build()
+  std::vector<tensor::Tensor> device_grads_;     // the owned reduced gradients
+  std::unique_ptr<optim::HostOffload> offload_;
+  int64_t steps_ = 0;  // step() calls so far, skipped ones included
+  int64_t delayed_steps_ = 0;
+};
+
+}  // namespace strata::parallel

@@ -131,6 +131,11 @@ double Engine::average(double x) {
   return sum_over_ranks(*dp_, x, model_.flat_units().front().grads.device()) / dp_->size();
 }
 
+void Engine::finish_pending_update() {
+  // Every rank runs the same schedule of delayed updates, so all of them allgather or none.
+  if (placement_->finish_pending()) gathering_->allgather_updated();
+}
+
 StepResult Engine::step(double lr, double max_norm) {
   STRATA_USER_CHECK(last_micro_batch_,
                     "Engine::step before the last micro-batch: call begin_micro_batch(true) before "

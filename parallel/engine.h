@@ -133,6 +133,9 @@ class Engine {
   StepResult step(double lr, double max_norm);
 
   optim::Optimizer& optimizer() { return placement_->optimizer(); }
+  // Lands an update the placement still runs (ZeRO-Offload's delayed update) on every rank's
+  // parameters: before a checkpoint, or at the end of training. Collective.
+  void finish_pending_update();
   const ZeroConfig& config() const { return zero_; }
   comm::Communicator& dp() { return *dp_; }
   int stage() const { return zero_.stage; }

@@ -49,8 +49,10 @@ optim::Optimizer& HostPlacement::optimizer() {
   return offload_->optimizer();
 }
 
-void HostPlacement::finish() {
+bool HostPlacement::finish_pending() {
+  const bool pending = offload_->pending();
   offload_->finish();
+  return pending;
 }
 
 double HostPlacement::global_sum(double local) const {
@@ -72,10 +74,7 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;
-    if (!apply) {
-      offload_->finish();  // a pending delayed update still lands one step late
-      return result;
-    }
+    if (!apply) return result;  // a pending delayed update stays pending (Note [Offloaded step])
     const float coef = max_norm > 0 ? optim::clip_coefficient(result.grad_norm, max_norm) : 1.f;
     scale = static_cast<float>(factor * coef);
   } else {
@@ -85,10 +84,7 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;
-    if (!apply) {
-      offload_->finish();
-      return result;
-    }
+    if (!apply) return result;
     if (max_norm > 0) {
       const float coef = optim::clip_coefficient(result.grad_norm, max_norm);
       if (coef < 1.f) optim::scale_grads(grads, coef);

@@ -16,8 +16,10 @@
 // every precision (in fp32 they are the optimizer's parameters, the device's a copy), so
 // checkpoints carry them as key "master" (has_masters()).
 // With delayed_param_update, from step delayed_param_update_start on the update runs on a host
-// thread while the device computes the next step (Note [Delayed parameter update]); optimizer()
-// finishes a pending update first, so whoever reads the states (a checkpoint) sees them whole.
+// thread while the device computes the next step (Note [Delayed parameter update]). The pending
+// update lands in the next applied step, before its own (a skipped step leaves it pending, so
+// that every rank's slices are allgathered together), or in finish_pending(). optimizer()
+// finishes a pending update first, so whoever reads the states sees them whole.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -50,8 +52,7 @@ class HostPlacement final : public OptimizerPlacement {
   void params_from_masters() override;
   bool has_masters() const override { return true; }
 
-  // Completes a delayed update (nothing without one pending).
-  void finish();
+  bool finish_pending() override;
   int64_t delayed_steps() const { return delayed_steps_; }
 
  private:

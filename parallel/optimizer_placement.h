@@ -60,6 +60,9 @@ class OptimizerPlacement {
   // Whether fp32 masters are kept apart from the owned parameters: then checkpoints carry them
   // (key "master"), and a load fills them and calls params_from_masters().
   virtual bool has_masters() const = 0;
+  // Completes an update still running (ZeRO-Offload's delayed update) and writes the owned
+  // slices; true when there was one, and then the caller makes the units whole again.
+  virtual bool finish_pending() { return false; }
 };
 
 }  // namespace strata::parallel

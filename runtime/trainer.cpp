@@ -441,6 +441,8 @@ std::string Trainer::sample_event() {
 
 void Trainer::save(const char* why) {
   if (last_saved_step_ == step_) return;
+  // ZeRO-Offload's delayed update: the checkpoint holds every update taken so far.
+  engine_->finish_pending_update();
   TrainerState st;
   st.step = step_;
   st.samples_consumed = samples_consumed_;

@@ -79,7 +79,8 @@ GpuRun gpu_run(const TrainSpec& s, const ZeroConfig& z, DType dtype) {
   GpuRun r;
   for (int step = 0; step < s.steps; ++step) r.losses.push_back(gpu_step(engine, s, step));
   for (const models::FlatUnit& u : model->flat_units()) r.params.push_back(bytes(u.params));
-  for (const optim::ParamGroup& g : engine.optimizer().groups()) r.masters.push_back(bytes(g.param));
+  for (const optim::ParamGroup& g : engine.optimizer().groups())
+    r.masters.push_back(bytes(g.param));
   for (const optim::NamedTensor& t : engine.optimizer().state_dict().tensors)
     r.states.push_back(bytes(t.tensor));
   return r;
@@ -146,7 +147,7 @@ TEST(OffloadGpu, DelayedUpdateEqualsAReferenceThatAppliesEachUpdateOneStepLate) 
                     strata::testing::adamw_factory(), dtype);
       for (int step = 0; step < s.steps; ++step)
         delayed.push_back(manual_step(engine, *model, s, step, nullptr));
-      engine.optimizer();  // finishes the last delayed update
+      engine.finish_pending_update();  // lands the last delayed update
       for (const models::FlatUnit& u : model->flat_units())
         delayed_params.push_back(bytes(u.params));
     }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "comm/self_communicator.h"
@@ -78,6 +79,41 @@ TEST(OffloadEngine, WithoutTheDelayedUpdateGivesTheDeviceRunsBits) {
       EXPECT_LT(ref.losses.back(), ref.losses.front());
     }
   }
+}
+
+// fp16 with loss scaling under offload: an overflowing step is skipped on the device side (the
+// norm is the device's), the host masters and moments keep their bits, the scale halves, and the
+// next step applies.
+TEST(OffloadEngine, Fp16OverflowSkipsTheStepAndKeepsTheHostStates) {
+  TrainSpec s;
+  models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+  Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"), zero(2, true),
+                strata::testing::adamw_factory(), DType::F16);
+  optim::LossScalerConfig c;
+  c.hysteresis = 1;
+  optim::LossScaler scaler(c);
+  engine.set_loss_scaler(&scaler);
+  strata::testing::engine_step(engine, s, 0);
+  const double scale = scaler.scale();
+  std::vector<std::vector<uint8_t>> masters, states;
+  for (const optim::ParamGroup& g : engine.optimizer().groups()) masters.push_back(bytes(g.param));
+  for (const optim::NamedTensor& t : engine.optimizer().state_dict().tensors)
+    states.push_back(bytes(t.tensor));
+  StepResult r;
+  strata::testing::engine_step(engine, s, 1, &r, std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(engine.optimizer().step_count(), 1);
+  EXPECT_EQ(scaler.scale(), scale / 2);
+  std::vector<std::vector<uint8_t>> masters_after, states_after;
+  for (const optim::ParamGroup& g : engine.optimizer().groups())
+    masters_after.push_back(bytes(g.param));
+  for (const optim::NamedTensor& t : engine.optimizer().state_dict().tensors)
+    states_after.push_back(bytes(t.tensor));
+  EXPECT_EQ(masters_after, masters);
+  EXPECT_EQ(states_after, states);
+  strata::testing::engine_step(engine, s, 2, &r);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_EQ(engine.optimizer().step_count(), 2);
 }
 
 // The manual step protocol (Note [Engine step]) at accumulation 1, so the reference can put other

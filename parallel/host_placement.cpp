@@ -63,8 +63,6 @@ double HostPlacement::global_sum(double local) const {
 StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* scaler) {
   const std::vector<tensor::Tensor>& grads = device_grads_;
   const int nd = dp_.size();
-  const bool delayed = config_.delayed_param_update && steps_ >= config_.delayed_param_update_start;
-  ++steps_;
   StepResult result;
   float scale = 1.f;
   if (mixed_precision()) {
@@ -91,6 +89,10 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
     }
   }
   offload_->fetch_grads();  // finishes a pending delayed update first
+  // Counted in updates taken, which a checkpoint restores, so a resumed run delays the same
+  // steps as the uninterrupted one.
+  const bool delayed = config_.delayed_param_update &&
+                       offload_->optimizer().step_count() >= config_.delayed_param_update_start;
   if (delayed) {
     offload_->step_async(lr, scale);
     ++delayed_steps_;

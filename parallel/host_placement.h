@@ -15,7 +15,8 @@
 // delayed update an offloaded run is bitwise the run without offload. The masters are kept at
 // every precision (in fp32 they are the optimizer's parameters, the device's a copy), so
 // checkpoints carry them as key "master" (has_masters()).
-// With delayed_param_update, from step delayed_param_update_start on the update runs on a host
+// With delayed_param_update, once delayed_param_update_start updates are taken (a count a
+// checkpoint restores) each further update runs on a host
 // thread while the device computes the next step (Note [Delayed parameter update]). The pending
 // update lands in the next applied step, before its own (a skipped step leaves it pending, so
 // that every rank's slices are allgathered together), or in finish_pending(). optimizer()
@@ -36,7 +37,7 @@ struct OffloadOptimizerConfig {  // zero_optimization.offload_optimizer (DeepSpe
   bool enabled = false;          // device: cpu
   bool pin_memory = true;
   bool delayed_param_update = false;        // the paper's DPU
-  int64_t delayed_param_update_start = 10;  // plain steps before the delayed ones
+  int64_t delayed_param_update_start = 10;  // plain updates before the delayed ones
 };
 
 class HostPlacement final : public OptimizerPlacement {
@@ -67,7 +68,6 @@ class HostPlacement final : public OptimizerPlacement {
   std::vector<tensor::Tensor> initial_masters_;  // host fp32, until build()
   std::vector<tensor::Tensor> device_grads_;     // the owned reduced gradients
   std::unique_ptr<optim::HostOffload> offload_;
-  int64_t steps_ = 0;  // step() calls so far, skipped ones included
   int64_t delayed_steps_ = 0;
 };
 

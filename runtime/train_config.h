@@ -122,10 +122,10 @@ struct DistributedSection {      // `distributed`; docs/distributed.md
 struct OffloadOptimizerSection {
   std::string device = "none";  // none | cpu | nvme (nvme: ZeRO-Infinity, not yet: an error)
   bool pin_memory = true;       // masters and the gradient/parameter staging in pinned memory
-  // The paper's one-step delayed parameter update (Note [Delayed parameter update]): from step
-  // delayed_param_update_start + 1 on, each update reaches the GPU one step late.
+  // The paper's one-step delayed parameter update (Note [Delayed parameter update]): after
+  // delayed_param_update_start plain updates, each update reaches the GPU one step late.
   bool delayed_param_update = false;
-  int64_t delayed_param_update_start = 10;  // plain steps first
+  int64_t delayed_param_update_start = 10;  // plain updates first
   bool enabled() const { return device != "none"; }
   bool operator==(const OffloadOptimizerSection&) const = default;
 };

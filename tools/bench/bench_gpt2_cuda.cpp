@@ -55,6 +55,11 @@
 // the timed ones. In the dry run the bounds are what the step's kernels would need on an H100
 // SXM at its peaks (the emulated device reports an H100 SXM's), without any GPU.
 //
+// --offload steps with ZeRO-Offload's host placement (Note [Offloaded step] in
+// parallel/host_placement.h): the GPU keeps the bf16 parameters and gradients, the host the fp32
+// masters, the moments and the AdamW step; --dpu N adds the delayed parameter update after N plain
+// updates. Peak GPU memory and --fill then show what leaving the optimizer states on the host buys.
+//
 // --device cpu runs the same program on the host (no --fill): a smoke test of it on a machine
 // without a GPU, with a small model (--models gpt2-tiny --T 64); its numbers mean nothing.
 //
@@ -118,6 +123,9 @@ struct Options {
   bool on_cpu = false;    // --device cpu: a smoke test of this program where there is no GPU
   int profile = 0;        // --profile N: N more steps timed per op (Note [CUDA op profiler])
   bool launches = false;  // --launches: the emulator's launch sites of the timed steps
+  bool offload =
+      false;  // --offload: ZeRO-Offload (ZeRO-1 over one rank, the optimizer on the host)
+  int64_t dpu_start = -1;  // --dpu N: with --offload, the delayed update after N plain updates
 
   Device device() const { return on_cpu ? Device::cpu() : Device::cuda(0); }
 };
@@ -237,8 +245,15 @@ class Bench {
     ac.beta2 = 0.95;
     ac.eps = 1e-8;
     ac.weight_decay = 0.1;
+    parallel::ZeroConfig zero;
+    if (o.offload) {
+      zero.stage = 1;  // one rank owns everything: the step is stage 0's
+      zero.offload_optimizer.enabled = true;
+      zero.offload_optimizer.delayed_param_update = o.dpu_start >= 0;
+      zero.offload_optimizer.delayed_param_update_start = std::max<int64_t>(o.dpu_start, 0);
+    }
     engine_ = std::make_unique<parallel::Engine>(
-        *model_, std::move(world), parallel::ZeroConfig{},
+        *model_, std::move(world), zero,
         [ac](std::vector<optim::ParamGroup> groups) {
           return std::make_unique<optim::AdamW>(std::move(groups), ac);
         },
@@ -466,6 +481,12 @@ int main(int argc, char** argv) {
       "--tf32", o.tf32,
       "with --dtype fp32: the f32 matmuls round their inputs to TF32 and run on the "
       "tensor cores (run.tf32: on); MFU against the TF32 peak; the dtype column says fp32+tf32");
+  app.add_flag("--offload", o.offload,
+               "ZeRO-Offload (zero_optimization.offload_optimizer.device: cpu): fp32 masters, "
+               "moments and the AdamW step on the host; impl says +offload");
+  app.add_option("--dpu", o.dpu_start,
+                 "with --offload: the delayed parameter update after this many plain updates "
+                 "(delayed_param_update_start); impl says +offload+dpu");
   app.add_option("--T", o.seq_len, "sequence length")->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed steps first")
       ->check(CLI::Range(0, 1000))
@@ -512,6 +533,7 @@ int main(int argc, char** argv) {
     }
     if (o.batch < 0) user_error("--B must be positive, got {}", o.batch);
     if (o.fill && o.on_cpu) user_error("--fill needs the GPU (it probes for out-of-memory)");
+    if (o.dpu_start >= 0 && !o.offload) user_error("--dpu {} needs --offload", o.dpu_start);
     if (o.profile > 0 && o.on_cpu) user_error("--profile times GPU ops; it needs --device cuda");
 #if !defined(STRATA_CUDA_EMULATION)
     if (o.launches)
@@ -545,6 +567,7 @@ int main(int argc, char** argv) {
     const std::string impl =
         std::string(models::nn::fused_ops_enabled() ? "strata" : "strata-unfused") +
         (o.recompute_gelu ? "+recompute-gelu" : "") + (o.matmul_tune ? "+tuned-matmuls" : "") +
+        (o.offload ? (o.dpu_start >= 0 ? "+offload+dpu" : "+offload") : "") +
         (dry_run() ? " (dry run)" : "");
     if (dry_run())
       fmt::print(stderr,

@@ -26,6 +26,9 @@
 // user_error naming it. load_state_dict takes state on any device (a checkpoint read on the
 // host) and copies it in; state_dict() returns the live buffers where they live, so a writer
 // copies them to the host (save_safetensors does).
+// ZeRO-Offload keeps this rule: its groups (masters, gradient and model-copy staging) all live on
+// the host, and HostOffload moves gradients in and parameters out (Note [Host offload] in
+// optim/host_offload.h).
 #include <cstdint>
 #include <string>
 #include <string_view>

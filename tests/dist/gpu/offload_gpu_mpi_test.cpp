@@ -96,9 +96,10 @@ TEST_F(OffloadGpuMpi, TwoGpusGiveTheRunWithoutOffloadBitwise) {
 }
 
 // An offloaded bf16 ZeRO-2 run of two GPU ranks stopped at step 3 and resumed gives the bits of
-// the uninterrupted run; its step-3 checkpoint continues on one GPU with offload (resharded to
-// dp 1: the sums over ranks come in another order, so close, not equal).
-TEST_F(OffloadGpuMpi, CheckpointResumesBitwiseAndContinuesOnOneGpu) {
+// the uninterrupted run; its step-3 checkpoint continues bitwise on two GPUs without offload, and
+// on one GPU with offload (resharded to dp 1: the sums over ranks come in another order, so close,
+// not equal).
+TEST_F(OffloadGpuMpi, CheckpointResumesBitwiseWithOrWithoutOffloadAndContinuesOnOneGpu) {
   NEED_GPUS(2);
   const std::vector<std::string> sets = {"zero_optimization.stage=2", kOffload};
   CommandResult full = train(2, config("full", 6), sets);
@@ -117,6 +118,13 @@ TEST_F(OffloadGpuMpi, CheckpointResumesBitwiseAndContinuesOnOneGpu) {
   expect_same_models("full", "parts", 6);
 
   const std::string ckpt3 = tmp_ / "parts/checkpoints/step_00000003";
+  // The same checkpoint continued without offload: the masters and moments under the device
+  // placement's names, and the same bits, since offload changes none.
+  CommandResult plain =
+      train(2, config("plain", 6), {"zero_optimization.stage=2", "training.resume=" + ckpt3});
+  ASSERT_EQ(plain.exit_code, 0) << describe(plain);
+  EXPECT_NE(plain.out.find("resumed from"), std::string::npos) << plain.out;
+  EXPECT_EQ(losses("plain"), std::vector<double>(x.begin() + 3, x.end()));
   CommandResult one = train(0, config("one", 6),
                             {"zero_optimization.stage=1", kOffload, "training.resume=" + ckpt3});
   ASSERT_EQ(one.exit_code, 0) << describe(one);

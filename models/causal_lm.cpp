@@ -1,5 +1,6 @@
 #include "models/causal_lm.h"
 
+#include "autograd/comm_functions.h"
 #include "autograd/functions.h"
 
 namespace strata::models {
@@ -16,6 +17,9 @@ Variable CausalLM::forward(const Tensor& ids) {
 
 Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache, bool last_only) {
   STRATA_USER_CHECK(supports_kv_cache(), "model family '{}' has no KV-cached forward", family());
+  STRATA_USER_CHECK(!tp_.enabled(),
+                    "the KV-cached forward (generation) does not run tensor-parallel (tp = {})",
+                    tp_.size());
   STRATA_CHECK(!autograd::GradMode::is_enabled(),
                "forward_cached is for inference: run it under autograd::NoGradGuard");
   STRATA_USER_CHECK(ids.ndim() == 2 && ids.size(1) > 0, "token ids must be [batch, seq], got {}",
@@ -76,6 +80,9 @@ Variable CausalLM::loss(const Tensor& ids, const Tensor& targets, int64_t ignore
   STRATA_USER_CHECK(targets.shape() == ids.shape(), "targets {} must have the shape of ids {}",
                     targets.str(), ids.str());
   Variable logits = forward(ids);
+  if (tp_.enabled())  // Note [Vocab-parallel cross-entropy]
+    return autograd::vocab_parallel_cross_entropy(logits, targets, local_vocab_start(),
+                                                  vocab_size(), tp_.group, ignore_index);
   // Note [Padded vocabulary]: the loss reads the first vocab_size columns in place. The logits
   // are handed over: under a LossGradientScope their gradient comes with the forward (Note
   // [Fused cross-entropy gradient] in autograd/functions_nn.cpp).
@@ -93,6 +100,7 @@ void CausalLM::zero_grad() {
 void CausalLM::flatten(const std::vector<UnitSpec>& units, int64_t align) {
   STRATA_CHECK(flat_units_.empty(), "flatten called twice");
   flat_units_ = flatten_parameters(*this, units, align);
+  if (tp_.enabled()) shard_specs_ = nn::collect_shard_specs(*this);
 }
 
 }  // namespace strata::models

@@ -25,12 +25,14 @@
 // position are cached as usual. A model that does not call it still gives the right logits:
 // forward_cached keeps the last position of what it returns, at the full cost.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "models/flat_params.h"
 #include "models/kv_cache.h"
 #include "models/nn/module.h"
+#include "models/nn/tensor_parallel.h"
 
 namespace strata::models {
 
@@ -39,7 +41,9 @@ using tensor::Tensor;
 
 class CausalLM : public nn::Module {
  public:
-  // ids [B, T] (I32 or I64) -> logits [B, T, padded_vocab_size]. Runs the module hooks.
+  // ids [B, T] (I32 or I64) -> logits [B, T, padded_vocab_size]. Runs the module hooks. Under
+  // tensor parallelism, this rank's slice of the vocabulary: [B, T, padded_vocab_size / tp], the
+  // columns from local_vocab_start() on (Note [Vocab-parallel cross-entropy]).
   Variable forward(const Tensor& ids);
   // Inference on new tokens ids [B, T] at positions [cache.length(), cache.length() + T),
   // attending to the positions `cache` holds; returns their logits [B, T, padded_vocab_size] and
@@ -52,7 +56,8 @@ class CausalLM : public nn::Module {
   // Whether this model's attention layers take part in forward_cached.
   virtual bool supports_kv_cache() const { return false; }
   // Mean cross entropy of logits[..., :vocab_size] against targets [B, T]; targets equal to
-  // ignore_index (-100) do not count (Note [Padded vocabulary]).
+  // ignore_index (-100) do not count (Note [Padded vocabulary]). Under tensor parallelism the
+  // vocab-parallel loss on each rank's slice, the same value on every rank of the group.
   Variable loss(const Tensor& ids, const Tensor& targets, int64_t ignore_index = -100);
 
   virtual int64_t vocab_size() const = 0;
@@ -60,6 +65,14 @@ class CausalLM : public nn::Module {
   virtual int64_t max_seq_len() const = 0;
   // Family name, e.g. "gpt2".
   virtual std::string family() const = 0;
+
+  // The tensor-parallel group the model was built for (size 1 without one).
+  const nn::TensorParallel& tensor_parallel() const { return tp_; }
+  // The first column of this rank's slice of the logits (0 at tp = 1).
+  int64_t local_vocab_start() const { return tp_.rank() * (padded_vocab_size() / tp_.size()); }
+  // Full parameter name -> how it is split over the tensor-parallel group (Note [Tensor-parallel
+  // shards]); parameters not listed are replicated. Empty at tp = 1.
+  const std::map<std::string, nn::ShardSpec>& shard_specs() const { return shard_specs_; }
 
   // Note [Flat parameters]: one entry per unit, in forward order.
   std::vector<FlatUnit>& flat_units() { return flat_units_; }
@@ -74,6 +87,8 @@ class CausalLM : public nn::Module {
   // last position [B, 1, C] when the running forward_cached asked for the last position's logits
   // only (Note [Last-position logits]).
   static Variable positions_for_logits(const Variable& x);
+  // Derived constructors call this before building layers that read it.
+  void set_tensor_parallel(const nn::TensorParallel& tp) { tp_ = tp; }
   // Derived constructors call this once all modules are registered.
   void flatten(const std::vector<UnitSpec>& units, int64_t align = 16);
 
@@ -81,6 +96,8 @@ class CausalLM : public nn::Module {
   Variable forward(const Variable& ids) final { return forward_logits(ids.data()); }
 
   std::vector<FlatUnit> flat_units_;
+  nn::TensorParallel tp_;
+  std::map<std::string, nn::ShardSpec> shard_specs_;
 };
 
 }  // namespace strata::models

@@ -28,6 +28,9 @@ struct ModelOptions {
   // Config overrides, e.g. {"n_layer", "4"}, {"dropout", "0.1"},
   // {"activation_checkpointing", "true"}.
   std::map<std::string, std::string> overrides;
+  // The tensor-parallel group and sequence parallelism (Note [Tensor-parallel shards]); a null
+  // group (the default) builds the single-rank model.
+  nn::TensorParallel tp;
 };
 
 // The shape of a model, computed without allocating it (for `estimate`, memory formulas).

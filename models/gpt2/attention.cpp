@@ -35,17 +35,21 @@ Variable cached_attention(const Variable& qkv, int64_t n_head, KvCache& cache) {
 
 }  // namespace
 
-CausalSelfAttention::CausalSelfAttention(const GPT2Config& config)
-    : n_embd_(config.n_embd), n_head_(config.n_head) {
-  c_attn_ = &add_module<nn::Linear>("c_attn", n_embd_, 3 * n_embd_);
-  c_proj_ = &add_module<nn::Linear>("c_proj", n_embd_, n_embd_);
+CausalSelfAttention::CausalSelfAttention(const GPT2Config& config, const nn::TensorParallel& tp)
+    : n_embd_(config.n_embd), n_head_(config.n_head / tp.size()), tp_(tp) {
+  STRATA_USER_CHECK(config.n_head % tp.size() == 0,
+                    "n_head {} does not divide over tensor_parallel_size {}", config.n_head,
+                    tp.size());
+  c_attn_ = &add_module<nn::ColumnParallelLinear>("c_attn", n_embd_, 3 * n_embd_, true, tp,
+                                                  /*blocks=*/3);
+  c_proj_ = &add_module<nn::RowParallelLinear>("c_proj", n_embd_, n_embd_, true, tp);
   // GPT-2 paper: residual projections scaled by 1/sqrt(N) with N = 2 * n_layer residual adds.
   c_proj_->set_init_std(0.02f / std::sqrt(2.f * static_cast<float>(config.n_layer)));
   resid_dropout_ = &add_module<nn::Dropout>("resid_dropout", config.dropout);
 }
 
 Variable CausalSelfAttention::forward(const Variable& x) {
-  Variable qkv = (*c_attn_)(x);  // [B, T, 3C]
+  Variable qkv = (*c_attn_)(tp_.enter(x));  // [B, T, 3C / tp]
   Variable y;
   if (KvCache* cache = KvCache::active()) {
     y = cached_attention(qkv, n_head_, *cache);

@@ -12,31 +12,36 @@
 // tested against bit for bit, and a way to measure what it saves.
 #include "models/gpt2/config.h"
 #include "models/nn/dropout.h"
-#include "models/nn/linear.h"
+#include "models/nn/parallel_linear.h"
 
 namespace strata::models::gpt2 {
 
 using autograd::Variable;
 
+// Under tensor parallelism (Note [Tensor-parallel shards]) each rank runs n_head / tp heads:
+// c_attn is column-parallel over its three blocks q, k, v (rank r's rows are its heads' rows of
+// each), so its local output is [q_r, k_r, v_r], the packed layout attention_qkv reads for
+// n_head / tp heads; c_proj is row-parallel.
 class CausalSelfAttention : public nn::Module {
  public:
-  explicit CausalSelfAttention(const GPT2Config& config);
+  explicit CausalSelfAttention(const GPT2Config& config, const nn::TensorParallel& tp = {});
 
-  nn::Linear& c_attn() { return *c_attn_; }
-  nn::Linear& c_proj() { return *c_proj_; }
+  nn::ColumnParallelLinear& c_attn() { return *c_attn_; }
+  nn::RowParallelLinear& c_proj() { return *c_proj_; }
   // Note [GPT-2 attention layout]; on by default.
   bool fused_qkv() const { return fused_qkv_; }
   void set_fused_qkv(bool on) { fused_qkv_ = on; }
 
  protected:
-  // x [B, T, C] -> [B, T, C].
+  // x [B, T, C] -> [B, T, C] (under sequence parallelism this rank's tokens of each).
   Variable forward(const Variable& x) override;
 
  private:
-  int64_t n_embd_, n_head_;
+  int64_t n_embd_, n_head_;  // n_head_: this rank's heads
+  nn::TensorParallel tp_;
   bool fused_qkv_ = true;
-  nn::Linear* c_attn_;
-  nn::Linear* c_proj_;
+  nn::ColumnParallelLinear* c_attn_;
+  nn::RowParallelLinear* c_proj_;
   // HF's resid_dropout. Dropout on the attention probabilities (HF attn_dropout) is not applied:
   // the fused attention op has no dropout, and GPT-2 training recipes set it to 0 anyway.
   nn::Dropout* resid_dropout_;

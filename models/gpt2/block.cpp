@@ -6,11 +6,14 @@
 
 namespace strata::models::gpt2 {
 
-Block::Block(const GPT2Config& config) : checkpointing_(config.activation_checkpointing) {
+Block::Block(const GPT2Config& config, const nn::TensorParallel& tp)
+    : checkpointing_(config.activation_checkpointing) {
   ln_1_ = &add_module<nn::LayerNorm>("ln_1", config.n_embd, config.layer_norm_epsilon);
-  attn_ = &add_module<CausalSelfAttention>("attn", config);
+  attn_ = &add_module<CausalSelfAttention>("attn", config, tp);
   ln_2_ = &add_module<nn::LayerNorm>("ln_2", config.n_embd, config.layer_norm_epsilon);
-  mlp_ = &add_module<MLP>("mlp", config);
+  mlp_ = &add_module<MLP>("mlp", config, tp);
+  ln_1_->set_tensor_parallel(tp);
+  ln_2_->set_tensor_parallel(tp);
 }
 
 // in = {x} or {x, pending}. Returns {h, m}, or {h + m} when `complete`.

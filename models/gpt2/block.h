@@ -19,7 +19,7 @@ namespace strata::models::gpt2 {
 
 class Block : public nn::Module {
  public:
-  explicit Block(const GPT2Config& config);
+  explicit Block(const GPT2Config& config, const nn::TensorParallel& tp = {});
 
   bool activation_checkpointing() const { return checkpointing_; }
   void set_activation_checkpointing(bool on) { checkpointing_ = on; }

@@ -5,20 +5,25 @@
 #include <string>
 #include <tuple>
 
+#include "autograd/comm_functions.h"
 #include "autograd/functions.h"
 
 namespace strata::models::gpt2 {
 
-GPT2::GPT2(const GPT2Config& config, uint64_t seed) : config_(config) {
+GPT2::GPT2(const GPT2Config& config, uint64_t seed, const nn::TensorParallel& tp)
+    : config_(config) {
   config_.validate();
+  set_tensor_parallel(tp);
   const int64_t C = config_.n_embd;
-  wte_ = &add_module<nn::Embedding>("wte", config_.padded_vocab_size, C);
+  wte_ = &add_module<nn::VocabParallelEmbedding>("wte", config_.padded_vocab_size, C, tp);
   wpe_ = &add_module<nn::Embedding>("wpe", config_.n_positions, C);
+  wpe_->set_tensor_parallel(tp);
   drop_ = &add_module<nn::Dropout>("drop", config_.dropout);
   auto& h = add_module<nn::Module>("h");
   for (int64_t i = 0; i < config_.n_layer; ++i)
-    blocks_.push_back(&h.add_module<Block>(std::to_string(i), config_));
+    blocks_.push_back(&h.add_module<Block>(std::to_string(i), config_, tp));
   ln_f_ = &add_module<nn::LayerNorm>("ln_f", C, config_.layer_norm_epsilon);
+  ln_f_->set_tensor_parallel(tp);
   lm_head_ = &add_module<nn::TiedLinear>("lm_head", wte_->weight());
 
   std::vector<UnitSpec> units;
@@ -34,11 +39,7 @@ GPT2::GPT2(const GPT2Config& config, uint64_t seed) : config_(config) {
 
 void GPT2::reset_parameters(uint64_t seed) {
   CausalLM::reset_parameters(seed);  // each layer, keyed by name (Note [GPT-2 init])
-  if (config_.padded_vocab_size > config_.vocab_size) {
-    Tensor pad = wte_->weight().data().narrow(0, config_.vocab_size,
-                                              config_.padded_vocab_size - config_.vocab_size);
-    pad.zero_();
-  }
+  wte_->zero_rows_from(config_.vocab_size);
 }
 
 void GPT2::set_activation_checkpointing(bool on) {
@@ -48,10 +49,17 @@ void GPT2::set_activation_checkpointing(bool on) {
 
 Variable GPT2::forward_logits(const Tensor& ids) {
   const int64_t T = ids.size(1);
+  const nn::TensorParallel& tp = tensor_parallel();
+  STRATA_USER_CHECK(!tp.sp() || T % tp.size() == 0,
+                    "sequence parallelism splits the sequence over tensor_parallel_size {}: a "
+                    "sequence of {} tokens does not divide",
+                    tp.size(), T);
   // Under a KV cache the tokens sit at positions [start, start + T) (Note [KV cache]).
   const int64_t start = KvCache::active() ? KvCache::active()->start() : 0;
-  Tensor pos = tensor::arange(start + T, DType::I64, ids.device()).narrow(0, start, T);
-  // [B, T, C] + [T, C]: the position embedding broadcasts over the batch.
+  // [B, T, C] + [T, C]: the position embedding broadcasts over the batch. Under sequence
+  // parallelism both are this rank's tokens, [B, T / tp, C] (Note [Sequence-parallel layout]).
+  Tensor pos = tp.sp() ? autograd::sequence_positions(ids.size(0), T, start, tp.group, ids.device())
+                       : tensor::arange(start + T, DType::I64, ids.device()).narrow(0, start, T);
   Variable x = autograd::add((*wte_)(Variable(ids)), (*wpe_)(Variable(pos)));
   x = (*drop_)(x);
   // Each block hands on its MLP output un-added; the last is added inside ln_f (Note [Fused ops
@@ -63,8 +71,9 @@ Variable GPT2::forward_logits(const Tensor& ids) {
   x = positions_for_logits(x);
   if (pending.defined()) pending = positions_for_logits(pending);
   x = pending.defined() ? ln_f_->add_forward(x, pending, /*keep_sum=*/false).second : (*ln_f_)(x);
-  // Tied head: [B, T, C] @ wte[Vp, C]^T -> [B, T, Vp].
-  return (*lm_head_)(x);
+  // Tied head: [B, T, C] @ wte[Vp, C]^T -> [B, T, Vp] (this rank's [B, T, Vp / tp] under tensor
+  // parallelism).
+  return (*lm_head_)(tp.enter(x));
 }
 
 void register_presets(ModelRegistry& registry) {
@@ -78,7 +87,7 @@ void register_presets(ModelRegistry& registry) {
         name.starts_with("gpt3") ? "GPT-3 shape" : "GPT-2",
         static_cast<double>(num_parameters(c)) / 1e6, c.n_layer, c.n_embd, c.n_head, c.n_positions);
     e.create = [name](const ModelOptions& o) -> std::unique_ptr<CausalLM> {
-      return std::make_unique<GPT2>(with_overrides(preset(name), o.overrides), o.seed);
+      return std::make_unique<GPT2>(with_overrides(preset(name), o.overrides), o.seed, o.tp);
     };
     e.shape = [name](const ModelOptions& o) {
       GPT2Config cfg = with_overrides(preset(name), o.overrides);

@@ -10,6 +10,12 @@
 // ~ N(0, 0.02 / sqrt(2 n_layer)). wte rows beyond vocab_size are 0 (Note [Padded vocabulary]).
 // Draws are keyed by (seed, parameter name) (Note [Name-keyed init]).
 //
+// Tensor parallelism (given a group: Note [Tensor-parallel shards]): wte is vocab-parallel (the
+// tied head then gives each rank its slice of the logits), attention heads and MLP hidden units
+// are split (CausalSelfAttention, MLP), wpe and the norms are replicated. Under sequence
+// parallelism the residual stream, the norms and dropout hold this rank's tokens (Note
+// [Sequence-parallel layout]).
+//
 // Units (Note [Flat parameters]): "embeddings" = wte + wpe, "h.0" .. "h.{n-1}", "head" = ln_f.
 // The tied projection runs as the module `lm_head` (nn::TiedLinear, no parameter of its own),
 // listed as a user of "embeddings" so that strategies see that use of wte through its hooks.
@@ -22,6 +28,7 @@
 #include "models/nn/embedding.h"
 #include "models/nn/layer_norm.h"
 #include "models/nn/tied_linear.h"
+#include "models/nn/vocab_parallel_embedding.h"
 #include "models/registry.h"
 
 namespace strata::models::gpt2 {
@@ -29,7 +36,7 @@ namespace strata::models::gpt2 {
 class GPT2 : public CausalLM {
  public:
   // Builds, flattens and initialises the model from `seed`.
-  explicit GPT2(const GPT2Config& config, uint64_t seed = 0);
+  explicit GPT2(const GPT2Config& config, uint64_t seed = 0, const nn::TensorParallel& tp = {});
 
   const GPT2Config& config() const { return config_; }
   int64_t vocab_size() const override { return config_.vocab_size; }
@@ -42,7 +49,7 @@ class GPT2 : public CausalLM {
   // Turns block recomputation on or off after construction.
   void set_activation_checkpointing(bool on);
 
-  nn::Embedding& wte() { return *wte_; }
+  nn::VocabParallelEmbedding& wte() { return *wte_; }
   nn::Embedding& wpe() { return *wpe_; }
   Block& block(int64_t i) { return *blocks_.at(static_cast<size_t>(i)); }
   nn::LayerNorm& ln_f() { return *ln_f_; }
@@ -53,7 +60,7 @@ class GPT2 : public CausalLM {
 
  private:
   GPT2Config config_;
-  nn::Embedding* wte_;
+  nn::VocabParallelEmbedding* wte_;
   nn::Embedding* wpe_;
   nn::Dropout* drop_;
   std::vector<Block*> blocks_;

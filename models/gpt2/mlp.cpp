@@ -7,19 +7,25 @@
 
 namespace strata::models::gpt2 {
 
-MLP::MLP(const GPT2Config& config) : recompute_gelu_(config.recompute_gelu) {
-  c_fc_ = &add_module<nn::Linear>("c_fc", config.n_embd, 4 * config.n_embd);
-  c_proj_ = &add_module<nn::Linear>("c_proj", 4 * config.n_embd, config.n_embd);
+MLP::MLP(const GPT2Config& config, const nn::TensorParallel& tp)
+    : tp_(tp), recompute_gelu_(config.recompute_gelu) {
+  c_fc_ = &add_module<nn::ColumnParallelLinear>("c_fc", config.n_embd, 4 * config.n_embd, true, tp);
+  c_proj_ =
+      &add_module<nn::RowParallelLinear>("c_proj", 4 * config.n_embd, config.n_embd, true, tp);
   // Residual projection: see CausalSelfAttention.
   c_proj_->set_init_std(0.02f / std::sqrt(2.f * static_cast<float>(config.n_layer)));
   dropout_ = &add_module<nn::Dropout>("dropout", config.dropout);
 }
 
-Variable MLP::forward(const Variable& x) {
+Variable MLP::forward(const Variable& x_in) {
+  const Variable x = tp_.enter(x_in);
   if (!nn::fused_ops_enabled()) return (*dropout_)((*c_proj_)(autograd::gelu((*c_fc_)(x))));
-  // One node (Note [Fused ops in models]): the child linears' own hooks do not run.
-  return (*dropout_)(autograd::mlp_gelu(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(),
-                                        c_proj_->bias(), recompute_gelu_));
+  // One node (Note [Fused ops in models]): the child linears' own hooks do not run. Under tensor
+  // parallelism its output is c_proj's partial sum, reduced and biased after.
+  const bool tp = tp_.enabled();
+  Variable y = autograd::mlp_gelu(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(),
+                                  tp ? Variable() : c_proj_->bias(), recompute_gelu_);
+  return (*dropout_)(c_proj_->reduce_output(y));
 }
 
 }  // namespace strata::models::gpt2

@@ -6,25 +6,28 @@
 // makes that node keep the GELU input alone (Note [GELU recompute]).
 #include "models/gpt2/config.h"
 #include "models/nn/dropout.h"
-#include "models/nn/linear.h"
+#include "models/nn/parallel_linear.h"
 
 namespace strata::models::gpt2 {
 
 using autograd::Variable;
 
+// Under tensor parallelism c_fc is column-parallel and c_proj row-parallel: each rank runs 4C / tp
+// of the hidden units, and c_proj's bias is added once after the reduction.
 class MLP : public nn::Module {
  public:
-  explicit MLP(const GPT2Config& config);
+  explicit MLP(const GPT2Config& config, const nn::TensorParallel& tp = {});
 
-  nn::Linear& c_fc() { return *c_fc_; }
-  nn::Linear& c_proj() { return *c_proj_; }
+  nn::ColumnParallelLinear& c_fc() { return *c_fc_; }
+  nn::RowParallelLinear& c_proj() { return *c_proj_; }
 
  protected:
   Variable forward(const Variable& x) override;
 
  private:
-  nn::Linear* c_fc_;
-  nn::Linear* c_proj_;
+  nn::TensorParallel tp_;
+  nn::ColumnParallelLinear* c_fc_;
+  nn::RowParallelLinear* c_proj_;
   nn::Dropout* dropout_;
   bool recompute_gelu_;  // Note [GELU recompute]
 };

@@ -7,18 +7,27 @@
 
 namespace strata::models::llama {
 
-Attention::Attention(const LlamaConfig& config, RotaryEmbedding& rope)
-    : n_head_(config.num_attention_heads),
-      n_kv_head_(config.num_key_value_heads),
+Attention::Attention(const LlamaConfig& config, RotaryEmbedding& rope, const nn::TensorParallel& tp)
+    : n_head_(config.num_attention_heads / tp.size()),
+      n_kv_head_(config.num_key_value_heads / tp.size()),
       head_dim_(config.head_dim()),
+      tp_(tp),
       rope_(&rope) {
-  const int64_t C = config.hidden_size, kv = n_kv_head_ * head_dim_;
-  q_proj_ = &add_module<nn::Linear>("q_proj", C, n_head_ * head_dim_, /*bias=*/false);
-  k_proj_ = &add_module<nn::Linear>("k_proj", C, kv, /*bias=*/false);
-  v_proj_ = &add_module<nn::Linear>("v_proj", C, kv, /*bias=*/false);
-  o_proj_ = &add_module<nn::Linear>("o_proj", n_head_ * head_dim_, C, /*bias=*/false);
-  for (nn::Linear* l : {q_proj_, k_proj_, v_proj_, o_proj_})
-    l->set_init_std(config.initializer_range);
+  STRATA_USER_CHECK(
+      config.num_attention_heads % tp.size() == 0 && config.num_key_value_heads % tp.size() == 0,
+      "num_attention_heads {} and num_key_value_heads {} must both divide over "
+      "tensor_parallel_size {}",
+      config.num_attention_heads, config.num_key_value_heads, tp.size());
+  const int64_t C = config.hidden_size, D = head_dim_;
+  const int64_t q_out = config.num_attention_heads * D, kv_out = config.num_key_value_heads * D;
+  q_proj_ = &add_module<nn::ColumnParallelLinear>("q_proj", C, q_out, /*bias=*/false, tp);
+  k_proj_ = &add_module<nn::ColumnParallelLinear>("k_proj", C, kv_out, /*bias=*/false, tp);
+  v_proj_ = &add_module<nn::ColumnParallelLinear>("v_proj", C, kv_out, /*bias=*/false, tp);
+  o_proj_ = &add_module<nn::RowParallelLinear>("o_proj", q_out, C, /*bias=*/false, tp);
+  q_proj_->set_init_std(config.initializer_range);
+  k_proj_->set_init_std(config.initializer_range);
+  v_proj_->set_init_std(config.initializer_range);
+  o_proj_->set_init_std(config.initializer_range);
 }
 
 namespace {
@@ -33,7 +42,8 @@ Variable repeat_heads(const Variable& x, int64_t rep) {
 }
 }  // namespace
 
-Variable Attention::forward(const Variable& x) {
+Variable Attention::forward(const Variable& x_in) {
+  const Variable x = tp_.enter(x_in);  // once for the three column-parallel projections
   const int64_t B = x.size(0), T = x.size(1), H = n_head_, KV = n_kv_head_, D = head_dim_;
   // Under a KV cache the tokens sit at positions [start, start + T) (Note [KV cache]).
   KvCache* cache = KvCache::active();

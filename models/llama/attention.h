@@ -13,33 +13,39 @@
 // would avoid the copy.
 #include "models/llama/config.h"
 #include "models/llama/rotary.h"
-#include "models/nn/linear.h"
+#include "models/nn/parallel_linear.h"
 
 namespace strata::models::llama {
 
 using autograd::Variable;
 
+//
+// Under tensor parallelism each rank runs num_attention_heads / tp query heads and
+// num_key_value_heads / tp k/v heads (both must divide by tp): q/k/v_proj are column-parallel,
+// o_proj row-parallel. Query head h and its k/v head h / (H / KV) land on the same rank, since
+// both are cut into tp consecutive ranges.
 class Attention : public nn::Module {
  public:
   // `rope` is the model's shared table; it must outlive this module.
-  Attention(const LlamaConfig& config, RotaryEmbedding& rope);
+  Attention(const LlamaConfig& config, RotaryEmbedding& rope, const nn::TensorParallel& tp = {});
 
-  nn::Linear& q_proj() { return *q_proj_; }
-  nn::Linear& k_proj() { return *k_proj_; }
-  nn::Linear& v_proj() { return *v_proj_; }
-  nn::Linear& o_proj() { return *o_proj_; }
+  nn::ColumnParallelLinear& q_proj() { return *q_proj_; }
+  nn::ColumnParallelLinear& k_proj() { return *k_proj_; }
+  nn::ColumnParallelLinear& v_proj() { return *v_proj_; }
+  nn::RowParallelLinear& o_proj() { return *o_proj_; }
 
  protected:
   // x [B, T, C] -> [B, T, C].
   Variable forward(const Variable& x) override;
 
  private:
-  int64_t n_head_, n_kv_head_, head_dim_;
+  int64_t n_head_, n_kv_head_, head_dim_;  // this rank's heads
+  nn::TensorParallel tp_;
   RotaryEmbedding* rope_;
-  nn::Linear* q_proj_;
-  nn::Linear* k_proj_;
-  nn::Linear* v_proj_;
-  nn::Linear* o_proj_;
+  nn::ColumnParallelLinear* q_proj_;
+  nn::ColumnParallelLinear* k_proj_;
+  nn::ColumnParallelLinear* v_proj_;
+  nn::RowParallelLinear* o_proj_;
 };
 
 }  // namespace strata::models::llama

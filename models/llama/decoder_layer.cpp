@@ -6,14 +6,17 @@
 
 namespace strata::models::llama {
 
-DecoderLayer::DecoderLayer(const LlamaConfig& config, RotaryEmbedding& rope)
+DecoderLayer::DecoderLayer(const LlamaConfig& config, RotaryEmbedding& rope,
+                           const nn::TensorParallel& tp)
     : checkpointing_(config.activation_checkpointing) {
   const int64_t C = config.hidden_size;
   input_layernorm_ = &add_module<RMSNorm>("input_layernorm", C, config.rms_norm_eps);
-  self_attn_ = &add_module<Attention>("self_attn", config, rope);
+  self_attn_ = &add_module<Attention>("self_attn", config, rope, tp);
   post_attention_layernorm_ =
       &add_module<RMSNorm>("post_attention_layernorm", C, config.rms_norm_eps);
-  mlp_ = &add_module<MLP>("mlp", config);
+  mlp_ = &add_module<MLP>("mlp", config, tp);
+  input_layernorm_->set_tensor_parallel(tp);
+  post_attention_layernorm_->set_tensor_parallel(tp);
 }
 
 // in = {x} or {x, pending}. Returns {h, m}, or {h + m} when `complete`.

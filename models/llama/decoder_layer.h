@@ -19,7 +19,7 @@ namespace strata::models::llama {
 
 class DecoderLayer : public nn::Module {
  public:
-  DecoderLayer(const LlamaConfig& config, RotaryEmbedding& rope);
+  DecoderLayer(const LlamaConfig& config, RotaryEmbedding& rope, const nn::TensorParallel& tp = {});
 
   bool activation_checkpointing() const { return checkpointing_; }
   void set_activation_checkpointing(bool on) { checkpointing_ = on; }

@@ -9,19 +9,24 @@
 
 namespace strata::models::llama {
 
-Llama::Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {
+Llama::Llama(const LlamaConfig& config, uint64_t seed, const nn::TensorParallel& tp)
+    : config_(config) {
   config_.validate();
+  set_tensor_parallel(tp);
   const int64_t C = config_.hidden_size;
   rope_ = std::make_unique<RotaryEmbedding>(config_.head_dim(), config_.max_position_embeddings,
                                             config_.rope_theta);
-  embed_tokens_ = &add_module<nn::Embedding>("embed_tokens", config_.padded_vocab_size, C);
+  embed_tokens_ =
+      &add_module<nn::VocabParallelEmbedding>("embed_tokens", config_.padded_vocab_size, C, tp);
   embed_tokens_->set_init_std(config_.initializer_range);
   auto& layers = add_module<nn::Module>("layers");
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i)
-    layers_.push_back(&layers.add_module<DecoderLayer>(std::to_string(i), config_, *rope_));
+    layers_.push_back(&layers.add_module<DecoderLayer>(std::to_string(i), config_, *rope_, tp));
   norm_ = &add_module<RMSNorm>("norm", C, config_.rms_norm_eps);
+  norm_->set_tensor_parallel(tp);
   if (!config_.tie_word_embeddings) {
-    lm_head_ = &add_module<nn::Linear>("lm_head", C, config_.padded_vocab_size, /*bias=*/false);
+    lm_head_ = &add_module<nn::ColumnParallelLinear>("lm_head", C, config_.padded_vocab_size,
+                                                     /*bias=*/false, tp);
     lm_head_->set_init_std(config_.initializer_range);
   } else {
     tied_head_ = &add_module<nn::TiedLinear>("lm_head", embed_tokens_->weight());
@@ -46,10 +51,8 @@ Llama::Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {
 
 void Llama::reset_parameters(uint64_t seed) {
   CausalLM::reset_parameters(seed);  // each layer, keyed by name (Note [LLaMA init])
-  const int64_t pad = config_.padded_vocab_size - config_.vocab_size;
-  if (pad == 0) return;
-  embed_tokens_->weight().data().narrow(0, config_.vocab_size, pad).zero_();
-  if (lm_head_) lm_head_->weight().data().narrow(0, config_.vocab_size, pad).zero_();
+  embed_tokens_->zero_rows_from(config_.vocab_size);
+  if (lm_head_) lm_head_->zero_rows_from(config_.vocab_size);
 }
 
 void Llama::set_activation_checkpointing(bool on) {
@@ -58,6 +61,11 @@ void Llama::set_activation_checkpointing(bool on) {
 }
 
 Variable Llama::forward_logits(const Tensor& ids) {
+  const nn::TensorParallel& tp = tensor_parallel();
+  STRATA_USER_CHECK(!tp.sp() || ids.size(1) % tp.size() == 0,
+                    "sequence parallelism splits the sequence over tensor_parallel_size {}: a "
+                    "sequence of {} tokens does not divide",
+                    tp.size(), ids.size(1));
   Variable x = (*embed_tokens_)(Variable(ids));
   // Each layer hands on its MLP output un-added; the last is added inside `norm` (Note [Fused
   // ops in models]). Only the norm's output is used, so its fused op skips the sum's gradient.
@@ -68,6 +76,7 @@ Variable Llama::forward_logits(const Tensor& ids) {
   x = positions_for_logits(x);
   if (pending.defined()) pending = positions_for_logits(pending);
   x = pending.defined() ? norm_->add_forward(x, pending, /*keep_sum=*/false).second : (*norm_)(x);
+  x = tp.enter(x);  // this rank's [B, T, Vp / tp] slice of the logits under tensor parallelism
   if (lm_head_) return (*lm_head_)(x);
   // Tied head: [B, T, C] @ embed_tokens[Vp, C]^T -> [B, T, Vp].
   return (*tied_head_)(x);
@@ -88,7 +97,7 @@ void register_presets(ModelRegistry& registry) {
         c.num_attention_heads, c.num_key_value_heads, c.intermediate_size,
         c.max_position_embeddings);
     e.create = [name](const ModelOptions& o) -> std::unique_ptr<CausalLM> {
-      return std::make_unique<Llama>(with_overrides(preset(name), o.overrides), o.seed);
+      return std::make_unique<Llama>(with_overrides(preset(name), o.overrides), o.seed, o.tp);
     };
     e.shape = [name](const ModelOptions& o) {
       LlamaConfig cfg = with_overrides(preset(name), o.overrides);

@@ -14,6 +14,12 @@
 // vocab_size are 0 (Note [Padded vocabulary]). Draws are keyed by (seed, parameter name)
 // (Note [Name-keyed init]).
 //
+// Tensor parallelism (given a group: Note [Tensor-parallel shards]): embed_tokens is
+// vocab-parallel and lm_head column-parallel over the vocabulary (each rank its slice of the
+// logits), attention heads (k/v heads too) and SwiGLU hidden units are split, the norms are
+// replicated. Under sequence parallelism the residual stream and the norms hold this rank's tokens
+// (Note [Sequence-parallel layout]).
+//
 // Units (Note [Flat parameters]): "embeddings" = embed_tokens, "layers.0" ..
 // "layers.{n-1}", "head" = norm + lm_head (norm only when tied). When tied, the projection runs
 // as the parameterless module "lm_head" (nn::TiedLinear), a user of "embeddings".
@@ -26,8 +32,9 @@
 #include "models/llama/rms_norm.h"
 #include "models/llama/rotary.h"
 #include "models/nn/embedding.h"
-#include "models/nn/linear.h"
+#include "models/nn/parallel_linear.h"
 #include "models/nn/tied_linear.h"
+#include "models/nn/vocab_parallel_embedding.h"
 #include "models/registry.h"
 
 namespace strata::models::llama {
@@ -35,7 +42,7 @@ namespace strata::models::llama {
 class Llama : public CausalLM {
  public:
   // Builds, flattens and initialises the model from `seed`.
-  explicit Llama(const LlamaConfig& config, uint64_t seed = 0);
+  explicit Llama(const LlamaConfig& config, uint64_t seed = 0, const nn::TensorParallel& tp = {});
 
   const LlamaConfig& config() const { return config_; }
   int64_t vocab_size() const override { return config_.vocab_size; }
@@ -48,11 +55,11 @@ class Llama : public CausalLM {
   // Turns decoder-layer recomputation on or off after construction.
   void set_activation_checkpointing(bool on);
 
-  nn::Embedding& embed_tokens() { return *embed_tokens_; }
+  nn::VocabParallelEmbedding& embed_tokens() { return *embed_tokens_; }
   DecoderLayer& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
   RMSNorm& norm() { return *norm_; }
   // Null when tie_word_embeddings.
-  nn::Linear* lm_head() { return lm_head_; }
+  nn::ColumnParallelLinear* lm_head() { return lm_head_; }
 
  protected:
   Variable forward_logits(const Tensor& ids) override;
@@ -61,10 +68,10 @@ class Llama : public CausalLM {
   LlamaConfig config_;
   // Declared before the layers that point to it.
   std::unique_ptr<RotaryEmbedding> rope_;
-  nn::Embedding* embed_tokens_;
+  nn::VocabParallelEmbedding* embed_tokens_;
   std::vector<DecoderLayer*> layers_;
   RMSNorm* norm_;
-  nn::Linear* lm_head_ = nullptr;
+  nn::ColumnParallelLinear* lm_head_ = nullptr;
   nn::TiedLinear* tied_head_ = nullptr;  // when tie_word_embeddings
 };
 

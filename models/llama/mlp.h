@@ -6,7 +6,7 @@
 // but are not called, so hooks on them (rather than on the layer) do not run.
 // config.recompute_swiglu makes the node recompute the product for down_proj's weight gradient.
 #include "models/llama/config.h"
-#include "models/nn/linear.h"
+#include "models/nn/parallel_linear.h"
 
 namespace strata::models::llama {
 
@@ -14,19 +14,22 @@ using autograd::Variable;
 
 class MLP : public nn::Module {
  public:
-  explicit MLP(const LlamaConfig& config);
+  // Under tensor parallelism gate_proj and up_proj are column-parallel, down_proj row-parallel:
+  // each rank runs intermediate_size / tp of the hidden units.
+  explicit MLP(const LlamaConfig& config, const nn::TensorParallel& tp = {});
 
-  nn::Linear& gate_proj() { return *gate_proj_; }
-  nn::Linear& up_proj() { return *up_proj_; }
-  nn::Linear& down_proj() { return *down_proj_; }
+  nn::ColumnParallelLinear& gate_proj() { return *gate_proj_; }
+  nn::ColumnParallelLinear& up_proj() { return *up_proj_; }
+  nn::RowParallelLinear& down_proj() { return *down_proj_; }
 
  protected:
   Variable forward(const Variable& x) override;
 
  private:
-  nn::Linear* gate_proj_;
-  nn::Linear* up_proj_;
-  nn::Linear* down_proj_;
+  nn::TensorParallel tp_;
+  nn::ColumnParallelLinear* gate_proj_;
+  nn::ColumnParallelLinear* up_proj_;
+  nn::RowParallelLinear* down_proj_;
   bool recompute_swiglu_;  // Note [SwiGLU recompute]
 };
 

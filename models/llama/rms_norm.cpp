@@ -14,13 +14,13 @@ void RMSNorm::reset_parameters(uint64_t) {
 }
 
 Variable RMSNorm::forward(const Variable& x) {
-  return autograd::rmsnorm(x, weight_, eps_);
+  return autograd::rmsnorm(x, tp_.replicated(weight_), eps_);
 }
 
 std::pair<Variable, Variable> RMSNorm::add_forward(const Variable& x, const Variable& r,
                                                    bool keep_sum) {
   std::vector<Variable> out = call({x, r}, [&](const std::vector<Variable>& in) {
-    auto [s, y] = autograd::add_rmsnorm(in[0], in[1], weight_, eps_, keep_sum);
+    auto [s, y] = autograd::add_rmsnorm(in[0], in[1], tp_.replicated(weight_), eps_, keep_sum);
     return keep_sum ? std::vector<Variable>{s, y} : std::vector<Variable>{y};
   });
   if (keep_sum) return {out[0], out[1]};

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "models/nn/module.h"
+#include "models/nn/tensor_parallel.h"
 
 namespace strata::models::llama {
 
@@ -19,6 +20,9 @@ class RMSNorm : public nn::Module {
   const Variable& weight() const { return weight_; }
   float eps() const { return eps_; }
   void reset_parameters(uint64_t seed) override;
+  // Note [Replicated parameters under sequence parallelism]: under sequence parallelism this
+  // layer sees 1/tp of the tokens, and its parameters' gradients are summed over the group.
+  void set_tensor_parallel(const nn::TensorParallel& tp) { tp_ = tp; }
 
   // s = x + r and y = this norm of s as one fused op (Note [Fused residual norm] in
   // tensor/ops.h), through the module's hooks like operator(). Returns {s, y}; with
@@ -31,6 +35,7 @@ class RMSNorm : public nn::Module {
 
  private:
   float eps_;
+  nn::TensorParallel tp_;
   Variable weight_;
 };
 

@@ -15,7 +15,7 @@ void Embedding::reset_parameters(uint64_t seed) {
 }
 
 Variable Embedding::forward(const Variable& ids) {
-  return autograd::embedding(weight_, ids.data());
+  return autograd::embedding(tp_.replicated(weight_), ids.data());
 }
 
 }  // namespace strata::models::nn

@@ -1,6 +1,7 @@
 #pragma once
 // Embedding: a lookup table [num_embeddings, dim]; forward maps integer ids [...] to [..., dim].
 #include "models/nn/module.h"
+#include "models/nn/tensor_parallel.h"
 
 namespace strata::models::nn {
 
@@ -14,6 +15,9 @@ class Embedding : public Module {
 
   void set_init_std(float stddev) { init_std_ = stddev; }
   void reset_parameters(uint64_t seed) override;
+  // Note [Replicated parameters under sequence parallelism]: under sequence parallelism this
+  // layer sees 1/tp of the tokens, and its parameters' gradients are summed over the group.
+  void set_tensor_parallel(const TensorParallel& tp) { tp_ = tp; }
 
  protected:
   // `ids` wraps an I32/I64 tensor (no gradient); the call wrapper sees it as an input that does
@@ -23,6 +27,7 @@ class Embedding : public Module {
  private:
   int64_t num_embeddings_, dim_;
   float init_std_ = 0.02f;
+  TensorParallel tp_;
   Variable weight_;
 };
 

@@ -16,13 +16,14 @@ void LayerNorm::reset_parameters(uint64_t) {
 }
 
 Variable LayerNorm::forward(const Variable& x) {
-  return autograd::layernorm(x, weight_, bias_, eps_);
+  return autograd::layernorm(x, tp_.replicated(weight_), tp_.replicated(bias_), eps_);
 }
 
 std::pair<Variable, Variable> LayerNorm::add_forward(const Variable& x, const Variable& r,
                                                      bool keep_sum) {
   std::vector<Variable> out = call({x, r}, [&](const std::vector<Variable>& in) {
-    auto [s, y] = autograd::add_layernorm(in[0], in[1], weight_, bias_, eps_, keep_sum);
+    auto [s, y] = autograd::add_layernorm(in[0], in[1], tp_.replicated(weight_),
+                                          tp_.replicated(bias_), eps_, keep_sum);
     return keep_sum ? std::vector<Variable>{s, y} : std::vector<Variable>{y};
   });
   if (keep_sum) return {out[0], out[1]};

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "models/nn/module.h"
+#include "models/nn/tensor_parallel.h"
 
 namespace strata::models::nn {
 
@@ -14,6 +15,9 @@ class LayerNorm : public Module {
   const Variable& bias() const { return bias_; }
   float eps() const { return eps_; }
   void reset_parameters(uint64_t seed) override;
+  // Note [Replicated parameters under sequence parallelism]: under sequence parallelism this
+  // layer sees 1/tp of the tokens, and its parameters' gradients are summed over the group.
+  void set_tensor_parallel(const TensorParallel& tp) { tp_ = tp; }
 
   // s = x + r and y = this norm of s as one fused op (Note [Fused residual norm] in
   // tensor/ops.h), through the module's hooks like operator(). Returns {s, y}; with
@@ -26,6 +30,7 @@ class LayerNorm : public Module {
 
  private:
   float eps_;
+  TensorParallel tp_;
   Variable weight_, bias_;
 };
 

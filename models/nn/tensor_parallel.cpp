@@ -1,0 +1,69 @@
+#include "models/nn/tensor_parallel.h"
+
+#include <vector>
+
+#include "core/rng.h"
+#include "models/nn/init.h"
+#include "tensor/ops.h"
+
+namespace strata::models::nn {
+
+Variable TensorParallel::enter(const Variable& x) const {
+  if (!enabled()) return x;
+  return sequence_parallel ? autograd::gather_from_sequence_region(x, group)
+                           : autograd::copy_to_tp_region(x, group);
+}
+
+Variable TensorParallel::exit(const Variable& partial) const {
+  if (!enabled()) return partial;
+  return sequence_parallel ? autograd::reduce_scatter_to_sequence_region(partial, group)
+                           : autograd::reduce_from_tp_region(partial, group);
+}
+
+Variable TensorParallel::replicated(const Variable& param) const {
+  return sp() ? autograd::copy_to_tp_region(param, group) : param;
+}
+
+Shape shard_shape(const Shape& full, const ShardSpec& spec, int size) {
+  if (spec.dim < 0 || size == 1) return full;
+  STRATA_CHECK(full[spec.dim] % (spec.blocks * size) == 0,
+               "dim {} of {} does not split into {} blocks over tp = {}", spec.dim, full.str(),
+               spec.blocks, size);
+  Shape s = full;
+  s[spec.dim] = full[spec.dim] / size;
+  return s;
+}
+
+Tensor shard_of(const Tensor& full, const ShardSpec& spec, int rank, int size) {
+  if (spec.dim < 0 || size == 1) return full;
+  const Shape local = shard_shape(full.shape(), spec, size);
+  Tensor out = Tensor::empty(local, full.dtype(), full.device());
+  const int64_t block = full.size(spec.dim) / spec.blocks, piece = block / size;
+  for (int64_t b = 0; b < spec.blocks; ++b) {
+    Tensor dst = out.narrow(spec.dim, b * piece, piece);
+    dst.copy_(full.narrow(spec.dim, b * block + rank * piece, piece));
+  }
+  return out;
+}
+
+std::map<std::string, ShardSpec> collect_shard_specs(Module& root) {
+  std::map<std::string, ShardSpec> out;
+  for (auto& [path, m] : root.named_modules()) {
+    const auto* sharded = dynamic_cast<const ShardedModule*>(m);
+    if (!sharded) continue;
+    for (auto& [name, spec] : sharded->shard_specs())
+      out.emplace(path.empty() ? name : path + "." + name, spec);
+  }
+  return out;
+}
+
+void normal_shard_(const Variable& p, uint64_t seed, float mean, float stddev, const Shape& full,
+                   const ShardSpec& spec, int rank, int size) {
+  std::vector<float> host(static_cast<size_t>(full.numel()));
+  rng_normal(host.data(), host.size(), init::key_for(seed, p.name()), mean, stddev);
+  const Tensor whole = Tensor::from_blob(host.data(), full, DType::F32);
+  Tensor dst = p.data();
+  dst.copy_(shard_of(whole, spec, rank, size));
+}
+
+}  // namespace strata::models::nn

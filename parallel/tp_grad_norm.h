@@ -1,0 +1,23 @@
+#pragma once
+// The gradient norm of a tensor-parallel model (Note [Tensor-parallel gradient norm]).
+//
+// Note [Tensor-parallel gradient norm]
+// Under tensor parallelism a sharded parameter's gradient is split over the tp group and a
+// replicated one (norms, row-parallel biases, wpe) is whole and identical on every rank of it
+// (Note [Replicated parameters under sequence parallelism] in models/nn/tensor_parallel.h). The
+// model's norm counts every element once: the sharded gradients' sum of squares is all-reduced
+// over the group, the replicated ones' is added on each rank as it is, not tp times. Every rank of
+// the group gets the same norm, so every rank clips by the same coefficient. At tp = 1 it is
+// optim::global_grad_norm of the parameters' gradients.
+#include "models/causal_lm.h"
+
+namespace strata::parallel {
+
+// sqrt of the sum of squares of the whole model's gradient, each element once. Collective over
+// the model's tp group.
+double tp_global_grad_norm(const models::CausalLM& model);
+// Scales every parameter's gradient by optim::clip_coefficient(norm, max_norm) when it clips;
+// returns the norm before clipping (a non-finite norm scales nothing, as in clip_grad_norm).
+double tp_clip_grad_norm(models::CausalLM& model, double max_norm);
+
+}  // namespace strata::parallel

@@ -40,6 +40,7 @@ struct ModelShape {
   int64_t n_layer = 0;
   int64_t n_embd = 0;
   int64_t n_head = 0;
+  int64_t n_kv_head = 0;  // key/value heads (grouped-query attention); n_head when equal
   int64_t max_seq_len = 0;
   int64_t vocab_size = 0;
   int64_t padded_vocab_size = 0;

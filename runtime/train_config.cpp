@@ -101,6 +101,12 @@ void read_distributed(Reader& r, DistributedSection& c) {
   r.get("timeout_s", c.timeout_s);
 }
 
+void read_parallelism(Reader& r, ParallelismSection& c) {
+  r.get("tensor_parallel_size", c.tensor_parallel_size);
+  r.get("sequence_parallel", c.sequence_parallel);
+  r.get("pipeline_parallel_size", c.pipeline_parallel_size);
+}
+
 void read_zero(Reader& r, ZeroSection& c) {
   r.get("stage", c.stage);
   r.get("reduce_bucket_size", c.reduce_bucket_size);
@@ -158,7 +164,8 @@ void read_fp16(Reader& r, Fp16Section& c) {
 }
 
 struct Readers {
-  Reader run, model, data, batch, optimizer, schedule, training, distributed, zero, fp16;
+  Reader run, model, data, batch, optimizer, schedule, training, distributed, parallelism, zero,
+      fp16;
 };
 
 // The model must exist and accept model.config; returns its shape for the checks that follow.
@@ -179,6 +186,39 @@ models::ModelShape check_model(Reader& r, const ModelSection& m, uint64_t seed) 
     r.fail(m.config.empty() ? "name" : "config",
            fmt::format("model '{}' rejects this configuration: {}", m.name, e.what()));
   }
+}
+
+// Layouts the model cannot split (Note [Tensor-parallel shards] in models/nn/tensor_parallel.h),
+// each naming the key and the numbers; then what `train` does not run yet.
+void check_parallelism(const TrainConfig& c, const models::ModelShape& shape, Reader& r) {
+  const ParallelismSection& p = c.parallelism;
+  r.positive("tensor_parallel_size", static_cast<double>(p.tensor_parallel_size));
+  r.positive("pipeline_parallel_size", static_cast<double>(p.pipeline_parallel_size));
+  const int64_t tp = p.tensor_parallel_size;
+  const int64_t kv = shape.n_kv_head > 0 ? shape.n_kv_head : shape.n_head;
+  const std::pair<const char*, int64_t> split[] = {
+      {"attention heads", shape.n_head},
+      {"key/value heads", kv},
+      {"vocabulary rows (padded_vocab_size)", shape.padded_vocab_size}};
+  for (const auto& [what, n] : split)
+    if (n % tp != 0)
+      r.fail("tensor_parallel_size",
+             fmt::format("{} does not divide the {} {} of model '{}'; choose a divisor of {}", tp,
+                         n, what, c.model.name, n));
+  if (p.sequence_parallel && tp > 1 && c.batch.seq_len % tp != 0)
+    r.fail("sequence_parallel",
+           fmt::format("splits the sequence over tensor_parallel_size {}, but batch.seq_len {} "
+                       "does not divide; choose a seq_len that is a multiple of {}",
+                       tp, c.batch.seq_len, tp));
+  if (p.pipeline_parallel_size > 1)
+    r.fail("pipeline_parallel_size",
+           fmt::format("is {} but pipeline parallelism does not exist yet; set it to 1",
+                       p.pipeline_parallel_size));
+  if (tp > 1)
+    r.fail("tensor_parallel_size",
+           fmt::format("is {}: the models and layers run tensor-parallel (models::ModelOptions::tp"
+                       "), but `train` does not build the tp groups yet; set it to 1",
+                       tp));
 }
 
 void validate(TrainConfig& c, Readers& r) {
@@ -285,6 +325,7 @@ void validate(TrainConfig& c, Readers& r) {
     r.distributed.fail("backend", fmt::format("nccl communicates GPU memory but run.device is "
                                               "'{}'; use backend: mpi (or auto) on the CPU",
                                               c.run.device));
+  check_parallelism(c, shape, r.parallelism);
   r.zero.in_range("stage", static_cast<double>(c.zero.stage), 0.0, 3.0, true);
   r.zero.positive("reduce_bucket_size", static_cast<double>(c.zero.reduce_bucket_size));
   r.zero.positive("allgather_bucket_size", static_cast<double>(c.zero.allgather_bucket_size));
@@ -385,9 +426,11 @@ TrainConfig parse_train_config(const config::Node& root, const std::string& sour
   TrainConfig c;
   c.source = source;
   Reader top(root, "", source);
-  Readers r{top.section("run"),      top.section("model"),       top.section("data"),
-            top.section("batch"),    top.section("optimizer"),   top.section("schedule"),
-            top.section("training"), top.section("distributed"), top.section("zero_optimization"),
+  Readers r{top.section("run"),         top.section("model"),
+            top.section("data"),        top.section("batch"),
+            top.section("optimizer"),   top.section("schedule"),
+            top.section("training"),    top.section("distributed"),
+            top.section("parallelism"), top.section("zero_optimization"),
             top.section("fp16")};
   read_run(r.run, c.run);
   read_model(r.model, c.model);
@@ -397,6 +440,7 @@ TrainConfig parse_train_config(const config::Node& root, const std::string& sour
   read_schedule(r.schedule, c.schedule);
   read_training(r.training, c.training);
   read_distributed(r.distributed, c.distributed);
+  read_parallelism(r.parallelism, c.parallelism);
   read_zero(r.zero, c.zero);
   read_fp16(r.fp16, c.fp16);
   // Unknown keys first: a misspelt key is the likely reason a value below looks wrong.
@@ -501,6 +545,12 @@ std::string to_yaml(const TrainConfig& c) {
     Emit e{section(root, "distributed")};
     e("backend", c.distributed.backend);
     e("timeout_s", c.distributed.timeout_s);
+  }
+  {
+    Emit e{section(root, "parallelism")};
+    e("tensor_parallel_size", c.parallelism.tensor_parallel_size);
+    e("sequence_parallel", c.parallelism.sequence_parallel);
+    e("pipeline_parallel_size", c.parallelism.pipeline_parallel_size);
   }
   {
     const ZeroSection& z = c.zero;

@@ -117,6 +117,13 @@ struct DistributedSection {      // `distributed`; docs/distributed.md
   bool operator==(const DistributedSection&) const = default;
 };
 
+struct ParallelismSection {            // `parallelism`, Megatron's names; docs/config.md
+  int64_t tensor_parallel_size = 1;    // tp: ranks that split each layer (tp fastest)
+  bool sequence_parallel = false;      // split norms/dropout/residuals over tp (tp > 1 only)
+  int64_t pipeline_parallel_size = 1;  // pp: only 1 until the pipeline exists
+  bool operator==(const ParallelismSection&) const = default;
+};
+
 // `zero_optimization.offload_optimizer`: ZeRO-Offload (optim/host_offload.h), DeepSpeed's names;
 // docs/config.md. Only ZeRO stages 1 and 2 on run.device cuda with optimizer adamw.
 struct OffloadOptimizerSection {
@@ -159,6 +166,7 @@ struct TrainConfig {
   ScheduleSection schedule;
   TrainingSection training;
   DistributedSection distributed;
+  ParallelismSection parallelism;
   ZeroSection zero;
   Fp16Section fp16;
   std::string source;  // the top config file path

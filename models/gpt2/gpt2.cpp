@@ -97,6 +97,7 @@ void register_presets(ModelRegistry& registry) {
       s.n_layer = cfg.n_layer;
       s.n_embd = cfg.n_embd;
       s.n_head = cfg.n_head;
+      s.n_kv_head = cfg.n_head;
       s.max_seq_len = cfg.n_positions;
       s.vocab_size = cfg.vocab_size;
       s.padded_vocab_size = cfg.padded_vocab_size;

@@ -107,6 +107,7 @@ void register_presets(ModelRegistry& registry) {
       s.n_layer = cfg.num_hidden_layers;
       s.n_embd = cfg.hidden_size;
       s.n_head = cfg.num_attention_heads;
+      s.n_kv_head = cfg.num_key_value_heads;
       s.max_seq_len = cfg.max_position_embeddings;
       s.vocab_size = cfg.vocab_size;
       s.padded_vocab_size = cfg.padded_vocab_size;

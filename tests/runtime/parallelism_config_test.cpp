@@ -1,0 +1,90 @@
+// The `parallelism` section of the train config: defaults, round trip, and the layouts a model
+// cannot split, each an error naming the key and the numbers.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "runtime/train_config.h"
+
+namespace strata::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string tiny(const std::string& model, const std::string& parallelism, int64_t seq_len = 32) {
+  return "model:\n  name: " + model +
+         "\ndata:\n  train: d/train_*.bin\nbatch:\n"
+         "  micro_batch_size: 4\n  seq_len: " +
+         std::to_string(seq_len) + "\ntraining:\n  steps: 10\n" +
+         (parallelism.empty() ? "" : "parallelism:\n" + parallelism);
+}
+
+class ParallelismConfig : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("strata_parallelism_config_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& text) {
+    const fs::path p = dir_ / "c.yaml";
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  std::string error_of(const std::string& text) {
+    try {
+      load_train_config(write(text));
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+  fs::path dir_;
+};
+
+TEST_F(ParallelismConfig, DefaultsAndRoundTrip) {
+  const TrainConfig c = load_train_config(write(tiny("gpt2-tiny", "")));
+  EXPECT_EQ(c.parallelism.tensor_parallel_size, 1);
+  EXPECT_FALSE(c.parallelism.sequence_parallel);
+  EXPECT_EQ(c.parallelism.pipeline_parallel_size, 1);
+  TrainConfig sp = load_train_config(
+      write(tiny("gpt2-tiny", "  tensor_parallel_size: 1\n  sequence_parallel: true\n")));
+  EXPECT_TRUE(sp.parallelism.sequence_parallel);
+  const std::string yaml = to_yaml(sp);
+  EXPECT_NE(yaml.find("parallelism:"), std::string::npos) << yaml;
+  EXPECT_EQ(load_train_config(write(yaml)).parallelism, sp.parallelism);
+}
+
+TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
+  struct Case {
+    std::string yaml;
+    std::vector<std::string> expected;
+  };
+  const Case cases[] = {
+      // gpt2-tiny: 4 heads.
+      {tiny("gpt2-tiny", "  tensor_parallel_size: 3\n"),
+       {"parallelism.tensor_parallel_size", "3 does not divide the 4 attention heads"}},
+      // llama-tiny: 4 heads, 2 key/value heads.
+      {tiny("llama-tiny", "  tensor_parallel_size: 4\n"),
+       {"parallelism.tensor_parallel_size", "4 does not divide the 2 key/value heads"}},
+      {tiny("gpt2-tiny", "  tensor_parallel_size: 4\n  sequence_parallel: true\n", 30),
+       {"parallelism.sequence_parallel", "batch.seq_len 30"}},
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n"),
+       {"parallelism.pipeline_parallel_size", "does not exist yet"}},
+      {tiny("gpt2-tiny", "  tensor_parallel_size: 0\n"), {"parallelism.tensor_parallel_size"}},
+      // A layout the model splits: `train` itself does not run it yet, and says so.
+      {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n"),
+       {"parallelism.tensor_parallel_size", "does not build the tp groups yet"}},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = error_of(c.yaml);
+    for (const std::string& part : c.expected) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace strata::runtime

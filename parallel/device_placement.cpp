@@ -5,6 +5,7 @@
 #include "offload/memory_stats.h"
 #include "optim/grad_clip.h"
 #include "parallel/rank_sum.h"
+#include "parallel/tp_grad_norm.h"
 
 namespace strata::parallel {
 
@@ -55,6 +56,12 @@ double DevicePlacement::global_sum(double local) const {
   return sum_over_ranks_ ? sum_over_ranks(dp_, local, device_) : local;
 }
 
+double DevicePlacement::global_sum_of_squares(const std::vector<tensor::Tensor>& grads) const {
+  if (tp_model_ == nullptr) return global_sum(optim::grad_sum_of_squares(grads));
+  const SplitSumOfSquares s = split_sum_of_squares(*tp_model_, optimizer_->groups());
+  return sum_over_tp(*tp_model_, global_sum(s.sharded)) + global_sum(s.replicated);
+}
+
 StepResult DevicePlacement::step(double lr, double max_norm, optim::LossScaler* scaler) {
   std::vector<tensor::Tensor> grads;
   for (const optim::ParamGroup& g : optimizer_->groups()) grads.push_back(g.grad);
@@ -64,7 +71,7 @@ StepResult DevicePlacement::step(double lr, double max_norm, optim::LossScaler* 
     // Note [Mixed precision]: one f32 factor, applied after widening; nothing rescaled in place.
     double factor = 1.0 / nd;
     if (scaler != nullptr) factor /= scaler->scale();
-    result.grad_norm = std::sqrt(global_sum(optim::grad_sum_of_squares(grads))) * factor;
+    result.grad_norm = std::sqrt(global_sum_of_squares(grads)) * factor;
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;
@@ -78,7 +85,7 @@ StepResult DevicePlacement::step(double lr, double max_norm, optim::LossScaler* 
   // Exact for a power-of-two dp; the sum is in, so this is the mean over the global batch.
   if (nd > 1) optim::scale_grads(grads, 1.f / static_cast<float>(nd));
   if (scaler != nullptr) optim::scale_grads(grads, static_cast<float>(1.0 / scaler->scale()));
-  result.grad_norm = std::sqrt(global_sum(optim::grad_sum_of_squares(grads)));
+  result.grad_norm = std::sqrt(global_sum_of_squares(grads));
   const bool overflow = !std::isfinite(result.grad_norm);
   const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
   result.skipped = !apply;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "models/causal_lm.h"
 #include "models/flat_params.h"
 #include "parallel/optimizer_placement.h"
 #include "parallel/partitioning.h"
@@ -25,10 +26,16 @@ class DevicePlacement final : public OptimizerPlacement {
   StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
   void params_from_masters() override;
   bool has_masters() const override { return mixed_precision(); }
+  // A tensor-parallel model: the norm counts its sharded parameters over the tp group and its
+  // replicated ones once (Note [Tensor-parallel gradient norm] in parallel/tp_grad_norm.h). The
+  // model must outlive the placement.
+  void count_shards_of(const models::CausalLM& model) { tp_model_ = &model; }
 
  private:
   bool mixed_precision() const { return param_dtype_ != DType::F32; }
   double global_sum(double local) const;
+  // The whole model's sum of squares of the owned gradients (every element once).
+  double global_sum_of_squares(const std::vector<tensor::Tensor>& grads) const;
 
   DType param_dtype_;
   comm::Communicator& dp_;
@@ -36,6 +43,7 @@ class DevicePlacement final : public OptimizerPlacement {
   Device device_;
   std::vector<tensor::Tensor> masters_;  // mixed precision: fp32, one per unit's owned slice
   std::unique_ptr<optim::Optimizer> optimizer_;
+  const models::CausalLM* tp_model_ = nullptr;  // count_shards_of
 };
 
 }  // namespace strata::parallel

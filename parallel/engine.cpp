@@ -56,10 +56,18 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
   sync_params();  // before anything is partitioned: every unit is whole here
   // Note [Mixed precision]: fp32 masters of the owned slices, then the model goes low precision.
   if (zero_.offload_optimizer.enabled) {
+    // HostPlacement's norm counts what each rank owns: under tensor parallelism the replicated
+    // parameters would count once per tp rank (Note [Tensor-parallel gradient norm]).
+    STRATA_USER_CHECK(!model_.tensor_parallel().enabled(),
+                      "zero_optimization.offload_optimizer does not run tensor-parallel yet "
+                      "(tensor_parallel_size {}); set one of them off",
+                      model_.tensor_parallel().size());
     placement_ = std::make_unique<HostPlacement>(units, *partitioning_, param_dtype_, *dp_,
                                                  zero_.offload_optimizer);
   } else {
-    placement_ = std::make_unique<DevicePlacement>(units, *partitioning_, param_dtype_, *dp_);
+    auto placement = std::make_unique<DevicePlacement>(units, *partitioning_, param_dtype_, *dp_);
+    if (model_.tensor_parallel().enabled()) placement->count_shards_of(model_);
+    placement_ = std::move(placement);
   }
   if (mixed_precision()) models::cast_flat_units(units, param_dtype_);
   reduction_ = std::make_unique<GradientReduction>(model_, *partitioning_,

@@ -1,49 +1,39 @@
 #include "parallel/tp_grad_norm.h"
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "optim/grad_clip.h"
+#include "parallel/rank_sum.h"
 #include "tensor/ops.h"
 
 namespace strata::parallel {
 
-namespace {
-struct Split {
+SplitSumOfSquares split_sum_of_squares(const models::CausalLM& model,
+                                       const std::vector<optim::ParamGroup>& groups) {
   std::vector<tensor::Tensor> sharded, replicated;
-};
-
-Split split_grads(const models::CausalLM& model) {
-  Split s;
-  for (auto& [name, p] : model.named_parameters()) {
-    if (!p.grad().defined()) continue;
-    (model.shard_specs().contains(name) ? s.sharded : s.replicated).push_back(p.grad());
-  }
-  return s;
+  for (const optim::ParamGroup& g : groups)
+    for (const optim::Segment& s : g.segments)
+      (model.shard_specs().contains(s.name) ? sharded : replicated)
+          .push_back(g.grad.narrow(0, s.offset, s.numel));
+  return {optim::grad_sum_of_squares(sharded), optim::grad_sum_of_squares(replicated)};
 }
-}  // namespace
+
+double sum_over_tp(const models::CausalLM& model, double x) {
+  const models::nn::TensorParallel& tp = model.tensor_parallel();
+  if (!tp.enabled()) return x;
+  // The tensors travel where the gradients are (what an nccl group serves).
+  return sum_over_ranks(*tp.group, x, model.flat_units().front().grads.device());
+}
 
 double tp_global_grad_norm(const models::CausalLM& model) {
-  const Split s = split_grads(model);
-  const models::nn::TensorParallel& tp = model.tensor_parallel();
-  double sharded = optim::grad_sum_of_squares(s.sharded);
-  if (tp.enabled()) {
-    // Every rank's double, gathered bit for bit and added in rank order: exact inputs, the same
-    // sum on every rank.
-    const int n = tp.size();
-    tensor::Tensor mine = tensor::Tensor::empty({1}, DType::I64);
-    std::memcpy(mine.data_ptr(), &sharded, sizeof(double));
-    tensor::Tensor all = tensor::Tensor::empty({n}, DType::I64);
-    tp.group->allgather(mine, all)->wait();
-    sharded = 0;
-    for (int r = 0; r < n; ++r) {
-      double v;
-      std::memcpy(&v, static_cast<const char*>(all.data_ptr()) + r * sizeof(double), sizeof(v));
-      sharded += v;
-    }
+  std::vector<tensor::Tensor> sharded, replicated;
+  for (auto& [name, p] : model.named_parameters()) {
+    if (!p.grad().defined()) continue;
+    (model.shard_specs().contains(name) ? sharded : replicated).push_back(p.grad());
   }
-  return std::sqrt(sharded + optim::grad_sum_of_squares(s.replicated));
+  return std::sqrt(sum_over_tp(model, optim::grad_sum_of_squares(sharded)) +
+                   optim::grad_sum_of_squares(replicated));
 }
 
 double tp_clip_grad_norm(models::CausalLM& model, double max_norm) {

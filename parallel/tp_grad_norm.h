@@ -9,9 +9,23 @@
 // over the group, the replicated ones' is added on each rank as it is, not tp times. Every rank of
 // the group gets the same norm, so every rank clips by the same coefficient. At tp = 1 it is
 // optim::global_grad_norm of the parameters' gradients.
+#include <vector>
+
 #include "models/causal_lm.h"
+#include "optim/optimizer.h"
 
 namespace strata::parallel {
+
+// The sums of squares of the optimizer groups' gradients (their segments name the parameters:
+// ZeRO partitions, Note [ZeRO partitions]), split into sharded and replicated parameters. Local.
+struct SplitSumOfSquares {
+  double sharded = 0, replicated = 0;
+};
+SplitSumOfSquares split_sum_of_squares(const models::CausalLM& model,
+                                       const std::vector<optim::ParamGroup>& groups);
+// The sum over the model's tp group of each rank's `x`, added in rank order (the same bits on
+// every rank). Collective over the tp group; `x` itself at tp = 1.
+double sum_over_tp(const models::CausalLM& model, double x);
 
 // sqrt of the sum of squares of the whole model's gradient, each element once. Collective over
 // the model's tp group.

@@ -214,10 +214,21 @@ void check_parallelism(const TrainConfig& c, const models::ModelShape& shape, Re
     r.fail("pipeline_parallel_size",
            fmt::format("is {} but pipeline parallelism does not exist yet; set it to 1",
                        p.pipeline_parallel_size));
-  if (tp > 1)
+  // What a tensor-parallel `train` does not do yet (docs/tensor_parallel.md).
+  if (tp > 1 && c.training.sample_every > 0)
     r.fail("tensor_parallel_size",
-           fmt::format("is {}: the models and layers run tensor-parallel (models::ModelOptions::tp"
-                       "), but `train` does not build the tp groups yet; set it to 1",
+           fmt::format("is {} but training.sample_every is {}: sampling (the KV-cached forward) "
+                       "does not run tensor-parallel; set sample_every: 0",
+                       tp, c.training.sample_every));
+  if (tp > 1 && c.training.checkpoint_every > 0)
+    r.fail("tensor_parallel_size",
+           fmt::format("is {} but training.checkpoint_every is {}: tensor-parallel runs do not "
+                       "write checkpoints yet; set checkpoint_every: 0",
+                       tp, c.training.checkpoint_every));
+  if (tp > 1 && !c.model.init_from.empty())
+    r.fail("tensor_parallel_size",
+           fmt::format("is {} but model.init_from is set: loading HF weights into a "
+                       "tensor-parallel model is not built yet; set tensor_parallel_size: 1",
                        tp));
 }
 

@@ -180,9 +180,22 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         backend, device_,
         std::chrono::milliseconds(static_cast<int64_t>(c.distributed.timeout_s * 1000.0)));
   });
-  dp_ = comm::make_process_groups(world, 1, 1).dp;
+  // Note [Process group order]: tp fastest; parallelism.tensor_parallel_size above the world or
+  // not dividing it is a user error naming the sizes.
+  const comm::ProcessGroups groups = with_config_context(c, "parallelism", [&] {
+    return comm::make_process_groups(world, static_cast<int>(c.parallelism.tensor_parallel_size),
+                                     static_cast<int>(c.parallelism.pipeline_parallel_size));
+  });
+  world_comm_ = world;
+  dp_ = groups.dp;
   rank_ = dp_->rank();
   world_ = dp_->size();
+  tp_rank_ = groups.tp_rank;
+  tp_size_ = groups.tp_size;
+  lead_ = rank_ == 0 && tp_rank_ == 0;
+  if (tp_size_ > 1)
+    log::logger().info("rank {} of {}: tp rank {} of {}, dp rank {} of {}", world->rank(),
+                       world->size(), tp_rank_, tp_size_, rank_, world_);
   c.resolve_batch(world_);
   config_yaml_ = to_yaml(c);
 
@@ -191,6 +204,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   models::ModelOptions mopts;
   mopts.seed = c.run.seed;
   mopts.overrides = c.model.config;
+  if (tp_size_ > 1) mopts.tp = {groups.tp, c.parallelism.sequence_parallel};
   // The shape comes without building the model, so the checks against it (context, tokenizer,
   // data) answer before a large model's seconds of initialisation.
   models::ModelShape shape =
@@ -284,17 +298,23 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         "use resume: auto to continue, or pick a new run.dir (nothing was overwritten)",
         c.source, c.run.dir);
   }
+  if (!resume_from.empty() && tp_size_ > 1)
+    user_error(
+        "{}: resuming {} at parallelism.tensor_parallel_size {}: tensor-parallel runs do "
+        "not read checkpoints yet; resume with tensor_parallel_size: 1 or start a new "
+        "run.dir",
+        c.source, resume_from, tp_size_);
   if (!resume_from.empty()) resume(resume_from);
 
   // 3. The run directory: rank 0 makes it, then every rank checks it can write there (they all
   // write checkpoint files into it).
-  if (rank_ == 0) {
+  if (lead_) {
     ensure_writable_dir(c.run.dir);
     write_file_atomically(c.run.dir + "/config.yaml", config_yaml_);
     metrics_ = std::make_unique<MetricsFile>(c.run.dir + "/metrics.jsonl", step_);
   }
-  dp_->barrier();
-  if (rank_ != 0) ensure_writable_dir(c.run.dir);
+  world_comm_->barrier();
+  if (!lead_) ensure_writable_dir(c.run.dir);
   if (device_.is_cuda()) {
     // Note [cuBLASLt tuning]: the choices in a file per rank inside run.dir, so a resume (or a
     // rerun in the same run.dir) takes the same algorithms and reproduces the bits. The config
@@ -305,7 +325,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
     tensor::set_cuda_tf32(c.run.tf32 == "on");
   }
   console_ =
-      std::make_unique<ConsoleReporter>(rank_ == 0 ? c.training.progress : "off", c.training.steps);
+      std::make_unique<ConsoleReporter>(lead_ ? c.training.progress : "off", c.training.steps);
 
   flops_per_token_ = training_flops_per_token(shape, c.batch.seq_len);
   std::string peak_note;
@@ -327,8 +347,12 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
           "strata train: model {} ({:.2f}M parameters) | {} | {} | global batch {} x {} tokens "
           "(micro {} x accum {} x dp {}) | {} train samples{}",
           c.model.name, static_cast<double>(shape.num_parameters) / 1e6, c.run.device,
-          world_ == 1
-              ? std::string("1 process")
+          world_comm_->size() == 1 ? std::string("1 process")
+          : tp_size_ > 1
+              ? fmt::format("{} ranks ({}): tp {}{} x dp {}, ZeRO stage {}", world_comm_->size(),
+                            world_comm_->backend(), tp_size_,
+                            c.parallelism.sequence_parallel ? " (sequence parallel)" : "", world_,
+                            c.zero.stage)
               : fmt::format("{} ranks ({}), ZeRO stage {}", world_, dp_->backend(), c.zero.stage),
           c.batch.global_batch_size, c.batch.seq_len, c.batch.micro_batch_size,
           c.batch.grad_accum_steps, world_, train_data_->num_samples(),
@@ -379,9 +403,9 @@ void Trainer::train_step(StepRecord& record) {
   record.step_s = dt;
   double tokens = static_cast<double>(G * b.seq_len);
   record.tokens_per_s = tokens / dt;
-  record.mfu = peak_flops_ > 0.0
-                   ? flops_per_token_ * tokens / dt / (peak_flops_ * static_cast<double>(world_))
-                   : 0.0;
+  record.mfu = peak_flops_ > 0.0 ? flops_per_token_ * tokens / dt /
+                                       (peak_flops_ * static_cast<double>(world_comm_->size()))
+                                 : 0.0;
   record.peak_bytes = peak_bytes();
   if (result.skipped)
     console_->event(
@@ -443,6 +467,16 @@ void Trainer::save(const char* why) {
   if (last_saved_step_ == step_) return;
   // ZeRO-Offload's delayed update: the checkpoint holds every update taken so far.
   engine_->finish_pending_update();
+  if (tp_size_ > 1) {
+    // Checkpoints hold whole HF tensors in flat-unit coordinates; a tensor-parallel model's units
+    // hold shards, and gathering them on save (slicing on load) is not built yet.
+    console_->event(
+        fmt::format("checkpoint ({}) not written: tensor-parallel runs "
+                    "(tensor_parallel_size {}) do not write checkpoints yet",
+                    why, tp_size_));
+    last_saved_step_ = step_;
+    return;
+  }
   TrainerState st;
   st.step = step_;
   st.samples_consumed = samples_consumed_;
@@ -561,7 +595,7 @@ void Trainer::report_memory() {
   tensor::Tensor all_dev = tensor::Tensor::empty({4 * world_}, DType::I64, device_);
   dp_->allgather(mine.to(device_), all_dev)->wait();
   const tensor::Tensor all = all_dev.to(Device::cpu());
-  if (rank_ != 0) return;
+  if (!lead_) return;
   parallel::ZeroMemoryConfig zc;
   zc.stage = config_.zero.stage;
   zc.dp = world_;
@@ -606,7 +640,7 @@ void Trainer::report_memory() {
 void Trainer::report_profile(const std::vector<tensor::CudaOpTime>& ops, double seconds) {
   const auto& t = config_.training;
   const double step_ms = seconds * 1e3 / static_cast<double>(t.profile_steps);
-  if (rank_ != 0) return;
+  if (!lead_) return;
   const std::string text = fmt::format(
       "GPU time per op over steps {} to {} (rank 0; device time from CUDA events, share of the "
       "steps' wall time):\n\n{}",
@@ -617,15 +651,17 @@ void Trainer::report_profile(const std::vector<tensor::CudaOpTime>& ops, double 
 }
 
 bool Trainer::agree_to_stop(bool local) {
-  if (world_ == 1) return local;
+  // Every rank of every group stops at the same step.
+  const std::shared_ptr<comm::Communicator>& all = world_comm_;
+  if (all->size() == 1) return local;
   tensor::Tensor flag = tensor::Tensor::empty({1}, DType::I32);
   flag.data<int32_t>()[0] = local ? 1 : 0;
   if (device_.is_cpu()) {
-    dp_->allreduce(flag, comm::ReduceOp::Max)->wait();
+    all->allreduce(flag, comm::ReduceOp::Max)->wait();
     return flag.data<int32_t>()[0] != 0;
   }
   tensor::Tensor on_device = flag.to(device_);  // an nccl communicator moves GPU memory only
-  dp_->allreduce(on_device, comm::ReduceOp::Max)->wait();
+  all->allreduce(on_device, comm::ReduceOp::Max)->wait();
   return on_device.item<int32_t>() != 0;
 }
 

@@ -52,22 +52,22 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "data/data_loader.h"
+#include "data/tokenizer.h"
 #include "models/causal_lm.h"
 #include "models/registry.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
-#include "comm/communicator.h"
 #include "parallel/engine.h"
 #include "parallel/zero_memory.h"
-#include "tensor/cuda.h"
-#include "data/data_loader.h"
 #include "runtime/metrics.h"
 #include "runtime/op_profile.h"
-#include "data/tokenizer.h"
 #include "runtime/train_config.h"
+#include "tensor/cuda.h"
 
 namespace strata::runtime {
 
@@ -125,6 +125,8 @@ class Trainer {
   std::string config_yaml_;
   std::unique_ptr<models::CausalLM> model_;
   std::shared_ptr<comm::Communicator> dp_;
+  // Every rank: the stop decision and the run directory's barrier span tp x dp.
+  std::shared_ptr<comm::Communicator> world_comm_;
   std::unique_ptr<parallel::Engine> engine_;
   std::unique_ptr<optim::LossScaler> scaler_;  // run.dtype fp16 only
   std::unique_ptr<optim::LrSchedule> schedule_;
@@ -135,8 +137,11 @@ class Trainer {
   std::unique_ptr<ConsoleReporter> console_;
   Generator generator_;
   Device device_ = Device::cpu();  // Note [Training on the GPU]
-  int rank_ = 0;
-  int world_ = 1;
+  int rank_ = 0;                   // within dp: the data split, the engine's partitions
+  int world_ = 1;                  // dp size
+  int tp_rank_ = 0, tp_size_ = 1;
+  // The rank that writes config, metrics and the console (dp rank 0 of tp rank 0).
+  bool lead_ = true;
   int64_t step_ = 0;
   int64_t samples_consumed_ = 0;
   double flops_per_token_ = 0.0;

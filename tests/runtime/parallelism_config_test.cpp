@@ -15,11 +15,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string tiny(const std::string& model, const std::string& parallelism, int64_t seq_len = 32) {
+std::string tiny(const std::string& model, const std::string& parallelism, int64_t seq_len = 32,
+                 const std::string& training = "") {
   return "model:\n  name: " + model +
          "\ndata:\n  train: d/train_*.bin\nbatch:\n"
          "  micro_batch_size: 4\n  seq_len: " +
-         std::to_string(seq_len) + "\ntraining:\n  steps: 10\n" +
+         std::to_string(seq_len) + "\ntraining:\n  steps: 10\n" + training +
          (parallelism.empty() ? "" : "parallelism:\n" + parallelism);
 }
 
@@ -59,6 +60,13 @@ TEST_F(ParallelismConfig, DefaultsAndRoundTrip) {
   EXPECT_EQ(load_train_config(write(yaml)).parallelism, sp.parallelism);
 }
 
+TEST_F(ParallelismConfig, SplittableLayoutLoads) {
+  const TrainConfig c = load_train_config(
+      write(tiny("gpt2-tiny", "  tensor_parallel_size: 4\n  sequence_parallel: true\n")));
+  EXPECT_EQ(c.parallelism.tensor_parallel_size, 4);
+  EXPECT_TRUE(c.parallelism.sequence_parallel);
+}
+
 TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
   struct Case {
     std::string yaml;
@@ -76,9 +84,11 @@ TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
       {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n"),
        {"parallelism.pipeline_parallel_size", "does not exist yet"}},
       {tiny("gpt2-tiny", "  tensor_parallel_size: 0\n"), {"parallelism.tensor_parallel_size"}},
-      // A layout the model splits: `train` itself does not run it yet, and says so.
-      {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n"),
-       {"parallelism.tensor_parallel_size", "does not build the tp groups yet"}},
+      // What a tensor-parallel `train` does not do yet says so.
+      {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n", 32, "  sample_every: 5\n"),
+       {"parallelism.tensor_parallel_size", "sample_every is 5"}},
+      {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n", 32, "  checkpoint_every: 5\n"),
+       {"parallelism.tensor_parallel_size", "checkpoint_every is 5"}},
   };
   for (const Case& c : cases) {
     const std::string msg = error_of(c.yaml);

@@ -1,0 +1,77 @@
+// `train` under mpirun with tensor parallelism: parallelism.tensor_parallel_size = 2 on 4 ranks
+// (tp 2 x dp 2, Megatron's order) reproduces the one-process loss trajectory in metrics.jsonl,
+// with and without sequence parallelism and ZeRO; layouts the world or the model cannot take
+// are clear errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "tests/dist/train_mpi_fixture.h"
+
+namespace strata::tools {
+namespace {
+
+using testing::CommandResult;
+using testing::describe;
+using testing::expect_close;
+
+class TrainTpMpi : public testing::TrainMpiFixture {
+ protected:
+  TrainTpMpi() : TrainMpiFixture(STRATA_BINARY_DIR, "") {}
+};
+
+TEST_F(TrainTpMpi, TpTimesDpReproducesOneProcess) {
+  const int kSteps = 6;
+  CommandResult single = train(0, config("single", kSteps), {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("single");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {"tp2", {"parallelism.tensor_parallel_size=2"}},
+      {"tp2_sp_z1",
+       {"parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true",
+        "zero_optimization.stage=1"}},
+      {"tp2_z3", {"parallelism.tensor_parallel_size=2", "zero_optimization.stage=3"}},
+  };
+  for (const auto& [name, sets] : runs) {
+    CommandResult r = train(4, config(name, kSteps), sets);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const std::vector<double> got = losses(name);
+    expect_close(got, want, 1e-5, name);
+    double worst = 0;
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+      worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+    std::printf("[train %s, 4 ranks] %zu steps, loss %.6f -> %.6f, worst relative delta %.3g\n",
+                name.c_str(), got.size(), got.empty() ? 0.0 : got.front(),
+                got.empty() ? 0.0 : got.back(), worst);
+    EXPECT_NE(r.out.find("tp 2"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("x dp 2"), std::string::npos) << r.out;
+    // Every rank logs its coordinates.
+    for (int g = 0; g < 4; ++g)
+      EXPECT_NE(
+          (r.out + r.err)
+              .find(fmt::format("rank {} of 4: tp rank {} of 2, dp rank {} of 2", g, g % 2, g / 2)),
+          std::string::npos)
+          << describe(r);
+  }
+}
+
+TEST_F(TrainTpMpi, ImpossibleLayoutsAreClearErrors) {
+  // The test model has 2 heads.
+  CommandResult r = train(4, config("bad_heads", 2), {"parallelism.tensor_parallel_size=4"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("parallelism.tensor_parallel_size"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("4 does not divide the 2 attention heads"), std::string::npos)
+      << describe(r);
+  // tp above the world: one process asked for tp 2.
+  r = train(0, config("bad_world", 2), {"parallelism.tensor_parallel_size=2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("the world has 1 ranks"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("parallelism"), std::string::npos) << describe(r);
+}
+
+}  // namespace
+}  // namespace strata::tools

@@ -220,11 +220,6 @@ void check_parallelism(const TrainConfig& c, const models::ModelShape& shape, Re
            fmt::format("is {} but training.sample_every is {}: sampling (the KV-cached forward) "
                        "does not run tensor-parallel; set sample_every: 0",
                        tp, c.training.sample_every));
-  if (tp > 1 && c.training.checkpoint_every > 0)
-    r.fail("tensor_parallel_size",
-           fmt::format("is {} but training.checkpoint_every is {}: tensor-parallel runs do not "
-                       "write checkpoints yet; set checkpoint_every: 0",
-                       tp, c.training.checkpoint_every));
   if (tp > 1 && !c.model.init_from.empty())
     r.fail("tensor_parallel_size",
            fmt::format("is {} but model.init_from is set: loading HF weights into a "

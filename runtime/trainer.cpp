@@ -32,6 +32,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/device_peaks.h"
 #include "runtime/op_profile.h"
+#include "runtime/tp_checkpoint.h"
 #include "sampling/sampler.h"
 #include "tensor/cuda.h"
 
@@ -204,6 +205,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   models::ModelOptions mopts;
   mopts.seed = c.run.seed;
   mopts.overrides = c.model.config;
+  whole_options_ = mopts;
   if (tp_size_ > 1) mopts.tp = {groups.tp, c.parallelism.sequence_parallel};
   // The shape comes without building the model, so the checks against it (context, tokenizer,
   // data) answer before a large model's seconds of initialisation.
@@ -298,12 +300,6 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         "use resume: auto to continue, or pick a new run.dir (nothing was overwritten)",
         c.source, c.run.dir);
   }
-  if (!resume_from.empty() && tp_size_ > 1)
-    user_error(
-        "{}: resuming {} at parallelism.tensor_parallel_size {}: tensor-parallel runs do "
-        "not read checkpoints yet; resume with tensor_parallel_size: 1 or start a new "
-        "run.dir",
-        c.source, resume_from, tp_size_);
   if (!resume_from.empty()) resume(resume_from);
 
   // 3. The run directory: rank 0 makes it, then every rank checks it can write there (they all
@@ -467,16 +463,6 @@ void Trainer::save(const char* why) {
   if (last_saved_step_ == step_) return;
   // ZeRO-Offload's delayed update: the checkpoint holds every update taken so far.
   engine_->finish_pending_update();
-  if (tp_size_ > 1) {
-    // Checkpoints hold whole HF tensors in flat-unit coordinates; a tensor-parallel model's units
-    // hold shards, and gathering them on save (slicing on load) is not built yet.
-    console_->event(
-        fmt::format("checkpoint ({}) not written: tensor-parallel runs "
-                    "(tensor_parallel_size {}) do not write checkpoints yet",
-                    why, tp_size_));
-    last_saved_step_ = step_;
-    return;
-  }
   TrainerState st;
   st.step = step_;
   st.samples_consumed = samples_consumed_;
@@ -491,6 +477,16 @@ void Trainer::save(const char* why) {
   }
   st.model_name = config_.model.name;
   Stopwatch watch;
+  if (tp_size_ > 1) {  // Note [Tensor-parallel checkpoints]: whole tensors, any layout resumes
+    const TpCheckpointContext ctx{*model_, *engine_, *world_comm_,
+                                  [this] { return make_whole_model(); }};
+    last_checkpoint_ = save_tp_checkpoint(ctx, config_.run.dir, st, config_yaml_,
+                                          config_.training.keep_checkpoints);
+    last_saved_step_ = step_;
+    console_->event(
+        fmt::format("checkpoint ({}): {} [{:.2f} s]", why, last_checkpoint_, watch.seconds()));
+    return;
+  }
   // Note [Distributed checkpoints]: whole parameters come from rank 0's model unless ZeRO-3
   // partitions them; plain DP replicates the optimizer state, so rank 0 alone writes it.
   CheckpointParts parts;
@@ -513,9 +509,18 @@ void Trainer::save(const char* why) {
       fmt::format("checkpoint ({}): {} [{:.2f} s]", why, last_checkpoint_, watch.seconds()));
 }
 
+std::unique_ptr<models::CausalLM> Trainer::make_whole_model() const {
+  return models::ModelRegistry::global().create(config_.model.name, whole_options_);
+}
+
 void Trainer::resume(const std::string& dir) {
   const TrainConfig& c = config_;
-  OpenedCheckpoint ck = open_checkpoint(dir, *model_);
+  // Note [Tensor-parallel checkpoints]: a tensor-parallel run reads the whole tensors through the
+  // layout of the tp = 1 model and keeps its slices.
+  const std::unique_ptr<models::CausalLM> whole = tp_size_ > 1 ? make_whole_model() : nullptr;
+  OpenedCheckpoint ck = open_checkpoint(dir, whole ? *whole : *model_);
+  std::optional<TpCheckpointReader> reader;
+  if (whole) reader.emplace(*model_, *whole, *ck.index);
   if (ck.state.model_name != c.model.name) {
     user_error("checkpoint {} was written for model '{}' but the config asks for '{}'", dir,
                ck.state.model_name, c.model.name);
@@ -536,12 +541,37 @@ void Trainer::resume(const std::string& dir) {
   auto source_key = [&](const std::string& unit, const std::string& key, int64_t begin,
                         int64_t numel) {
     if (key != "param" && key != "master") return key;
+    if (whole) {  // the whole unit of the same name
+      for (const models::FlatUnit& wu : whole->flat_units())
+        if (wu.name == unit) {
+          begin = 0;
+          numel = unit_extent(wu);
+        }
+    }
     return ck.index->covers(unit, "master", begin, numel) ? std::string("master")
                                                           : std::string("param");
   };
+  auto read = [&](const std::string& unit, const std::string& key, int64_t begin,
+                  tensor::Tensor dst) {
+    const std::string src = source_key(unit, key, begin, dst.numel());
+    if (reader)
+      reader->fill(unit, key, src, begin, dst);
+    else
+      ck.index->fill(unit, src, begin, dst);
+  };
   // Validate coverage of everything this rank will load before touching anything.
   std::vector<parallel::Engine::Shard> owned = engine_->shards();
-  for (const parallel::Engine::Shard& sh : owned)
+  std::vector<parallel::Engine::Shard> needed;  // in the checkpoint's (whole) coordinates
+  if (whole) {
+    for (const parallel::Engine::Shard& sh : owned)
+      for (const models::FlatUnit& wu : whole->flat_units())
+        if (wu.name == sh.unit)
+          needed.push_back(
+              {sh.unit, sh.key, wu.size(), 0, tensor::Tensor::empty({unit_extent(wu)})});
+  } else {
+    needed = owned;
+  }
+  for (const parallel::Engine::Shard& sh : needed)
     if (!ck.index->covers(sh.unit, source_key(sh.unit, sh.key, sh.begin, sh.data.numel()), sh.begin,
                           sh.data.numel()))
       user_error(
@@ -549,14 +579,10 @@ void Trainer::resume(const std::string& dir) {
           "written by a different optimizer or model, or some of its files are missing",
           dir, sh.key, sh.begin, sh.begin + sh.data.numel(), sh.unit);
   if (engine_->config().stage < 3) {
-    for (const models::FlatUnit& u : model_->flat_units())
-      ck.index->fill(u.name, source_key(u.name, "param", 0, u.size()), 0, u.params);
+    for (const models::FlatUnit& u : model_->flat_units()) read(u.name, "param", 0, u.params);
     engine_->sync_params();
   }
-  engine_->load_shards(
-      [&](const std::string& unit, const std::string& key, int64_t begin, tensor::Tensor dst) {
-        ck.index->fill(unit, source_key(unit, key, begin, dst.numel()), begin, dst);
-      });
+  engine_->load_shards(read);
   if (scaler_ && ck.state.loss_scale > 0) {
     optim::LossScalerState ls;
     ls.scale = ck.state.loss_scale;

@@ -115,6 +115,8 @@ class Trainer {
   void save(const char* why);
   void resume(const std::string& checkpoint_dir);
   void report_memory();
+  // The tp = 1 model of this run's config (Note [Tensor-parallel checkpoints]).
+  std::unique_ptr<models::CausalLM> make_whole_model() const;
   bool agree_to_stop(bool local);
   void report_profile(const std::vector<tensor::CudaOpTime>& ops, double seconds);
   std::vector<std::pair<std::string, int64_t>> peak_bytes() const;
@@ -142,6 +144,7 @@ class Trainer {
   int tp_rank_ = 0, tp_size_ = 1;
   // The rank that writes config, metrics and the console (dp rank 0 of tp rank 0).
   bool lead_ = true;
+  models::ModelOptions whole_options_;  // the model options without the tp group
   int64_t step_ = 0;
   int64_t samples_consumed_ = 0;
   double flops_per_token_ = 0.0;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "tests/dist/train_mpi_fixture.h"
 
@@ -56,6 +57,72 @@ TEST_F(TrainTpMpi, TpTimesDpReproducesOneProcess) {
               .find(fmt::format("rank {} of 4: tp rank {} of 2, dp rank {} of 2", g, g % 2, g / 2)),
           std::string::npos)
           << describe(r);
+  }
+}
+
+// Note [Tensor-parallel checkpoints]: a checkpoint written at one (tp, dp) holds whole tensors in
+// the one-process layout and resumes at another, continuing the one-process trajectory.
+TEST_F(TrainTpMpi, CheckpointsResumeAtAnotherLayout) {
+  const int kSteps = 6;
+  CommandResult single = train(0, config("single", kSteps), {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("single");
+
+  struct Move {
+    std::string name;
+    int np_first;
+    std::vector<std::string> first;
+    int np_second;
+    std::vector<std::string> second;
+  };
+  const std::vector<Move> moves = {
+      // tp 2 x dp 2 (ZeRO-1) -> tp 2 x dp 1
+      {"to_tp2dp1",
+       4,
+       {"parallelism.tensor_parallel_size=2", "zero_optimization.stage=1"},
+       2,
+       {"parallelism.tensor_parallel_size=2"}},
+      // tp 2 x dp 2 (ZeRO-3, sequence parallel) -> tp 1 x dp 2
+      {"to_tp1dp2",
+       4,
+       {"parallelism.tensor_parallel_size=2", "zero_optimization.stage=3",
+        "parallelism.sequence_parallel=true"},
+       2,
+       {"zero_optimization.stage=2"}},
+      // one process -> tp 2 x dp 2 (ZeRO-2)
+      {"from_single",
+       0,
+       {},
+       4,
+       {"parallelism.tensor_parallel_size=2", "zero_optimization.stage=2"}},
+  };
+  for (const Move& m : moves) {
+    const std::string cfg = config(m.name, kSteps);
+    std::vector<std::string> first = m.first;
+    first.push_back("training.steps=3");
+    CommandResult a = train(m.np_first, cfg, first);
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    // Whole tensors in the one-process layout, written once.
+    EXPECT_TRUE(
+        std::filesystem::exists(tmp_ / (m.name + "/checkpoints/step_00000003/model.safetensors")))
+        << m.name;
+    CommandResult b = train(m.np_second, cfg, m.second);
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    // Each half ran in its layout.
+    auto tp2 = [](const std::vector<std::string>& sets) {
+      return std::find(sets.begin(), sets.end(), "parallelism.tensor_parallel_size=2") !=
+             sets.end();
+    };
+    EXPECT_EQ(a.out.find("): tp 2") != std::string::npos, tp2(m.first)) << a.out;
+    EXPECT_EQ(b.out.find("): tp 2") != std::string::npos, tp2(m.second)) << b.out;
+    const std::vector<double> got = losses(m.name);
+    expect_close(got, want, 1e-5, m.name);
+    double worst = 0;
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+      worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+    std::printf("[train %s] resumed at step 3, %zu steps logged, worst relative delta %.3g\n",
+                m.name.c_str(), got.size(), worst);
   }
 }
 

@@ -87,8 +87,6 @@ TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
       // What a tensor-parallel `train` does not do yet says so.
       {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n", 32, "  sample_every: 5\n"),
        {"parallelism.tensor_parallel_size", "sample_every is 5"}},
-      {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n", 32, "  checkpoint_every: 5\n"),
-       {"parallelism.tensor_parallel_size", "checkpoint_every is 5"}},
   };
   for (const Case& c : cases) {
     const std::string msg = error_of(c.yaml);

@@ -1,0 +1,63 @@
+#pragma once
+// Checkpoints of a tensor-parallel run, in the single-process layout.
+//
+// Note [Tensor-parallel checkpoints]
+// A checkpoint holds whole HF tensors in the flat-unit coordinates of the tp = 1 model (Note
+// [Checkpoint layout]), whatever the layout that wrote it, so a run saved at one (tp, dp) resumes
+// at another, and a tp = 1 run (or `convert`) reads it as its own. On save every rank first makes
+// its local units whole over dp (each rank adds its owned slices into a zeroed unit buffer; one
+// sum all-reduce, exact since the slices are disjoint), then the tp group puts each sharded
+// parameter together (an all-gather, then the pieces back in place: Note [Tensor-parallel
+// shards]); global rank 0 lays the whole tensors out in a tp = 1 model of the same config (the
+// "whole" model) and writes the checkpoint as one process would, and the world agrees on
+// success. On load every rank reads the whole tensors it needs from that layout and keeps its
+// slices. The whole model is built for the occasion: host memory for one more copy of the model
+// (and, on rank 0 while saving, of the optimizer state).
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "models/causal_lm.h"
+#include "parallel/engine.h"
+#include "runtime/checkpoint.h"
+
+namespace strata::runtime {
+
+struct TpCheckpointContext {
+  models::CausalLM& model;  // this rank's tensor-parallel model
+  parallel::Engine& engine;
+  comm::Communicator& world;
+  // Builds the tp = 1 model of the same config (its values are overwritten).
+  std::function<std::unique_ptr<models::CausalLM>()> make_whole;
+};
+
+// Collective over the world. Returns the checkpoint directory on every rank.
+std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string& run_dir,
+                               const TrainerState& state, const std::string& config_yaml,
+                               int64_t keep);
+
+// Fills `dst` ([begin, begin + dst.numel()) of this rank's unit `unit`, state `key`) from a
+// checkpoint indexed against the whole model: the inverse of the save. `source_key` maps a key to
+// the one to read ("param" or "master" for parameters).
+class TpCheckpointReader {
+ public:
+  TpCheckpointReader(const models::CausalLM& local, const models::CausalLM& whole,
+                     const FlatShardIndex& index);
+  void fill(const std::string& unit, const std::string& key, const std::string& source_key,
+            int64_t begin, tensor::Tensor dst);
+
+ private:
+  struct Place {
+    std::string unit;
+    int64_t offset = 0;
+    tensor::Shape shape;
+  };
+  const models::CausalLM& local_;
+  const FlatShardIndex& index_;
+  std::map<std::string, Place> whole_places_;         // parameter name -> where in the whole model
+  std::map<std::string, tensor::Tensor> unit_cache_;  // "unit/key" -> this rank's whole unit
+};
+
+}  // namespace strata::runtime

@@ -188,18 +188,21 @@ struct UnitBuilder {
 };
 
 // models/gpt2: embeddings (wte, wpe), blocks h.i, head (ln_f; the LM head is tied to wte).
-std::vector<UnitSize> gpt2_units(const models::gpt2::GPT2Config& c) {
+// Tensor parallelism (tp > 1): wte, c_attn, c_fc (weights and biases) and the c_proj weights are
+// split over tp; wpe, the norms and the c_proj biases are replicated.
+std::vector<UnitSize> gpt2_units(const models::gpt2::GPT2Config& c, int64_t tp) {
   const int64_t C = c.n_embd;
   std::vector<UnitSize> out;
-  out.push_back(UnitBuilder("embeddings").add(c.padded_vocab_size * C).add(c.n_positions * C).unit);
+  out.push_back(
+      UnitBuilder("embeddings").add(c.padded_vocab_size * C / tp).add(c.n_positions * C).unit);
   for (int64_t i = 0; i < c.n_layer; ++i) {
     UnitBuilder b(fmt::format("h.{}", i));
-    b.add(C).add(C);              // ln_1
-    b.add(C * 3 * C).add(3 * C);  // attn.c_attn
-    b.add(C * C).add(C);          // attn.c_proj
-    b.add(C).add(C);              // ln_2
-    b.add(C * 4 * C).add(4 * C);  // mlp.c_fc
-    b.add(4 * C * C).add(C);      // mlp.c_proj
+    b.add(C).add(C);                        // ln_1
+    b.add(C * 3 * C / tp).add(3 * C / tp);  // attn.c_attn
+    b.add(C * C / tp).add(C);               // attn.c_proj
+    b.add(C).add(C);                        // ln_2
+    b.add(C * 4 * C / tp).add(4 * C / tp);  // mlp.c_fc
+    b.add(4 * C * C / tp).add(C);           // mlp.c_proj
     out.push_back(b.unit);
   }
   out.push_back(UnitBuilder("head").add(C).add(C).unit);  // ln_f
@@ -207,12 +210,13 @@ std::vector<UnitSize> gpt2_units(const models::gpt2::GPT2Config& c) {
 }
 
 // models/llama: embeddings (embed_tokens), layers.i, head (norm, and lm_head unless tied).
-std::vector<UnitSize> llama_units(const models::llama::LlamaConfig& c) {
-  const int64_t C = c.hidden_size, F = c.intermediate_size;
-  const int64_t q = c.num_attention_heads * c.head_dim();
-  const int64_t kv = c.num_key_value_heads * c.head_dim();
+// Tensor parallelism (tp > 1): every matrix is split over tp, the norms are replicated.
+std::vector<UnitSize> llama_units(const models::llama::LlamaConfig& c, int64_t tp) {
+  const int64_t C = c.hidden_size, F = c.intermediate_size / tp;
+  const int64_t q = c.num_attention_heads * c.head_dim() / tp;
+  const int64_t kv = c.num_key_value_heads * c.head_dim() / tp;
   std::vector<UnitSize> out;
-  out.push_back(UnitBuilder("embeddings").add(c.padded_vocab_size * C).unit);
+  out.push_back(UnitBuilder("embeddings").add(c.padded_vocab_size * C / tp).unit);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     UnitBuilder b(fmt::format("layers.{}", i));
     b.add(C).add(C);                                  // input_layernorm, post_attention_layernorm
@@ -222,21 +226,40 @@ std::vector<UnitSize> llama_units(const models::llama::LlamaConfig& c) {
   }
   UnitBuilder head("head");
   head.add(C);  // norm
-  if (!c.tie_word_embeddings) head.add(c.padded_vocab_size * C);
+  if (!c.tie_word_embeddings) head.add(c.padded_vocab_size * C / tp);
   out.push_back(head.unit);
   return out;
 }
 
 }  // namespace
 
-std::vector<UnitSize> unit_sizes(std::string_view model_name, const models::ModelOptions& options) {
+std::vector<UnitSize> unit_sizes(std::string_view model_name, const models::ModelOptions& options,
+                                 int tp) {
   const models::ModelEntry& entry = models::ModelRegistry::global().get(model_name);
+  if (tp < 1) user_error("tensor parallel degree {} must be 1 or more", tp);
+  if (tp > 1) {
+    const models::ModelShape s = models::ModelRegistry::global().shape(model_name, options);
+    const int64_t kv = s.n_kv_head > 0 ? s.n_kv_head : s.n_head;
+    const std::pair<const char*, int64_t> split[] = {
+        {"attention heads", s.n_head},
+        {"key/value heads", kv},
+        {"vocabulary rows (padded_vocab_size)", s.padded_vocab_size}};
+    for (const auto& [what, n] : split)
+      if (n % tp != 0)
+        user_error("tensor parallel degree {} does not divide the {} {} of model '{}'", tp, n, what,
+                   model_name);
+  }
   if (entry.family == "gpt2")
     return gpt2_units(
-        models::gpt2::with_overrides(models::gpt2::preset(model_name), options.overrides));
-  if (entry.family == "llama")
-    return llama_units(
-        models::llama::with_overrides(models::llama::preset(model_name), options.overrides));
+        models::gpt2::with_overrides(models::gpt2::preset(model_name), options.overrides), tp);
+  if (entry.family == "llama") {
+    const models::llama::LlamaConfig c =
+        models::llama::with_overrides(models::llama::preset(model_name), options.overrides);
+    if (c.intermediate_size % tp != 0)
+      user_error("tensor parallel degree {} does not divide the intermediate_size {} of model '{}'",
+                 tp, c.intermediate_size, model_name);
+    return llama_units(c, tp);
+  }
   user_error(
       "the unit layout of model family '{}' (model '{}') is not known without building the "
       "model; build it and pass it to parallel::unit_sizes(const CausalLM&), or add the "

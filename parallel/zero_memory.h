@@ -121,9 +121,12 @@ int64_t registry_num_parameters(std::string_view model_name,
 std::vector<UnitSize> unit_sizes(const models::CausalLM& model);
 // The units a registry model would have, computed from its family's config without building it
 // (a 175B model cannot be built to be measured). Known families: gpt2, llama; any other is a
-// strata::user_error saying to build the model and use the overload above.
+// strata::user_error saying to build the model and use the overload above. With tp > 1, the
+// units of one tensor-parallel rank (Note [Tensor-parallel shards] in models/nn/tensor_parallel.h:
+// sharded parameters / tp, replicated ones whole); a user_error naming the numbers when heads,
+// key/value heads or the padded vocabulary do not divide by tp.
 std::vector<UnitSize> unit_sizes(std::string_view model_name,
-                                 const models::ModelOptions& options = {});
+                                 const models::ModelOptions& options = {}, int tp = 1);
 
 // ---- Table 1 of the ZeRO paper ----
 

@@ -1,7 +1,7 @@
 // estimate: model-state memory per device under ZeRO-DP, before running anything (docs/zero.md).
 //
 //   estimate --model gpt2-medium --dp 8 --stage 2 [--precision mixed|fp32]
-//            [--optimizer adamw|sgd|sgd-plain]
+//            [--optimizer adamw|sgd|sgd-plain] [--tp 2]  # per tensor-parallel rank
 //   estimate --params 7.5e9 --dp 64 --stage all
 //   estimate --table zero             # Table 1 of the ZeRO paper, computed
 //   estimate --table infinity-memory  # ZeRO-Infinity's Figure 2a (memory for massive models)
@@ -43,6 +43,7 @@ struct Args {
   std::string model;
   std::string params;  // a number such as 7.5e9, kept as text to report it as given
   int64_t dp = 1;
+  int64_t tp = 1;
   std::string stage = "all";
   std::string precision = "mixed";
   std::string optimizer = "adamw";
@@ -465,17 +466,37 @@ int run(const Args& args) {
     user_error("--stage3-param-persistence-threshold {} must be 0 or more elements",
                args.persistence_threshold);
 
+  if (args.tp < 1)
+    user_error("--tp {}: the tensor parallel degree is a number of ranks; use 1 or more", args.tp);
+  if (args.tp > 1 && args.model.empty())
+    user_error(
+        "--tp {} needs --model: which parameters split over tensor-parallel ranks depends "
+        "on the model",
+        args.tp);
+
   double psi = 0;
   std::optional<std::vector<parallel::UnitSize>> units;
+  std::string tp_line;
   if (!args.model.empty()) {
     const std::string name = resolve_model(args.model);
     psi = static_cast<double>(parallel::registry_num_parameters(name));
-    units = parallel::unit_sizes(name);
+    units = parallel::unit_sizes(name, {}, static_cast<int>(args.tp));
+    if (args.tp > 1) {
+      // Note [Tensor-parallel shards]: Ψ below is one tp rank's, sharded / Nt + replicated.
+      const double whole = psi;
+      psi = 0;
+      for (const parallel::UnitSize& u : *units) psi += static_cast<double>(u.num_parameters);
+      tp_line = fmt::format(
+          "tensor parallel degree Nt = {}: Ψ above is one tp rank's, of the "
+          "model's {} (split matrices / Nt, norms and some biases whole)\n",
+          args.tp, grouped(std::llround(whole)));
+    }
     const std::string alias = name == args.model ? "" : fmt::format(" ({})", args.model);
     fmt::print("model: {}{}: {}\n", name, alias,
                models::ModelRegistry::global().get(name).description);
     fmt::print("Ψ = {} parameters in {} units\n", grouped(static_cast<int64_t>(psi)),
                units->size());
+    fmt::print("{}", tp_line);
   } else {
     psi = parse_params(args.params);
     fmt::print("Ψ = {} parameters (--params {})\n", grouped(std::llround(psi)), args.params);
@@ -504,6 +525,9 @@ int main(int argc, char** argv) {
   app.add_option("--model", a.model, "a registry model (e.g. gpt2, gpt2-medium, llama-7b)");
   app.add_option("--params", a.params, "a parameter count instead of --model (e.g. 7.5e9)");
   app.add_option("--dp", a.dp, "data parallel degree Nd (ranks)")->capture_default_str();
+  app.add_option("--tp", a.tp,
+                 "tensor parallel degree Nt: per-rank states of a --model split Nt ways")
+      ->capture_default_str();
   app.add_option("--stage", a.stage, "ZeRO stage: 0, 1, 2, 3 or all")->capture_default_str();
   app.add_option("--precision", a.precision, "mixed (16-bit params/grads, fp32 master) or fp32")
       ->capture_default_str();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -15,11 +16,13 @@
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
 #include "models/nn/fused_ops.h"
+#include "models/registry.h"
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "parallel/param_groups.h"
 #include "parallel/tp_grad_norm.h"
+#include "parallel/zero_memory.h"
 #include "tensor/ops.h"
 #include "tests/support/mpi_test_env.h"
 
@@ -195,13 +198,31 @@ TEST(TpModel, ParametersAreShardsPlusReplicated) {
   for (const std::string family : {"gpt2", "llama"}) {
     const nn::TensorParallel tp = tp_group(false);
     std::unique_ptr<CausalLM> whole = make_model(family, {});
+    // Measured: the host Param bytes the model holds once built (its flat buffers).
+    const offload::MemoryStats& stats = offload::MemoryStats::global();
+    const int64_t before = stats.usage(offload::Tier::Host, offload::Category::Param).current;
     std::unique_ptr<CausalLM> part = make_model(family, tp);
-    int64_t sharded = 0, replicated = 0, allocated = 0;
+    const int64_t bytes =
+        stats.usage(offload::Tier::Host, offload::Category::Param).current - before;
+    int64_t sharded = 0, replicated = 0, allocated = 0, padded = 0;
     for (auto& [name, p] : whole->named_parameters())
       (spec_of(*part, name).dim >= 0 ? sharded : replicated) += p.numel();
-    for (const FlatUnit& u : part->flat_units()) allocated += u.num_parameters();
+    for (const FlatUnit& u : part->flat_units()) {
+      allocated += u.num_parameters();
+      padded += u.size();
+    }
     EXPECT_EQ(sharded % tp.size(), 0);
     EXPECT_EQ(allocated, sharded / tp.size() + replicated) << family;
+    // Every byte is a flat buffer's: the parameters above plus each one's 16-element alignment.
+    EXPECT_EQ(bytes, 4 * padded) << family;
+    EXPECT_LT(padded - allocated, 16 * static_cast<int64_t>(part->named_parameters().size()));
+    if (tp.rank() == 0)
+      std::printf(
+          "[tp %d %s] parameter bytes per rank %lld measured = 4 x (%lld sharded / %d + "
+          "%lld replicated + %lld alignment)\n",
+          tp.size(), family.c_str(), static_cast<long long>(bytes), static_cast<long long>(sharded),
+          tp.size(), static_cast<long long>(replicated),
+          static_cast<long long>(padded - allocated));
     if (tp.size() > 1) {
       EXPECT_GT(sharded, 0);
     }
@@ -255,6 +276,40 @@ TEST(TpModel, SequenceParallelActivationSaving) {
         "%lld; the paper's 10sbh(1 - 1/t) term at fp32 per layer would be %lld\n",
         t, static_cast<long long>(a_tp), static_cast<long long>(a_sp),
         static_cast<long long>(a_tp - a_sp), static_cast<long long>(10 * 2 * N * C * (t - 1) / t));
+}
+
+}  // namespace
+}  // namespace strata::models
+
+namespace strata::models {
+namespace {
+
+// estimate --tp's units (parallel::unit_sizes by formula) are those a tensor-parallel model
+// allocates, unit by unit.
+TEST(TpModel, UnitFormulasMatchTheBuiltModel) {
+  const nn::TensorParallel tp = tp_group(false);
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
+      {"gpt2-tiny", {}},
+      {"llama-tiny", {{"num_attention_heads", "8"}, {"num_key_value_heads", "4"}}},
+      {"llama-tiny",
+       {{"num_attention_heads", "8"},
+        {"num_key_value_heads", "4"},
+        {"tie_word_embeddings", "true"}}},
+  };
+  for (const auto& [name, overrides] : cases) {
+    ModelOptions o;
+    o.overrides = overrides;
+    o.tp = tp;
+    std::unique_ptr<CausalLM> model = ModelRegistry::global().create(name, o);
+    const std::vector<parallel::UnitSize> built = parallel::unit_sizes(*model);
+    const std::vector<parallel::UnitSize> formula = parallel::unit_sizes(name, o, tp.size());
+    ASSERT_EQ(built.size(), formula.size()) << name;
+    for (size_t u = 0; u < built.size(); ++u) {
+      EXPECT_EQ(built[u].name, formula[u].name);
+      EXPECT_EQ(built[u].size, formula[u].size) << name << " " << built[u].name;
+      EXPECT_EQ(built[u].num_parameters, formula[u].num_parameters) << name << " " << built[u].name;
+    }
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "autograd/functions.h"
+#include "autograd/rng_context.h"
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
 #include "models/nn/fused_ops.h"
@@ -40,9 +41,11 @@ nn::TensorParallel tp_group(bool sp) {
   return {strata::testing::test_world(), sp};
 }
 
-std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::TensorParallel& tp) {
+std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::TensorParallel& tp,
+                                     float dropout = 0.f) {
   if (family == "gpt2") {
     gpt2::GPT2Config c;
+    c.dropout = dropout;
     c.vocab_size = c.padded_vocab_size = kVocab;
     c.n_positions = kSeq;
     c.n_embd = 32;
@@ -90,6 +93,9 @@ struct Run {
 // With max_norm > 0 the gradients are clipped: the single-process model by optim::clip_grad_norm
 // over its flat buffers, a tensor-parallel one by the tp-aware norm.
 Run train(CausalLM& model, int steps, double max_norm = 0) {
+  // Dropout draws its keys from the thread's generator: the same sequence for every run.
+  Generator generator(99);
+  autograd::GeneratorScope scope(generator);
   optim::AdamWConfig cfg;
   cfg.weight_decay = 0.1;
   optim::AdamW opt(parallel::unit_param_groups(model), cfg);
@@ -190,6 +196,22 @@ TEST(TpModel, LlamaGqa) {
 }
 TEST(TpModel, LlamaGqaSequenceParallel) {
   expect_same_model("llama", true);
+}
+
+// Dropout without sequence parallelism: it acts on replicated activations ([B, T, C] after each
+// reduction and after the embeddings), so every rank draws the mask the single process draws
+// from the same key, and the trajectory is still the single-process one. (Under sequence
+// parallelism each rank masks its own tokens with a mask drawn for its [B, T / tp, C] slice: a
+// valid dropout, but not the single process's masks.)
+TEST(TpModel, Gpt2DropoutMatchesWithoutSequenceParallelism) {
+  const nn::TensorParallel tp = tp_group(false);
+  std::unique_ptr<CausalLM> whole = make_model("gpt2", {}, 0.1f);
+  std::unique_ptr<CausalLM> part = make_model("gpt2", tp, 0.1f);
+  const models::Run ref = train(*whole, 10);
+  const models::Run got = train(*part, 10);
+  for (size_t s = 0; s < ref.losses.size(); ++s)
+    EXPECT_LE(std::fabs(got.losses[s] - ref.losses[s]), 1e-5 * std::fabs(ref.losses[s]))
+        << "step " << s << ": " << got.losses[s] << " vs single-process " << ref.losses[s];
 }
 
 // Per-rank parameter elements of a tensor-parallel model, as allocated in its flat buffers: the

@@ -106,6 +106,18 @@ TEST_F(TrainTpMpi, CheckpointsResumeAtAnotherLayout) {
     EXPECT_TRUE(
         std::filesystem::exists(tmp_ / (m.name + "/checkpoints/step_00000003/model.safetensors")))
         << m.name;
+    if (m.name == "to_tp2dp1") {
+      // A tensor-parallel run's checkpoint is a one-process checkpoint: convert writes the whole
+      // model as HF GPT-2.
+      const std::string ckpt = tmp_ / (m.name + "/checkpoints/step_00000003");
+      CommandResult conv = testing::run_command(
+          {std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint", ckpt, "--to-hf",
+           tmp_ / "hf"});
+      EXPECT_EQ(conv.exit_code, 0) << describe(conv);
+      CommandResult verify = testing::run_command(
+          {std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint", ckpt, "--verify"});
+      EXPECT_EQ(verify.exit_code, 0) << describe(verify);
+    }
     CommandResult b = train(m.np_second, cfg, m.second);
     ASSERT_EQ(b.exit_code, 0) << describe(b);
     EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;

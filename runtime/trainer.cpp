@@ -617,9 +617,12 @@ void Trainer::report_memory() {
   m[1] = b.grads;
   m[2] = b.optimizer;
   m[3] = rest_peak;
-  // On the run's device: an nccl communicator moves GPU memory only.
-  tensor::Tensor all_dev = tensor::Tensor::empty({4 * world_}, DType::I64, device_);
-  dp_->allgather(mine.to(device_), all_dev)->wait();
+  // On the run's device: an nccl communicator moves GPU memory only. Under tensor parallelism
+  // every rank of the world reports (the tp ranks hold different shards).
+  comm::Communicator& over = tp_size_ > 1 ? *world_comm_ : *dp_;
+  const int n = over.size();
+  tensor::Tensor all_dev = tensor::Tensor::empty({4 * n}, DType::I64, device_);
+  over.allgather(mine.to(device_), all_dev)->wait();
   const tensor::Tensor all = all_dev.to(Device::cpu());
   if (!lead_) return;
   parallel::ZeroMemoryConfig zc;
@@ -632,11 +635,13 @@ void Trainer::report_memory() {
                                                     : parallel::StateOptimizer::Sgd;
   const parallel::ModelStateBytes claim = parallel::padded_model_state_bytes(
       zc, unit_sizes_, config_.zero.stage3_param_persistence_threshold);
+  // Under tensor parallelism Ψ is one tp rank's (Note [Tensor-parallel shards]).
   console_->event(fmt::format(
-      "memory per rank, ZeRO stage {} x dp {}: model states claimed {} = {} (params {}, grads "
-      "{}, optimizer {})",
-      zc.stage, world_, parallel::formula(zc), format_bytes(claim.total()),
-      format_bytes(claim.params), format_bytes(claim.grads), format_bytes(claim.optimizer)));
+      "memory per rank, {}ZeRO stage {} x dp {}: model states claimed {} = {} (params {}, "
+      "grads {}, optimizer {})",
+      tp_size_ > 1 ? fmt::format("tp {} (Ψ per tp rank) x ", tp_size_) : std::string(), zc.stage,
+      world_, parallel::formula(zc), format_bytes(claim.total()), format_bytes(claim.params),
+      format_bytes(claim.grads), format_bytes(claim.optimizer)));
   if (config_.zero.offload_optimizer.enabled()) {
     // ZeRO-Offload: the optimizer states the claim counts live on the host, not the GPU.
     using offload::Category;
@@ -651,12 +656,16 @@ void Trainer::report_memory() {
         format_bytes(stats.usage(Tier::Host, Category::Optimizer).current)));
   }
   const int64_t* a = all.data<int64_t>();
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < n; ++r) {
     const int64_t* x = a + 4 * r;
+    // Note [Process group order]: global rank r is tp rank r % tp of dp rank r / tp.
+    const std::string who =
+        tp_size_ > 1 ? fmt::format("rank {} (tp {}, dp {})", r, r % tp_size_, r / tp_size_)
+                     : fmt::format("rank {}", r);
     console_->event(
-        fmt::format("  rank {}: model states {} (params {}, grads {}, optimizer {}); rest peak {} "
+        fmt::format("  {}: model states {} (params {}, grads {}, optimizer {}); rest peak {} "
                     "(activations, workspace, communication buffers)",
-                    r, format_bytes(x[0] + x[1] + x[2]), format_bytes(x[0]), format_bytes(x[1]),
+                    who, format_bytes(x[0] + x[1] + x[2]), format_bytes(x[0]), format_bytes(x[1]),
                     format_bytes(x[2]), format_bytes(x[3])));
   }
 }

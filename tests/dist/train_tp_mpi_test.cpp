@@ -50,6 +50,8 @@ TEST_F(TrainTpMpi, TpTimesDpReproducesOneProcess) {
                 got.empty() ? 0.0 : got.back(), worst);
     EXPECT_NE(r.out.find("tp 2"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("x dp 2"), std::string::npos) << r.out;
+    // The memory report has every rank, with its coordinates.
+    EXPECT_NE(r.out.find("rank 3 (tp 1, dp 1): model states"), std::string::npos) << r.out;
     // Every rank logs its coordinates.
     for (int g = 0; g < 4; ++g)
       EXPECT_NE(
@@ -110,9 +112,8 @@ TEST_F(TrainTpMpi, CheckpointsResumeAtAnotherLayout) {
       // A tensor-parallel run's checkpoint is a one-process checkpoint: convert writes the whole
       // model as HF GPT-2.
       const std::string ckpt = tmp_ / (m.name + "/checkpoints/step_00000003");
-      CommandResult conv = testing::run_command(
-          {std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint", ckpt, "--to-hf",
-           tmp_ / "hf"});
+      CommandResult conv = testing::run_command({std::string(STRATA_BINARY_DIR) + "/convert",
+                                                 "--checkpoint", ckpt, "--to-hf", tmp_ / "hf"});
       EXPECT_EQ(conv.exit_code, 0) << describe(conv);
       CommandResult verify = testing::run_command(
           {std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint", ckpt, "--verify"});

@@ -52,7 +52,8 @@ Variable VocabParallelEmbedding::forward(const Variable& ids_in) {
   Shape mask_shape = ids.shape();
   mask_shape.push_back(1);
   Tensor local_ids = tensor::from_ints(local, ids.shape());
-  Tensor mask_t = tensor::from_vector(mask, mask_shape);
+  // In the table's dtype (bf16/f16 under mixed precision): 0 and 1 are exact in every one.
+  Tensor mask_t = tensor::from_vector(mask, mask_shape, weight_.dtype());
   if (!ids.device().is_cpu()) {
     local_ids = local_ids.to(ids.device());
     mask_t = mask_t.to(ids.device());

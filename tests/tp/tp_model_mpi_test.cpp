@@ -42,7 +42,7 @@ nn::TensorParallel tp_group(bool sp) {
 }
 
 std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::TensorParallel& tp,
-                                     float dropout = 0.f) {
+                                     float dropout = 0.f, bool tied = false) {
   if (family == "gpt2") {
     gpt2::GPT2Config c;
     c.dropout = dropout;
@@ -61,6 +61,7 @@ std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::Tensor
   c.num_hidden_layers = 2;
   c.num_attention_heads = 8;
   c.num_key_value_heads = 4;  // grouped-query attention: two query heads per k/v head
+  c.tie_word_embeddings = tied;
   return std::make_unique<llama::Llama>(c, kSeed, tp);
 }
 
@@ -124,12 +125,13 @@ nn::ShardSpec spec_of(const CausalLM& model, const std::string& name) {
   return it == model.shard_specs().end() ? nn::ShardSpec{} : it->second;
 }
 
-void expect_same_model(const std::string& family, bool sp, bool fused = true, double max_norm = 0) {
+void expect_same_model(const std::string& family, bool sp, bool fused = true, double max_norm = 0,
+                       bool tied = false) {
   nn::FusedOpsGuard guard(fused);
   const nn::TensorParallel tp = tp_group(sp);
   const int n = tp.size(), r = tp.rank();
-  std::unique_ptr<CausalLM> whole = make_model(family, {});
-  std::unique_ptr<CausalLM> part = make_model(family, tp);
+  std::unique_ptr<CausalLM> whole = make_model(family, {}, 0.f, tied);
+  std::unique_ptr<CausalLM> part = make_model(family, tp, 0.f, tied);
   const Run ref = train(*whole, kSteps, max_norm);
   const Run got = train(*part, kSteps, max_norm);
 
@@ -193,6 +195,10 @@ TEST(TpModel, LlamaGqaClipped) {
 }
 TEST(TpModel, LlamaGqa) {
   expect_same_model("llama", false);
+}
+// The tied head reads embed_tokens' vocabulary slice.
+TEST(TpModel, LlamaGqaTiedSequenceParallel) {
+  expect_same_model("llama", true, true, 0, /*tied=*/true);
 }
 TEST(TpModel, LlamaGqaSequenceParallel) {
   expect_same_model("llama", true);

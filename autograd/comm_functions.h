@@ -84,6 +84,12 @@ namespace strata::autograd {
 // Backward is local: d logits = (softmax - onehot) * g / m with the softmax from the saved
 // exponentials and the all-reduced sum. The node keeps exp(logits - max), the size of the local
 // logits, and not the logits. With a trivial group it is cross_entropy itself.
+// A vocab-parallel embedding's local lookup: rows of `weight` at `ids` (local row numbers), times
+// `mask` ([..., 1] of 0/1 in the weight's dtype): rows of ids outside this rank's slice come out
+// zero and send no gradient. Keeps only ids and mask for backward.
+Variable masked_embedding(const Variable& weight, const tensor::Tensor& ids,
+                          const tensor::Tensor& mask);
+
 Variable vocab_parallel_cross_entropy(const Variable& logits, const tensor::Tensor& targets,
                                       int64_t vocab_start, int64_t classes, const TpGroup& group,
                                       int64_t ignore_index = -100);

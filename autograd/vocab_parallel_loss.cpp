@@ -1,4 +1,5 @@
-// Note [Vocab-parallel cross-entropy]: forward and backward side by side.
+// Note [Vocab-parallel cross-entropy] and the vocab-parallel embedding's masked lookup: forward
+// and backward side by side.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -11,6 +12,18 @@
 namespace strata::autograd {
 
 namespace tops = ::strata::tensor;
+
+Variable masked_embedding(const Variable& weight, const Tensor& ids, const Tensor& mask) {
+  const Shape ws = weight.shape();
+  const DType wt = weight.dtype();
+  const Device dev = weight.device();
+  Tensor y = tops::mul(tops::embedding(weight.data(), ids), mask);
+  return make_output("MaskedEmbedding", y, {weight}, [=](const std::vector<Tensor>& g) {
+    Tensor dw = tops::zeros(ws, wt, dev);
+    tops::embedding_backward(ids, tops::mul(g[0], mask), dw);
+    return std::vector<Tensor>{dw};
+  });
+}
 
 Variable vocab_parallel_cross_entropy(const Variable& logits, const Tensor& targets,
                                       int64_t vocab_start, int64_t classes, const TpGroup& group,

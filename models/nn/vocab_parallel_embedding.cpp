@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "autograd/comm_functions.h"
 #include "autograd/functions.h"
 #include "models/nn/init.h"
 #include "tensor/ops.h"
@@ -58,8 +59,7 @@ Variable VocabParallelEmbedding::forward(const Variable& ids_in) {
     local_ids = local_ids.to(ids.device());
     mask_t = mask_t.to(ids.device());
   }
-  // Masked rows get gradient 0 (the mul's backward), which the lookup's backward adds to row 0.
-  Variable partial = autograd::mul(autograd::embedding(weight_, local_ids), Variable(mask_t));
+  Variable partial = autograd::masked_embedding(weight_, local_ids, mask_t);
   return tp_.exit(partial);
 }
 

@@ -6,6 +6,10 @@
 namespace strata::models {
 
 Variable CausalLM::forward(const Tensor& ids) {
+  STRATA_USER_CHECK(is_whole(),
+                    "model '{}' holds the pipeline stage of layers [{}, {}) only: run it with "
+                    "forward_stage (Note [Pipeline stages])",
+                    family(), stage_.begin, stage_.end);
   STRATA_USER_CHECK(ids.ndim() == 2, "token ids must be [batch, seq], got {}", ids.str());
   STRATA_USER_CHECK(ids.dtype() == DType::I32 || ids.dtype() == DType::I64,
                     "token ids must be i32 or i64, got {}", ids.str());
@@ -86,6 +90,34 @@ Variable CausalLM::loss(const Tensor& ids, const Tensor& targets, int64_t ignore
   // Note [Padded vocabulary]: the loss reads the first vocab_size columns in place. The logits
   // are handed over: under a LossGradientScope their gradient comes with the forward (Note
   // [Fused cross-entropy gradient] in autograd/functions_nn.cpp).
+  return autograd::cross_entropy_consuming(std::move(logits), targets, ignore_index, vocab_size());
+}
+
+void CausalLM::set_stage(const StageLayers& stage, int64_t n_layer) {
+  const int64_t end = stage.end < 0 ? n_layer : stage.end;
+  STRATA_USER_CHECK(stage.begin >= 0 && stage.begin < end && end <= n_layer,
+                    "pipeline stage layers [{}, {}) are not a non-empty range of the model's {} "
+                    "layers",
+                    stage.begin, end, n_layer);
+  stage_ = {stage.begin, end};
+  n_layer_ = n_layer;
+}
+
+Variable CausalLM::forward_stage(const Tensor&, const Variable&) {
+  user_error("model family '{}' cannot run as a pipeline stage", family());
+}
+
+Variable CausalLM::stage_loss(const Tensor& ids, const Variable& hidden, const Tensor& targets,
+                              int64_t ignore_index) {
+  STRATA_CHECK(is_last_stage(), "stage_loss on a stage without the head");
+  Variable logits = forward_stage(ids, hidden);
+  STRATA_USER_CHECK(
+      logits.data().ndim() == 3 && targets.ndim() == 2 &&
+          logits.data().size(0) == targets.size(0) && logits.data().size(1) == targets.size(1),
+      "targets {} do not match the stage's logits {}", targets.str(), logits.data().str());
+  if (tp_.enabled())  // Note [Vocab-parallel cross-entropy]
+    return autograd::vocab_parallel_cross_entropy(logits, targets, local_vocab_start(),
+                                                  vocab_size(), tp_.group, ignore_index);
   return autograd::cross_entropy_consuming(std::move(logits), targets, ignore_index, vocab_size());
 }
 

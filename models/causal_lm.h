@@ -39,6 +39,23 @@ namespace strata::models {
 using autograd::Variable;
 using tensor::Tensor;
 
+// Note [Pipeline stages]
+// Under pipeline parallelism a rank builds one *stage* of the model: the decoder layers
+// [begin, end) of the whole stack, the embeddings with the first stage, the final norm and the
+// head with the last. Parameters keep the whole model's names (h.{i} with the global i) and,
+// drawn by name (Note [Name-keyed init]), the whole model's values, so the stages put together
+// are the single-process model of the same seed. A tied head (GPT-2; LLaMA with
+// tie_word_embeddings) needs the embedding matrix on the last stage too: that stage builds the
+// whole "embeddings" unit (the same layout and values as the first stage's; wpe unused there),
+// and the pipeline sums that unit's gradients between the two stages before the step, as
+// Megatron does, so both copies stay equal (parallel/pipeline_schedule.h). forward_stage runs
+// the stage: token ids on the first stage, else the previous stage's hidden states [B, T, C]; it
+// returns the hidden states [B, T, C] to send on, or the logits on the last stage.
+struct StageLayers {
+  int64_t begin = 0;
+  int64_t end = -1;  // one past the stage's last layer; -1: through the last layer
+};
+
 class CausalLM : public nn::Module {
  public:
   // ids [B, T] (I32 or I64) -> logits [B, T, padded_vocab_size]. Runs the module hooks. Under
@@ -66,6 +83,23 @@ class CausalLM : public nn::Module {
   // Family name, e.g. "gpt2".
   virtual std::string family() const = 0;
 
+  // ---- pipeline stages (Note [Pipeline stages]) ----
+  // This model's layers [begin, end) (the whole stack unless built as a stage).
+  const StageLayers& stage_layers() const { return stage_; }
+  int64_t num_layers() const { return n_layer_; }
+  bool is_first_stage() const { return stage_.begin == 0; }
+  bool is_last_stage() const { return stage_.end == n_layer_; }
+  bool is_whole() const { return is_first_stage() && is_last_stage(); }
+  // Width of the hidden states between stages (C).
+  virtual int64_t hidden_size() const { return 0; }
+  // Whether the head reads the embedding matrix (its gradient is summed between the stages).
+  virtual bool ties_embeddings() const { return false; }
+  // ids [B, T] on the first stage (hidden undefined), else hidden [B, T, C] from the previous
+  // stage (ids may be undefined) -> hidden [B, T, C], or logits [B, T, padded_vocab] on the last.
+  virtual Variable forward_stage(const Tensor& ids, const Variable& hidden);
+  // The last stage's mean cross entropy, as loss() (Note [Padded vocabulary]).
+  Variable stage_loss(const Tensor& ids, const Variable& hidden, const Tensor& targets,
+                      int64_t ignore_index = -100);
   // The tensor-parallel group the model was built for (size 1 without one).
   const nn::TensorParallel& tensor_parallel() const { return tp_; }
   // The first column of this rank's slice of the logits (0 at tp = 1).
@@ -87,6 +121,9 @@ class CausalLM : public nn::Module {
   // last position [B, 1, C] when the running forward_cached asked for the last position's logits
   // only (Note [Last-position logits]).
   static Variable positions_for_logits(const Variable& x);
+  // Derived constructors call this before building modules: the layers [begin, end) of
+  // n_layer. strata::user_error for a range that is empty or outside the stack.
+  void set_stage(const StageLayers& stage, int64_t n_layer);
   // Derived constructors call this before building layers that read it.
   void set_tensor_parallel(const nn::TensorParallel& tp) { tp_ = tp; }
   // Derived constructors call this once all modules are registered.
@@ -96,6 +133,8 @@ class CausalLM : public nn::Module {
   Variable forward(const Variable& ids) final { return forward_logits(ids.data()); }
 
   std::vector<FlatUnit> flat_units_;
+  StageLayers stage_{0, 0};
+  int64_t n_layer_ = 0;
   nn::TensorParallel tp_;
   std::map<std::string, nn::ShardSpec> shard_specs_;
 };

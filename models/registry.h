@@ -28,6 +28,8 @@ struct ModelOptions {
   // Config overrides, e.g. {"n_layer", "4"}, {"dropout", "0.1"},
   // {"activation_checkpointing", "true"}.
   std::map<std::string, std::string> overrides;
+  // The pipeline stage to build (Note [Pipeline stages]); the whole model by default.
+  StageLayers stage;
   // The tensor-parallel group and sequence parallelism (Note [Tensor-parallel shards]); a null
   // group (the default) builds the single-rank model.
   nn::TensorParallel tp;
@@ -44,6 +46,12 @@ struct ModelShape {
   int64_t max_seq_len = 0;
   int64_t vocab_size = 0;
   int64_t padded_vocab_size = 0;
+  // For balancing pipeline stages (Note [Pipeline stages]): the parameters of one layer, of the
+  // first stage's embeddings, and of what the last stage holds beyond its layers (final norm,
+  // head, and its copy of a tied embedding).
+  int64_t layer_parameters = 0;
+  int64_t embedding_parameters = 0;
+  int64_t head_parameters = 0;
 };
 
 struct ModelEntry {

@@ -51,14 +51,21 @@ void DevicePlacement::build(std::vector<OwnedSlice> slices, const OptimizerFacto
   STRATA_CHECK(optimizer_ != nullptr, "the optimizer factory returned nothing");
 }
 
-// With whole units every rank holds the same reduced gradients, hence the same sum.
+// With whole units every rank holds the same reduced gradients, hence the same sum. Then the
+// sum over pipeline stages (Note [Norm across stages]).
 double DevicePlacement::global_sum(double local) const {
-  return sum_over_ranks_ ? sum_over_ranks(dp_, local, device_) : local;
+  return sum_over_stages(sum_over_ranks_ ? sum_over_ranks(dp_, local, device_) : local, device_);
 }
 
+// Note [Norm across stages]: a tied copy another stage counts is left out; global_sum also sums
+// over the stages, so the sharded and replicated sums are each the pipeline's.
 double DevicePlacement::global_sum_of_squares(const std::vector<tensor::Tensor>& grads) const {
-  if (tp_model_ == nullptr) return global_sum(optim::grad_sum_of_squares(grads));
-  const SplitSumOfSquares s = split_sum_of_squares(*tp_model_, optimizer_->groups());
+  if (tp_model_ == nullptr) return global_sum(optim::grad_sum_of_squares(norm_grads(grads)));
+  std::vector<optim::ParamGroup> counted;
+  const std::vector<optim::ParamGroup>& groups = optimizer_->groups();
+  for (size_t u = 0; u < groups.size(); ++u)
+    if (norm_counted_.empty() || norm_counted_[u]) counted.push_back(groups[u]);
+  const SplitSumOfSquares s = split_sum_of_squares(*tp_model_, counted);
   return sum_over_tp(*tp_model_, global_sum(s.sharded)) + global_sum(s.replicated);
 }
 

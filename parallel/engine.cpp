@@ -98,6 +98,41 @@ void Engine::begin_micro_batch(bool last) {
 }
 
 void Engine::backward(const autograd::Variable& loss) {
+  run_backward([&] {
+    if (scaler_ != nullptr) {
+      autograd::scale(loss, static_cast<float>(scaler_->scale())).backward();
+    } else {
+      loss.backward();
+    }
+  });
+}
+
+void Engine::backward(const autograd::Variable& output, const tensor::Tensor& grad) {
+  STRATA_CHECK(grad.shape() == output.data().shape(), "gradient {} for output {}", grad.str(),
+               output.data().str());
+  run_backward([&] { output.backward(grad); });
+}
+
+void Engine::set_pipeline(std::unique_ptr<MicroBatchSchedule> schedule, PipelineSync sync) {
+  STRATA_CHECK(schedule != nullptr, "set_pipeline without a schedule");
+  STRATA_USER_CHECK(zero_.stage <= 2,
+                    "zero_optimization.stage 3 does not work with pipeline parallelism: ZeRO-3 "
+                    "gathers each unit around its use, recording the order from a step's first "
+                    "micro-batch, and a pipeline schedule interleaves the micro-batches' "
+                    "forwards and backwards; use stage 0, 1 or 2 (Note [Pipeline in the engine])");
+  STRATA_CHECK(sync.tied == nullptr || !sync.tied_units.empty(), "a tied group without units");
+  const int n = static_cast<int>(model_.flat_units().size());
+  std::vector<bool> counted(n, true);
+  for (int u : sync.tied_units) {
+    STRATA_CHECK(u >= 0 && u < n, "tied unit {} of {}", u, n);
+    counted[u] = sync.count_tied_in_norm;
+  }
+  placement_->set_norm_across_stages(sync.pp.get(), std::move(counted));
+  pipeline_ = std::move(sync);
+  schedule_ = std::move(schedule);
+}
+
+void Engine::run_backward(const std::function<void()>& fn) {
   STRATA_USER_CHECK(in_micro_batch_,
                     "Engine::backward without begin_micro_batch: call begin_micro_batch(last) "
                     "before each micro-batch's forward");
@@ -116,11 +151,7 @@ void Engine::backward(const autograd::Variable& loss) {
     gathering_->set_in_backward(false);
   };
   try {
-    if (scaler_ != nullptr) {
-      autograd::scale(loss, static_cast<float>(scaler_->scale())).backward();
-    } else {
-      loss.backward();
-    }
+    fn();
   } catch (...) {
     leave();
     throw;
@@ -150,6 +181,9 @@ StepResult Engine::step(double lr, double max_norm) {
                     "the step's last micro-batch so its gradients are reduced");
   STRATA_CHECK(!in_micro_batch_, "Engine::step between begin_micro_batch and backward");
   reduction_->wait_all();
+  // Note [Pipeline in the engine]: the tied copies' gradients summed between first and last stage.
+  if (pipeline_.tied != nullptr)
+    for (int u : pipeline_.tied_units) pipeline_.tied->allreduce(reduction_->owned_grad(u))->wait();
   gathering_->release_all();
   const StepResult result = placement_->step(lr, max_norm, scaler_);
   if (!result.skipped) gathering_->allgather_updated();

@@ -125,6 +125,10 @@ class Engine {
   // Same seed and same dp give bitwise-identical runs: every reduction has a fixed order.
   void begin_micro_batch(bool last);
   void backward(const autograd::Variable& loss);  // loss already scaled by 1/grad_accum
+  // A pipeline stage's backward (Note [Pipeline in the engine]): from `output`, the stage's
+  // hidden states, with `grad` the next stage's gradient for them (already carrying the loss
+  // weight and any loss scale), in the same begin_micro_batch protocol.
+  void backward(const autograd::Variable& output, const tensor::Tensor& grad);
   // The gradient backward(x) hands x, where x = loss scaled by `weight` (1 / grad_accum, or 1
   // when x is the loss itself) and the loss is the model's: the fp16 loss scale times weight,
   // as the float product the backward makes. For a LossGradientScope around the model's loss
@@ -145,6 +149,24 @@ class Engine {
   // Optional fp16 loss scaling (DeepSpeed semantics): backward multiplies the loss by the scale,
   // step divides the gradients by it and lets the scaler decide on overflow. Not owned.
   void set_loss_scaler(optim::LossScaler* scaler) { scaler_ = scaler; }
+
+  // Note [Pipeline in the engine]
+  // Under pipeline parallelism the engine's model is one stage (Note [Pipeline stages] in
+  // models/causal_lm.h) and `dp` the data-parallel group of that stage; DP and ZeRO-1/2 work
+  // over it unchanged. set_pipeline swaps in a pipelined schedule (parallel/pipeline_schedule.h)
+  // and what the step adds across stages: after the dp reductions, the owned gradients of
+  // `tied_units` are summed over `tied` (the first and last stage, same dp rank: Megatron's
+  // embedding group), then the norm sums over `pp`, counting a tied unit on the first stage
+  // only (Note [Norm across stages]). ZeRO-3 is refused: its gathering records the gather order
+  // from a step's first micro-batch and releases units around each micro-batch's forward and
+  // backward, which a pipeline schedule interleaves.
+  struct PipelineSync {
+    std::shared_ptr<comm::Communicator> pp;    // this rank's pipeline (one rank per stage)
+    std::shared_ptr<comm::Communicator> tied;  // first and last stage; null: nothing tied here
+    std::vector<int> tied_units;               // unit indices summed over `tied`
+    bool count_tied_in_norm = true;            // false on the last stage
+  };
+  void set_pipeline(std::unique_ptr<MicroBatchSchedule> schedule, PipelineSync sync);
 
   // The mean of a scalar over dp ranks (for logging the global loss), deterministic.
   double average(double x);
@@ -196,6 +218,7 @@ class Engine {
   void set_trace(std::function<void(const std::string&)> fn);
 
  private:
+  void run_backward(const std::function<void()>& fn);
   // Every slice this rank holds, as shards; `for_loading`: also whole units on ranks > 0.
   std::vector<Shard> held_shards(bool for_loading);
 
@@ -210,6 +233,7 @@ class Engine {
   std::unique_ptr<GradientReduction> reduction_;
   std::unique_ptr<ParamGathering> gathering_;
   std::unique_ptr<MicroBatchSchedule> schedule_;
+  PipelineSync pipeline_;
   optim::LossScaler* scaler_ = nullptr;
   bool in_backward_ = false;
   bool in_micro_batch_ = false;

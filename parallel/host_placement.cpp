@@ -55,8 +55,9 @@ bool HostPlacement::finish_pending() {
   return pending;
 }
 
+// Then the sum over pipeline stages (Note [Norm across stages]).
 double HostPlacement::global_sum(double local) const {
-  return sum_over_ranks_ ? sum_over_ranks(dp_, local, device_) : local;
+  return sum_over_stages(sum_over_ranks_ ? sum_over_ranks(dp_, local, device_) : local, device_);
 }
 
 // Note [Offloaded step]: DevicePlacement::step's arithmetic; the update on the host.
@@ -68,7 +69,8 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
   if (mixed_precision()) {
     double factor = 1.0 / nd;
     if (scaler != nullptr) factor /= scaler->scale();
-    result.grad_norm = std::sqrt(global_sum(optim::grad_sum_of_squares(grads))) * factor;
+    result.grad_norm =
+        std::sqrt(global_sum(optim::grad_sum_of_squares(norm_grads(grads)))) * factor;
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;
@@ -78,7 +80,7 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
   } else {
     if (nd > 1) optim::scale_grads(grads, 1.f / static_cast<float>(nd));
     if (scaler != nullptr) optim::scale_grads(grads, static_cast<float>(1.0 / scaler->scale()));
-    result.grad_norm = std::sqrt(global_sum(optim::grad_sum_of_squares(grads)));
+    result.grad_norm = std::sqrt(global_sum(optim::grad_sum_of_squares(norm_grads(grads))));
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;

@@ -23,8 +23,11 @@
 #include <memory>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "core/error.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
+#include "parallel/rank_sum.h"
 
 namespace strata::parallel {
 
@@ -63,6 +66,35 @@ class OptimizerPlacement {
   // Completes an update still running (ZeRO-Offload's delayed update) and writes the owned
   // slices; true when there was one, and then the caller makes the units whole again.
   virtual bool finish_pending() { return false; }
+
+  // Note [Norm across stages]
+  // Under pipeline parallelism each stage holds some units, so the global norm also sums the
+  // squares over the stages (`pp`), and a unit whose gradient another stage holds too (the last
+  // stage's copy of a tied embedding) is left out here (`counted[u]` false), so every parameter
+  // counts once. Set before the first step; pp null: one stage.
+  void set_norm_across_stages(comm::Communicator* pp, std::vector<bool> counted) {
+    norm_pp_ = pp;
+    norm_counted_ = std::move(counted);
+  }
+
+ protected:
+  // For the placements' norm (Note [Norm across stages]): the per-unit gradients it counts, and
+  // the sum of a stage's sum of squares over the stages.
+  std::vector<tensor::Tensor> norm_grads(const std::vector<tensor::Tensor>& grads) const {
+    if (norm_counted_.empty()) return grads;
+    STRATA_CHECK(norm_counted_.size() == grads.size(), "{} norm flags for {} units",
+                 norm_counted_.size(), grads.size());
+    std::vector<tensor::Tensor> out;
+    for (size_t u = 0; u < grads.size(); ++u)
+      if (norm_counted_[u]) out.push_back(grads[u]);
+    return out;
+  }
+  double sum_over_stages(double x, Device device) const {
+    return norm_pp_ != nullptr ? sum_over_ranks(*norm_pp_, x, device) : x;
+  }
+
+  comm::Communicator* norm_pp_ = nullptr;
+  std::vector<bool> norm_counted_;  // empty: every unit
 };
 
 }  // namespace strata::parallel

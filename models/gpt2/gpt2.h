@@ -35,8 +35,10 @@ namespace strata::models::gpt2 {
 
 class GPT2 : public CausalLM {
  public:
-  // Builds, flattens and initialises the model from `seed`.
-  explicit GPT2(const GPT2Config& config, uint64_t seed = 0, const nn::TensorParallel& tp = {});
+  // Builds, flattens and initialises the model from `seed`; only the layers of `stage` and what
+  // goes with them (Note [Pipeline stages]) when given.
+  explicit GPT2(const GPT2Config& config, uint64_t seed = 0, const nn::TensorParallel& tp = {},
+                const StageLayers& stage = {});
 
   const GPT2Config& config() const { return config_; }
   int64_t vocab_size() const override { return config_.vocab_size; }
@@ -44,6 +46,9 @@ class GPT2 : public CausalLM {
   int64_t max_seq_len() const override { return config_.n_positions; }
   std::string family() const override { return "gpt2"; }
   bool supports_kv_cache() const override { return true; }  // Note [KV cache]
+  int64_t hidden_size() const override { return config_.n_embd; }
+  bool ties_embeddings() const override { return true; }
+  Variable forward_stage(const Tensor& ids, const Variable& hidden) override;
 
   void reset_parameters(uint64_t seed) override;
   // Turns block recomputation on or off after construction.
@@ -51,6 +56,7 @@ class GPT2 : public CausalLM {
 
   nn::VocabParallelEmbedding& wte() { return *wte_; }
   nn::Embedding& wpe() { return *wpe_; }
+  // Layer i of this stage's layers (the global layer stage_layers().begin + i).
   Block& block(int64_t i) { return *blocks_.at(static_cast<size_t>(i)); }
   nn::LayerNorm& ln_f() { return *ln_f_; }
   nn::TiedLinear& lm_head() { return *lm_head_; }
@@ -60,12 +66,12 @@ class GPT2 : public CausalLM {
 
  private:
   GPT2Config config_;
-  nn::VocabParallelEmbedding* wte_;
-  nn::Embedding* wpe_;
+  nn::VocabParallelEmbedding* wte_ = nullptr;  // null on a middle pipeline stage
+  nn::Embedding* wpe_ = nullptr;
   nn::Dropout* drop_;
   std::vector<Block*> blocks_;
-  nn::LayerNorm* ln_f_;
-  nn::TiedLinear* lm_head_;
+  nn::LayerNorm* ln_f_ = nullptr;  // null unless the last stage
+  nn::TiedLinear* lm_head_ = nullptr;
 };
 
 // The "gpt2-tiny", "gpt2".."gpt2-xl" and "gpt3-*" presets (Note [GPT-2 presets]).

@@ -41,8 +41,10 @@ namespace strata::models::llama {
 
 class Llama : public CausalLM {
  public:
-  // Builds, flattens and initialises the model from `seed`.
-  explicit Llama(const LlamaConfig& config, uint64_t seed = 0, const nn::TensorParallel& tp = {});
+  // Builds, flattens and initialises the model from `seed`; only the layers of `stage` and what
+  // goes with them (Note [Pipeline stages]) when given.
+  explicit Llama(const LlamaConfig& config, uint64_t seed = 0, const nn::TensorParallel& tp = {},
+                 const StageLayers& stage = {});
 
   const LlamaConfig& config() const { return config_; }
   int64_t vocab_size() const override { return config_.vocab_size; }
@@ -50,12 +52,16 @@ class Llama : public CausalLM {
   int64_t max_seq_len() const override { return config_.max_position_embeddings; }
   std::string family() const override { return "llama"; }
   bool supports_kv_cache() const override { return true; }  // Note [KV cache]
+  int64_t hidden_size() const override { return config_.hidden_size; }
+  bool ties_embeddings() const override { return config_.tie_word_embeddings; }
+  Variable forward_stage(const Tensor& ids, const Variable& hidden) override;
 
   void reset_parameters(uint64_t seed) override;
   // Turns decoder-layer recomputation on or off after construction.
   void set_activation_checkpointing(bool on);
 
   nn::VocabParallelEmbedding& embed_tokens() { return *embed_tokens_; }
+  // Layer i of this stage's layers (the global layer stage_layers().begin + i).
   DecoderLayer& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
   RMSNorm& norm() { return *norm_; }
   // Null when tie_word_embeddings.
@@ -68,9 +74,9 @@ class Llama : public CausalLM {
   LlamaConfig config_;
   // Declared before the layers that point to it.
   std::unique_ptr<RotaryEmbedding> rope_;
-  nn::VocabParallelEmbedding* embed_tokens_;
+  nn::VocabParallelEmbedding* embed_tokens_ = nullptr;  // null on a stage without the embeddings
   std::vector<DecoderLayer*> layers_;
-  RMSNorm* norm_;
+  RMSNorm* norm_ = nullptr;  // null unless the last stage
   nn::ColumnParallelLinear* lm_head_ = nullptr;
   nn::TiedLinear* tied_head_ = nullptr;  // when tie_word_embeddings
 };

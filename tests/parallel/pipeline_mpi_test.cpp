@@ -1,0 +1,193 @@
+// Pipeline parallelism across ranks (mpirun -np 2, 4; alone too): GPipe and 1F1B reproduce the
+// single-process loss trajectory for the same global batch and seed, GPT-2 (tied head) and
+// LLaMA (untied, and tied), pp 2 and 4 (with dp 2 and ZeRO-1/2 where the world allows); the
+// activation peak of each stage follows the schedules' formulas at m = 8, p = 4; the bubble is
+// printed beside (p - 1) / (m + p - 1). The reference is computed on each rank alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "comm/process_groups.h"
+#include "offload/memory_stats.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
+#include "tests/parallel/engine_test_util.h"
+#include "tests/support/mpi_test_env.h"
+
+namespace strata::parallel {
+namespace {
+
+using strata::testing::Batch;
+using strata::testing::make_batch;
+using strata::testing::TrainSpec;
+
+std::shared_ptr<comm::Communicator> world() {
+  return strata::testing::test_world();
+}
+
+constexpr double kRel = 1e-5;  // per step, relative (the bound)
+
+// Tiny models on the engine tests' data (vocabulary 64, sequences of 16): 4 layers, width 32.
+models::ModelOptions model_options(const std::string& family, uint64_t seed,
+                                   models::StageLayers stage = {}) {
+  models::ModelOptions o;
+  o.seed = seed;
+  o.stage = stage;
+  const std::string V = std::to_string(TrainSpec::kVocab), T = std::to_string(TrainSpec::kSeq);
+  if (family == "gpt2") {
+    o.overrides = {{"vocab_size", V}, {"padded_vocab_size", V}, {"n_positions", T},
+                   {"n_embd", "32"},  {"n_head", "2"},          {"n_layer", "4"},
+                   {"dropout", "0"}};
+  } else {
+    o.overrides = {{"vocab_size", V},
+                   {"padded_vocab_size", V},
+                   {"block_size", T},
+                   {"hidden_size", "32"},
+                   {"intermediate_size", "48"},
+                   {"n_layer", "4"},
+                   {"n_head", "2"},
+                   {"n_kv_head", "1"},
+                   {"tie_word_embeddings", family == "llama-tied" ? "true" : "false"}};
+  }
+  return o;
+}
+
+const char* preset(const std::string& family) {
+  return family == "gpt2" ? "gpt2-tiny" : "llama-tiny";
+}
+
+std::unique_ptr<models::CausalLM> make_model(const std::string& family, uint64_t seed,
+                                             models::StageLayers stage = {}) {
+  return models::ModelRegistry::global().create(preset(family), model_options(family, seed, stage));
+}
+
+// One process, the whole model: A * dp micro-batches of M per step, each loss scaled by
+// 1 / (A * dp), clip, AdamW (engine_test_util.h's reference, for any family).
+std::vector<double> reference_losses(const std::string& family, const TrainSpec& s, int dp) {
+  std::unique_ptr<models::CausalLM> model = make_model(family, s.seed);
+  optim::AdamW opt(unit_param_groups(*model), strata::testing::adamw_config());
+  const int64_t micro_batches = s.accum * dp;
+  const int64_t G = s.micro * micro_batches;
+  std::vector<double> losses;
+  for (int step = 0; step < s.steps; ++step) {
+    opt.zero_grad();
+    double sum = 0;
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      Batch b = make_batch(step * G + m * s.micro, s.micro);
+      autograd::Variable loss = model->loss(b.ids, b.targets);
+      sum += loss.item();
+      autograd::scale(loss, 1.f / static_cast<float>(micro_batches)).backward();
+    }
+    if (s.max_norm > 0) optim::clip_grad_norm(opt.grads(), s.max_norm);
+    opt.step(s.lr);
+    losses.push_back(sum / static_cast<double>(micro_batches));
+  }
+  return losses;
+}
+
+// This rank's stage of a pp x dp layout, its engine and schedule.
+struct Pipeline {
+  comm::ProcessGroups groups;
+  StagePartition partition;
+  std::unique_ptr<models::CausalLM> model;
+  std::unique_ptr<Engine> engine;
+  PipelineSchedule* schedule = nullptr;
+
+  Pipeline(const std::string& family, const TrainSpec& s, int pp, PipelineScheduleKind kind,
+           const ZeroConfig& zero) {
+    check_pipeline_layout(world()->size(), 1, pp);
+    groups = comm::make_process_groups(world(), 1, pp);
+    const models::ModelShape shape =
+        models::ModelRegistry::global().shape(preset(family), model_options(family, s.seed));
+    partition = balance_stages(shape, pp);
+    model = make_model(family, s.seed, partition.stage(groups.pp_rank));
+    engine = std::make_unique<Engine>(*model, groups.dp, zero, strata::testing::adamw_factory());
+    schedule = &install_pipeline(*engine, *model, groups.pp, kind);
+  }
+
+  // One step on this rank's dp share of the global batch; the global mean loss.
+  double step(const TrainSpec& s, int step) {
+    const int dp = groups.dp_size, r = groups.dp_rank;
+    const int64_t G = s.micro * s.accum * dp;
+    TrainStepInputs in;
+    in.micro_batches = s.accum;
+    in.batch = [&](int64_t m) {
+      Batch b = make_batch(step * G + r * s.micro * s.accum + m * s.micro, s.micro);
+      return MicroBatch{b.ids, b.targets};
+    };
+    in.lr = s.lr;
+    in.max_norm = s.max_norm;
+    return engine->average(engine->train_step(in).mean_loss);
+  }
+};
+
+struct PipeCase {
+  const char* name;
+  const char* family;
+  int pp;
+  PipelineScheduleKind kind;
+  int64_t accum;  // micro-batches per step (per dp rank)
+  int zero;
+  double max_norm;
+};
+
+class PipelineTrajectory : public ::testing::TestWithParam<PipeCase> {};
+
+TEST_P(PipelineTrajectory, ReproducesTheSingleProcessLosses) {
+  const PipeCase& c = GetParam();
+  const int n = world()->size();
+  if (c.pp > n || n % c.pp != 0) GTEST_SKIP() << "pp " << c.pp << " on " << n << " ranks";
+  TrainSpec s;
+  s.steps = 20;
+  s.accum = c.accum;
+  s.max_norm = c.max_norm;
+  ZeroConfig z;
+  z.stage = c.zero;
+  Pipeline p(c.family, s, c.pp, c.kind, z);
+  const std::vector<double> expected = reference_losses(c.family, s, p.groups.dp_size);
+  std::vector<double> actual;
+  for (int step = 0; step < s.steps; ++step) actual.push_back(p.step(s, step));
+  strata::testing::expect_trajectory(actual, expected, kRel);
+  if (world()->rank() == 0) {
+    double worst = 0;
+    for (size_t i = 0; i < actual.size(); ++i)
+      worst = std::max(worst, std::fabs(actual[i] - expected[i]) / std::fabs(expected[i]));
+    std::printf("[ %s pp=%d dp=%d m=%lld %s ] loss %.6f -> %.6f, worst relative difference %.3g\n",
+                c.name, c.pp, p.groups.dp_size, static_cast<long long>(c.accum),
+                pipeline_schedule_name(c.kind), expected.front(), expected.back(), worst);
+  }
+}
+
+constexpr auto kGPipe = PipelineScheduleKind::GPipe;
+constexpr auto k1F1B = PipelineScheduleKind::OneFOneB;
+
+// Each dimension covered at least once: pp {1, 2, 4}; m {1, 4, 8}; both schedules; GPT-2 (tied
+// head), LLaMA untied and tied; ZeRO 0, 1 and 2 over dp 2 (np 4); clipping across stages.
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PipelineTrajectory,
+    ::testing::Values(PipeCase{"Gpt2Pp2GPipeM1", "gpt2", 2, kGPipe, 1, 0, 0},
+                      PipeCase{"Gpt2Pp2OneFOneBM4Clip", "gpt2", 2, k1F1B, 4, 0, 0.5},
+                      PipeCase{"Gpt2Pp4OneFOneBM8", "gpt2", 4, k1F1B, 8, 0, 0},
+                      PipeCase{"Gpt2Pp4GPipeM4Clip", "gpt2", 4, kGPipe, 4, 0, 0.5},
+                      PipeCase{"Gpt2Pp2Zero1OneFOneBM4", "gpt2", 2, k1F1B, 4, 1, 0.5},
+                      PipeCase{"LlamaPp2OneFOneBM8", "llama", 2, k1F1B, 8, 0, 0},
+                      PipeCase{"LlamaPp4GPipeM8Clip", "llama", 4, kGPipe, 8, 0, 0.5},
+                      PipeCase{"LlamaPp4OneFOneBM1", "llama", 4, k1F1B, 1, 0, 0},
+                      PipeCase{"LlamaPp2Zero2GPipeM4", "llama", 2, kGPipe, 4, 2, 0.5},
+                      PipeCase{"LlamaTiedPp2OneFOneBM4Clip", "llama-tied", 2, k1F1B, 4, 1, 0.5},
+                      PipeCase{"Gpt2Pp1OneFOneBM4", "gpt2", 1, k1F1B, 4, 1, 0}),
+    [](const ::testing::TestParamInfo<PipeCase>& info) { return std::string(info.param.name); });
+
+TEST(PipelineEngine, RefusesZero3) {
+  const int n = world()->size();
+  TrainSpec s;
+  ZeroConfig z;
+  z.stage = 3;
+  EXPECT_THROW(Pipeline("gpt2", s, n >= 2 ? 2 : 1, k1F1B, z), UserError);
+}
+
+}  // namespace
+}  // namespace strata::parallel

@@ -52,7 +52,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 //                       zero_optimization.offload_optimizer is on (ZeRO-Offload; Note
 //                       [Optimizer placement] in parallel/optimizer_placement.h)
 //   MicroBatchSchedule  the order of a step's micro-batch forwards and backwards: plain
-//                       accumulation today. parallel/micro_batch_schedule.h
+//                       accumulation (parallel/micro_batch_schedule.h), or a pipeline stage's
+//                       GPipe / 1F1B (parallel/pipeline_schedule.h, set_pipeline).
 // The Engine keeps the step's protocol (begin_micro_batch / backward / step and their checks)
 // and calls the parts in a fixed order. Construction, in order: Partitioning (repad), rank 0's
 // parameters broadcast, the placement (masters from the fp32 parameters), the cast to

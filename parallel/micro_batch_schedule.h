@@ -3,10 +3,9 @@
 // forward and backward, in the schedule's order — for Engine::train_step (Note [Train step] in
 // parallel/engine.h), and the inputs and outputs of that step.
 //
-// AccumulationSchedule is the schedule today: micro-batch m's forward then its backward, for
-// m = 0 .. A-1, gradients accumulating in the flat buffers. The seam for pipeline parallelism:
-// GPipe (every forward, then every backward) and 1F1B (warm-up forwards, then one forward one
-// backward, then the cool-down backwards) are other schedules of this interface, sending
+// AccumulationSchedule is the schedule of a single-stage run: micro-batch m's forward then its
+// backward, for m = 0 .. A-1, gradients accumulating in the flat buffers. Pipeline parallelism's
+// GPipe and 1F1B (parallel/pipeline_schedule.h) are other schedules of this interface, sending
 // activations and their gradients to the neighbouring stages between the calls; under PP the
 // last stage alone computes losses.
 #include <cstdint>
@@ -26,8 +25,9 @@ struct MicroBatch {
 
 struct TrainStepInputs {
   int64_t micro_batches = 1;  // A, on this rank
-  // Micro-batch m's ids and targets. Called once per micro-batch, in order, after
-  // begin_micro_batch and before its forward.
+  // Micro-batch m's ids and targets. Called once per micro-batch, in order, before its forward
+  // (after begin_micro_batch under AccumulationSchedule; a pipeline schedule calls
+  // begin_micro_batch before each backward instead: Note [Pipeline schedules]).
   std::function<MicroBatch(int64_t m)> batch;
   double lr = 0;
   double max_norm = 0;  // > 0: clip the global gradient norm to it

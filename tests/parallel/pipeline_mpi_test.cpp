@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "comm/process_groups.h"
@@ -112,7 +113,7 @@ struct Pipeline {
   }
 
   // One step on this rank's dp share of the global batch; the global mean loss.
-  double step(const TrainSpec& s, int step) {
+  double step(const TrainSpec& s, int step, StepResult* result = nullptr) {
     const int dp = groups.dp_size, r = groups.dp_rank;
     const int64_t G = s.micro * s.accum * dp;
     TrainStepInputs in;
@@ -123,7 +124,9 @@ struct Pipeline {
     };
     in.lr = s.lr;
     in.max_norm = s.max_norm;
-    return engine->average(engine->train_step(in).mean_loss);
+    const TrainStepOutput out = engine->train_step(in);
+    if (result != nullptr) *result = out.result;
+    return engine->average(out.mean_loss);
   }
 };
 
@@ -260,6 +263,50 @@ TEST(PipelineMemory, ActivationPeakPerStageFollowsTheSchedule) {
     EXPECT_GE(p.schedule->last_step().bubble(), 0.0);
     EXPECT_LT(p.schedule->last_step().bubble(), 1.0);
   }
+}
+
+// A non-finite gradient on the last stage alone (a NaN in its final norm's gradient) makes the
+// norm, summed over the stages, non-finite on every stage: every rank skips the step and keeps
+// its parameters, and the next step trains again.
+TEST(PipelineEngine, NonFiniteGradientOnOneStageSkipsTheStepEverywhere) {
+  const int n = world()->size();
+  const int pp = n >= 2 ? 2 : 1;
+  if (n % pp != 0) GTEST_SKIP();
+  TrainSpec s;
+  s.accum = 4;
+  ZeroConfig z;
+  z.stage = 1;
+  Pipeline p("gpt2", s, pp, k1F1B, z);
+  bool inject = false;
+  if (p.model->is_last_stage()) {
+    const models::FlatUnit& head = p.model->flat_units().back();
+    ASSERT_EQ(head.name, "head");
+    autograd::Variable v = head.variables.front();
+    v.add_grad_ready_hook([&](autograd::Variable& g) {
+      if (inject) g.grad().narrow(0, 0, 1).fill_(std::numeric_limits<float>::quiet_NaN());
+    });
+  }
+  StepResult r;
+  p.step(s, 0, &r);
+  ASSERT_FALSE(r.skipped);
+  auto params = [&] {
+    std::vector<std::vector<float>> out;
+    for (const models::FlatUnit& u : p.model->flat_units())
+      out.push_back(tensor::to_float_vector(u.params));
+    return out;
+  };
+  const std::vector<std::vector<float>> before = params();
+  const int64_t steps_before = p.engine->optimizer().step_count();
+  inject = true;
+  p.step(s, 1, &r);
+  inject = false;
+  EXPECT_TRUE(r.skipped) << "stage " << p.groups.pp_rank;
+  EXPECT_FALSE(std::isfinite(r.grad_norm));
+  EXPECT_EQ(p.engine->optimizer().step_count(), steps_before);
+  EXPECT_EQ(params(), before) << "parameters changed on stage " << p.groups.pp_rank;
+  p.step(s, 2, &r);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_EQ(p.engine->optimizer().step_count(), steps_before + 1);
 }
 
 TEST(PipelineEngine, RefusesZero3) {

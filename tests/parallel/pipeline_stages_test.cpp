@@ -141,6 +141,17 @@ TEST(PipelineStages, StagesPutTogetherAreTheWholeModel) {
       const bool in_emb = std::find(emb.names.begin(), emb.names.end(), name) != emb.names.end();
       EXPECT_EQ(n, whole->ties_embeddings() && in_emb ? 2 : 1) << name;
     }
+    // What each stage builds is what the balance counts for it (Note [Stage balance]).
+    const models::ModelShape shape = reg.shape(preset, tiny(family));
+    for (int s = 0; s < 3; ++s) {
+      int64_t built = 0;
+      for (const models::FlatUnit& u : stages[s]->flat_units()) built += u.num_parameters();
+      EXPECT_EQ(built, partition.parameters(shape, s)) << "stage " << s;
+    }
+    auto n = [&](int s) { return std::to_string(partition.parameters(shape, s)); };
+    EXPECT_EQ(partition.describe(shape),
+              "stage 0: layers 0-0 (" + n(0) + " parameters), stage 1: layers 1-2 (" + n(1) +
+                  " parameters), stage 2: layers 3-3 (" + n(2) + " parameters)");
     EXPECT_TRUE(stages[0]->is_first_stage() && !stages[0]->is_last_stage());
     EXPECT_TRUE(stages[2]->is_last_stage() && !stages[1]->is_first_stage());
     EXPECT_THROW(stages[1]->forward(tensor::from_ints({1, 2}, {1, 2})), UserError);

@@ -1,0 +1,184 @@
+// bench_pipeline: the pipeline bubble and speed-up of GPipe and 1F1B on CPU ranks, against the
+// whole model trained by one process in the same run.
+//
+//   mpirun -np P bench_pipeline [--model gpt2-tiny] [--layers L] [--micro M] [--seq T]
+//                               [--steps S]        (defaults: gpt2-tiny, 2P layers, M 4, T 64, 5)
+//
+// For each micro-batch count m, rank 0 first trains the whole model alone while the others wait
+// (the reference T1(m), no communication), then the P ranks train it as a P-stage pipeline
+// (balanced by parameter count). Per m and schedule the table gives the training step's time,
+// optimizer step included (median over S steps after one warm-up, slowest rank), the speed-up
+// T1 / Tpp against the ideal m P / (m + P - 1) of equal stages and free communication, and the
+// measured bubble (time waiting in receives over the step, mean over stages) beside
+// (P - 1) / (m + P - 1). Ranks must have cores of their own for the numbers to mean anything.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/self_communicator.h"
+#include "comm/world.h"
+#include "core/error.h"
+#include "models/registry.h"
+#include "optim/adamw.h"
+#include "parallel/engine.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
+#include "parallel/rank_sum.h"
+
+namespace {
+
+using namespace strata;
+
+struct Args {
+  std::string model = "gpt2-tiny";
+  int64_t layers = 0;  // 0: 2 per stage
+  int64_t micro = 4;
+  int64_t seq = 64;
+  int steps = 5;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    const bool has = i + 1 < argc;
+    if (k == "--model" && has) {
+      a.model = argv[++i];
+    } else if (k == "--layers" && has) {
+      a.layers = std::atoll(argv[++i]);
+    } else if (k == "--micro" && has) {
+      a.micro = std::atoll(argv[++i]);
+    } else if (k == "--seq" && has) {
+      a.seq = std::atoll(argv[++i]);
+    } else if (k == "--steps" && has) {
+      a.steps = std::atoi(argv[++i]);
+    } else {
+      user_error(
+          "unknown argument '{}'; usage: bench_pipeline [--model NAME] [--layers L] [--micro M] "
+          "[--seq T] [--steps S]",
+          k);
+    }
+  }
+  STRATA_USER_CHECK(a.micro >= 1 && a.seq >= 1 && a.steps >= 1 && a.layers >= 0,
+                    "--micro, --seq and --steps must be positive, --layers >= 0");
+  return a;
+}
+
+parallel::Engine::OptimizerFactory adamw() {
+  return [](std::vector<optim::ParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::AdamW>(std::move(groups), optim::AdamWConfig{});
+  };
+}
+
+parallel::TrainStepInputs inputs(const Args& a, int64_t m, int64_t vocab) {
+  parallel::TrainStepInputs in;
+  in.micro_batches = m;
+  in.lr = 1e-4;
+  in.batch = [&a, vocab](int64_t i) {
+    std::mt19937_64 rng(static_cast<uint64_t>(i));
+    std::vector<int64_t> ids(static_cast<size_t>(a.micro * a.seq)), targets(ids.size());
+    for (size_t k = 0; k < ids.size(); ++k) {
+      ids[k] = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+      targets[k] = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+    }
+    return parallel::MicroBatch{tensor::from_ints(ids, {a.micro, a.seq}),
+                                tensor::from_ints(targets, {a.micro, a.seq})};
+  };
+  return in;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The largest of x over the ranks (as f32: enough for times).
+double max_over(comm::Communicator& c, double x) {
+  tensor::Tensor t = tensor::full({1}, x);
+  c.allreduce(t, comm::ReduceOp::Max)->wait();
+  return static_cast<double>(t.item<float>());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse(argc, argv);
+    auto world = comm::init_world("mpi", Device::cpu(), std::chrono::minutes(5));
+    const int p = world->size(), rank = world->rank();
+    models::ModelOptions options;
+    options.overrides["n_layer"] = std::to_string(args.layers > 0 ? args.layers : 2 * p);
+    options.overrides["n_positions"] = std::to_string(args.seq);
+    const models::ModelRegistry& registry = models::ModelRegistry::global();
+    const models::ModelShape shape = registry.shape(args.model, options);
+    const parallel::StagePartition partition = parallel::balance_stages(shape, p);
+    if (rank == 0)
+      std::printf(
+          "bench_pipeline: %s, %lld layers, %d stages (%s), micro-batch %lld x %lld tokens, "
+          "median of %d steps\n\n| m | schedule | step ms | speed-up | ideal | bubble | formula "
+          "|\n|---:|---|---:|---:|---:|---:|---:|\n",
+          args.model.c_str(), static_cast<long long>(shape.n_layer), p,
+          partition.describe(shape).c_str(), static_cast<long long>(args.micro),
+          static_cast<long long>(args.seq), args.steps);
+    for (int64_t m : {1, 2, 4, 8, 16}) {
+      // The reference: the whole model on rank 0 alone, the other ranks idle at a barrier.
+      std::vector<double> whole{0.0};
+      if (rank == 0) {
+        whole.clear();
+        std::unique_ptr<models::CausalLM> model = registry.create(args.model, options);
+        parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"),
+                                parallel::ZeroConfig{}, adamw());
+        const parallel::TrainStepInputs in = inputs(args, m, model->vocab_size());
+        for (int s = 0; s <= args.steps; ++s) {
+          const auto start = std::chrono::steady_clock::now();
+          engine.train_step(in);
+          const double t =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          if (s > 0) whole.push_back(t);
+        }
+      }
+      world->barrier();
+      const double t1 = median(whole);
+      for (auto kind :
+           {parallel::PipelineScheduleKind::GPipe, parallel::PipelineScheduleKind::OneFOneB}) {
+        models::ModelOptions stage_options = options;
+        stage_options.stage = partition.stage(rank);
+        std::unique_ptr<models::CausalLM> model = registry.create(args.model, stage_options);
+        parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"),
+                                parallel::ZeroConfig{}, adamw());
+        parallel::PipelineSchedule& schedule =
+            parallel::install_pipeline(engine, *model, world, kind);
+        const parallel::TrainStepInputs in = inputs(args, m, model->vocab_size());
+        std::vector<double> times, bubbles;
+        for (int s = 0; s <= args.steps; ++s) {
+          world->barrier();
+          const auto start = std::chrono::steady_clock::now();
+          engine.train_step(in);
+          const double t =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          if (s == 0) continue;
+          times.push_back(max_over(*world, t));
+          bubbles.push_back(
+              parallel::sum_over_ranks(*world, schedule.last_step().bubble(), Device::cpu()) / p);
+        }
+        const double tp = median(times);
+        if (rank == 0)
+          std::printf("| %lld | %s | %.2f | %.2f | %.2f | %.3f | %.3f |\n",
+                      static_cast<long long>(m), parallel::pipeline_schedule_name(kind), 1e3 * tp,
+                      t1 / tp, static_cast<double>(m * p) / static_cast<double>(m + p - 1),
+                      median(bubbles), parallel::pipeline_bubble_formula(p, m));
+      }
+    }
+    world.reset();
+    comm::finalize_world();
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
+    comm::abort_world(1);
+  }
+}

@@ -49,8 +49,8 @@ models::ModelOptions model_options(const std::string& family, const TrainSpec& s
                    {"hidden_size", "32"},
                    {"intermediate_size", "48"},
                    {"n_layer", "4"},
-                   {"n_head", "2"},
-                   {"n_kv_head", "1"},
+                   {"n_head", "4"},
+                   {"n_kv_head", "2"},
                    {"tie_word_embeddings", family == "llama-tied" ? "true" : "false"}};
   }
   o.overrides["activation_checkpointing"] = spec.checkpointing ? "true" : "false";

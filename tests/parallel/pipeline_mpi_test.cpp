@@ -139,6 +139,7 @@ struct PipeCase {
   int zero;
   double max_norm;
   bool checkpointing = false;  // activation checkpointing inside the stages
+  bool offload = false;        // ZeRO-Offload: the optimizer on the host placement
 };
 
 class PipelineTrajectory : public ::testing::TestWithParam<PipeCase> {};
@@ -154,6 +155,7 @@ TEST_P(PipelineTrajectory, ReproducesTheSingleProcessLosses) {
   s.checkpointing = c.checkpointing;
   ZeroConfig z;
   z.stage = c.zero;
+  z.offload_optimizer.enabled = c.offload;
   Pipeline p(c.family, s, c.pp, c.kind, z);
   const std::vector<double> expected = reference_losses(c.family, s, p.groups.dp_size);
   std::vector<double> actual;
@@ -174,7 +176,7 @@ constexpr auto k1F1B = PipelineScheduleKind::OneFOneB;
 
 // Each dimension covered at least once: pp {1, 2, 4}; m {1, 4, 8}; both schedules; GPT-2 (tied
 // head), LLaMA untied and tied; ZeRO 0, 1 and 2 over dp 2 (np 4); clipping across stages;
-// activation checkpointing inside the stages.
+// activation checkpointing inside the stages; ZeRO-Offload's host placement.
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineTrajectory,
     ::testing::Values(PipeCase{"Gpt2Pp2GPipeM1", "gpt2", 2, kGPipe, 1, 0, 0},
@@ -189,7 +191,9 @@ INSTANTIATE_TEST_SUITE_P(
                       PipeCase{"LlamaTiedPp2OneFOneBM4Clip", "llama-tied", 2, k1F1B, 4, 1, 0.5},
                       PipeCase{"Gpt2Pp1OneFOneBM4", "gpt2", 1, k1F1B, 4, 1, 0},
                       PipeCase{"Gpt2Pp2OneFOneBM4Recompute", "gpt2", 2, k1F1B, 4, 0, 0.5, true},
-                      PipeCase{"LlamaPp4GPipeM4Recompute", "llama", 4, kGPipe, 4, 0, 0, true}),
+                      PipeCase{"LlamaPp4GPipeM4Recompute", "llama", 4, kGPipe, 4, 0, 0, true},
+                      PipeCase{"Gpt2Pp2Zero1OffloadOneFOneBM4Clip", "gpt2", 2, k1F1B, 4, 1, 0.5,
+                               false, true}),
     [](const ::testing::TestParamInfo<PipeCase>& info) { return std::string(info.param.name); });
 
 // Note [Pipeline schedules]: a stage holds the activations of n micro-batches at once, n = A for

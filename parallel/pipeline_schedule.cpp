@@ -90,7 +90,8 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
     if (links_.last()) {
       engine.backward(f.output);
     } else {
-      tensor::Tensor grad = tensor::Tensor::empty(f.output.data().shape(), dtype, device);
+      tensor::Tensor grad =
+          tensor::Tensor::empty(f.output.data().shape(), f.output.data().dtype(), device);
       links_.wait_recv(links_.recv_backward(grad));
       engine.backward(f.output, grad);
     }
@@ -99,9 +100,15 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
       sends.push_back(links_.send_backward(f.input.grad()));
     }
     losses[static_cast<size_t>(m)] = f.loss;
-    // The activations go (a send holds its own handle on the gradient it sends).
+    // The activations go (a send holds its own handle on the gradient it sends), and so do the
+    // tensors of sends already done.
     f = InFlight();
     --held;
+    std::erase_if(sends, [](const comm::WorkHandle& w) {
+      if (!w->done()) return false;
+      w->wait();  // rethrows a failed send (Note [Failed ranks])
+      return true;
+    });
   };
 
   if (kind_ == PipelineScheduleKind::GPipe) {

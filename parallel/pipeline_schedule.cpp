@@ -62,7 +62,9 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
   auto forward = [&](int64_t m) {
     InFlight& f = flight[static_cast<size_t>(m)];
     f.batch = in.batch(m);
-    const int64_t M = f.batch.ids.size(0), T = f.batch.ids.size(1);
+    // Under sequence parallelism a stage's hidden states are this rank's share of the sequence.
+    const models::nn::TensorParallel& tp = model.tensor_parallel();
+    const int64_t M = f.batch.ids.size(0), T = f.batch.ids.size(1) / (tp.sp() ? tp.size() : 1);
     if (!links_.first()) {
       tensor::Tensor buf = tensor::Tensor::empty({M, T, C}, dtype, device);
       links_.wait_recv(links_.recv_forward(buf));

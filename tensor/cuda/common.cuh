@@ -29,6 +29,11 @@ inline unsigned chunk_grid(int64_t chunks) {
   return static_cast<unsigned>(chunks < 65535 ? (chunks < 1 ? 1 : chunks) : 65535);
 }
 
+// The block size of a one-block-per-row kernel over rows of c elements (softmax, cross-entropy).
+inline int row_threads(int64_t c) {
+  return c >= 1024 ? 1024 : c >= 512 ? 512 : c >= 256 ? 256 : c >= 128 ? 128 : 64;
+}
+
 // Loads element i of a typed array as double (exact for every Strata dtype but i64 > 2^53).
 __device__ inline double load_as_double(const void* p, int dtype, int64_t i) {
   switch (dtype) {
@@ -223,8 +228,8 @@ __device__ __forceinline__ void store_wide(T* p, const float (&in)[K]) {
 }
 
 // One row's terms of a norm's weight and bias gradients at one column: sw += dy * xhat with
-// xhat = (x - mu) * rs, and sb += dy, all in f32. The separate partials kernel (reduce_norm.cu)
-// and the fused backward (Note [Fused norm weight gradients] in fused_norm.cu) both add through
+// xhat = (x - mu) * rs, and sb += dy, all in f32. The separate partials kernel (norm.cu)
+// and the fused backward (Note [Fused norm weight gradients] in norm.cu) both add through
 // here, with the one rounding of the fmaf pinned, so the two give the same bits.
 __device__ __forceinline__ void add_norm_param_terms(float dy, float x, float mu, float rs,
                                                      float& sw, float& sb) {

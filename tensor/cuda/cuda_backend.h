@@ -1,10 +1,18 @@
 #pragma once
 // The CUDA backend. Host code (C++20) that validates, allocates scratch and calls the kernel
-// launchers of kernels.h; methods are implemented across files by topic:
-//   cuda_backend.cpp      device setup, registration, copies (incl. host <-> device), glue for
-//                         every elementwise / reduction / norm / attention / embedding op
-//   matmul.cpp            matmul through cuBLASLt (fp32 accumulate), linear with epilogues
-//   copy_elementwise.cu, reduce_norm.cu, fused_norm.cu, epilogue.cu, attention.cu: the kernels.
+// launchers of kernels.h; methods are implemented across files by topic, as tensor/cpu/ does:
+//   cuda_backend.cpp    device setup, registration, memory, streams, copies (incl. host <-> device)
+//   copy_fill.cpp       fill, arange, random draws, concat
+//   elementwise.cpp     binary, affine, axpy, unary(+backward), bias_add, dropout, rotary
+//   reduce.cpp          sum_to, reduce, top_k, sum_squares(_many), scale_unless_equal
+//   matmul.cpp          matmul through cuBLASLt (fp32 accumulate), its tuning (matmul.h)
+//   linear.cpp          linear with cuBLASLt epilogues and its backward pieces
+//   norm.cpp            layernorm, rmsnorm (also fused with a residual add), softmax
+//   attention.cpp       attention (cuDNN, else the own kernels)
+//   embedding_loss.cpp  embedding, cross-entropy
+// The kernels are in the .cu files of the same names (norm.cu and softmax.cu for norm.cpp;
+// attention_tc.cu, attention_decode.cu and top_k.cu besides); backend_util.h holds the host
+// helpers the files share.
 //
 // Note [CUDA streams]
 // All ops of a backend run in order on one compute stream (created non-blocking, so the legacy

@@ -26,7 +26,7 @@ struct Strided {
   int64_t strides[kMaxDims] = {};
 };
 
-// ---- copy_elementwise.cu ----
+// ---- copy_fill.cu: copy, fill, arange, random draws ----
 void launch_copy(const void* src, int src_dtype, const Strided& src_view, void* dst, int dst_dtype,
                  const Strided& dst_view, int64_t n, Stream stream);
 void launch_fill(void* dst, int dtype, const Strided& view, int64_t n, double value, Stream stream);
@@ -37,6 +37,7 @@ bool launch_random_uniform(void* dst, int dt, int64_t n, uint64_t seed, uint64_t
                            float lo, float hi, Stream stream);
 bool launch_random_normal(void* dst, int dt, int64_t n, uint64_t seed, uint64_t stream_id,
                           float mean, float stddev, Stream stream);
+// ---- elementwise.cu: binary, affine, axpy, unary, bias_add, dropout, rotary ----
 // op: 0 add, 1 sub, 2 mul, 3 div (BinaryOp). a, b and out share dtype dt. a and b are viewed in
 // out's shape (broadcast strides may be 0); out is contiguous.
 bool launch_binary(int op, int dt, const void* a, const Strided& a_view, const void* b,
@@ -60,7 +61,7 @@ bool launch_rotary(int dt, const void* x, const void* cos, const void* sin, int 
                    bool inverse, void* out, int64_t b, int64_t t, int64_t h, int64_t d,
                    Stream stream);
 
-// ---- reduce_norm.cu ----
+// ---- reduce.cu: reduce, sums of squares, column sums, scale_unless_equal ----
 // out[o] = op over the reduced index space of x, for each out element o. x_outer views x in
 // out's (full-rank) shape with x's strides; x_red describes the reduced dims. op: 0 sum, 1 mean,
 // 2 max (indices, if not null, get the argmax as a flat index into x_red, first on ties).
@@ -74,6 +75,7 @@ void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, c
 inline constexpr int64_t kTopKMax = 1024;
 bool launch_top_k(int dt, const void* x, int64_t rows, int64_t n, int64_t row_stride, int64_t k,
                   void* values, int64_t* indices, Stream stream);
+// ---- reduce.cu, continued ----
 // The sum of squares of n contiguous elements, in f64, in two passes. The first writes one
 // partial per block into `row` (kSumSquaresBlocks doubles: the blocks, whose count and so the
 // order of the sum depend on n alone, then zeros). The second adds each of `count` such rows,
@@ -83,7 +85,8 @@ bool launch_top_k(int dt, const void* x, int64_t rows, int64_t n, int64_t row_st
 inline constexpr int kSumSquaresBlocks = 1024;
 bool launch_sum_squares_partials(const void* x, int dtype, int64_t n, double* row, Stream stream);
 void launch_sum_squares_totals(const double* rows, int count, double* totals, Stream stream);
-// The norms (layernorm, rmsnorm) live in fused_norm.cu, as the residual-free case of the fused
+// ---- norm.cu: layernorm, rmsnorm, plain and fused with the residual add ----
+// The norms (layernorm, rmsnorm) are the residual-free case of the fused
 // kernels (Note [CUDA fused residual norm]): 128-bit packs when the rows allow; their backward
 // is launch_norm_backward (below, with the residual norms').
 // x, w, b, y of dtype dt; mean, rstd F32.
@@ -107,15 +110,17 @@ bool launch_rmsnorm_forward(int dt, const void* x, const void* w, float eps, voi
 bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float* mean,
                              const float* rstd, void* dw, void* db, float* scratch, int64_t n,
                              int64_t c, bool accumulate, Stream stream);
+// ---- softmax.cu (Note [CUDA softmax]) ----
 bool launch_softmax_forward(int dt, const void* x, void* y, int64_t n, int64_t c, Stream stream);
 bool launch_softmax_backward(int dt, const void* y, const void* dy, void* dx, int64_t n, int64_t c,
                              Stream stream);
+// ---- embedding_loss.cu: embedding, cross-entropy ----
 // Rows of `row_bytes` bytes (any dtype); *bad (device int) is set to 1 when an id is outside
 // [0, v).
 void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64, void* out,
                               int64_t n, int64_t v, int64_t row_bytes, int* bad, Stream stream);
 // dweight[v, c] += dout rows by id, deterministically, on the device alone (Note [CUDA embedding
-// backward] in reduce_norm.cu). ids (n, I32 or I64) below `vocab`; a bad one is skipped and sets
+// backward] in embedding_loss.cu). ids (n, I32 or I64) below `vocab`; a bad one is skipped and sets
 // *bad. `keys` is device scratch of embedding_sort_keys(n) 64-bit words. dout and dweight are
 // F32/BF16/F16.
 int64_t embedding_sort_keys(int64_t n);
@@ -134,23 +139,24 @@ bool launch_cross_entropy_backward(int dt, const void* logits, const void* targe
                                    bool targets_i64, const float* lse, const float* dloss,
                                    int64_t ignore_index, void* dlogits, int64_t n, int64_t ld,
                                    int64_t v, Stream stream);
-// Both at once (Note [CUDA fused cross-entropy] in reduce_norm.cu): losses and lse as the forward,
-// then logits [n, ld] overwritten with the backward's gradient for dloss = grad / norm[0].
+// Both at once (Note [CUDA fused cross-entropy] in embedding_loss.cu): losses and lse as the
+// forward, then logits [n, ld] overwritten with the backward's gradient for dloss = grad / norm[0].
 bool launch_cross_entropy_fused(int dt, void* logits, const void* targets, bool targets_i64,
                                 int64_t ignore_index, float* losses, float* lse, int64_t n,
                                 int64_t ld, int64_t v, int* bad, float grad, const float* norm,
                                 Stream stream);
+// ---- reduce.cu, continued ----
 // x [n] (contiguous, dtype dt) *= *g / expected, unless *g == expected (then untouched).
 bool launch_scale_unless_equal(int dt, void* x, int64_t n, const float* g, float expected,
                                Stream stream);
 // out[j] = sum over the n rows of x[r, j] (x contiguous [n, c], dtype x_dtype; out [c] of
-// out_dtype): the bias gradient. Deterministic (Note [CUDA column sums] in reduce_norm.cu).
+// out_dtype): the bias gradient. Deterministic (Note [CUDA column sums] in reduce.cu).
 // scratch holds ceil(n / kColumnSumRows) * c doubles.
 inline constexpr int64_t kColumnSumRows = 64;
 bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double* scratch, void* out,
                        int out_dtype, Stream stream);
 
-// ---- fused_norm.cu (Note [CUDA fused residual norm]): also the plain norms above ----
+// ---- norm.cu (Note [CUDA fused residual norm]): also the plain norms above ----
 // x, r, s, y [n, c], w, b [c] of dtype dt; mean, rstd F32 [n]. s = x + r, y = norm(s).
 bool launch_add_layernorm_forward(int dt, const void* x, const void* r, const void* w,
                                   const void* b, float eps, void* s, void* y, float* mean,
@@ -166,14 +172,14 @@ bool launch_add_norm_backward(int dt, const void* dy, const void* ds, const void
 // launch_add_norm_backward, dw (and db unless null) as launch_norm_param_grads (scratch as there).
 // fused: one kernel for dsum and the partials where a row fits one block of 512 threads, else
 // (or !fused) those two launches; the same bits either way (Note [Fused norm weight gradients]
-// in fused_norm.cu). The plain norms pass x as s. `accumulate`: dw and db take their gradients
+// in norm.cu). The plain norms pass x as s. `accumulate`: dw and db take their gradients
 // added into what they hold, as launch_norm_param_grads.
 bool launch_norm_backward(int dt, const void* dy, const void* ds, const void* s, const void* w,
                           const float* mean, const float* rstd, void* dsum, void* dw, void* db,
                           float* scratch, int64_t n, int64_t c, bool fused, bool accumulate,
                           Stream stream);
 
-// ---- epilogue.cu: the unfused fallbacks of the linear epilogues (tensor/cuda/matmul.cpp) ----
+// ---- linear.cu: the unfused fallbacks of the linear epilogues (tensor/cuda/linear.cpp) ----
 // acc [rows, cols] F32 (may be y itself when dt is F32); bias [cols] or null; act 0 none, 1 GELU.
 // y = round(act(acc + bias)); pre (or null) = round(acc + bias).
 bool launch_bias_act(int dt, const float* acc, const void* bias, int act, void* y, void* pre,
@@ -182,7 +188,7 @@ bool launch_bias_act(int dt, const float* acc, const void* bias, int act, void* 
 // (dtype dt) = round of it.
 bool launch_gelu_backward_f32(int dt, float* dh, const void* pre, void* dpre, int64_t rows,
                               int64_t cols, Stream stream);
-// Note [Linear GELU gradient kernel] (epilogue.cu): dpre [rows, cols] (dtype dt) = round(dh *
+// Note [Linear GELU gradient kernel] (linear.cu): dpre [rows, cols] (dtype dt) = round(dh *
 // gelu'(pre)) and dbias [cols] (dtype dt) = the rounded column sums of those f32 products, the
 // bits of launch_gelu_backward_f32 then launch_column_sums, in one pass over dh (left unchanged).
 // scratch: ceil(rows / kNormRowChunk) * cols floats.

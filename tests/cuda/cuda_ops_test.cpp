@@ -686,7 +686,7 @@ TEST(CudaOps, ColumnSumsAddChunkPartialsInTheirNotedOrder) {
     EXPECT_EQ(got.data<float>()[j], want[static_cast<size_t>(j)]) << "column " << j;
 }
 
-// Note [Fused norm weight gradients] (tensor/cuda/fused_norm.cu): the norm backward's one-kernel
+// Note [Fused norm weight gradients] (tensor/cuda/norm.cu): the norm backward's one-kernel
 // path (dsum and the weight/bias partials in one pass) gives the bits of the two-kernel path, for
 // layernorm and rmsnorm, with and without the residual's ds, in every float dtype: rows of packs
 // with a short last chunk, rows that take no packs, a single row, and rows of 512 packs (the

@@ -1,15 +1,8 @@
-// CUDA reductions, the norms' weight and bias gradients (the norms themselves are in
-// fused_norm.cu), softmax, embedding and the fused softmax + cross-entropy.
-//
-// Note [CUDA reduction determinism]
-// No reduction uses atomics. A sum is split the same way on every run: each thread accumulates a
-// fixed strided subset, then a fixed shuffle tree combines them (block_sum in common.cuh). Column
-// sums over many rows (layernorm's dweight/dbias) write one partial per chunk of kNormRowChunk
-// rows and a second kernel adds the partials in a fixed order (Note [Chunk partial sums] in
-// common.cuh). The embedding backward gives each
-// thread one (id, column) and walks that id's rows in order (Note [CUDA embedding backward]).
-// The fused cross-entropy never writes the softmax: forward keeps only lse per row, backward
-// recomputes exp(x - lse) while writing dlogits (Note [CUDA cross-entropy]).
+// CUDA embedding (forward and backward) and the fused softmax + cross-entropy (forward,
+// backward, both in one kernel, and the mean's divisor). The cross-entropy never writes the
+// softmax: forward keeps only lse per row, backward recomputes exp(x - lse) while writing
+// dlogits (Note [CUDA cross-entropy]). No kernel here uses atomics (Note [CUDA reduction
+// determinism] in reduce.cu).
 //
 // Note [CUDA embedding backward]
 // dweight += scatter(dout) must add each id's rows in row order (the CPU's order, so the f32 bits
@@ -34,225 +27,12 @@
 // sum stay f32.
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 
 #include "tensor/cuda/common.cuh"
 
 namespace strata::tensor::cuda {
 
 namespace {
-
-struct ArgMax {
-  float v;
-  int64_t i;
-};
-
-__device__ inline ArgMax better(ArgMax a, ArgMax b) {
-  // First NaN wins, else the larger value, ties to the smaller index: order-independent.
-  const bool an = isnan(a.v), bn = isnan(b.v);
-  if (an || bn) {
-    if (an && bn) return a.i < b.i ? a : b;
-    return an ? a : b;
-  }
-  if (a.v != b.v) return a.v > b.v ? a : b;
-  return a.i < b.i ? a : b;
-}
-
-__global__ void reduce_kernel(int op, const void* x, int xdt, Strided outer, Strided red,
-                              int64_t red_n, void* out, int odt, int64_t* indices) {
-  __shared__ double sh[32];
-  __shared__ float shv[32];
-  __shared__ int64_t shi[32];
-  const int64_t o = blockIdx.x;
-  const int64_t base = strided_offset(outer, o);
-  if (op == 2) {
-    ArgMax best{-INFINITY, red_n};
-    for (int64_t r = threadIdx.x; r < red_n; r += blockDim.x)
-      best = better(best, {load_float(x, xdt, base + strided_offset(red, r)), r});
-    for (int off = 16; off > 0; off >>= 1) {
-      ArgMax other{__shfl_xor_sync(0xffffffffu, best.v, off),
-                   __shfl_xor_sync(0xffffffffu, best.i, off)};
-      best = better(best, other);
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-      shv[warp] = best.v;
-      shi[warp] = best.i;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      ArgMax b = {shv[0], shi[0]};
-      for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) b = better(b, {shv[w], shi[w]});
-      if (b.i >= red_n) b.i = 0;  // every value was -inf: the first one is the max
-      store_float(out, odt, o, b.v);
-      if (indices) indices[o] = b.i;
-    }
-    return;
-  }
-  double acc = 0;
-  for (int64_t r = threadIdx.x; r < red_n; r += blockDim.x)
-    acc += load_float(x, xdt, base + strided_offset(red, r));
-  acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) {
-    if (op == 1) acc /= static_cast<double>(red_n);
-    store_float(out, odt, o, static_cast<float>(acc));
-  }
-}
-
-// Note [CUDA element groups]: thread t of the grid owns groups t, t + threads, ... of K elements
-// and adds their squares in element order, packed or not.
-template <typename T>
-__global__ void sum_squares_partial(const T* x, int64_t n, bool wide, double* partial) {
-  constexpr int K = group_width<T>;
-  __shared__ double sh[32];
-  double acc = 0;
-  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
-    float v[K];
-    load_group<K>(w, x + i0, valid, v);
-#pragma unroll
-    for (int e = 0; e < K; ++e) acc += static_cast<double>(v[e]) * static_cast<double>(v[e]);
-  });
-  acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-  // The rest of the row, for the totals' pass to read as zeros.
-  if (blockIdx.x == 0)
-    for (int i = gridDim.x + threadIdx.x; i < kSumSquaresBlocks; i += blockDim.x) partial[i] = 0;
-}
-
-// result[b] = the sum of row b of partial (n doubles a row).
-__global__ void sum_partials(const double* partial, int n, double* result) {
-  __shared__ double sh[32];
-  const double* row = partial + int64_t{blockIdx.x} * n;
-  double acc = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) acc += row[i];
-  acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) result[blockIdx.x] = acc;
-}
-
-// Note [CUDA column sums]
-// sum_to of [N, C] -> [C] (every bias gradient) through the generic reduce_kernel would give each
-// column a block whose threads read elements C apart: uncoalesced, one 32-byte sector per 2- or
-// 4-byte value, with int64 index arithmetic per element - for GPT-2 at B*T = 16K rows, tens of
-// milliseconds per step over its 48 bias gradients. Instead each thread owns a group of K
-// consecutive columns of a chunk of kColumnSumRows rows (consecutive threads, consecutive groups:
-// coalesced, 128-bit words when aligned, Note [CUDA element groups]), sums each column in f64, and
-// a second kernel adds the chunk partials in a fixed order and rounds once (Note [Chunk partial
-// sums] in common.cuh). The split depends only on N, so the bits are the same on every run.
-template <typename T>
-__global__ void column_sum_partials(const T* x, int64_t n, int64_t c, bool wide, double* partial) {
-  column_chunk_sums<double, kColumnSumRows>(x, n, c, wide, partial);
-}
-
-// partial_w[chunk, j] = sum over the chunk's rows of dy * xhat; partial_b likewise of dy (f32).
-// Note [CUDA element groups]: K consecutive columns per thread, each summed alone in row order.
-template <typename T>
-__global__ void norm_bwd_partials(const T* dy, const T* x, const float* mean, const float* rstd,
-                                  float* partial_w, float* partial_b, int64_t n, int64_t c,
-                                  bool wide) {
-  constexpr int K = group_width<T>;
-  const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * K;
-  if (j >= c) return;
-  const int64_t valid = c - j;
-  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-  // Note [Row chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
-  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
-    const int64_t r0 = chunk * kNormRowChunk, r1 = min(n, r0 + kNormRowChunk);
-    float sw[K] = {}, sb[K] = {};
-    for (int64_t r = r0; r < r1; ++r) {
-      float g[K], xv[K];
-      load_group<K>(wide, dy + r * c + j, valid, g);
-      load_group<K>(wide, x + r * c + j, valid, xv);
-      const float mu = mean ? mean[r] : 0.f, rs = rstd[r];
-#pragma unroll
-      for (int e = 0; e < K; ++e) add_norm_param_terms(g[e], xv[e], mu, rs, sw[e], sb[e]);
-    }
-    store_group<K>(wide, partial_w + chunk * c + j, valid, sw);
-    if (partial_b) store_group<K>(wide, partial_b + chunk * c + j, valid, sb);
-  }
-}
-
-// Note [CUDA softmax]: one block per row, three passes (max, sum of exp, write) for the forward,
-// two (sum of y * dy, write) for the backward. With kPacked (c a multiple of the pack and every
-// row 16-byte aligned, which the launcher checks) each thread reads and writes 128-bit packs of
-// 4 f32 or 8 bf16/f16; otherwise one element at a time. Each thread's subset is fixed by c and
-// the block size, so the sums (and the bits) are the same on every run.
-template <typename T, bool kPacked, typename F>
-__device__ __forceinline__ void for_row(const T* r, int64_t c, F f) {
-  if (kPacked) {
-    constexpr int P = Pack<T>::kN;
-    const Pack<T>* rp = reinterpret_cast<const Pack<T>*>(r);
-    for (int64_t k = threadIdx.x; k < c / P; k += blockDim.x) {
-      const Pack<T> pk = rp[k];
-#pragma unroll
-      for (int e = 0; e < P; ++e) f(to_f32(pk.v[e]));
-    }
-  } else {
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) f(to_f32(r[j]));
-  }
-}
-
-template <typename T, bool kPacked>
-__global__ void softmax_fwd(const T* x, T* y, int64_t c) {
-  __shared__ float sh[32];
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * c;
-  float m = -INFINITY;
-  for_row<T, kPacked>(xr, c, [&](float v) { m = fmaxf(m, v); });
-  m = block_max(m, sh);
-  float s = 0;
-  for_row<T, kPacked>(xr, c, [&](float v) { s += expf(v - m); });
-  const float inv = 1.f / block_sum(s, sh);
-  T* yr = y + row * c;
-  if (kPacked) {
-    constexpr int P = Pack<T>::kN;
-    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
-    Pack<T>* yp = reinterpret_cast<Pack<T>*>(yr);
-    for (int64_t k = threadIdx.x; k < c / P; k += blockDim.x) {
-      const Pack<T> in = xp[k];
-      Pack<T> out;
-#pragma unroll
-      for (int e = 0; e < P; ++e) out.v[e] = from_f32<T>(expf(to_f32(in.v[e]) - m) * inv);
-      yp[k] = out;
-    }
-  } else {
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      yr[j] = from_f32<T>(expf(to_f32(xr[j]) - m) * inv);
-  }
-}
-
-template <typename T, bool kPacked>
-__global__ void softmax_bwd(const T* y, const T* dy, T* dx, int64_t c) {
-  __shared__ float sh[32];
-  const int64_t row = blockIdx.x;
-  const T* yr = y + row * c;
-  const T* gr = dy + row * c;
-  T* dr = dx + row * c;
-  float s = 0;
-  if (kPacked) {
-    constexpr int P = Pack<T>::kN;
-    const Pack<T>*yp = reinterpret_cast<const Pack<T>*>(yr),
-          *gp = reinterpret_cast<const Pack<T>*>(gr);
-    for (int64_t k = threadIdx.x; k < c / P; k += blockDim.x) {
-      const Pack<T> a = yp[k], b = gp[k];
-#pragma unroll
-      for (int e = 0; e < P; ++e) s += to_f32(a.v[e]) * to_f32(b.v[e]);
-    }
-    s = block_sum(s, sh);
-    Pack<T>* dp = reinterpret_cast<Pack<T>*>(dr);
-    for (int64_t k = threadIdx.x; k < c / P; k += blockDim.x) {
-      const Pack<T> a = yp[k], b = gp[k];
-      Pack<T> out;
-#pragma unroll
-      for (int e = 0; e < P; ++e) out.v[e] = from_f32<T>(to_f32(a.v[e]) * (to_f32(b.v[e]) - s));
-      dp[k] = out;
-    }
-  } else {
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += to_f32(yr[j]) * to_f32(gr[j]);
-    s = block_sum(s, sh);
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      dr[j] = from_f32<T>(to_f32(yr[j]) * (to_f32(gr[j]) - s));
-  }
-}
 
 __device__ inline int64_t load_id(const void* ids, bool i64, int64_t i) {
   return i64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
@@ -577,24 +357,6 @@ __global__ void ce_fused(T* x, const void* targets, bool i64, int64_t ignore, fl
     xr[j] = from_f32<T>(ce_grad<T>(to_f32(xr[j]), j, t, vv, l, g));
 }
 
-// x *= g / expected unless g == expected (Backend::scale_unless_equal): every block reads g and
-// returns at once when they are equal.
-template <typename T>
-__global__ void scale_unless_equal_kernel(T* x, int64_t n, const float* g, float expected,
-                                          bool wide) {
-  const float r = *g;
-  if (r == expected) return;
-  const float f = r / expected;
-  constexpr int K = group_width<T>;  // Note [CUDA element groups]
-  for_each_group<K>(n, wide, [&](int64_t i0, int64_t valid, bool w) {
-    float v[K];
-    load_group<K>(w, x + i0, valid, v);
-#pragma unroll
-    for (int e = 0; e < K; ++e) v[e] *= f;
-    store_group<K>(w, x + i0, valid, v);
-  });
-}
-
 // out = {m, 1 / m}, m = max(1, number of targets not equal to `ignore`): the mean's divisor of
 // the cross-entropy loss, left on the device (Backend::cross_entropy_norm). One block; the count
 // is an integer sum, so exact and the same in any order.
@@ -610,118 +372,9 @@ __global__ void ce_norm(const void* targets, bool i64, int64_t n, int64_t ignore
   }
 }
 
-int row_threads(int64_t c) {
-  return c >= 1024 ? 1024 : c >= 512 ? 512 : c >= 256 ? 256 : c >= 128 ? 128 : 64;
-}
-
 }  // namespace
 
-void launch_reduce(int op, const void* x, int x_dtype, const Strided& x_outer, const Strided& x_red,
-                   void* out, int out_dtype, int64_t n_out, int64_t* indices, Stream stream) {
-  int64_t red_n = 1;
-  for (int d = 0; d < x_red.ndim; ++d) red_n *= x_red.shape[d];
-  if (n_out == 0) return;
-  const int threads = red_n >= 256 ? 256 : red_n > 32 ? 64 : 32;
-  STRATA_LAUNCH(static_cast<unsigned>(n_out), threads, 0, stream, reduce_kernel)
-  (op, x, x_dtype, x_outer, x_red, red_n, out, out_dtype, indices);
-}
-
 #define STRATA_FLOAT_TYPE(tag) typename decltype(tag)::type
-
-bool launch_sum_squares_partials(const void* x, int dtype, int64_t n, double* row, Stream stream) {
-  return dispatch_float(dtype, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    // Enough blocks to fill the GPU with loads in flight for a large tensor (a 128-bit group
-    // per thread per step), fewer for a small one; the count depends on n alone, so the sum
-    // does too (Note [CUDA element groups]).
-    const int64_t groups = (n + group_width<T> - 1) / group_width<T>;
-    const int blocks =
-        static_cast<int>(std::clamp<int64_t>((groups + 255) / 256, 1, kSumSquaresBlocks));
-    STRATA_LAUNCH(blocks, 256, 0, stream, sum_squares_partial<T>)
-    (static_cast<const T*>(x), n, aligned16(x), row);
-  });
-}
-
-void launch_sum_squares_totals(const double* rows, int count, double* totals, Stream stream) {
-  if (count > 0)
-    STRATA_LAUNCH(count, 256, 0, stream, sum_partials)(rows, kSumSquaresBlocks, totals);
-}
-
-bool launch_column_sum(const void* x, int x_dtype, int64_t n, int64_t c, double* scratch, void* out,
-                       int out_dtype, Stream stream) {
-  const int64_t chunks = (n + kColumnSumRows - 1) / kColumnSumRows;
-  return dispatch_float(x_dtype, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    if (c == 0) return;
-    constexpr int K = group_width<T>;
-    const ColumnLaunch l = column_launch(c, K);
-    if (chunks > 0)
-      STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream,
-                    column_sum_partials<T>)
-    (static_cast<const T*>(x), n, c, c % K == 0 && aligned16(x), scratch);
-    launch_chunk_column_sums<double>(scratch, out, nullptr, nullptr, out_dtype, chunks, c, stream);
-  });
-}
-
-bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float* mean,
-                             const float* rstd, void* dw, void* db, float* scratch, int64_t n,
-                             int64_t c, bool accumulate, Stream stream) {
-  return dispatch_float(dt, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-    constexpr int K = group_width<T>;
-    const ColumnLaunch l = column_launch(c, K);
-    float* partial_b = db ? scratch + chunks * c : nullptr;
-    // The f32 partials' rows are c floats: 16-byte aligned when c is a multiple of K (>= 4).
-    const bool wide = c % K == 0 && aligned16(dy) && aligned16(x) && aligned16(scratch) &&
-                      (partial_b == nullptr || aligned16(partial_b));
-    if (chunks > 0)
-      STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream, norm_bwd_partials<T>)
-    (static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, scratch, partial_b, n, c,
-     wide);
-    // Note [Chunk partial sums]: dweight and dbias in one launch.
-    launch_chunk_column_sums<float>(scratch, dw, partial_b, db, dt, chunks, c, stream, accumulate);
-  });
-}
-
-// Note [CUDA softmax]: packs when every row starts 16-byte aligned.
-template <typename T>
-bool softmax_packs(int64_t c, std::initializer_list<const void*> ptrs) {
-  if (c % Pack<T>::kN != 0) return false;
-  for (const void* p : ptrs)
-    if (!aligned16(p)) return false;
-  return true;
-}
-
-bool launch_softmax_forward(int dt, const void* x, void* y, int64_t n, int64_t c, Stream stream) {
-  return dispatch_float(dt, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    if (n == 0) return;
-    const auto* xt = static_cast<const T*>(x);
-    auto* yt = static_cast<T*>(y);
-    if (softmax_packs<T>(c, {x, y}))
-      STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, softmax_fwd<T, true>)
-    (xt, yt, c);
-    else STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, softmax_fwd<T, false>)(
-        xt, yt, c);
-  });
-}
-
-bool launch_softmax_backward(int dt, const void* y, const void* dy, void* dx, int64_t n, int64_t c,
-                             Stream stream) {
-  return dispatch_float(dt, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    if (n == 0) return;
-    const auto* yt = static_cast<const T*>(y);
-    const auto* gt = static_cast<const T*>(dy);
-    auto* dt_ = static_cast<T*>(dx);
-    if (softmax_packs<T>(c, {y, dy, dx}))
-      STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, softmax_bwd<T, true>)
-    (yt, gt, dt_, c);
-    else STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(c), 0, stream, softmax_bwd<T, false>)(
-        yt, gt, dt_, c);
-  });
-}
 
 void launch_embedding_forward(const void* weight, const void* ids, bool ids_i64, void* out,
                               int64_t n, int64_t v, int64_t row_bytes, int* bad, Stream stream) {
@@ -815,18 +468,6 @@ bool launch_cross_entropy_fused(int dt, void* logits, const void* targets, bool 
     STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(v), 0, stream, ce_fused<T>)
     (static_cast<T*>(logits), targets, targets_i64, ignore_index, losses, lse, ld, v, bad, grad,
      norm);
-  });
-}
-
-bool launch_scale_unless_equal(int dt, void* x, int64_t n, const float* g, float expected,
-                               Stream stream) {
-  return dispatch_float(dt, [&](auto tag) {
-    using T = STRATA_FLOAT_TYPE(tag);
-    if (n == 0) return;
-    const int64_t groups = (n + group_width<T> - 1) / group_width<T>;
-    const int64_t blocks = std::min<int64_t>((groups + 255) / 256, 4096);
-    STRATA_LAUNCH(static_cast<unsigned>(blocks), 256, 0, stream, scale_unless_equal_kernel<T>)
-    (static_cast<T*>(x), n, g, expected, aligned16(x));
   });
 }
 

@@ -1,5 +1,5 @@
 // The unfused fallbacks of the linear epilogues (Note [CUDA linear epilogues] in
-// tensor/cuda/matmul.cpp): when cuBLASLt has no algorithm for an epilogue, or its constraints
+// tensor/cuda/linear.cpp): when cuBLASLt has no algorithm for an epilogue, or its constraints
 // (the GELU input's leading dimension a multiple of 8) do not hold, the GEMM writes its f32
 // product and these kernels finish the job with the semantics of Note [Linear epilogues]: bias
 // and GELU in f32, one rounding per output; bias gradients summed in f32 in a fixed chunk order
@@ -18,7 +18,7 @@ __device__ __forceinline__ float gelu_f(float v) {
   return 0.5f * v * (1.0f + tanhf(kGeluScale * (v + kGeluCube * v * v * v)));
 }
 
-// Every operation explicitly rounded (Note [Explicitly rounded norm gradients] in fused_norm.cu
+// Every operation explicitly rounded (Note [Explicitly rounded norm gradients] in norm.cu
 // says why): gelu_backward_f32 and gelu_backward_bias_partials inline it into different code,
 // and must give the same bits.
 __device__ __forceinline__ float gelu_grad_f(float v) {

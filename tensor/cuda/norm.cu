@@ -12,7 +12,7 @@
 // dx is the unfused kernel's formula on s, rounded to the compute dtype, then added to ds and
 // rounded again (the unfused graph's two roundings), written as dsum in the same pass. All sums
 // are f32 through the fixed shuffle tree of block_sum, so no atomics and the same bits every run;
-// dweight/dbias are the chunked partials of reduce_norm.cu (launch_norm_param_grads), or the same
+// dweight/dbias are the chunked partials of launch_norm_param_grads (below), or the same
 // partials summed in the dsum kernel (Note [Fused norm weight gradients], below).
 #include <algorithm>
 #include <initializer_list>
@@ -201,7 +201,7 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float2* shared /*
 
 // Note [Fused norm weight gradients]
 // The norm backward's weight and bias gradients are column sums over all n rows of dy * xhat and
-// dy. The separate path (launch_norm_param_grads in reduce_norm.cu) re-reads dy and s after the
+// dy. The separate path (launch_norm_param_grads, below) re-reads dy and s after the
 // dsum kernel, in chunks of kNormRowChunk rows, one f32 partial per chunk and column: per bf16
 // element the dsum kernel moves 8 bytes (dy, s, ds in, dsum out) and the partials 4 more. When a
 // row is one pack per thread in a block of at most kFusedNormThreads, one kernel does both: a
@@ -341,6 +341,34 @@ bool launch_forward(int dt, const void* x, const void* r, const void* w, const v
   });
 }
 
+// partial_w[chunk, j] = sum over the chunk's rows of dy * xhat; partial_b likewise of dy (f32).
+// Note [CUDA element groups]: K consecutive columns per thread, each summed alone in row order.
+template <typename T>
+__global__ void norm_bwd_partials(const T* dy, const T* x, const float* mean, const float* rstd,
+                                  float* partial_w, float* partial_b, int64_t n, int64_t c,
+                                  bool wide) {
+  constexpr int K = group_width<T>;
+  const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * K;
+  if (j >= c) return;
+  const int64_t valid = c - j;
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  // Note [Row chunks on grid.y]: this block's chunks are blockIdx.y, + gridDim.y, ...
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kNormRowChunk, r1 = min(n, r0 + kNormRowChunk);
+    float sw[K] = {}, sb[K] = {};
+    for (int64_t r = r0; r < r1; ++r) {
+      float g[K], xv[K];
+      load_group<K>(wide, dy + r * c + j, valid, g);
+      load_group<K>(wide, x + r * c + j, valid, xv);
+      const float mu = mean ? mean[r] : 0.f, rs = rstd[r];
+#pragma unroll
+      for (int e = 0; e < K; ++e) add_norm_param_terms(g[e], xv[e], mu, rs, sw[e], sb[e]);
+    }
+    store_group<K>(wide, partial_w + chunk * c + j, valid, sw);
+    if (partial_b) store_group<K>(wide, partial_b + chunk * c + j, valid, sb);
+  }
+}
+
 }  // namespace
 
 bool launch_add_layernorm_forward(int dt, const void* x, const void* r, const void* w,
@@ -438,6 +466,27 @@ bool launch_norm_backward(int dt, const void* dy, const void* ds, const void* s,
       else STRATA_LAUNCH(grid, threads, 0, stream, add_norm_bwd_fused<T, 1, false>)(
           pdy, pds, ps, pw, mean, rstd, out, scratch, partial_b, n, c);
     }
+    launch_chunk_column_sums<float>(scratch, dw, partial_b, db, dt, chunks, c, stream, accumulate);
+  });
+}
+
+bool launch_norm_param_grads(int dt, const void* dy, const void* x, const float* mean,
+                             const float* rstd, void* dw, void* db, float* scratch, int64_t n,
+                             int64_t c, bool accumulate, Stream stream) {
+  return dispatch_float(dt, [&](auto tag) {
+    using T = STRATA_FLOAT_TYPE(tag);
+    const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+    constexpr int K = group_width<T>;
+    const ColumnLaunch l = column_launch(c, K);
+    float* partial_b = db ? scratch + chunks * c : nullptr;
+    // The f32 partials' rows are c floats: 16-byte aligned when c is a multiple of K (>= 4).
+    const bool wide = c % K == 0 && aligned16(dy) && aligned16(x) && aligned16(scratch) &&
+                      (partial_b == nullptr || aligned16(partial_b));
+    if (chunks > 0)
+      STRATA_LAUNCH(dim3(l.blocks, chunk_grid(chunks)), l.threads, 0, stream, norm_bwd_partials<T>)
+    (static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, scratch, partial_b, n, c,
+     wide);
+    // Note [Chunk partial sums]: dweight and dbias in one launch.
     launch_chunk_column_sums<float>(scratch, dw, partial_b, db, dt, chunks, c, stream, accumulate);
   });
 }

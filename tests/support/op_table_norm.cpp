@@ -147,7 +147,7 @@ OpInfo norms() {
                    return all_norms(z({0, 8}, d), r({8}, 12, d), r({8}, 13, d));
                  }});
     // No features: empty outputs, [0] weight gradients, NaN statistics (the mean of nothing),
-    // and no kernel called (Note [Norms over no features] in tensor/ops.cpp).
+    // and no kernel called (Note [Norms over no features] in tensor/ops_norm.cpp).
     c.push_back({"norms_no_features", [=](Device d) {
                    return all_norms(z({3, 0}, d), z({0}, d), z({0}, d));
                  }});

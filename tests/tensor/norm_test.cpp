@@ -193,7 +193,7 @@ TEST(Softmax, BackwardMatchesFiniteDifferences) {
   }
 }
 
-// Note [Norms over no features] in tensor/ops.cpp: nothing to normalise, so empty outputs, [0]
+// Note [Norms over no features] in tensor/ops_norm.cpp: nothing to normalise, so empty outputs, [0]
 // weight gradients and the statistics of no elements (NaN), for every norm and softmax.
 TEST(Norms, OverNoFeaturesGiveEmptyOutputsAndNanStatistics) {
   const Tensor x = zeros({2, 3, 0}), w = zeros({0});

@@ -4,7 +4,7 @@
 // Note [Emulated cuDNN]
 // cuDNN's engines are closed; what the backend API documents is the graph: tensors (data type,
 // dims, strides, uid, virtual or not, by value or not) and operation nodes between them. This
-// emulator accepts the nodes tensor/cuda/sdpa_plan.cpp builds (pointwise ADD, SUB, MUL, DIV,
+// emulator accepts the nodes tensor/cuda/sdpa_graph.cpp builds (pointwise ADD, SUB, MUL, DIV,
 // EXP, LOG, IDENTITY, CMP_GE, BINARY_SELECT, GEN_INDEX; reductions ADD and MAX; batched matmul;
 // reshape) and executes a finalized graph node by node, in dependency order, on the CPU:
 //   - Every value is computed in f32. A virtual tensor of a 16-bit type rounds what is written

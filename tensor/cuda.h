@@ -42,7 +42,7 @@ struct CudaDeviceFacts {
 };
 CudaDeviceFacts cuda_device_facts(int device = 0);
 
-// cuBLASLt algorithm tuning (Note [cuBLASLt tuning] in tensor/cuda/matmul.cpp). Off (the
+// cuBLASLt algorithm tuning (Note [cuBLASLt tuning] in tensor/cuda/matmul_tuning.cpp). Off (the
 // default), each matmul problem runs the algorithm cuBLASLt's heuristic ranks first. On, each new
 // problem times up to 8 of the heuristic's algorithms on its own operands and keeps the fastest.
 // `file`, when not empty, records every choice and is read before anything is timed, so a rerun or

@@ -5,7 +5,7 @@
 //   copy_fill.cpp       fill, arange, random draws, concat
 //   elementwise.cpp     binary, affine, axpy, unary(+backward), bias_add, dropout, rotary
 //   reduce.cpp          sum_to, reduce, top_k, sum_squares(_many), scale_unless_equal
-//   matmul.cpp          matmul through cuBLASLt (fp32 accumulate), its tuning (matmul.h)
+//   matmul.cpp          matmul through cuBLASLt (fp32 accumulate; matmul.h, matmul_tuning.cpp)
 //   linear.cpp          linear with cuBLASLt epilogues and its backward pieces
 //   norm.cpp            layernorm, rmsnorm (also fused with a residual add), softmax
 //   attention.cpp       attention (cuDNN, else the own kernels)

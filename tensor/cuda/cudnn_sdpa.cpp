@@ -1,5 +1,5 @@
 // cuDNN fused attention: mode selection, argument checks, the plan cache and execution. The
-// backend-API plumbing and the two operation graphs are in sdpa_plan.cpp.
+// backend-API plumbing is in sdpa_plan.cpp, the two operation graphs in sdpa_graph.cpp.
 //
 // Note [cuDNN SDPA]
 // What runs. cuDNN 9 has no single "attention" call on its C API for our case: its flash
@@ -8,7 +8,7 @@
 // "composite" SDPA of cudnn-frontend's node/scaled_dot_product_flash_attention.h). cuDNN also
 // has single SDPA_FWD (9.13.1+) and SDPA_BWD (9.17+) operation nodes, but they take a causal mask
 // only as a score-modifier subgraph, which needs 9.21; so Strata builds the composite graphs
-// itself (sdpa_plan.cpp; the cudnn_frontend C++ headers are not used). Forward:
+// itself (sdpa_graph.cpp; the cudnn_frontend C++ headers are not used). Forward:
 //   S = Q K^T * scale [causal: S = select(row + Tk - Tq >= col, S, fill), fill = -inf]
 //   M = rowmax S,  E = exp(S - M),  L = rowsum E,  Stats = M + log L,  O = (E / L) V
 // Backward (Stats from the forward, D = rowsum(dO * O)):

@@ -1,5 +1,5 @@
 // cuDNN backend-API plumbing for fused attention: loading libcudnn (dlopen), descriptors, the
-// forward and backward operation graphs, engine choice and execution. The graphs and why they
+// engine choice and execution of the graphs of sdpa_graph.cpp. The graphs and why they
 // look like this: Note [cuDNN SDPA] in cudnn_sdpa.cpp.
 #include "tensor/cuda/sdpa_plan.h"
 
@@ -20,26 +20,21 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/cuda/sdpa_graph.h"
+
 namespace strata::tensor::cuda {
 
-namespace {
-
-// The entry points Strata uses, resolved from the loaded library.
-struct Api {
-  decltype(&::cudnnGetVersion) get_version = nullptr;
-  decltype(&::cudnnCreate) create = nullptr;
-  decltype(&::cudnnSetStream) set_stream = nullptr;
-  decltype(&::cudnnGetErrorString) error_string = nullptr;
-  decltype(&::cudnnGetLastErrorString) last_error = nullptr;
-  decltype(&::cudnnBackendCreateDescriptor) create_desc = nullptr;
-  decltype(&::cudnnBackendDestroyDescriptor) destroy_desc = nullptr;
-  decltype(&::cudnnBackendSetAttribute) set_attr = nullptr;
-  decltype(&::cudnnBackendGetAttribute) get_attr = nullptr;
-  decltype(&::cudnnBackendFinalize) finalize = nullptr;
-  decltype(&::cudnnBackendExecute) execute = nullptr;
-};
-
 const Api* g_api = nullptr;
+
+void ck(cudnnStatus_t s, const char* what) {
+  if (s == CUDNN_STATUS_SUCCESS) return;
+  char detail[512] = {0};
+  g_api->last_error(detail, sizeof(detail));
+  throw CudnnError(
+      fmt::format("{}: {}{}{}", what, g_api->error_string(s), detail[0] ? ": " : "", detail));
+}
+
+namespace {
 std::string g_load_error;
 
 void load_once() {
@@ -109,49 +104,6 @@ void load_once() {
   });
 }
 
-// Raised inside this file on a failed cuDNN call; build_sdpa_plan / execute turn it into false.
-struct CudnnError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void ck(cudnnStatus_t s, const char* what) {
-  if (s == CUDNN_STATUS_SUCCESS) return;
-  char detail[512] = {0};
-  g_api->last_error(detail, sizeof(detail));
-  throw CudnnError(
-      fmt::format("{}: {}{}{}", what, g_api->error_string(s), detail[0] ? ": " : "", detail));
-}
-
-// An owned backend descriptor.
-class Desc {
- public:
-  explicit Desc(cudnnBackendDescriptorType_t type) {
-    ck(g_api->create_desc(type, &d_), "cudnnBackendCreateDescriptor");
-  }
-  ~Desc() {
-    if (d_) g_api->destroy_desc(d_);
-  }
-  Desc(const Desc&) = delete;
-  Desc& operator=(const Desc&) = delete;
-  cudnnBackendDescriptor_t get() const { return d_; }
-
-  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n,
-           const void* values) {
-    ck(g_api->set_attr(d_, name, type, n, values), "cudnnBackendSetAttribute");
-  }
-  void set_desc(cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t d) {
-    set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d);
-  }
-  void set_i64(cudnnBackendAttributeName_t name, int64_t v) { set(name, CUDNN_TYPE_INT64, 1, &v); }
-  void set_type(cudnnBackendAttributeName_t name, cudnnDataType_t t) {
-    set(name, CUDNN_TYPE_DATA_TYPE, 1, &t);
-  }
-  void finalize(const char* what) { ck(g_api->finalize(d_), what); }
-
- private:
-  cudnnBackendDescriptor_t d_ = nullptr;
-};
-
 cudnnHandle_t handle_for(int device) {
   static cudnnHandle_t h = nullptr;  // one process per GPU (DESIGN.md decision 10)
   if (!h) {
@@ -162,278 +114,6 @@ cudnnHandle_t handle_for(int device) {
     ck(g_api->create(&h), "cudnnCreate");
   }
   return h;
-}
-
-// Graph tensor ids: the non-virtual ones are bound per call (SdpaPlanImpl::execute).
-enum Uid : int64_t {
-  kQ = 1,
-  kK,
-  kV,
-  kO,
-  kStats,
-  kScale,
-  kNegInf,
-  kSkv,
-  kSq,
-  kDO,
-  kDQ,
-  kDK,
-  kDV,
-  kOne,
-  kRowSum,
-  kFirstVirtual = 100
-};
-
-using Dims = std::array<int64_t, 4>;
-
-Dims packed(const Dims& d) {
-  return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
-}
-
-// Collects the descriptors of one operation graph (kept alive with the plan).
-class GraphBuilder {
- public:
-  using D = cudnnBackendDescriptor_t;
-
-  D tensor(int64_t uid, cudnnDataType_t type, const Dims& dim, const Dims& stride,
-           bool is_virtual = false, bool by_value = false) {
-    Desc& t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    t.set_type(CUDNN_ATTR_TENSOR_DATA_TYPE, type);
-    t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim.data());
-    t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, stride.data());
-    t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
-    t.set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16);
-    bool v = is_virtual;
-    t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
-    if (by_value) {
-      bool b = true;
-      t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &b);
-    }
-    t.finalize("tensor descriptor");
-    if (!is_virtual) bound.push_back(uid);
-    return t.get();
-  }
-  D virt(cudnnDataType_t type, const Dims& dim) { return virt(type, dim, packed(dim)); }
-  D virt(cudnnDataType_t type, const Dims& dim, const Dims& stride) {
-    return tensor(next_uid_++, type, dim, stride, true);
-  }
-  // A [1, 1, 1, 1] value passed from the host in the variant pack.
-  D scalar(int64_t uid, cudnnDataType_t type) {
-    return tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
-  }
-
-  // y = mode(x[, b][, t]); `prec` is the compute type, `axis` only for GEN_INDEX.
-  void pointwise(cudnnPointwiseMode_t mode, D x, D b, D y, cudnnDataType_t prec = CUDNN_DATA_FLOAT,
-                 D t = nullptr, int64_t axis = -1) {
-    Desc& pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    pw.set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
-    if (axis >= 0) pw.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
-    pw.finalize("pointwise descriptor");
-    Desc& op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw.get());
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
-    if (t) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    op.finalize("pointwise operation");
-    ops_.push_back(op.get());
-  }
-  void reduction(cudnnReduceTensorOp_t mode, D x, D y) {
-    Desc& r = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    r.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
-    r.set_type(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
-    r.finalize("reduction descriptor");
-    Desc& op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, r.get());
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    op.finalize("reduction operation");
-    ops_.push_back(op.get());
-  }
-  // c = a @ b over the last two dims, batched over the first two; f32 accumulation.
-  void matmul(D a, D b, D c) {
-    Desc& m = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    m.set_type(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
-    m.finalize("matmul descriptor");
-    Desc& op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, m.get());
-    op.finalize("matmul operation");
-    ops_.push_back(op.get());
-  }
-  // y is x seen through other dims/strides (used as a transpose).
-  void reshape(D x, D y) {
-    Desc& op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
-    op.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    op.finalize("reshape operation");
-    ops_.push_back(op.get());
-  }
-
-  // `h` null: a graph for a deviceless plan (Note [Deviceless cuDNN plans]).
-  Desc& finalize_graph(cudnnHandle_t h) {
-    Desc& g = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    if (h) g.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-    g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-          static_cast<int64_t>(ops_.size()), ops_.data());
-    g.finalize("operation graph");
-    return g;
-  }
-
-  std::vector<std::unique_ptr<Desc>> keep;
-  std::vector<int64_t> bound;  // non-virtual uids, bound in the variant pack
-
- private:
-  Desc& make(cudnnBackendDescriptorType_t type) {
-    keep.push_back(std::make_unique<Desc>(type));
-    return *keep.back();
-  }
-  std::vector<D> ops_;
-  int64_t next_uid_ = kFirstVirtual;
-};
-
-using D = GraphBuilder::D;
-
-// s with -inf where key j > query i + (Tk - Tq) (Note [cuDNN SDPA], masking).
-D causal_mask(GraphBuilder& g, D s, const SdpaKey& k) {
-  const Dims sd = {k.b, k.h, k.tq, k.tk};
-  D row = g.virt(CUDNN_DATA_INT32, sd);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, CUDNN_DATA_INT32, nullptr, 2);
-  D col = g.virt(CUDNN_DATA_INT32, sd);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, CUDNN_DATA_INT32, nullptr, 3);
-  if (k.tq != k.tk) {  // bottom-right alignment: row + Tk - Tq
-    D plus = g.virt(CUDNN_DATA_INT32, sd);
-    g.pointwise(CUDNN_POINTWISE_ADD, row, g.scalar(kSkv, CUDNN_DATA_INT32), plus, CUDNN_DATA_INT32);
-    D shifted = g.virt(CUDNN_DATA_INT32, sd);
-    g.pointwise(CUDNN_POINTWISE_SUB, plus, g.scalar(kSq, CUDNN_DATA_INT32), shifted,
-                CUDNN_DATA_INT32);
-    row = shifted;
-  }
-  D keep = g.virt(CUDNN_DATA_BOOLEAN, sd);
-  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, CUDNN_DATA_BOOLEAN);
-  D out = g.virt(CUDNN_DATA_FLOAT, sd);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(kNegInf, CUDNN_DATA_FLOAT), out,
-              CUDNN_DATA_FLOAT, keep);
-  return out;
-}
-
-cudnnDataType_t io_type(const SdpaKey& k) {
-  return k.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
-}
-
-// The strides of operand `op` as the key holds them (Note [Strided attention operands]).
-Dims strides_of(const SdpaKey& k, SdpaOperand op) {
-  const auto& s = k.strides[op];
-  return {s[0], s[1], s[2], 1};
-}
-
-// A [B, H, T, D] operand in its own layout.
-D operand(GraphBuilder& g, int64_t uid, const SdpaKey& k, SdpaOperand op) {
-  const int64_t t = op == kSdpaK || op == kSdpaV || op == kSdpaDK || op == kSdpaDV ? k.tk : k.tq;
-  return g.tensor(uid, io_type(k), {k.b, k.h, t, k.d}, strides_of(k, op));
-}
-
-// K (or V) [B, H, Tk, D] described as its transpose [B, H, D, Tk] (the same memory).
-D transposed(GraphBuilder& g, int64_t uid, const SdpaKey& k, SdpaOperand op) {
-  const Dims s = strides_of(k, op);
-  return g.tensor(uid, io_type(k), {k.b, k.h, k.d, k.tk}, {s[0], s[1], 1, s[2]});
-}
-
-void build_forward(GraphBuilder& g, const SdpaKey& k) {
-  const cudnnDataType_t io = io_type(k), f32 = CUDNN_DATA_FLOAT;
-  const Dims sd = {k.b, k.h, k.tq, k.tk}, rd = {k.b, k.h, k.tq, 1};
-  D q = operand(g, kQ, k, kSdpaQ);
-  D kt = transposed(g, kK, k, kSdpaK);
-  D v = operand(g, kV, k, kSdpaV);
-  D o = operand(g, kO, k, kSdpaO);
-  D stats = g.tensor(kStats, f32, rd, packed(rd));
-  D scale = g.scalar(kScale, f32);
-
-  D s = g.virt(f32, sd);
-  g.matmul(q, kt, s);
-  D scaled = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_MUL, s, scale, scaled);
-  if (k.causal) scaled = causal_mask(g, scaled, k);
-  // Softmax with Stats = max + log(sum exp(s - max)), as cudnn-frontend's composite softmax.
-  D max = g.virt(f32, rd);
-  g.reduction(CUDNN_REDUCE_TENSOR_MAX, scaled, max);
-  D centred = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_SUB, scaled, max, centred);
-  D e = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_EXP, centred, nullptr, e);
-  D sum = g.virt(f32, rd);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum);
-  D log_sum = g.virt(f32, rd);
-  g.pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, log_sum);
-  g.pointwise(CUDNN_POINTWISE_ADD, max, log_sum, stats);
-  D p = g.virt(io, sd);  // the second matmul takes P in the io type
-  g.pointwise(CUDNN_POINTWISE_DIV, e, sum, p);
-  g.matmul(p, v, o);
-}
-
-void build_backward(GraphBuilder& g, const SdpaKey& k) {
-  const cudnnDataType_t io = io_type(k), f32 = CUDNN_DATA_FLOAT;
-  const Dims qd = {k.b, k.h, k.tq, k.d}, kd = {k.b, k.h, k.tk, k.d};
-  const Dims sd = {k.b, k.h, k.tq, k.tk}, rd = {k.b, k.h, k.tq, 1};
-  const Dims td = {k.b, k.h, k.tk, k.tq}, ts = {k.h * k.tq * k.tk, k.tq * k.tk, 1, k.tk};
-  D q = operand(g, kQ, k, kSdpaQ);
-  D kt = transposed(g, kK, k, kSdpaK);
-  D vt = transposed(g, kV, k, kSdpaV);
-  D o = operand(g, kO, k, kSdpaO);
-  D stats = g.tensor(kStats, f32, rd, packed(rd));
-  D dout = operand(g, kDO, k, kSdpaDO);
-  D dq = operand(g, kDQ, k, kSdpaDQ);
-  D dk = operand(g, kDK, k, kSdpaDK);
-  D dv = operand(g, kDV, k, kSdpaDV);
-  D scale = g.scalar(kScale, f32);
-
-  // Row sums D = sum(dO * O), kept in the caller's workspace (kRowSum).
-  D prod = g.virt(f32, qd);
-  g.pointwise(CUDNN_POINTWISE_MUL, dout, o, prod);
-  D red = g.virt(f32, rd);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, red);
-  D row_sum = g.tensor(kRowSum, f32, rd, packed(rd));
-  g.pointwise(CUDNN_POINTWISE_MUL, red, g.scalar(kOne, f32), row_sum);  // the dropout slot, 1
-
-  // P = exp(Q K^T * scale - Stats), masked.
-  D s = g.virt(f32, sd);
-  g.matmul(q, kt, s);
-  D scaled = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_MUL, s, scale, scaled);
-  D centred = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_SUB, scaled, stats, centred);
-  if (k.causal) centred = causal_mask(g, centred, k);
-  D p = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_EXP, centred, nullptr, p);
-
-  // dV = P^T dO
-  D pt = g.virt(io, td, ts);
-  g.reshape(p, pt);
-  g.matmul(pt, dout, dv);
-
-  // dS = P * (dO V^T - D) * scale
-  D dp = g.virt(f32, sd);
-  g.matmul(dout, vt, dp);
-  D diff = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_SUB, dp, row_sum, diff);
-  D dsp = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_MUL, diff, p, dsp);
-  D ds = g.virt(f32, sd);
-  g.pointwise(CUDNN_POINTWISE_MUL, dsp, scale, ds);
-
-  // dK = dS^T Q
-  D dst = g.virt(io, td, ts);
-  g.reshape(ds, dst);
-  g.matmul(dst, q, dk);
-
-  // dQ = dS K straight into dQ: no f32 atomic accumulator, so the engine takes its
-  // deterministic path (Note [cuDNN SDPA], determinism).
-  D k_rows = g.virt(f32, kd, strides_of(k, kSdpaK));  // K's own layout, as kt's
-  g.reshape(kt, k_rows);
-  g.matmul(ds, k_rows, dq);
 }
 
 int64_t align256(int64_t bytes) {

@@ -1,7 +1,7 @@
 #pragma once
 // Which split-K reductions Strata's GEMMs accept from cuBLASLt (Note [Split-K reductions]): the
-// preference mask matmul.cpp gives the heuristic, and the check of an algorithm read back from a
-// tuning file. Host code only.
+// preference mask matmul.cpp gives the heuristic, and the check (matmul_tuning.cpp) of an
+// algorithm read back from a tuning file. Host code only.
 #include <cublasLt.h>
 
 #include <cstddef>

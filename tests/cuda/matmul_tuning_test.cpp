@@ -1,7 +1,7 @@
-// cuBLASLt tuning (Note [cuBLASLt tuning] in tensor/cuda/matmul.cpp): tuned GEMMs, with and without
-// epilogues and accumulating into their output, agree with the CPU backend; a tuning file makes a
-// later process take the recorded algorithms and give the same bits; bad files are clear errors.
-// On the emulator (Note [Emulated cuBLASLt]) the candidates sum in different orders and
+// cuBLASLt tuning (Note [cuBLASLt tuning] in tensor/cuda/matmul_tuning.cpp): tuned GEMMs, with and
+// without epilogues and accumulating into their output, agree with the CPU backend; a tuning file
+// makes a later process take the recorded algorithms and give the same bits; bad files are clear
+// errors. On the emulator (Note [Emulated cuBLASLt]) the candidates sum in different orders and
 // STRATA_CUDA_EMU_CUBLASLT_FASTEST decides which one is fastest, so the choice itself is checked.
 // Skips itself when no GPU is visible (CTest label `cuda`).
 #include <gtest/gtest.h>
@@ -337,7 +337,7 @@ TEST_F(CudaMatmulTuning, BadTuningFilesAreClearErrorsOrSetAside) {
     std::vector<std::string> words;
     std::istringstream ls(refused[2]);
     for (std::string w; ls >> w;) words.push_back(w);
-    ASSERT_EQ(words.size(), 16u + 1 + 8 + 2);  // the key (Key in matmul.cpp), rank, algo, times
+    ASSERT_EQ(words.size(), 16u + 1 + 8 + 2);  // the Key (matmul_tuning.h), rank, algo, times
     words[16 + 1 + word] = value;
     refused[2].clear();
     for (const std::string& w : words) refused[2] += (refused[2].empty() ? "" : " ") + w;

@@ -1,6 +1,6 @@
 // Note [Optimizer devices] on the host: what can be checked without a GPU. The GPU side (state on
 // the device, the fused AdamW step, mixed devices rejected, SGD refused) is in
-// tests/cuda/train_gpu_test.cpp.
+// tests/cuda/train_gpu_steps_test.cpp.
 #include <gtest/gtest.h>
 
 #include "core/error.h"

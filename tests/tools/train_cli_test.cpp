@@ -268,7 +268,7 @@ std::vector<BadCase> bad_cases() {
                    replace("training:\n", "fp16:\n  hysteresis: 0\ntraining:\n"),
                    {"{config}", "fp16.hysteresis"}});
   // Without a visible GPU (CI, this machine) the message says so: the config file, "cuda",
-  // exit 1. With one, `train` trains there (tests/cuda/train_gpu_test.cpp).
+  // exit 1. With one, `train` trains there (tests/cuda/train_gpu_trainer_test.cpp).
   if (!tensor::cuda_available())
     cases.push_back(
         {"CudaRequested", replace("  seed: 3", "  seed: 3\n  device: cuda"), {"{config}", "cuda"}});

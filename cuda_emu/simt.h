@@ -69,6 +69,9 @@ class KernelJob {
 // once per thread of every block.
 void launch(const LaunchConfig& config, std::shared_ptr<KernelJob> job);
 
+// Counts a launch at its site (Note [Launch sites] in control.h; launch_sites.cpp).
+void count_launch_site(const LaunchConfig& config);
+
 enum class BlockOp : int { Sync, Count, And, Or };
 // __syncthreads and its reducing forms; returns the reduction (0 for Sync).
 int block_barrier(BlockOp op, int value);

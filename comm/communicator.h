@@ -9,7 +9,7 @@
 // one communicator run one at a time, in the order they were issued, and every rank of the group
 // must issue the same operations in the same order (as in MPI and NCCL). A caller may reuse or
 // read a tensor only after the handle's wait() returns. Results are deterministic: the same
-// inputs on the same number of ranks give the same bits (DESIGN.md decision 9).
+// inputs on the same number of ranks give the same bits (docs/design.md decision 9).
 //
 // Note [Failed ranks]
 // A collective that does not complete within the communicator's timeout (a peer died or hangs)

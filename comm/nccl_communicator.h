@@ -4,7 +4,7 @@
 // Note [NCCL streams]
 // Each NcclCommunicator owns a CUDA stream. An op first makes that stream wait for an event
 // recorded on the compute stream (so it sees every kernel issued before it), launches the NCCL
-// call, and records a completion event; Work::wait() blocks the host on that event (DESIGN.md
+// call, and records a completion event; Work::wait() blocks the host on that event (docs/design.md
 // decision 8). Ops of one communicator run in issue order on its stream (Note [Collective order]).
 // The GPU caching allocator is told the communication stream used each tensor (record_stream), so
 // a tensor freed before its op finished is not reused too early. The watchdog (Note [Failed

@@ -2,7 +2,8 @@
 // The world: which process this is (from the launcher's environment), the world communicator, and
 // how a run ends.
 //
-// A run is one process per device (DESIGN.md decision 10), started by mpirun or srun, or alone.
+// A run is one process per device (docs/design.md decision 10), started by mpirun or srun, or
+// alone.
 // init_world() picks the backend, starts it once, and returns the world communicator;
 // make_process_groups() (process_groups.h) splits it into tp/dp/pp groups. At the end,
 // finalize_world(); after a failure (a UserError from a communicator's wait()), print it and call

@@ -1,5 +1,5 @@
 #pragma once
-// Files that are either whole or absent (DESIGN.md decision 12).
+// Files that are either whole or absent (docs/design.md decision 12).
 //
 // Note [Atomic files]
 // Every file Strata writes that a later run reads (shards, safetensors, checkpoint state,

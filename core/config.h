@@ -1,6 +1,6 @@
 #pragma once
 // Strict YAML configs: a source-located tree, `base:` inheritance, `--set` overrides, and a typed
-// reader that rejects unknown keys and wrong types (DESIGN.md decision 11).
+// reader that rejects unknown keys and wrong types (docs/design.md decision 11).
 //
 // Note [Config sources]
 // Every node remembers where it was written (file, 1-based line and column; `--set` for a

@@ -7,7 +7,7 @@
 // header[3] = the vocabulary size of the tokenizer that made the shard (0 = unknown; llm.c
 // ignores it), so a data/model vocabulary mismatch is caught before training instead of as an
 // out-of-range embedding lookup. Readers mmap the file read-only and validate the whole header
-// up front; writers go through a temporary name, fsync and rename (DESIGN.md decision 12).
+// up front; writers go through a temporary name, fsync and rename (docs/design.md decision 12).
 #include <cstddef>
 #include <cstdint>
 #include <span>

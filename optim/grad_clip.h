@@ -3,7 +3,7 @@
 //
 // Note [Deterministic norm]
 // The sum of squares is accumulated in double over fixed chunks whose partial sums are added in
-// chunk order, so the norm is the same bits whatever the thread count (DESIGN.md decision 9).
+// chunk order, so the norm is the same bits whatever the thread count (docs/design.md decision 9).
 //
 // Note [GPU gradients]
 // Tensors on a GPU go through the op API instead: the sum of squares is tensor::sum_squares

@@ -1,6 +1,6 @@
 #pragma once
 // Optimizer: the common base of AdamW and SGD. Both work on parameter groups of flat buffers
-// (DESIGN.md decision 4): one fp32 parameter buffer and its gradient per unit, with named
+// (docs/design.md decision 4): one fp32 parameter buffer and its gradient per unit, with named
 // segments saying where each parameter lives and whether it takes weight decay.
 //
 // Note [Segments and weight decay]
@@ -17,7 +17,7 @@
 // byte is accounted]). state_dict() names them "group<i>.<name>" and returns views of the live
 // buffers, not copies: write them out before the next step. load_state_dict() copies into the
 // live buffers after checking that names, dtypes and sizes match exactly; a resumed run then
-// continues bitwise as the uninterrupted one would (DESIGN.md decision 9).
+// continues bitwise as the uninterrupted one would (docs/design.md decision 9).
 //
 // Note [Optimizer devices]
 // Every tensor of every group (param, grad, model copy) lives on ONE device: the CPU, or one

@@ -1,7 +1,7 @@
 #pragma once
 // Engine: data parallelism with ZeRO stages 0-3 around a model and its optimizer — the one object
-// `train`, the benchmarks and the tests step (DESIGN.md decisions 4, 5, 6, 9). A composition of
-// parts with one job each (Note [Engine parts]); configured with DeepSpeed's zero_optimization
+// `train`, the benchmarks and the tests step (docs/design.md decisions 4, 5, 6, 9). A composition
+// of parts with one job each (Note [Engine parts]); configured with DeepSpeed's zero_optimization
 // names and meanings.
 #include <cstdint>
 #include <functional>
@@ -172,8 +172,8 @@ class Engine {
   // The mean of a scalar over dp ranks (for logging the global loss), deterministic.
   double average(double x);
 
-  // DESIGN.md decision 5: this rank's model-state bytes, measured (MemoryStats current bytes of
-  // the model's tier in Param / Grad / Optimizer) — not computed from a formula.
+  // docs/design.md decision 5: this rank's model-state bytes, measured (MemoryStats current bytes
+  // of the model's tier in Param / Grad / Optimizer) — not computed from a formula.
   struct ModelStateBytes {
     int64_t params = 0, grads = 0, optimizer = 0;
   };

@@ -1,6 +1,6 @@
 #pragma once
-// Optimizer parameter groups over flat units: one group per unit (DESIGN.md decision 4), or per
-// owned slice of a unit (ZeRO, Note [ZeRO partitions]).
+// Optimizer parameter groups over flat units: one group per unit (docs/design.md decision 4), or
+// per owned slice of a unit (ZeRO, Note [ZeRO partitions]).
 //
 // Which parameters decay: matrices (and the embeddings, as in GPT-2/llm.c) do; biases, norm
 // weights and other 1-D parameters do not (Note [Segments and weight decay] in

@@ -7,7 +7,7 @@
 namespace strata::parallel {
 
 // Doubles cannot travel as tensors (no f64 dtype): allgathers their bits and adds them up in rank
-// order, so every rank computes the same sum from the same values (DESIGN.md decision 9). The
+// order, so every rank computes the same sum from the same values (docs/design.md decision 9). The
 // tensors live on `device` (what an nccl communicator serves). Collective.
 double sum_over_ranks(comm::Communicator& comm, double x, Device device);
 

@@ -9,7 +9,8 @@
 // storage]) except while the unit is gathered: materialised (charged to Category::Comm, like
 // every transient communication buffer) and filled by an allgather of the slices. ParamGathering
 // drives it from module hooks on the unit's modules — its prefixes and its users (UnitSpec::
-// users: GPT-2's tied `lm_head` reads wte) — so model code does not change (DESIGN.md decision 6):
+// users: GPT-2's tied `lm_head` reads wte) — so model code does not change
+// (docs/design.md decision 6):
 //   forward pre-hook    gather                 forward post-hook   release (not in backward)
 //   backward pre-hook   gather (+ gradients)   backward post-hook  release
 // Autograd's saved tensors are views of the parameters; they become valid again when the

@@ -14,7 +14,7 @@
 // optimizer.safetensors has the optimizer's name and step count in its metadata.
 //
 // Note [Atomic checkpoints]
-// Nothing is ever half-written (DESIGN.md decision 12). A step directory is written under a
+// Nothing is ever half-written (docs/design.md decision 12). A step directory is written under a
 // temporary name "step_N.tmp.<pid>", every file and the directory are fsynced, then it is renamed
 // into place (re-saving an existing step swaps the two directories atomically with
 // renameat2(RENAME_EXCHANGE) and deletes the old one). `latest` is replaced the same way, and

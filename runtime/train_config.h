@@ -31,7 +31,7 @@ struct RunConfig {                   // YAML section `run`
   uint64_t seed = 1337;
   std::string device = "cpu";  // cpu | cuda
   // fp32 | bf16 | fp16 | auto; auto (the default) resolves to bf16 on cuda and fp32 on cpu
-  // (DESIGN.md decision 7) when the config is loaded.
+  // (docs/design.md decision 7) when the config is loaded.
   std::string dtype = "auto";
   int threads = 0;  // 0 = all cores
   // off | on: time cuBLASLt's candidate algorithms per matmul problem and keep the fastest, the

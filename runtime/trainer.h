@@ -12,7 +12,7 @@
 // comes from the schedule, and the optimizer steps once. Dropout draws come from the training
 // Generator (autograd/rng_context.h), whose two-integer state is checkpointed with the step and
 // the data position, so a resumed run replays exactly what an uninterrupted one computes
-// (DESIGN.md decision 9). Nothing in a step depends on wall-clock time or thread timing.
+// (docs/design.md decision 9). Nothing in a step depends on wall-clock time or thread timing.
 //
 // Note [Interrupts]
 // SIGINT/SIGTERM only set a flag (request_stop). The loop finishes the step in progress, writes
@@ -46,7 +46,7 @@
 // buffers with copy_, in the same files and layout as a CPU run's, so a run can move between CPU
 // and GPU. Small control tensors (the stop flag, the memory report, checkpoint agreement) travel on
 // the run's device. The memory report reads Tier::Gpu. run.dtype auto is bf16 on the GPU (fp32
-// masters and moments; DESIGN.md decision 7) and fp32 on the CPU.
+// masters and moments; docs/design.md decision 7) and fp32 on the CPU.
 #include <cstdint>
 #include <memory>
 #include <string>

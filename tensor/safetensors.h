@@ -8,7 +8,7 @@
 // Reading validates the whole header up front (JSON shape, dtypes, sizes matching shapes,
 // offsets inside the file and not overlapping) and raises strata::user_error naming the file on
 // anything malformed. Writing goes to a temporary name, is fsynced, then renamed over the
-// target, so a crash never leaves a half-written file (DESIGN.md decision 12).
+// target, so a crash never leaves a half-written file (docs/design.md decision 12).
 //
 // Note [Safetensors digests]
 // A file that is well-formed can still have been damaged or changed after it was written (a

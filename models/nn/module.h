@@ -10,7 +10,7 @@
 // names all come from these full names, never from creation order.
 //
 // Note [Module hooks]
-// Strategies (DP, ZeRO-3, offload) attach to modules without changing model code (DESIGN.md
+// Strategies (DP, ZeRO-3, offload) attach to modules without changing model code (docs/design.md
 // decision 6). Each call through `operator()` or `call()`:
 //   1. runs the forward pre-hooks (inputs),
 //   2. if post-backward hooks exist and grad mode is on, routes the inputs that require grad

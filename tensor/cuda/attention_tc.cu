@@ -18,8 +18,8 @@
 //     key tiles: S and dP = dO V^T recomputed, dS = P (dP - D_i) rounded to the io dtype,
 //     dQ += dS K); dK and dV per key block (walking query tiles of 16: S^T = K Q^T, dP^T =
 //     V dO^T, dV += P^T dO, dK += dS^T Q). Each output element has one owner that adds in a fixed
-//     order, so the bits are the same every run (DESIGN.md decision 9); the price is computing S
-//     and dP twice.
+//     order, so the bits are the same every run (docs/design.md decision 9); the price is
+//     computing S and dP twice.
 //   - P and dS are rounded to the io dtype before their products, as FlashAttention and cuDNN do,
 //     which the f32 CPU reference does not: agreement is to the tolerance of the cuDNN tests, not
 //     one ulp. Every other sum is f32.

@@ -36,7 +36,7 @@
 // leaves rows with no key, which our contract defines (out 0, lse -inf) and cuDNN does not: those
 // go to the own kernel.
 //
-// Determinism (DESIGN.md decision 9). cuDNN's default SDPA backward accumulates dQ with atomics
+// Determinism (docs/design.md decision 9). cuDNN's stock SDPA backward accumulates dQ with atomics
 // into an f32 workspace tensor (cudnn-frontend's "dQ_accum" graph: matmul dS K into a non-virtual
 // f32 tensor, then an IDENTITY node into dQ), so its dQ bits depend on scheduling. The graph
 // without that tensor (matmul dS K straight into dQ) makes the Hopper engine keep dP in a

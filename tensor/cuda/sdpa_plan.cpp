@@ -105,7 +105,7 @@ void load_once() {
 }
 
 cudnnHandle_t handle_for(int device) {
-  static cudnnHandle_t h = nullptr;  // one process per GPU (DESIGN.md decision 10)
+  static cudnnHandle_t h = nullptr;  // one process per GPU (docs/design.md decision 10)
   if (!h) {
     if (cudaSetDevice(device) != cudaSuccess) {
       cudaGetLastError();

@@ -363,7 +363,7 @@ TEST(CudnnAttention, AgreesWithTheCpuBackendOnReleasesBefore9_10) {
   }
 }
 
-// DESIGN.md decision 9: the same inputs give the same bits (the backward's dQ included).
+// docs/design.md decision 9: the same inputs give the same bits (the backward's dQ included).
 TEST(CudnnAttention, CudnnAttentionIsDeterministic) {
   SKIP_WITHOUT_CUDNN();
   ScopedAttentionMode m("cudnn");

@@ -1,5 +1,5 @@
 // The engine across ranks (mpirun -np 2, 4, 8; alone too): every ZeRO stage reproduces the
-// single-process loss trajectory for the same global batch and seed (DESIGN.md, Testing), runs
+// single-process loss trajectory for the same global batch and seed (docs/design.md, Testing), runs
 // are bitwise repeatable, and a non-finite gradient on one rank skips the step everywhere.
 // The single-process reference is computed on each rank, with no communication in it.
 #include <gtest/gtest.h>
@@ -110,7 +110,7 @@ TEST(EngineMixedDp, EveryStageTracksTheOneProcessBf16Run) {
   }
 }
 
-// Same seed, same dp: the same bits (DESIGN.md decision 9), parameters included.
+// Same seed, same dp: the same bits (docs/design.md decision 9), parameters included.
 TEST(EngineDeterminism, TwoRunsAreBitwiseEqual) {
   for (int stage : {0, 2, 3}) {
     TrainSpec s;

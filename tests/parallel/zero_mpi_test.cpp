@@ -1,4 +1,4 @@
-// ZeRO across ranks: measured model-state memory against the formulas (DESIGN.md decision 5),
+// ZeRO across ranks: measured model-state memory against the formulas (docs/design.md decision 5),
 // ZeRO-3's gathered-parameter peak and prefetch, and checkpoint shards that re-partition onto
 // another dp layout.
 #include <gtest/gtest.h>

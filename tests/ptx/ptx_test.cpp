@@ -244,7 +244,7 @@ TEST(KernelPtx, NoKernelButTheNormalDrawUsesLocalMemory) {
   EXPECT_EQ(normal, 3 * ptx_files_per_kernel_file());  // f32, bf16, f16, for each architecture
 }
 
-// DESIGN.md, decision 9 (determinism: no order-dependent atomics in reductions): no kernel adds
+// docs/design.md decision 9 (determinism: no order-dependent atomics in reductions): no kernel adds
 // floats with atomics, whose order, and so whose rounding, varies from run to run; sums go through
 // fixed trees and chunk orders instead. Integer atomics (exact in any order) are allowed.
 TEST(KernelPtx, NoKernelAddsFloatsAtomically) {

@@ -77,7 +77,7 @@ TEST_F(TrainConfigTest, EveryShippedConfigLoads) {
   EXPECT_GE(n, 6);  // default, gpt2-common and the four GPT-2 presets
 }
 
-// DESIGN.md decision 7: bf16 on the GPU, fp32 on the CPU, unless run.dtype says otherwise.
+// docs/design.md decision 7: bf16 on the GPU, fp32 on the CPU, unless run.dtype says otherwise.
 TEST_F(TrainConfigTest, DtypeAutoIsBf16OnCudaAndFp32OnCpu) {
   const std::string path = write("tiny.yaml", kTiny);  // sets no dtype
   EXPECT_EQ(load_train_config(path, {"run.device=cuda"}).run.dtype, "bf16");

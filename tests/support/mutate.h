@@ -5,7 +5,7 @@
 // Every reader of a file a user hands Strata (configs, token shards, tokenizer files,
 // safetensors, checkpoints, Hugging Face folders) must answer a malformed file with a UserError
 // naming it, never a crash, a hang, an allocation the size of a made-up number or another kind of
-// exception (DESIGN.md, "Bad input"). The hand-written tests name the errors one expects; these
+// exception (docs/design.md decision 12). The hand-written tests name the errors one expects; these
 // tests look for the ones nobody thought of: they take a valid file, apply a few random
 // mutations drawn from a fixed seed (bit flips, bytes that matter to the format, numbers
 // replaced by extreme ones, cut, repeated or deleted spans, a truncation), hand each mutant to

@@ -1,5 +1,5 @@
 // The `train` binary against bad input: each case must end with a clear message naming the file
-// and the problem, exit status 1, and nothing half-written (DESIGN.md decision 12). Plus the
+// and the problem, exit status 1, and nothing half-written (docs/design.md decision 12). Plus the
 // happy paths a user touches first: --print-config, a short run, Ctrl-C and resume.
 #include <gtest/gtest.h>
 

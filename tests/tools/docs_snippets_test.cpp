@@ -132,7 +132,7 @@ class SnippetDir {
       fs::create_symlink(e.path(), fs::path(dir_.path()) / e.path().filename());
     fs::create_symlink(kSource / "configs", fs::path(dir_ / "configs"));
     testing::write_text(dir_ / "snippet_base.yaml",
-                        "data:\n  train: data/fortunes/train_*.bin\nbatch:\n  seq_len: 64\n");
+                        "data:\n  train: datasets/fortunes/train_*.bin\nbatch:\n  seq_len: 64\n");
   }
 
   // nullopt when `train --print-config` takes the block (Note [Docs snippets]); else the error,

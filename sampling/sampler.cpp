@@ -45,6 +45,14 @@ double uniform_draw(uint64_t seed, int64_t position, int64_t sample) {
   return static_cast<double>(bits & ((uint64_t{1} << 53) - 1)) * 0x1.0p-53;
 }
 
+// Note [Sampling cost]
+// Sorting the whole vocabulary for every token (50257 entries for GPT-2; `bench_generate --top-k 0
+// --temperature 1` measures the draw) can cost more than a GPU decode step of the model. So a draw
+// sorts only what it reaches: the top-k set is found by selection (nth_element), the best
+// candidates are sorted in chunks (64, then doubling) as the top-p sum or the inverse-CDF walk
+// reaches the end of the sorted prefix; a peaked distribution sorts one chunk. The weights are
+// recomputed from the logits where needed rather than stored. The choice is the one a full sort
+// would make (tests/sampling/sampler_test.cpp holds it to a full-sort reference).
 int32_t choose_token(std::span<const float> logits, const SampleOptions& o, int64_t position,
                      int64_t sample) {
   const float* l = logits.data();

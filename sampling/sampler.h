@@ -1,6 +1,15 @@
 #pragma once
-// Autoregressive sampling from a CausalLM (the `generate` tool).
-//
+// Autoregressive sampling from a CausalLM, for `generate` and `train`'s periodic samples: sample()
+// and sample_batch() draw continuations of a prompt, reproducibly from a seed, with the model's
+// KV cache where it has one, choosing on the device where the logits live.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "models/causal_lm.h"
+
+namespace strata::sampling {
+
 // Note [Sampling draws]
 // Each new token's draw comes from Philox keyed by (options.seed, the token's position in the
 // sequence) at counter s, the sample's index (options.first_sample + its row in a batch), never
@@ -14,29 +23,6 @@
 // inverse-CDF draw picks among what is left. The total the draw scales is summed in token id
 // order (top-p's, in candidate order); the draw walks the candidates best first.
 //
-// Note [Sampling cost]
-// Sorting the whole vocabulary for every token (50257 entries for GPT-2: about 3 ms per row and
-// token on this project's 2-core VM, by bench_generate --models gpt2 --top-k 0 --temperature 1
-// before and after this change) can cost more than a GPU decode step of the model. So a draw
-// sorts only what it reaches: the top-k set is found by selection (nth_element), the best
-// candidates are sorted in chunks (64, then doubling) as the top-p sum or the inverse-CDF walk
-// reaches the end of the sorted prefix; a peaked distribution sorts one chunk. The weights are
-// recomputed from the logits where needed rather than stored. The choice is the one a full sort
-// would make (tests/tools/sampler_test.cpp holds it to a full-sort reference).
-//
-// Note [Batched sampling]
-// sample_batch draws num_samples continuations of one prompt in one batch: every step runs the
-// model once on [num_samples, T] ids (and the KV cache holds num_samples rows), so on a GPU the
-// samples cost little more than one. The first step's rows all hold the prompt alone, so it runs
-// once, as a batch of one, every row drawing from its logits; with the cache its keys and values
-// are then repeated once per row (KvCache::repeat_rows), so a long prompt's prefill is paid once,
-// not num_samples times. Rows are independent: row s's draws are sample s's (Note [Sampling
-// draws]) and its logits are the ones a batch of one would compute, up to rounding. A
-// row that emits stop_token ends there and leaves the batch: later steps run only the rows still
-// drawing, and the KV cache drops the stopped rows' keys and values (KvCache::keep_rows, Note
-// [Dropping cache rows] in models/kv_cache.h), so the work per step shrinks with the rows left.
-// The batch ends when every row has stopped or at max_new_tokens.
-//
 // Note [Cached sampling]
 // With options.kv_cache (the default) and a model that supports it, the prompt runs once through
 // CausalLM::forward_cached and each later step runs only the token drawn last, attending to the
@@ -46,39 +32,6 @@
 // nothing held can be reused); the cache buys nothing there. Without the cache (kv_cache off, or
 // a model without a cached forward) every step runs the model over the last max_seq_len tokens.
 // Both ways draw from the same positions' logits, equal up to rounding (Note [KV cache]).
-//
-// Note [Non-finite logits]
-// A model whose weights went to NaN or inf (a diverged run: `train` logs a non-finite loss and
-// goes on) gives logits that cannot be drawn from. The draws' orders and sums assume finite
-// logits: a NaN breaks the comparisons the selection sorts with, and a nucleus over NaN weights
-// keeps no candidate at all. So sample_batch checks each row before its draw (detail::drawable)
-// and raises a UserError naming the sample and position; `train` reports it in place of the
-// sample and trains on. On the device's candidates a NaN or +inf ranks first (Note [Top-k]), so
-// the first candidate tells.
-//
-// Note [Device candidates]
-// On a GPU the whole-row draw costs the host more than the step: each row's logits (50257 bf16
-// for GPT-2) are copied to the host, widened to f32 there and searched, about 75 us per row and
-// token in the emulator's dry run against 0.2 ms for the whole 124M step. But a greedy draw
-// needs only the best token, and a top-k draw only the top_k best. So when the logits are on a
-// device and the draw needs at most kDeviceCandidates of them (temperature 0: one; 0 < top_k <
-// the vocabulary, at most kDeviceCandidates: top_k), the device picks each row's candidates
-// (tensor::top_k, Note [Top-k] in tensor/ops.h) and only those k values and ids come to the
-// host, where choose_from_candidates makes the choice. The tokens are the ones the whole-row draw
-// picks: top_k's order is choose_token's `before` (larger logits first, ties by smaller id) on
-// logits without NaN, so the candidates are the same set in the same order, and the draw does the
-// same arithmetic on them in the same order (the total over the candidates in id order, the
-// nucleus and the inverse-CDF walk best first), in double, on the same f32 values. top_k = 0 (the
-// whole vocabulary) and the CPU keep the whole-row draw. STRATA_DEVICE_CANDIDATES=off keeps it
-// everywhere, for comparing the two.
-#include <cstdint>
-#include <span>
-#include <vector>
-
-#include "models/causal_lm.h"
-
-namespace strata::sampling {
-
 struct SampleOptions {
   int64_t max_new_tokens = 128;
   double temperature = 0.8;  // 0 = greedy (argmax)
@@ -92,6 +45,19 @@ struct SampleOptions {
   int64_t first_sample = 0;
 };
 
+// Note [Batched sampling]
+// sample_batch draws num_samples continuations of one prompt in one batch: every step runs the
+// model once on [num_samples, T] ids (and the KV cache holds num_samples rows), so on a GPU the
+// samples cost little more than one. The first step's rows all hold the prompt alone, so it runs
+// once, as a batch of one, every row drawing from its logits; with the cache its keys and values
+// are then repeated once per row (KvCache::repeat_rows), so a long prompt's prefill is paid once,
+// not num_samples times. Rows are independent: row s's draws are sample s's (Note [Sampling
+// draws]) and its logits are the ones a batch of one would compute, up to rounding. A
+// row that emits stop_token ends there and leaves the batch: later steps run only the rows still
+// drawing, and the KV cache drops the stopped rows' keys and values (KvCache::keep_rows, Note
+// [Dropping cache rows] in models/kv_cache.h), so the work per step shrinks with the rows left.
+// The batch ends when every row has stopped or at max_new_tokens.
+//
 // Continuations of `prompt`, num_samples of them drawn in one batch (Note [Batched sampling]);
 // element r is sample first_sample + r, what sample() gives with that first_sample. Validation as
 // sample(), and strata::user_error when num_samples < 1 or first_sample < 0.
@@ -113,12 +79,39 @@ namespace detail {
 double uniform_draw(uint64_t seed, int64_t position, int64_t sample);
 int32_t choose_token(std::span<const float> logits, const SampleOptions& options, int64_t position,
                      int64_t sample);
+
+// Note [Non-finite logits]
+// A model whose weights went to NaN or inf (a diverged run: `train` logs a non-finite loss and
+// goes on) gives logits that cannot be drawn from. The draws' orders and sums assume finite
+// logits: a NaN breaks the comparisons the selection sorts with, and a nucleus over NaN weights
+// keeps no candidate at all. So sample_batch checks each row before its draw (detail::drawable)
+// and raises a UserError naming the sample and position; `train` reports it in place of the
+// sample and trains on. On the device's candidates a NaN or +inf ranks first (Note [Top-k]), so
+// the first candidate tells.
+//
 // Whether a draw at `temperature` can be made from a row holding these logits: not when one is
 // NaN, nor at a temperature above 0 when one is +inf (its weight, exp(inf - inf), is undefined).
 // -inf is a token with weight 0. sample_batch raises a UserError for a row that is not drawable
 // (Note [Non-finite logits]).
 bool drawable(std::span<const float> logits, double temperature);
-// Note [Device candidates]: the most candidates a draw asks the device for.
+
+// Note [Device candidates]
+// On a GPU the whole-row draw can cost the host more than the step: each row's logits (50257
+// bf16 for GPT-2) are copied to the host, widened to f32 there and searched, per row and token,
+// while the device computes the whole step of a small model in less. But a greedy draw
+// needs only the best token, and a top-k draw only the top_k best. So when the logits are on a
+// device and the draw needs at most kDeviceCandidates of them (temperature 0: one; 0 < top_k <
+// the vocabulary, at most kDeviceCandidates: top_k), the device picks each row's candidates
+// (tensor::top_k, Note [Top-k] in tensor/ops.h) and only those k values and ids come to the
+// host, where choose_from_candidates makes the choice. The tokens are the ones the whole-row draw
+// picks: top_k's order is choose_token's `before` (larger logits first, ties by smaller id) on
+// logits without NaN, so the candidates are the same set in the same order, and the draw does the
+// same arithmetic on them in the same order (the total over the candidates in id order, the
+// nucleus and the inverse-CDF walk best first), in double, on the same f32 values. top_k = 0 (the
+// whole vocabulary) and the CPU keep the whole-row draw. STRATA_DEVICE_CANDIDATES=off keeps it
+// everywhere, for comparing the two.
+//
+// The most candidates a draw asks the device for.
 inline constexpr int64_t kDeviceCandidates = 1024;
 // How many candidates per row the draw asks a device holding the logits for; 0: the whole rows
 // come to the host (the CPU, top_k = 0 or above kDeviceCandidates, top_k >= vocab, the switch off).

@@ -204,8 +204,8 @@ Variable embedding(const Variable& weight, const Tensor& ids) {
 
 // Note [Logits gradient in place]
 // The logits are the largest tensor of a language model's step (GPT-2 124M at B = 128, T = 1024:
-// 6.6 G bf16 elements, 12.3 GiB), and the backward used to allocate their gradient beside them,
-// at the point where every activation is still alive: the step's peak. Their gradient is
+// 6.6 G bf16 elements, 12.3 GiB), and an out-of-place backward allocates their gradient beside
+// them, at the point where every activation is still alive: the step's peak. Their gradient is
 // elementwise given the lse the forward kept, so the backward writes it over the logits when
 // nothing else can see them: the node's saved copy holds the only reference to their storage
 // (the caller dropped its logits, and no view of them is alive), the storage holds exactly

@@ -39,10 +39,9 @@ std::atomic<int> g_store_counter{0};
 }  // namespace
 
 // Note [Checksums overlap the I/O]
-// The block checksum runs at ~10 GB/s on one core (Note [Block checksum function]), but summing a
-// whole buffer before submitting it, or verifying it after the whole read, still adds its time to
-// every transfer; on a small VM the bench measured the serial verify halving read bandwidth.
-// Instead the engine runs a per-chunk hook as each chunk lands (Note [AIO engine]) and
+// Summing a whole buffer before submitting it, or verifying it after the whole read, would add
+// the checksum's time (Note [Block checksum function]) to every transfer, and on a machine with
+// few cores that time is comparable to the I/O's (docs/offload.md). Instead the engine runs a per-chunk hook as each chunk lands (Note [AIO engine]) and
 // BlockProgress counts each block's bytes down; the chunk that completes a block sums (write) or
 // verifies (read) it, while the rest of the request is in flight. A write's sums are published to
 // its extent when the write completes; a read's mismatch fails its handle, so wait()/poll() raise

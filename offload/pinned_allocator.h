@@ -22,9 +22,9 @@
 // Under mlock, large buffers are mapped 2 MiB-aligned and advised MADV_HUGEPAGE, so the kernel
 // backs them with transparent huge pages where it can. An O_DIRECT transfer then touches one
 // page per 2 MiB instead of 512 (the per-I/O pinning and page-table walk shrink with it) and its
-// memory is physically contiguous, so the block layer builds fewer, larger requests: on the
-// 2-vCPU VM of issue 6, reads into huge-page buffers took ~1/5 of the CPU per GB and ran 1.5-2x
-// faster than into 4 KiB pages (docs/offload.md, "Read destinations"). Only sizes that waste
+// memory is physically contiguous, so the block layer builds fewer, larger requests: reads into
+// huge-page buffers take less CPU per GB and run faster than into 4 KiB pages (measurements in
+// docs/offload.md, "Read destinations"). Only sizes that waste
 // little take it: a multiple of 2 MiB, or >= 16 MiB (padding < 1/8); rounded_size() says what
 // a buffer really occupies. Where THP is off (`never`) or missing the advice is ignored or
 // refused and the buffer is an ordinary one: nothing depends on it but speed.

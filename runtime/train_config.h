@@ -112,7 +112,7 @@ struct TrainingSection {  // `training`
 };
 
 struct DistributedSection {      // `distributed`; docs/distributed.md
-  std::string backend = "auto";  // auto | self | mpi | nccl (parallel/world.h)
+  std::string backend = "auto";  // auto | self | mpi | nccl (comm/world.h)
   double timeout_s = 300;  // a collective longer than this is a failed rank (Note [Failed ranks])
   bool operator==(const DistributedSection&) const = default;
 };

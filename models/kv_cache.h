@@ -26,20 +26,6 @@
 // order in a backend's tiling, so agreement is to rounding, not promised bitwise (tests/models/
 // kv_cache_test.cpp measures it).
 // Inference only: forward_cached refuses to run with grad mode on.
-//
-// Note [Dropping cache rows]
-// A batch whose rows finish at different steps (sampling with a stop token, Note [Batched
-// sampling] in sampling/sampler.h) need not keep computing the finished ones: keep_rows(rows)
-// moves each kept row's held positions down to its new index, in place (row rows[j] to row j,
-// j <= rows[j], in increasing j, so a row is read before anything is written over it), and every
-// slot becomes a view of its first rows.size() rows, so later appends and attention views see
-// the smaller batch with no new allocation. The memory of the dropped rows is held until the
-// cache is destroyed or refilled with another batch. The kept rows' keys and values are copied
-// bit for bit, so their later logits are those of a batch that held only them from the start,
-// up to the rounding a different batch size may bring to a backend's tiling (tests/models/
-// kv_cache_test.cpp). The other way, repeat_rows(n) gives each row n copies in new buffers of
-// n times the batch (the positions held are copied, the rest of the capacity left unwritten):
-// n samples of one prompt run its prefill once, on a batch of one, and then decode as n rows.
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -65,6 +51,21 @@ class KvCache {
   // Batch rows held: B of the forward that filled the cache, fewer after keep_rows (0 before the
   // first forward).
   int64_t batch() const { return batch_; }
+
+  // Note [Dropping cache rows]
+  // A batch whose rows finish at different steps (sampling with a stop token, Note [Batched
+  // sampling] in sampling/sampler.h) need not keep computing the finished ones: keep_rows(rows)
+  // moves each kept row's held positions down to its new index, in place (row rows[j] to row j,
+  // j <= rows[j], in increasing j, so a row is read before anything is written over it), and every
+  // slot becomes a view of its first rows.size() rows, so later appends and attention views see
+  // the smaller batch with no new allocation. The memory of the dropped rows is held until the
+  // cache is destroyed or refilled with another batch. The kept rows' keys and values are copied
+  // bit for bit, so their later logits are those of a batch that held only them from the start,
+  // up to the rounding a different batch size may bring to a backend's tiling (tests/models/
+  // kv_cache_test.cpp). The other way, repeat_rows(n) gives each row n copies in new buffers of
+  // n times the batch (the positions held are copied, the rest of the capacity left unwritten):
+  // n samples of one prompt run its prefill once, on a batch of one, and then decode as n rows.
+  //
   // Keeps only the batch rows `rows` (strictly increasing, within [0, batch())) with the
   // positions they hold, in that order: later forwards take ids [rows.size(), T], row j being
   // the old row rows[j] (Note [Dropping cache rows]). strata::user_error on an empty, unsorted or

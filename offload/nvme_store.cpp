@@ -41,11 +41,11 @@ std::atomic<int> g_store_counter{0};
 // Note [Checksums overlap the I/O]
 // Summing a whole buffer before submitting it, or verifying it after the whole read, would add
 // the checksum's time (Note [Block checksum function]) to every transfer, and on a machine with
-// few cores that time is comparable to the I/O's (docs/offload.md). Instead the engine runs a per-chunk hook as each chunk lands (Note [AIO engine]) and
-// BlockProgress counts each block's bytes down; the chunk that completes a block sums (write) or
-// verifies (read) it, while the rest of the request is in flight. A write's sums are published to
-// its extent when the write completes; a read's mismatch fails its handle, so wait()/poll() raise
-// it, naming the file and offset.
+// few cores that time is comparable to the I/O's (docs/offload.md). Instead the engine runs a
+// per-chunk hook as each chunk lands (Note [AIO engine]) and BlockProgress counts each block's
+// bytes down; the chunk that completes a block sums (write) or verifies (read) it, while the rest
+// of the request is in flight. A write's sums are published to its extent when the write completes;
+// a read's mismatch fails its handle, so wait()/poll() raise it, naming the file and offset.
 struct NvmeStore::BlockProgress {
   BlockProgress(size_t bytes, size_t bb)
       : bb_(bb), n_((bytes + bb - 1) / bb), left_(new std::atomic<size_t>[n_]), sums(n_) {

@@ -14,7 +14,10 @@
 //     longer than the default model gpt2-tiny's context). Appending keeps the block's line
 //     numbers, so train's "file:line:column" is turned into the doc's own line;
 //   - every line of a ```sh or ```bash block that runs `.../bin/train` (continuation lines
-//     joined): its --config/-c and --set arguments, run from the repository root.
+//     joined): its --config/-c and --set arguments, run from the repository root;
+//   - every option (--flag) given to train, generate, convert, tokenize or estimate in a shell
+//     block (`.../bin/<tool>`) or in an inline `code` span of the prose that starts with the
+//     tool's name: the tool's --help must list it.
 // A block that is deliberately not a config (a partial example, a wrong one shown as such)
 // starts with the line `# not-a-config: <why>`; a command line that must not run carries
 // `# not-a-config: <why>` as its comment. Keep such marks rare: an unmarked block is a promise
@@ -24,6 +27,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <regex>
 
@@ -224,6 +228,117 @@ std::optional<std::string> check(const Command& c) {
       c.doc, c.line, c.text, kSkipMark, *error);
 }
 
+// A tool's command line as a doc shows it: in a shell block, or in an inline `code` span of the
+// prose that starts with the tool (Note [Docs snippets]).
+struct ToolUse {
+  std::string doc;
+  int line = 0;
+  std::string tool;                // train, generate, convert, tokenize or estimate
+  std::vector<std::string> flags;  // the --flags given to it
+};
+
+const std::vector<std::string> kTools = {"train", "generate", "convert", "tokenize", "estimate"};
+
+// The tool `token` runs ("build/bin/generate" or, in prose, "generate"), or "".
+std::string tool_of(const std::string& token, bool bare_allowed) {
+  for (const std::string& t : kTools) {
+    if (bare_allowed && token == t) return t;
+    const std::string path = "bin/" + t;
+    if (token.size() >= path.size() &&
+        token.compare(token.size() - path.size(), path.size(), path) == 0)
+      return t;
+  }
+  return "";
+}
+
+// The uses of a tool in `words` (one command line), from its token to the end of its command.
+void collect_uses(const std::string& doc, int line, const std::vector<std::string>& words,
+                  bool bare_allowed, std::vector<ToolUse>& out) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string tool = tool_of(words[i], bare_allowed && i == 0);
+    if (tool.empty()) continue;
+    ToolUse use{doc, line, tool, {}};
+    for (size_t j = i + 1; j < words.size(); ++j) {
+      std::string w = words[j];
+      if (w == "|" || w == "&&" || w == ";" || w == "||" || w[0] == '#') break;
+      w.erase(0, w.find_first_not_of("[("));
+      if (w.rfind("--", 0) != 0 || w.size() < 3) continue;
+      w = w.substr(0, w.find_first_of("=]),"));
+      use.flags.push_back(w);
+    }
+    out.push_back(std::move(use));
+  }
+}
+
+std::vector<std::string> split_words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+// Every use of a tool in the shell blocks and inline code spans of `text` (the file `doc`).
+std::vector<ToolUse> tool_uses(const std::string& doc, const std::string& text) {
+  std::vector<ToolUse> out;
+  std::istringstream in(text);
+  std::string line, prose;
+  std::vector<int> prose_lines;  // the doc line of each character of `prose`
+  bool in_block = false, shell = false;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const std::string body = ltrim(line);
+    if (body.rfind("```", 0) == 0) {
+      in_block = !in_block;
+      const std::string lang = rtrim(body.substr(3));
+      shell = in_block && (lang == "sh" || lang == "bash");
+      continue;
+    }
+    if (!in_block) {
+      prose += line + "\n";
+      prose_lines.resize(prose.size(), n);
+    } else if (shell && body.find(kSkipMark) == std::string::npos) {
+      collect_uses(doc, n, split_words(line), false, out);
+    }
+  }
+  // Inline spans may wrap across lines of a paragraph.
+  const std::regex span("`([^`]+)`");
+  for (auto it = std::sregex_iterator(prose.begin(), prose.end(), span);
+       it != std::sregex_iterator(); ++it) {
+    const std::vector<std::string> words = split_words((*it)[1].str());
+    if (!words.empty())
+      collect_uses(doc, prose_lines[static_cast<size_t>(it->position(0))], words, true, out);
+  }
+  return out;
+}
+
+// The options `tool --help` lists.
+const std::vector<std::string>& help_flags(const std::string& tool) {
+  static std::map<std::string, std::vector<std::string>> cache;
+  auto [it, fresh] = cache.try_emplace(tool);
+  if (fresh) {
+    const CommandResult r = testing::run_command(
+        {std::string(STRATA_BINARY_DIR) + "/" + tool, "--help"}, std::chrono::seconds(30));
+    EXPECT_EQ(r.exit_code, 0) << tool << " --help: " << r.err;
+    const std::regex flag("--[a-z0-9][a-z0-9-]*");
+    const std::string text = r.out + r.err;
+    for (auto m = std::sregex_iterator(text.begin(), text.end(), flag); m != std::sregex_iterator();
+         ++m)
+      it->second.push_back(m->str());
+  }
+  return it->second;
+}
+
+// The flags of `use` that its tool does not take, as one message, or nullopt.
+std::optional<std::string> unknown_flags(const ToolUse& use) {
+  const std::vector<std::string>& known = help_flags(use.tool);
+  std::string bad;
+  for (const std::string& f : use.flags)
+    if (std::find(known.begin(), known.end(), f) == known.end())
+      bad += (bad.empty() ? "" : ", ") + f;
+  if (bad.empty()) return std::nullopt;
+  return fmt::format("{}:{}: `{}` has no option {} (its --help lists it all)", use.doc, use.line,
+                     use.tool, bad);
+}
+
 TEST(DocsSnippets, EveryConfigFileLoads) {
   int checked = 0;
   for (const auto& e : fs::directory_iterator(kSource / "configs")) {
@@ -308,6 +423,42 @@ TEST(DocsSnippets, ARenamedKeyInATrainCommandFails) {
     ++renamed;
   }
   EXPECT_GE(renamed, 1) << "no documented train command with --set to rename a key of";
+}
+
+TEST(DocsSnippets, EveryToolOptionOfTheDocsExists) {
+  int uses = 0;
+  for (const std::string& doc : doc_files()) {
+    for (const ToolUse& use : tool_uses(doc, testing::read_text((kSource / doc).string()))) {
+      ++uses;
+      const std::optional<std::string> error = unknown_flags(use);
+      EXPECT_FALSE(error) << *error;
+    }
+  }
+  EXPECT_GE(uses, 1) << "no tool command found in README.md or docs/";
+}
+
+TEST(DocsSnippets, AnOptionNoToolTakesIsFoundInBlocksAndProse) {
+  const std::string text =
+      "Run `generate --checkpoint runs/x --top-k 40\n"
+      "--top-kk 5` or `convert --verify`.\n"
+      "```sh\n"
+      "mpirun -np 2 build/bin/train --config c.yaml --set a=1 --no-such-flag  # --ignored\n"
+      "```\n";
+  const std::vector<ToolUse> uses = tool_uses("t.md", text);
+  ASSERT_EQ(uses.size(), 3u);
+  EXPECT_EQ(uses[0].tool, "train");
+  EXPECT_EQ(uses[0].line, 4);
+  const std::optional<std::string> train = unknown_flags(uses[0]);
+  ASSERT_TRUE(train);
+  EXPECT_NE(train->find("t.md:4: `train` has no option --no-such-flag"), std::string::npos)
+      << *train;
+  EXPECT_EQ(uses[1].tool, "generate");
+  EXPECT_EQ(uses[1].line, 1);
+  const std::optional<std::string> generate = unknown_flags(uses[1]);
+  ASSERT_TRUE(generate);
+  EXPECT_NE(generate->find("has no option --top-kk"), std::string::npos) << *generate;
+  EXPECT_EQ(generate->find("--top-k,"), std::string::npos) << *generate;
+  EXPECT_FALSE(unknown_flags(uses[2]));
 }
 
 TEST(DocsSnippets, FencesAndCommandsAreFoundWhereverTheyAreIndented) {

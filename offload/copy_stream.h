@@ -1,6 +1,7 @@
 #pragma once
 // CopyStream: host <-> device byte copies on a stream of their own, ordered against the compute
-// stream by events (DESIGN.md decision 8), for ZeRO-Offload's gradient and parameter traffic.
+// stream by events (docs/design.md decision 8), for ZeRO-Offload's gradient and parameter
+// traffic.
 //
 // Note [Copy stream]
 // A CopyStream owns one non-blocking CUDA stream and one event. Copies are enqueued, never

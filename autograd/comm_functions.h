@@ -20,11 +20,11 @@
 // node), so a tp = 1 model builds the graph and computes the bits of a model without them.
 // Collectives run on contiguous buffers in the communicator's fixed order, so results are the
 // same bits on every run (docs/design.md decision 9). Each mapping waits for its collective
-// before it returns (forward) or hands its gradient on (backward): on the NCCL backend the collective runs
-// on the communicator's own stream after an event recorded on the compute stream, and wait()
-// blocks the host on its completion event (Note [NCCL streams] in comm/nccl_communicator.h);
-// letting the compute stream wait on that event instead of the host is a Work API this layer
-// does not have yet.
+// before it returns (forward) or hands its gradient on (backward): on the NCCL backend the
+// collective runs on the communicator's own stream after an event recorded on the compute stream,
+// and wait() blocks the host on its completion event (Note [NCCL streams] in
+// comm/nccl_communicator.h); letting the compute stream wait on that event instead of the host is a
+// Work API this layer does not have yet.
 //
 // Note [Sequence-parallel layout]
 // Activations are [B, T, ...] with T the sequence. In a sequence-parallel region rank r holds

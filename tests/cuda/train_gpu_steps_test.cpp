@@ -9,7 +9,8 @@ namespace {
 
 using namespace train_gpu_test;
 
-// DESIGN.md decision 7 on the GPU: bf16 params and grads with fp32 masters track fp32 training.
+// docs/design.md decision 7 on the GPU: bf16 params and grads with fp32 masters track fp32
+// training.
 TEST(TrainGpu, Bf16LossStaysWithinTwoPercentOfFp32For200Steps) {
   SKIP_WITHOUT_GPU();
   TrainSpec s;
@@ -56,7 +57,8 @@ TEST(TrainGpu, Tf32LossStaysWithinTwoPercentOfFp32) {
   EXPECT_LT(tf32.losses.back(), tf32.losses.front() - 0.5);
 }
 
-// DESIGN.md decision 9 on the GPU: deterministic kernels, so the same seed gives the same bits.
+// docs/design.md decision 9 on the GPU: deterministic kernels, so the same seed gives the same
+// bits.
 TEST(TrainGpu, SameSeedRunsAreBitwiseIdentical) {
   SKIP_WITHOUT_GPU();
   TrainSpec s;

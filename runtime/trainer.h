@@ -3,7 +3,30 @@
 // the LR schedule and the data loaders from a TrainConfig, resumes from the latest checkpoint
 // when asked, and runs steps of gradient accumulation, logging, evaluation, sampling and
 // checkpointing.
-//
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/rng.h"
+#include "core/timer.h"
+#include "data/data_loader.h"
+#include "data/tokenizer.h"
+#include "models/causal_lm.h"
+#include "models/registry.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "parallel/engine.h"
+#include "parallel/zero_memory.h"
+#include "runtime/metrics.h"
+#include "runtime/op_profile.h"
+#include "runtime/train_config.h"
+#include "tensor/cuda.h"
+
+namespace strata::runtime {
+
 // Note [Training step]
 // Step s (0-based) reads global samples [s*G, (s+1)*G) of the data order (Note [Data order]):
 // rank r takes [s*G + r*M*A, ... + M*A) in A micro-batches of M. Each micro-batch's mean loss is
@@ -47,30 +70,6 @@
 // and GPU. Small control tensors (the stop flag, the memory report, checkpoint agreement) travel on
 // the run's device. The memory report reads Tier::Gpu. run.dtype auto is bf16 on the GPU (fp32
 // masters and moments; docs/design.md decision 7) and fp32 on the CPU.
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
-
-#include "comm/communicator.h"
-#include "core/rng.h"
-#include "core/timer.h"
-#include "data/data_loader.h"
-#include "data/tokenizer.h"
-#include "models/causal_lm.h"
-#include "models/registry.h"
-#include "optim/loss_scaler.h"
-#include "optim/lr_schedule.h"
-#include "optim/optimizer.h"
-#include "parallel/engine.h"
-#include "parallel/zero_memory.h"
-#include "runtime/metrics.h"
-#include "runtime/op_profile.h"
-#include "runtime/train_config.h"
-#include "tensor/cuda.h"
-
-namespace strata::runtime {
-
 class Trainer {
  public:
   enum class Outcome { Finished, Interrupted };

@@ -13,7 +13,22 @@
 // The kernels are in the .cu files of the same names (norm.cu and softmax.cu for norm.cpp;
 // attention_tc.cu, attention_decode.cu and top_k.cu besides); backend_util.h holds the host
 // helpers the files share.
-//
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "offload/gpu_allocator.h"
+#include "tensor/backend.h"
+
+struct CUstream_st;
+struct CUevent_st;
+struct cublasLtContext;
+
+namespace strata::tensor::cuda {
+
 // Note [CUDA streams]
 // All ops of a backend run in order on one compute stream (created non-blocking, so the legacy
 // default stream does not serialise it against other streams). Copies to the host wait for that
@@ -42,22 +57,6 @@
 // (the gradient norm, the loss it logs), so bad data is reported in the step that used it, and
 // the data loader has already checked every token on the host (data/data_loader.cpp).
 // With kDeviceChecks launches pending, the next checked launch waits first.
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <mutex>
-#include <string>
-#include <vector>
-
-#include "offload/gpu_allocator.h"
-#include "tensor/backend.h"
-
-struct CUstream_st;
-struct CUevent_st;
-struct cublasLtContext;
-
-namespace strata::tensor::cuda {
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device);

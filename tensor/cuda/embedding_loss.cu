@@ -7,8 +7,8 @@
 // Note [CUDA embedding backward]
 // dweight += scatter(dout) must add each id's rows in row order (the CPU's order, so the f32 bits
 // agree) and, for a BF16/F16 dweight, round once per element (Note [Low-precision ops]). It runs
-// on the device alone, so the host never waits for it (it used to copy the ids back and group
-// them on the host, a wait per step and a stall of the GPU while the host worked):
+// on the device alone, so the host never waits for it (grouping the ids on the host would cost a
+// wait per step and stall the GPU while the host worked):
 //   1. keys: row r with id i becomes the 64-bit key (i << 32 | r); a bad id, and the padding up
 //      to a power of two, become kNoKey (all ones), which sorts last and is skipped.
 //   2. a bitonic sort of the keys (kSortTile keys per block in shared memory, then for each

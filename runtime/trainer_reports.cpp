@@ -1,0 +1,102 @@
+// The Trainer's reports: the per-rank memory report beside the ZeRO formula, and the op profile.
+#include "runtime/trainer.h"
+
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+#include "core/atomic_file.h"
+#include "core/logging.h"
+#include "offload/memory_stats.h"
+#include "parallel/zero_memory.h"
+#include "runtime/op_profile.h"
+#include "tensor/cuda.h"
+
+namespace strata::runtime {
+
+void Trainer::report_memory() {
+  // Note [ZeRO memory model]: this rank's model states as allocated (MemoryStats), the claim of
+  // the formula with the engine's padding, and the rest (activations, buffers) at its peak.
+  const parallel::Engine::ModelStateBytes b = engine_->model_state_bytes();
+  const auto& stats = offload::MemoryStats::global();
+  int64_t rest_peak = 0;
+  const offload::Tier tier = device_.is_cuda() ? offload::Tier::Gpu : offload::Tier::Host;
+  for (auto cat :
+       {offload::Category::Activation, offload::Category::Workspace, offload::Category::Comm})
+    rest_peak += stats.usage(tier, cat).peak;
+  tensor::Tensor mine = tensor::Tensor::empty({4}, DType::I64);
+  int64_t* m = mine.data<int64_t>();
+  m[0] = b.params;
+  m[1] = b.grads;
+  m[2] = b.optimizer;
+  m[3] = rest_peak;
+  // On the run's device: an nccl communicator moves GPU memory only. Under tensor parallelism
+  // every rank of the world reports (the tp ranks hold different shards).
+  comm::Communicator& over = tp_size_ > 1 ? *world_comm_ : *dp_;
+  const int n = over.size();
+  tensor::Tensor all_dev = tensor::Tensor::empty({4 * n}, DType::I64, device_);
+  over.allgather(mine.to(device_), all_dev)->wait();
+  const tensor::Tensor all = all_dev.to(Device::cpu());
+  if (!lead_) return;
+  parallel::ZeroMemoryConfig zc;
+  zc.stage = config_.zero.stage;
+  zc.dp = world_;
+  zc.precision = engine_->param_dtype() == DType::F32 ? parallel::StatePrecision::FP32
+                                                      : parallel::StatePrecision::Mixed;
+  zc.optimizer = config_.optimizer.name == "adamw"  ? parallel::StateOptimizer::AdamW
+                 : config_.optimizer.momentum > 0.0 ? parallel::StateOptimizer::SgdMomentum
+                                                    : parallel::StateOptimizer::Sgd;
+  const parallel::ModelStateBytes claim = parallel::padded_model_state_bytes(
+      zc, unit_sizes_, config_.zero.stage3_param_persistence_threshold);
+  // Under tensor parallelism Ψ is one tp rank's (Note [Tensor-parallel shards]).
+  console_->event(fmt::format(
+      "memory per rank, {}ZeRO stage {} x dp {}: model states claimed {} = {} (params {}, "
+      "grads {}, optimizer {})",
+      tp_size_ > 1 ? fmt::format("tp {} (Ψ per tp rank) x ", tp_size_) : std::string(), zc.stage,
+      world_, parallel::formula(zc), format_bytes(claim.total()), format_bytes(claim.params),
+      format_bytes(claim.grads), format_bytes(claim.optimizer)));
+  if (config_.zero.offload_optimizer.enabled()) {
+    // ZeRO-Offload: the optimizer states the claim counts live on the host, not the GPU.
+    using offload::Category;
+    using offload::Tier;
+    console_->event(fmt::format(
+        "  ZeRO-Offload (rank 0): optimizer states on the host, not in the claim's GPU bytes: "
+        "pinned {} (masters {}, gradient staging {}, parameter staging {}), host {} (moments)",
+        format_bytes(stats.tier_usage(Tier::Pinned).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Optimizer).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Grad).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Param).current),
+        format_bytes(stats.usage(Tier::Host, Category::Optimizer).current)));
+  }
+  const int64_t* a = all.data<int64_t>();
+  for (int r = 0; r < n; ++r) {
+    const int64_t* x = a + 4 * r;
+    // Note [Process group order]: global rank r is tp rank r % tp of dp rank r / tp.
+    const std::string who =
+        tp_size_ > 1 ? fmt::format("rank {} (tp {}, dp {})", r, r % tp_size_, r / tp_size_)
+                     : fmt::format("rank {}", r);
+    console_->event(
+        fmt::format("  {}: model states {} (params {}, grads {}, optimizer {}); rest peak {} "
+                    "(activations, workspace, communication buffers)",
+                    who, format_bytes(x[0] + x[1] + x[2]), format_bytes(x[0]), format_bytes(x[1]),
+                    format_bytes(x[2]), format_bytes(x[3])));
+  }
+}
+
+// The profiled window's table, in the log and in <run.dir>/profile.md (rank 0; every rank times
+// its own ops).
+void Trainer::report_profile(const std::vector<tensor::CudaOpTime>& ops, double seconds) {
+  const auto& t = config_.training;
+  const double step_ms = seconds * 1e3 / static_cast<double>(t.profile_steps);
+  if (!lead_) return;
+  const std::string text = fmt::format(
+      "GPU time per op over steps {} to {} (rank 0; device time from CUDA events, share of the "
+      "steps' wall time):\n\n{}",
+      t.profile_start, t.profile_start + t.profile_steps - 1,
+      op_time_table(ops, t.profile_steps, step_ms, peak_rates_));
+  console_->event(text);
+  write_file_atomically(config_.run.dir + "/profile.md", text);
+}
+
+}  // namespace strata::runtime

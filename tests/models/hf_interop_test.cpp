@@ -15,12 +15,15 @@
 #include "models/hf_interop.h"
 #include "models/registry.h"
 #include "tensor/ops.h"
+#include "tests/models/hf_test_util.h"
 #include "tests/support/mutate.h"
 
 namespace strata::models {
 namespace {
 
 namespace fs = std::filesystem;
+using hf_test::expect_load_error;
+using hf_test::snapshot;
 using testing::all_close;
 using testing::reference_path;
 
@@ -46,16 +49,6 @@ std::unique_ptr<CausalLM> make_model(
   return ModelRegistry::global().create(name, o);
 }
 
-// Every flat buffer's bytes, padding included.
-std::vector<std::vector<char>> snapshot(const CausalLM& m) {
-  std::vector<std::vector<char>> out;
-  for (const FlatUnit& u : m.flat_units()) {
-    const char* p = static_cast<const char*>(u.params.data_ptr());
-    out.emplace_back(p, p + u.params.nbytes());
-  }
-  return out;
-}
-
 class HfInterop : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -78,22 +71,6 @@ class HfInterop : public ::testing::Test {
     std::string path = (dir_ / name).string();
     tensor::save_safetensors(path, ts, {{"format", "pt"}});
     return path;
-  }
-
-  // Expects load_hf to raise a UserError mentioning the file and each of `needles`, and the
-  // model to be exactly as before.
-  void expect_load_error(CausalLM& m, const std::string& path,
-                         const std::vector<std::string>& needles) {
-    auto before = snapshot(m);
-    try {
-      load_hf(m, path);
-      ADD_FAILURE() << "expected a UserError loading " << path;
-    } catch (const UserError& e) {
-      std::string msg = e.what();
-      EXPECT_NE(msg.find(path), std::string::npos) << msg;
-      for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << msg;
-    }
-    EXPECT_TRUE(snapshot(m) == before) << "a failed load must not touch the model";
   }
 
   fs::path dir_;

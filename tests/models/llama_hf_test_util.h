@@ -20,6 +20,7 @@
 #include "models/registry.h"
 #include "tensor/ops.h"
 #include "tensor/safetensors.h"
+#include "tests/models/hf_test_util.h"
 
 namespace strata::models::hf_test {
 
@@ -41,16 +42,6 @@ inline Tensor strata_rows_to_hf_by_hand(const Tensor& w, int64_t D) {
   for (int64_t r = 0; r < rows; ++r)
     std::copy_n(in.begin() + r * cols, cols, out.begin() + hf_row(r, D) * cols);
   return tensor::from_vector(out, w.shape());
-}
-
-// Every flat buffer's bytes, padding included.
-inline std::vector<std::vector<char>> snapshot(const CausalLM& m) {
-  std::vector<std::vector<char>> out;
-  for (const FlatUnit& u : m.flat_units()) {
-    const char* p = static_cast<const char*>(u.params.data_ptr());
-    out.emplace_back(p, p + u.params.nbytes());
-  }
-  return out;
 }
 
 inline std::map<std::string, std::string> small(bool tied, int64_t kv_heads) {
@@ -112,22 +103,6 @@ class LlamaHfTest : public ::testing::Test {
     const std::string path = (dir_ / name).string();
     tensor::save_safetensors(path, ts, {{"format", "pt"}});
     return path;
-  }
-
-  // Expects load_hf to raise a UserError mentioning `path` and each of `needles`, and the model to
-  // be exactly as before.
-  void expect_load_error(CausalLM& m, const std::string& path,
-                         const std::vector<std::string>& needles) {
-    auto before = snapshot(m);
-    try {
-      load_hf(m, path);
-      ADD_FAILURE() << "expected a UserError loading " << path;
-    } catch (const UserError& e) {
-      std::string msg = e.what();
-      EXPECT_NE(msg.find(path), std::string::npos) << msg;
-      for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << msg;
-    }
-    EXPECT_TRUE(snapshot(m) == before) << "a failed load must not touch the model";
   }
 
   fs::path dir_;

@@ -140,6 +140,30 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
   return losses;
 }
 
+tensor::Tensor PipelineSchedule::forward_loss(models::CausalLM& model, const tensor::Tensor& ids,
+                                              const tensor::Tensor& targets) {
+  const autograd::NoGradGuard no_grad;
+  const models::nn::TensorParallel& tp = model.tensor_parallel();
+  const int64_t M = ids.size(0), T = ids.size(1) / (tp.sp() ? tp.size() : 1);
+  const tensor::Tensor& params = model.flat_units().front().params;
+  autograd::Variable hidden;
+  if (!links_.first()) {
+    tensor::Tensor buf =
+        tensor::Tensor::empty({M, T, model.hidden_size()}, params.dtype(), params.device());
+    links_.recv_forward(buf)->wait();
+    hidden = autograd::Variable(buf, /*requires_grad=*/false);
+  }
+  tensor::Tensor loss;
+  if (links_.last()) {
+    loss = model.stage_loss(ids, hidden, targets).data().reshape({1}).to(DType::F32);
+  } else {
+    links_.send_forward(model.forward_stage(ids, hidden).data())->wait();
+    loss = tensor::Tensor::empty({1}, DType::F32, params.device());
+  }
+  pp_->broadcast(loss, links_.stages() - 1)->wait();
+  return loss;
+}
+
 }  // namespace strata::parallel
 
 namespace strata::parallel {

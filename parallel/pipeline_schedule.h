@@ -47,6 +47,11 @@ class PipelineSchedule final : public MicroBatchSchedule {
   std::vector<tensor::Tensor> run(Engine& engine, models::CausalLM& model,
                                   const TrainStepInputs& in) override;
 
+  // Evaluation (no gradients): the batch's forward through the stages, one after another, and
+  // the last stage's mean loss ([1]) broadcast to every stage. Collective over the pp group.
+  tensor::Tensor forward_loss(models::CausalLM& model, const tensor::Tensor& ids,
+                              const tensor::Tensor& targets);
+
   PipelineScheduleKind kind() const { return kind_; }
   const PipelineLinks& links() const { return links_; }
 

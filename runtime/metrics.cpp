@@ -27,6 +27,10 @@ std::string to_json_line(const StepRecord& r) {
   for (const auto& [tier, bytes] : r.peak_bytes) mem[tier] = bytes;
   j["peak_bytes"] = mem;
   if (r.val_loss) j["val_loss"] = *r.val_loss;
+  if (!r.pipeline_bubble.empty()) {
+    j["pipeline_bubble"] = r.pipeline_bubble;
+    j["pipeline_bubble_formula"] = r.pipeline_bubble_formula;
+  }
   return j.dump();
 }
 
@@ -87,8 +91,13 @@ std::string summary(const StepRecord& r) {
   }
   // No peak for this device (Note [GPU peaks]): no MFU, rather than 0%.
   const std::string mfu = r.mfu > 0 ? fmt::format("{:.1f}%", 100.0 * r.mfu) : std::string("-");
-  return fmt::format("loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | mfu {}{}", r.loss,
-                     r.lr, r.grad_norm, r.tokens_per_s, mfu, mem);
+  std::string bubble;
+  for (size_t s = 0; s < r.pipeline_bubble.size(); ++s)
+    bubble += fmt::format("{}{:.1f}%", s ? "/" : " | bubble ", 100.0 * r.pipeline_bubble[s]);
+  if (!bubble.empty())
+    bubble += fmt::format(" (formula {:.1f}%)", 100.0 * r.pipeline_bubble_formula);
+  return fmt::format("loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | mfu {}{}{}", r.loss,
+                     r.lr, r.grad_norm, r.tokens_per_s, mfu, bubble, mem);
 }
 
 }  // namespace

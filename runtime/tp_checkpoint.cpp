@@ -87,20 +87,32 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
     if (engine.stage() < 3) local.push_back({u, "param", units[u].params.narrow(0, 0, numel)});
   }
 
-  // 2. The tp group of dp rank 0 puts the sharded parameters together; global rank 0 lays them out
-  // in the whole model.
+  // 2. The tp group of dp rank 0 puts the sharded parameters together; the stage lead (global
+  // rank 0 without pipeline parallelism) lays them out in the whole model.
   const bool lead = ctx.world.rank() == 0;
+  comm::Communicator* pp = ctx.pp != nullptr && ctx.pp->size() > 1 ? ctx.pp : nullptr;
+  const bool stage_lead = dp.rank() == 0 && tp.rank() == 0;
+  STRATA_CHECK(!lead || stage_lead, "global rank 0 is dp rank {}, tp rank {}", dp.rank(),
+               tp.rank());
   std::unique_ptr<models::CausalLM> whole;
   std::map<std::pair<std::string, std::string>, Tensor> whole_states;  // (unit, key)
   std::map<std::string, std::pair<std::string, int64_t>> place;  // name -> (whole unit, offset)
-  if (lead) {
+  if (stage_lead) {
     whole = ctx.make_whole();
-    for (const models::FlatUnit& wu : whole->flat_units())
+    for (const models::FlatUnit& wu : whole->flat_units()) {
       for (size_t i = 0; i < wu.names.size(); ++i) place[wu.names[i]] = {wu.name, wu.offsets[i]};
+      // Under pipeline parallelism what this stage does not hold must add nothing to the sum.
+      if (pp != nullptr) {
+        Tensor params = wu.params;
+        params.zero_();
+      }
+    }
   }
   if (dp.rank() == 0) {
     for (const Local& l : local) {
       const models::FlatUnit& unit = units[l.unit];
+      // The last stage's copy of a tied embedding is the first stage's (Note [Pipeline stages]).
+      if (pp != nullptr && !model.is_first_stage() && unit.name == "embeddings") continue;
       for (size_t i = 0; i < unit.names.size(); ++i) {
         const std::string& name = unit.names[i];
         const Tensor mine = l.data.narrow(0, unit.offsets[i], unit.numels[i]).contiguous();
@@ -109,11 +121,11 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
         if (it != model.shard_specs().end()) {
           Tensor all = Tensor::empty({mine.numel() * tp.size()}, mine.dtype());
           tp.group->allgather(mine, all)->wait();
-          if (!lead) continue;
+          if (!stage_lead) continue;
           const tensor::Shape full = whole->parameter(name).data().shape();
           value = unshard(all, it->second, full, tp.size());
         } else {
-          if (!lead) continue;
+          if (!stage_lead) continue;
           value = mine;
         }
         if (l.key == "param") {
@@ -129,6 +141,22 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
         }
         Tensor dst = buf.narrow(0, woff, value.numel());
         dst.copy_(value.reshape({-1}));
+      }
+    }
+  }
+
+  // 2b. Pipeline parallelism: the stage leads (one pp group) sum their whole models' units onto
+  // rank 0, parameters and every state key, unit by unit.
+  if (pp != nullptr && stage_lead) {
+    std::vector<std::string> state_names;
+    for (const std::string& key : keys)
+      if (key != "param") state_names.push_back(key);
+    for (models::FlatUnit& wu : whole->flat_units()) {
+      pp->allreduce(wu.params, comm::ReduceOp::Sum)->wait();
+      for (const std::string& key : state_names) {
+        Tensor& buf = whole_states[{wu.name, key}];
+        if (!buf.defined()) buf = tensor::zeros({wu.size()}, DType::F32);
+        pp->allreduce(buf, comm::ReduceOp::Sum)->wait();
       }
     }
   }

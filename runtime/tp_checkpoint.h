@@ -13,6 +13,15 @@
 // success. On load every rank reads the whole tensors it needs from that layout and keeps its
 // slices. The whole model is built for the occasion: host memory for one more copy of the model
 // (and, on rank 0 while saving, of the optimizer state).
+//
+// Under pipeline parallelism (Note [Pipeline stages]) a rank's units are its stage's, named as
+// in the whole model. On save the first rank of each stage's tp and dp groups (its "stage lead")
+// lays its stage's whole tensors out in a whole model of its own, zeros elsewhere, and the stage
+// leads (one pp group) sum each whole unit's buffers, parameters and states, onto global rank 0:
+// exact, since the stages hold disjoint tensors. The copy of a tied embedding on the last stage
+// is left out (it equals the first stage's: the pipeline sums its gradients), so it is written
+// once. Each stage lead then holds a whole model and its states in host memory while saving.
+// On load each stage reads the tensors of its own parameters by name, the tied copy included.
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,8 +38,10 @@ struct TpCheckpointContext {
   models::CausalLM& model;  // this rank's tensor-parallel model
   parallel::Engine& engine;
   comm::Communicator& world;
-  // Builds the tp = 1 model of the same config (its values are overwritten).
+  // Builds the tp = 1, pp = 1 model of the same config (its values are overwritten).
   std::function<std::unique_ptr<models::CausalLM>()> make_whole;
+  // This rank's pipeline (one rank per stage); null or of size 1 without pipeline parallelism.
+  comm::Communicator* pp = nullptr;
 };
 
 // Collective over the world. Returns the checkpoint directory on every rank.

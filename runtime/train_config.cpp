@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "models/registry.h"
+#include "runtime/pipeline_config.h"
 
 namespace strata::runtime {
 
@@ -105,6 +106,8 @@ void read_parallelism(Reader& r, ParallelismSection& c) {
   r.get("tensor_parallel_size", c.tensor_parallel_size);
   r.get("sequence_parallel", c.sequence_parallel);
   r.get("pipeline_parallel_size", c.pipeline_parallel_size);
+  r.get_enum("pipeline_schedule", c.pipeline_schedule, {"gpipe", "1f1b"});
+  r.get("pipeline_partition", c.pipeline_partition);
 }
 
 void read_zero(Reader& r, ZeroSection& c) {
@@ -210,10 +213,7 @@ void check_parallelism(const TrainConfig& c, const models::ModelShape& shape, Re
            fmt::format("splits the sequence over tensor_parallel_size {}, but batch.seq_len {} "
                        "does not divide; choose a seq_len that is a multiple of {}",
                        tp, c.batch.seq_len, tp));
-  if (p.pipeline_parallel_size > 1)
-    r.fail("pipeline_parallel_size",
-           fmt::format("is {} but pipeline parallelism does not exist yet; set it to 1",
-                       p.pipeline_parallel_size));
+  check_pipeline_config(c, shape, r);
   // What a tensor-parallel `train` does not do yet (docs/tensor_parallel.md).
   if (tp > 1 && c.training.sample_every > 0)
     r.fail("tensor_parallel_size",
@@ -553,10 +553,16 @@ std::string to_yaml(const TrainConfig& c) {
     e("timeout_s", c.distributed.timeout_s);
   }
   {
-    Emit e{section(root, "parallelism")};
+    Node& m = section(root, "parallelism");
+    Emit e{m};
     e("tensor_parallel_size", c.parallelism.tensor_parallel_size);
     e("sequence_parallel", c.parallelism.sequence_parallel);
     e("pipeline_parallel_size", c.parallelism.pipeline_parallel_size);
+    e("pipeline_schedule", c.parallelism.pipeline_schedule);
+    Node partition = Node::sequence({});
+    for (int64_t n : c.parallelism.pipeline_partition)
+      partition.push_back(Node::scalar(fmt::format("{}", n), {}));
+    m.set("pipeline_partition", {}, std::move(partition));
   }
   {
     const ZeroSection& z = c.zero;

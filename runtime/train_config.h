@@ -117,10 +117,14 @@ struct DistributedSection {      // `distributed`; docs/distributed.md
   bool operator==(const DistributedSection&) const = default;
 };
 
-struct ParallelismSection {            // `parallelism`, Megatron's names; docs/config.md
-  int64_t tensor_parallel_size = 1;    // tp: ranks that split each layer (tp fastest)
-  bool sequence_parallel = false;      // split norms/dropout/residuals over tp (tp > 1 only)
-  int64_t pipeline_parallel_size = 1;  // pp: only 1 until the pipeline exists
+struct ParallelismSection {                // `parallelism`, Megatron's names; docs/config.md
+  int64_t tensor_parallel_size = 1;        // tp: ranks that split each layer (tp fastest)
+  bool sequence_parallel = false;          // split norms/dropout/residuals over tp (tp > 1 only)
+  int64_t pipeline_parallel_size = 1;      // pp: stages of the layer stack (pp slowest)
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b (parallel/pipeline_schedule.h)
+  // Layers per stage, one entry per stage summing to n_layer; empty = balanced by parameter
+  // count (Note [Stage balance] in parallel/pipeline_stages.h).
+  std::vector<int64_t> pipeline_partition;
   bool operator==(const ParallelismSection&) const = default;
 };
 

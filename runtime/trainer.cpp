@@ -28,6 +28,8 @@
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
 #include "parallel/zero_memory.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_peaks.h"
@@ -184,8 +186,10 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   // Note [Process group order]: tp fastest; parallelism.tensor_parallel_size above the world or
   // not dividing it is a user error naming the sizes.
   const comm::ProcessGroups groups = with_config_context(c, "parallelism", [&] {
-    return comm::make_process_groups(world, static_cast<int>(c.parallelism.tensor_parallel_size),
-                                     static_cast<int>(c.parallelism.pipeline_parallel_size));
+    const int tp = static_cast<int>(c.parallelism.tensor_parallel_size);
+    const int pp = static_cast<int>(c.parallelism.pipeline_parallel_size);
+    if (pp > 1) parallel::check_pipeline_layout(world->size(), tp, pp);
+    return comm::make_process_groups(world, tp, pp);
   });
   world_comm_ = world;
   dp_ = groups.dp;
@@ -193,10 +197,15 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   world_ = dp_->size();
   tp_rank_ = groups.tp_rank;
   tp_size_ = groups.tp_size;
-  lead_ = rank_ == 0 && tp_rank_ == 0;
-  if (tp_size_ > 1)
-    log::logger().info("rank {} of {}: tp rank {} of {}, dp rank {} of {}", world->rank(),
-                       world->size(), tp_rank_, tp_size_, rank_, world_);
+  pp_ = groups.pp;
+  pp_rank_ = groups.pp_rank;
+  pp_size_ = groups.pp_size;
+  lead_ = rank_ == 0 && tp_rank_ == 0 && pp_rank_ == 0;
+  if (tp_size_ > 1 || pp_size_ > 1)
+    log::logger().info("rank {} of {}: {}tp rank {} of {}, dp rank {} of {}", world->rank(),
+                       world->size(),
+                       pp_size_ > 1 ? fmt::format("stage {} of {}, ", pp_rank_, pp_size_) : "",
+                       tp_rank_, tp_size_, rank_, world_);
   c.resolve_batch(world_);
   config_yaml_ = to_yaml(c);
 
@@ -241,6 +250,15 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
     val_data_ = std::make_unique<data::DataLoader>(dopts);
   }
 
+  // Note [Stage balance]: this rank builds its stage's layers only (Note [Pipeline stages]).
+  const int64_t n_layer = shape.n_layer;
+  partition_ = with_config_context(c, "parallelism", [&] {
+    const int pp = static_cast<int>(c.parallelism.pipeline_parallel_size);
+    return c.parallelism.pipeline_partition.empty()
+               ? parallel::balance_stages(shape, pp)
+               : parallel::explicit_stages(c.parallelism.pipeline_partition, n_layer, pp);
+  });
+  if (pp_size_ > 1) mopts.stage = partition_.stage(pp_rank_);
   model_ = with_config_context(c, "model", [&] { return registry.create(c.model.name, mopts); });
   STRATA_CHECK(
       model_->max_seq_len() == shape.max_seq_len && model_->vocab_size() == shape.vocab_size,
@@ -260,6 +278,9 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         },
         param_dtype(c.run.dtype));
   });
+  if (pp_size_ > 1)  // Note [Pipeline in the engine]: the stage's GPipe / 1F1B schedule
+    pipeline_ = &parallel::install_pipeline(
+        *engine_, *model_, pp_, parallel::parse_pipeline_schedule(c.parallelism.pipeline_schedule));
   if (c.run.dtype == "fp16") {
     // Note [Dynamic loss scaling], DeepSpeed's fp16 section.
     optim::LossScalerConfig lc;
@@ -344,17 +365,27 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
           "(micro {} x accum {} x dp {}) | {} train samples{}",
           c.model.name, static_cast<double>(shape.num_parameters) / 1e6, c.run.device,
           world_comm_->size() == 1 ? std::string("1 process")
-          : tp_size_ > 1
-              ? fmt::format("{} ranks ({}): tp {}{} x dp {}, ZeRO stage {}", world_comm_->size(),
-                            world_comm_->backend(), tp_size_,
-                            c.parallelism.sequence_parallel ? " (sequence parallel)" : "", world_,
-                            c.zero.stage)
+          : tp_size_ > 1 || pp_size_ > 1
+              ? fmt::format("{} ranks ({}): {}tp {}{} x dp {}, ZeRO stage {}", world_comm_->size(),
+                            world_comm_->backend(),
+                            pp_size_ > 1 ? fmt::format("pp {} ({}) x ", pp_size_,
+                                                       c.parallelism.pipeline_schedule)
+                                         : std::string(),
+                            tp_size_, c.parallelism.sequence_parallel ? " (sequence parallel)" : "",
+                            world_, c.zero.stage)
               : fmt::format("{} ranks ({}), ZeRO stage {}", world_, dp_->backend(), c.zero.stage),
           c.batch.global_batch_size, c.batch.seq_len, c.batch.micro_batch_size,
           c.batch.grad_accum_steps, world_, train_data_->num_samples(),
           resume_from.empty() ? std::string()
                               : fmt::format(" | resumed from {} at step {}", resume_from, step_)) +
       peak_note);
+  if (pp_size_ > 1)
+    console_->event(fmt::format(
+        "pipeline: {} stages, {} schedule, {} micro-batches per step, bubble formula (p - 1) / "
+        "(m + p - 1) = {:.3f}; {}",
+        pp_size_, c.parallelism.pipeline_schedule, c.batch.grad_accum_steps,
+        parallel::pipeline_bubble_formula(pp_size_, c.batch.grad_accum_steps),
+        partition_.describe(shape)));
 }
 
 Trainer::~Trainer() = default;
@@ -403,6 +434,18 @@ void Trainer::train_step(StepRecord& record) {
                                        (peak_flops_ * static_cast<double>(world_comm_->size()))
                                  : 0.0;
   record.peak_bytes = peak_bytes();
+  if (pipeline_ != nullptr) {
+    // The measured idle share of this step on each stage (Note [Pipeline schedules]), beside
+    // the formula; every stage's in the lead's metrics.
+    tensor::Tensor mine =
+        tensor::from_vector({static_cast<float>(pipeline_->last_step().bubble())}, {1});
+    tensor::Tensor all = tensor::Tensor::empty({pp_size_}, DType::F32, device_);
+    pp_->allgather(mine.to(device_), all)->wait();
+    record.pipeline_bubble.clear();
+    for (float f : tensor::to_float_vector(all.to(Device::cpu())))
+      record.pipeline_bubble.push_back(f);
+    record.pipeline_bubble_formula = parallel::pipeline_bubble_formula(pp_size_, A);
+  }
   if (result.skipped)
     console_->event(
         fmt::format("step {}: gradient norm is {}; the update was skipped on every "
@@ -419,8 +462,11 @@ float Trainer::evaluate() {
   int64_t n = std::max<int64_t>(1, config_.training.eval_batches);
   for (int64_t i = 0; i < n; ++i) {
     data::Batch batch = val_data_->batch(i * M, M);
+    const tensor::Tensor ids = batch.ids.to(device_), targets = batch.targets.to(device_);
+    // Under pipeline parallelism the batch flows through the stages; every stage gets the loss.
     sum +=
-        static_cast<double>(model_->loss(batch.ids.to(device_), batch.targets.to(device_)).item());
+        static_cast<double>(pipeline_ ? pipeline_->forward_loss(*model_, ids, targets).item<float>()
+                                      : model_->loss(ids, targets).item());
   }
   model_->train();
   return static_cast<float>(sum / static_cast<double>(n));

@@ -19,6 +19,8 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/engine.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
 #include "parallel/zero_memory.h"
 #include "runtime/metrics.h"
 #include "runtime/op_profile.h"
@@ -141,7 +143,13 @@ class Trainer {
   int rank_ = 0;                   // within dp: the data split, the engine's partitions
   int world_ = 1;                  // dp size
   int tp_rank_ = 0, tp_size_ = 1;
-  // The rank that writes config, metrics and the console (dp rank 0 of tp rank 0).
+  // Pipeline parallelism (docs/pipeline.md): this rank's stage, the split, and the schedule the
+  // engine owns (null at pp = 1).
+  std::shared_ptr<comm::Communicator> pp_;
+  int pp_rank_ = 0, pp_size_ = 1;
+  parallel::StagePartition partition_;
+  parallel::PipelineSchedule* pipeline_ = nullptr;
+  // The rank that writes config, metrics and the console (global rank 0: dp, tp and pp rank 0).
   bool lead_ = true;
   models::ModelOptions whole_options_;  // the model options without the tp group
   int64_t step_ = 0;

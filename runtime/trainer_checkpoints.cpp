@@ -1,5 +1,5 @@
 // The Trainer's checkpoints: writing one (Note [Distributed checkpoints] in runtime/checkpoint.h)
-// and resuming from one, whole or tensor-parallel.
+// and resuming from one, whole or tensor/pipeline-parallel.
 #include "runtime/trainer.h"
 
 #include <fmt/format.h>
@@ -34,9 +34,10 @@ void Trainer::save(const char* why) {
   }
   st.model_name = config_.model.name;
   Stopwatch watch;
-  if (tp_size_ > 1) {  // Note [Tensor-parallel checkpoints]: whole tensors, any layout resumes
+  if (tp_size_ > 1 || pp_size_ > 1) {
+    // Note [Tensor-parallel checkpoints]: whole tensors, any layout resumes.
     const TpCheckpointContext ctx{*model_, *engine_, *world_comm_,
-                                  [this] { return make_whole_model(); }};
+                                  [this] { return make_whole_model(); }, pp_.get()};
     last_checkpoint_ = save_tp_checkpoint(ctx, config_.run.dir, st, config_yaml_,
                                           config_.training.keep_checkpoints);
     last_saved_step_ = step_;
@@ -72,9 +73,10 @@ std::unique_ptr<models::CausalLM> Trainer::make_whole_model() const {
 
 void Trainer::resume(const std::string& dir) {
   const TrainConfig& c = config_;
-  // Note [Tensor-parallel checkpoints]: a tensor-parallel run reads the whole tensors through the
-  // layout of the tp = 1 model and keeps its slices.
-  const std::unique_ptr<models::CausalLM> whole = tp_size_ > 1 ? make_whole_model() : nullptr;
+  // Note [Tensor-parallel checkpoints]: a tensor- or pipeline-parallel run reads the whole
+  // tensors through the layout of the tp = 1, pp = 1 model and keeps its slices (its stage's).
+  const std::unique_ptr<models::CausalLM> whole =
+      tp_size_ > 1 || pp_size_ > 1 ? make_whole_model() : nullptr;
   OpenedCheckpoint ck = open_checkpoint(dir, whole ? *whole : *model_);
   std::optional<TpCheckpointReader> reader;
   if (whole) reader.emplace(*model_, *whole, *ck.index);

@@ -25,20 +25,6 @@ void Trainer::report_memory() {
   for (auto cat :
        {offload::Category::Activation, offload::Category::Workspace, offload::Category::Comm})
     rest_peak += stats.usage(tier, cat).peak;
-  tensor::Tensor mine = tensor::Tensor::empty({4}, DType::I64);
-  int64_t* m = mine.data<int64_t>();
-  m[0] = b.params;
-  m[1] = b.grads;
-  m[2] = b.optimizer;
-  m[3] = rest_peak;
-  // On the run's device: an nccl communicator moves GPU memory only. Under tensor parallelism
-  // every rank of the world reports (the tp ranks hold different shards).
-  comm::Communicator& over = tp_size_ > 1 ? *world_comm_ : *dp_;
-  const int n = over.size();
-  tensor::Tensor all_dev = tensor::Tensor::empty({4 * n}, DType::I64, device_);
-  over.allgather(mine.to(device_), all_dev)->wait();
-  const tensor::Tensor all = all_dev.to(Device::cpu());
-  if (!lead_) return;
   parallel::ZeroMemoryConfig zc;
   zc.stage = config_.zero.stage;
   zc.dp = world_;
@@ -47,14 +33,36 @@ void Trainer::report_memory() {
   zc.optimizer = config_.optimizer.name == "adamw"  ? parallel::StateOptimizer::AdamW
                  : config_.optimizer.momentum > 0.0 ? parallel::StateOptimizer::SgdMomentum
                                                     : parallel::StateOptimizer::Sgd;
+  // This rank's units: under pipeline parallelism its stage's (Note [Pipeline stages]).
   const parallel::ModelStateBytes claim = parallel::padded_model_state_bytes(
       zc, unit_sizes_, config_.zero.stage3_param_persistence_threshold);
+  constexpr int kFields = 5;
+  tensor::Tensor mine = tensor::Tensor::empty({kFields}, DType::I64);
+  int64_t* m = mine.data<int64_t>();
+  m[0] = b.params;
+  m[1] = b.grads;
+  m[2] = b.optimizer;
+  m[3] = rest_peak;
+  m[4] = claim.total();
+  // On the run's device: an nccl communicator moves GPU memory only. Under tensor or pipeline
+  // parallelism every rank of the world reports (the tp ranks hold different shards, the stages
+  // different layers).
+  const bool layout = tp_size_ > 1 || pp_size_ > 1;
+  comm::Communicator& over = layout ? *world_comm_ : *dp_;
+  const int n = over.size();
+  tensor::Tensor all_dev = tensor::Tensor::empty({kFields * n}, DType::I64, device_);
+  over.allgather(mine.to(device_), all_dev)->wait();
+  const tensor::Tensor all = all_dev.to(Device::cpu());
+  if (!lead_) return;
   // Under tensor parallelism Ψ is one tp rank's (Note [Tensor-parallel shards]).
+  // Under pipeline parallelism Ψ is one stage's, so each rank's claim follows its line.
   console_->event(fmt::format(
-      "memory per rank, {}ZeRO stage {} x dp {}: model states claimed {} = {} (params {}, "
+      "memory per rank, {}{}ZeRO stage {} x dp {}: model states claimed {} = {}{} (params {}, "
       "grads {}, optimizer {})",
+      pp_size_ > 1 ? fmt::format("pp {} (Ψ per stage) x ", pp_size_) : std::string(),
       tp_size_ > 1 ? fmt::format("tp {} (Ψ per tp rank) x ", tp_size_) : std::string(), zc.stage,
-      world_, parallel::formula(zc), format_bytes(claim.total()), format_bytes(claim.params),
+      world_, parallel::formula(zc), format_bytes(claim.total()),
+      pp_size_ > 1 ? " on rank 0's stage" : "", format_bytes(claim.params),
       format_bytes(claim.grads), format_bytes(claim.optimizer)));
   if (config_.zero.offload_optimizer.enabled()) {
     // ZeRO-Offload: the optimizer states the claim counts live on the host, not the GPU.
@@ -71,16 +79,20 @@ void Trainer::report_memory() {
   }
   const int64_t* a = all.data<int64_t>();
   for (int r = 0; r < n; ++r) {
-    const int64_t* x = a + 4 * r;
-    // Note [Process group order]: global rank r is tp rank r % tp of dp rank r / tp.
-    const std::string who =
-        tp_size_ > 1 ? fmt::format("rank {} (tp {}, dp {})", r, r % tp_size_, r / tp_size_)
-                     : fmt::format("rank {}", r);
+    const int64_t* x = a + kFields * r;
+    // Note [Process group order]: global rank r = (pp rank x dp + dp rank) x tp + tp rank.
+    const int tp = r % tp_size_, dp = (r / tp_size_) % world_, pp = r / (tp_size_ * world_);
+    const std::string who = pp_size_ > 1
+                                ? fmt::format("rank {} (stage {}, tp {}, dp {})", r, pp, tp, dp)
+                            : tp_size_ > 1 ? fmt::format("rank {} (tp {}, dp {})", r, tp, dp)
+                                           : fmt::format("rank {}", r);
     console_->event(
-        fmt::format("  {}: model states {} (params {}, grads {}, optimizer {}); rest peak {} "
+        fmt::format("  {}: model states {} (params {}, grads {}, optimizer {}){}; rest peak {} "
                     "(activations, workspace, communication buffers)",
                     who, format_bytes(x[0] + x[1] + x[2]), format_bytes(x[0]), format_bytes(x[1]),
-                    format_bytes(x[2]), format_bytes(x[3])));
+                    format_bytes(x[2]),
+                    pp_size_ > 1 ? fmt::format(", claimed {}", format_bytes(x[4])) : std::string(),
+                    format_bytes(x[3])));
   }
 }
 

@@ -58,6 +58,18 @@ TEST_F(ParallelismConfig, DefaultsAndRoundTrip) {
   const std::string yaml = to_yaml(sp);
   EXPECT_NE(yaml.find("parallelism:"), std::string::npos) << yaml;
   EXPECT_EQ(load_train_config(write(yaml)).parallelism, sp.parallelism);
+  EXPECT_EQ(c.parallelism.pipeline_schedule, "1f1b");
+  EXPECT_TRUE(c.parallelism.pipeline_partition.empty());
+  // A pipeline layout and its explicit partition survive the round trip too.
+  TrainConfig pp =
+      load_train_config(write(tiny("gpt2-tiny",
+                                   "  pipeline_parallel_size: 2\n  pipeline_schedule: gpipe\n"
+                                   "  pipeline_partition: [1, 1]\n")));
+  EXPECT_EQ(pp.parallelism.pipeline_parallel_size, 2);
+  EXPECT_EQ(pp.parallelism.pipeline_schedule, "gpipe");
+  EXPECT_EQ(pp.parallelism.pipeline_partition, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(load_train_config(write(to_yaml(pp))).parallelism, pp.parallelism);
+  EXPECT_EQ(load_train_config(write(to_yaml(c))).parallelism, c.parallelism);
 }
 
 TEST_F(ParallelismConfig, SplittableLayoutLoads) {
@@ -81,8 +93,21 @@ TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
        {"parallelism.tensor_parallel_size", "4 does not divide the 2 key/value heads"}},
       {tiny("gpt2-tiny", "  tensor_parallel_size: 4\n  sequence_parallel: true\n", 30),
        {"parallelism.sequence_parallel", "batch.seq_len 30"}},
-      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n"),
-       {"parallelism.pipeline_parallel_size", "does not exist yet"}},
+      // gpt2-tiny: 2 layers.
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 3\n"),
+       {"parallelism.pipeline_parallel_size", "is 3 but model 'gpt2-tiny' has 2 layers"}},
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n  pipeline_partition: [1]\n"),
+       {"parallelism.pipeline_partition", "lists 1 stages but pipeline_parallel_size is 2"}},
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n  pipeline_partition: [0, 2]\n"),
+       {"parallelism.pipeline_partition", "gives stage 0 0 layers"}},
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n  pipeline_partition: [2, 2]\n"),
+       {"parallelism.pipeline_partition",
+        "[2, 2] adds up to 4 layers but model 'gpt2-tiny' has 2"}},
+      {tiny("gpt2-tiny", "  pipeline_schedule: zigzag\n"), {"parallelism.pipeline_schedule"}},
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n") + "zero_optimization:\n  stage: 3\n",
+       {"parallelism.pipeline_parallel_size", "zero_optimization.stage is 3"}},
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n", 32, "  sample_every: 5\n"),
+       {"parallelism.pipeline_parallel_size", "sample_every is 5"}},
       {tiny("gpt2-tiny", "  tensor_parallel_size: 0\n"), {"parallelism.tensor_parallel_size"}},
       // What a tensor-parallel `train` does not do yet says so.
       {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n", 32, "  sample_every: 5\n"),

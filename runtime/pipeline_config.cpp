@@ -1,0 +1,59 @@
+#include "runtime/pipeline_config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <vector>
+
+namespace strata::runtime {
+
+void check_pipeline_config(const TrainConfig& c, const models::ModelShape& shape,
+                           config::Reader& r) {
+  // Note [Stage balance] (parallel/pipeline_stages.h): every stage needs a layer; an explicit
+  // partition gives one layer count per stage, adding up to the model's layers.
+  const ParallelismSection& p = c.parallelism;
+  const int64_t pp = p.pipeline_parallel_size;
+  if (pp > shape.n_layer)
+    r.fail("pipeline_parallel_size",
+           fmt::format("is {} but model '{}' has {} layers: every stage needs at least one "
+                       "layer; use at most {} stages",
+                       pp, c.model.name, shape.n_layer, shape.n_layer));
+  if (!p.pipeline_partition.empty()) {
+    const std::vector<int64_t>& part = p.pipeline_partition;
+    if (static_cast<int64_t>(part.size()) != pp)
+      r.fail("pipeline_partition",
+             fmt::format("lists {} stages but pipeline_parallel_size is {}: give one layer count "
+                         "per stage",
+                         part.size(), pp));
+    int64_t sum = 0;
+    for (size_t s = 0; s < part.size(); ++s) {
+      if (part[s] < 1)
+        r.fail("pipeline_partition",
+               fmt::format("gives stage {} {} layers: every stage needs at least one", s, part[s]));
+      sum += part[s];
+    }
+    if (sum != shape.n_layer)
+      r.fail("pipeline_partition",
+             fmt::format("[{}] adds up to {} layers but model '{}' has {}", fmt::join(part, ", "),
+                         sum, c.model.name, shape.n_layer));
+  }
+  // What a pipelined `train` does not do (docs/pipeline.md).
+  if (pp > 1 && c.zero.stage == 3)
+    r.fail("pipeline_parallel_size",
+           fmt::format("is {} but zero_optimization.stage is 3: ZeRO-3 gathers and releases "
+                       "parameters around each micro-batch, which a pipeline schedule "
+                       "interleaves (docs/pipeline.md); use stage 0, 1 or 2",
+                       pp));
+  if (pp > 1 && c.training.sample_every > 0)
+    r.fail("pipeline_parallel_size",
+           fmt::format("is {} but training.sample_every is {}: sampling (the KV-cached forward) "
+                       "needs the whole model on one rank; set sample_every: 0",
+                       pp, c.training.sample_every));
+  if (pp > 1 && !c.model.init_from.empty())
+    r.fail("pipeline_parallel_size",
+           fmt::format("is {} but model.init_from is set: loading HF weights into a pipeline "
+                       "stage is not built yet; set pipeline_parallel_size: 1",
+                       pp));
+}
+
+}  // namespace strata::runtime

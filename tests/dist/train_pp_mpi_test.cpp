@@ -1,0 +1,218 @@
+// `train` under mpirun with pipeline parallelism: parallelism.pipeline_parallel_size = 2 on 4
+// ranks (pp 2 x dp 2, and pp 2 x tp 2) reproduces the one-process loss and validation trajectory
+// in metrics.jsonl with the 1f1b and gpipe schedules, logs the stages and the bubble, writes
+// one-process checkpoints that resume at another pp, and refuses layouts it cannot run with
+// errors that name the key and the numbers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tensor/safetensors.h"
+#include "tests/dist/train_mpi_fixture.h"
+
+namespace strata::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::describe;
+using testing::expect_close;
+
+class TrainPpMpi : public testing::TrainMpiFixture {
+ protected:
+  TrainPpMpi() : TrainMpiFixture(STRATA_BINARY_DIR, "") {}
+
+  // Every metrics record of run `name`, in order.
+  std::vector<nlohmann::json> records(const std::string& name) {
+    std::vector<nlohmann::json> out;
+    std::istringstream in(testing::read_text(tmp_ / (name + "/metrics.jsonl")));
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+
+  std::vector<double> val_losses(const std::string& name) {
+    std::vector<double> out;
+    for (const nlohmann::json& j : records(name))
+      if (j.contains("val_loss")) out.push_back(j["val_loss"].get<double>());
+    return out;
+  }
+};
+
+double worst_relative(const std::vector<double>& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+  return worst;
+}
+
+// The fixture's model has 2 layers, micro-batches of 2 and a global batch of 8: one process
+// accumulates 4 micro-batches, pp 2 x dp 2 runs 2 per pipeline, pp 2 x tp 2 runs 4.
+TEST_F(TrainPpMpi, PipelineReproducesOneProcess) {
+  const int kSteps = 20;
+  CommandResult single = train(0, config("single", kSteps), {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("single");
+  const std::vector<double> want_val = val_losses("single");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  ASSERT_FALSE(want_val.empty());
+
+  struct Run {
+    std::string name;
+    std::vector<std::string> sets;
+    int64_t micro_batches;  // per pipeline
+    std::string layout;     // in the first log line
+    std::string rank3;      // global rank 3's coordinates (Note [Process group order])
+  };
+  const std::vector<Run> runs = {
+      {"pp2_1f1b",
+       {"parallelism.pipeline_parallel_size=2"},
+       2,
+       "pp 2 (1f1b) x tp 1 x dp 2",
+       "rank 3 (stage 1, tp 0, dp 1)"},
+      {"pp2_gpipe_z1",
+       {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_schedule=gpipe",
+        "zero_optimization.stage=1"},
+       2,
+       "pp 2 (gpipe) x tp 1 x dp 2, ZeRO stage 1",
+       "rank 3 (stage 1, tp 0, dp 1)"},
+      {"pp2_tp2",
+       {"parallelism.pipeline_parallel_size=2", "parallelism.tensor_parallel_size=2",
+        "parallelism.pipeline_partition=[1, 1]"},
+       4,
+       "pp 2 (1f1b) x tp 2 x dp 1",
+       "rank 3 (stage 1, tp 1, dp 0)"},
+  };
+  for (const Run& run : runs) {
+    CommandResult r = train(4, config(run.name, kSteps), run.sets);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const std::vector<double> got = losses(run.name);
+    expect_close(got, want, 1e-5, run.name);
+    expect_close(val_losses(run.name), want_val, 1e-5, run.name + " (validation)");
+    std::printf(
+        "[train %s, 4 ranks] %zu steps, loss %.6f -> %.6f, worst relative delta %.3g "
+        "(validation %.3g)\n",
+        run.name.c_str(), got.size(), got.empty() ? 0.0 : got.front(),
+        got.empty() ? 0.0 : got.back(), worst_relative(got, want),
+        worst_relative(val_losses(run.name), want_val));
+    EXPECT_NE(r.out.find(run.layout), std::string::npos) << r.out;
+    // The stages, with their layers and parameters; the bubble beside its formula.
+    EXPECT_NE(r.out.find("pipeline: 2 stages"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("stage 0: layers 0-0 ("), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("stage 1: layers 1-1 ("), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" | bubble "), std::string::npos) << r.out;
+    const double formula = 1.0 / static_cast<double>(run.micro_batches + 1);
+    for (const nlohmann::json& j : records(run.name)) {
+      ASSERT_TRUE(j.contains("pipeline_bubble")) << j.dump();
+      ASSERT_EQ(j["pipeline_bubble"].size(), 2u) << j.dump();
+      for (const auto& b : j["pipeline_bubble"]) {
+        EXPECT_GE(b.get<double>(), 0.0) << j.dump();
+        EXPECT_LT(b.get<double>(), 1.0) << j.dump();
+      }
+      EXPECT_NEAR(j["pipeline_bubble_formula"].get<double>(), formula, 1e-12) << j.dump();
+    }
+    // The memory report has every rank with its stage, and each stage's claim.
+    EXPECT_NE(r.out.find(run.rank3 + ": model states"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(", claimed "), std::string::npos) << r.out;
+  }
+}
+
+// Note [Tensor-parallel checkpoints] under pipeline parallelism: a checkpoint written at pp 2 is a
+// one-process checkpoint (the same HF names, the tied embedding once) and resumes at pp 1; one
+// written by one process resumes at pp 2; both continue the one-process trajectory.
+TEST_F(TrainPpMpi, CheckpointsResumeAtAnotherPp) {
+  const int kSteps = 6;
+  CommandResult single = train(0, config("single", kSteps), {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("single");
+  const auto one_process_names = [&] {
+    std::vector<std::string> names;
+    for (const auto& [name, t] :
+         tensor::load_safetensors(tmp_ / "single/checkpoints/step_00000006/model.safetensors"))
+      names.push_back(name);
+    return names;
+  }();
+
+  struct Move {
+    std::string name;
+    int np_first;
+    std::vector<std::string> first;
+    int np_second;
+    std::vector<std::string> second;
+  };
+  const std::vector<Move> moves = {
+      {"pp2_to_pp1",
+       4,
+       {"parallelism.pipeline_parallel_size=2", "zero_optimization.stage=1"},
+       2,
+       {}},
+      {"pp1_to_pp2",
+       0,
+       {},
+       4,
+       {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_schedule=gpipe"}},
+  };
+  for (const Move& m : moves) {
+    const std::string cfg = config(m.name, kSteps);
+    std::vector<std::string> first = m.first;
+    first.push_back("training.steps=3");
+    CommandResult a = train(m.np_first, cfg, first);
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    const std::string ckpt = tmp_ / (m.name + "/checkpoints/step_00000003");
+    ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors")) << m.name;
+    std::vector<std::string> names;
+    for (const auto& [name, t] : tensor::load_safetensors(ckpt + "/model.safetensors"))
+      names.push_back(name);
+    EXPECT_EQ(names, one_process_names) << m.name;
+    if (m.np_first == 4) {
+      CommandResult verify = testing::run_command(
+          {std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint", ckpt, "--verify"});
+      EXPECT_EQ(verify.exit_code, 0) << describe(verify);
+    }
+    CommandResult b = train(m.np_second, cfg, m.second);
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    // Each half ran in its layout.
+    EXPECT_EQ(a.out.find("pipeline: 2 stages") != std::string::npos, !m.first.empty()) << a.out;
+    EXPECT_EQ(b.out.find("pipeline: 2 stages") != std::string::npos, !m.second.empty()) << b.out;
+    const std::vector<double> got = losses(m.name);
+    expect_close(got, want, 1e-5, m.name);
+    std::printf("[train %s] resumed at step 3, %zu steps logged, worst relative delta %.3g\n",
+                m.name.c_str(), got.size(), worst_relative(got, want));
+  }
+}
+
+TEST_F(TrainPpMpi, BadLayoutsAreClearErrors) {
+  const auto expect_error = [&](int np, const std::vector<std::string>& sets,
+                                const std::vector<std::string>& parts) {
+    CommandResult r = train(np, config("bad", 2), sets);
+    EXPECT_NE(r.exit_code, 0) << describe(r);
+    for (const std::string& part : parts)
+      EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << describe(r);
+  };
+  // The test model has 2 layers.
+  expect_error(0, {"parallelism.pipeline_parallel_size=3"},
+               {"parallelism.pipeline_parallel_size", "is 3 but model 'gpt2-tiny' has 2 layers"});
+  expect_error(
+      0, {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_partition=[2, 1]"},
+      {"parallelism.pipeline_partition", "[2, 1] adds up to 3 layers but model 'gpt2-tiny' has 2"});
+  expect_error(0, {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_partition=[2]"},
+               {"parallelism.pipeline_partition", "lists 1 stages", "pipeline_parallel_size is 2"});
+  expect_error(0, {"parallelism.pipeline_parallel_size=2", "zero_optimization.stage=3"},
+               {"parallelism.pipeline_parallel_size", "zero_optimization.stage is 3"});
+  expect_error(0, {"parallelism.pipeline_schedule=interleaved"},
+               {"parallelism.pipeline_schedule", "interleaved"});
+  // pp x tp above the world, and not dividing it.
+  expect_error(0, {"parallelism.pipeline_parallel_size=2"},
+               {"parallelism", "pipeline_parallel_size 2 = 2 ranks is more than the world's 1"});
+  expect_error(3, {"parallelism.pipeline_parallel_size=2"},
+               {"parallelism", "the world's 3 ranks do not divide", "pipeline_parallel_size 2"});
+}
+
+}  // namespace
+}  // namespace strata::tools

@@ -124,7 +124,8 @@ TEST_F(TrainPpMpi, PipelineReproducesOneProcess) {
 
 // Note [Tensor-parallel checkpoints] under pipeline parallelism: a checkpoint written at pp 2 is a
 // one-process checkpoint (the same HF names, the tied embedding once) and resumes at pp 1; one
-// written by one process resumes at pp 2; both continue the one-process trajectory.
+// written by one process resumes at pp 2, one written at pp 2 x tp 2 at pp 2 x tp 1; each
+// continues the one-process trajectory.
 TEST_F(TrainPpMpi, CheckpointsResumeAtAnotherPp) {
   const int kSteps = 6;
   CommandResult single = train(0, config("single", kSteps), {});
@@ -156,6 +157,13 @@ TEST_F(TrainPpMpi, CheckpointsResumeAtAnotherPp) {
        {},
        4,
        {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_schedule=gpipe"}},
+      // pp 2 x tp 2 (ZeRO-2 over dp 1) -> pp 2 x dp 1
+      {"pp2tp2_to_pp2",
+       4,
+       {"parallelism.pipeline_parallel_size=2", "parallelism.tensor_parallel_size=2",
+        "zero_optimization.stage=2"},
+       2,
+       {"parallelism.pipeline_parallel_size=2"}},
   };
   for (const Move& m : moves) {
     const std::string cfg = config(m.name, kSteps);

@@ -195,6 +195,39 @@ TEST_F(TrainPpMpi, CheckpointsResumeAtAnotherPp) {
   }
 }
 
+// Four stages of a 4-layer model (two middle stages without embeddings or head, the tied copy
+// four ranks away): 5 steps at pp 4, checkpointed, then 5 more resumed at pp 2 (explicit
+// partition [3, 1]), against one process.
+TEST_F(TrainPpMpi, FourStagesThenTwo) {
+  const int kSteps = 10;
+  const std::string layers = "model.config.n_layer=4";
+  CommandResult single = train(0, config("single", kSteps), {layers});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("single");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+
+  const std::string cfg = config("pp4", kSteps);
+  CommandResult a =
+      train(4, cfg, {layers, "parallelism.pipeline_parallel_size=4", "training.steps=5"});
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  EXPECT_NE(a.out.find("pp 4 (1f1b) x tp 1 x dp 1"), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("stage 2: layers 2-2 ("), std::string::npos) << a.out;
+  const std::string ckpt = tmp_ / "pp4/checkpoints/step_00000005";
+  CommandResult verify = testing::run_command(
+      {std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint", ckpt, "--verify"});
+  EXPECT_EQ(verify.exit_code, 0) << describe(verify);
+  CommandResult b = train(
+      2, cfg,
+      {layers, "parallelism.pipeline_parallel_size=2", "parallelism.pipeline_partition=[3, 1]"});
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("stage 0: layers 0-2 ("), std::string::npos) << b.out;
+  const std::vector<double> got = losses("pp4");
+  expect_close(got, want, 1e-5, "pp 4 -> pp 2");
+  std::printf("[train pp4 -> pp2] resumed at step 5, %zu steps logged, worst relative delta %.3g\n",
+              got.size(), worst_relative(got, want));
+}
+
 TEST_F(TrainPpMpi, BadLayoutsAreClearErrors) {
   const auto expect_error = [&](int np, const std::vector<std::string>& sets,
                                 const std::vector<std::string>& parts) {

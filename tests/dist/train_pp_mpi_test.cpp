@@ -228,6 +228,54 @@ TEST_F(TrainPpMpi, FourStagesThenTwo) {
               got.size(), worst_relative(got, want));
 }
 
+// LLaMA, untied (the head only on the last stage) and tied: 2 steps at pp 2 (dp 1), checkpointed
+// with the one-process HF names, 2 more in one process, against one process.
+TEST_F(TrainPpMpi, LlamaUntiedAndTied) {
+  const int kSteps = 4;
+  for (const std::string tied : {"false", "true"}) {
+    const auto llama_config = [&](const std::string& name) {
+      const std::string path = config(name, kSteps);
+      std::string text = testing::read_text(path);
+      for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+               {"name: gpt2-tiny", "name: llama-tiny"},
+               {"n_positions: 32", "block_size: 32\n    tie_word_embeddings: " + tied}}) {
+        const size_t at = text.find(from);
+        EXPECT_NE(at, std::string::npos) << from;
+        if (at != std::string::npos) text.replace(at, from.size(), to);
+      }
+      testing::write_text(path, text);
+      return path;
+    };
+    const std::string single_name = "llama_single_" + tied, name = "llama_pp2_" + tied;
+    CommandResult single = train(0, llama_config(single_name), {});
+    ASSERT_EQ(single.exit_code, 0) << describe(single);
+    const std::vector<double> want = losses(single_name);
+    std::vector<std::string> want_names;
+    for (const auto& [n, t] : tensor::load_safetensors(
+             tmp_ / (single_name + "/checkpoints/step_00000004/model.safetensors")))
+      want_names.push_back(n);
+
+    const std::string cfg = llama_config(name);
+    CommandResult a = train(2, cfg, {"parallelism.pipeline_parallel_size=2", "training.steps=2"});
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    EXPECT_NE(a.out.find("pp 2 (1f1b) x tp 1 x dp 1"), std::string::npos) << a.out;
+    std::vector<std::string> names;
+    for (const auto& [n, t] :
+         tensor::load_safetensors(tmp_ / (name + "/checkpoints/step_00000002/model.safetensors")))
+      names.push_back(n);
+    EXPECT_EQ(names, want_names) << "tie_word_embeddings " << tied;
+    CommandResult b = train(0, cfg, {});
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    const std::vector<double> got = losses(name);
+    expect_close(got, want, 1e-5, name);
+    std::printf(
+        "[train llama-tiny, tie_word_embeddings %s] pp 2 -> 1 process: %zu steps, worst "
+        "relative delta %.3g\n",
+        tied.c_str(), got.size(), worst_relative(got, want));
+  }
+}
+
 TEST_F(TrainPpMpi, BadLayoutsAreClearErrors) {
   const auto expect_error = [&](int np, const std::vector<std::string>& sets,
                                 const std::vector<std::string>& parts) {

@@ -1,8 +1,8 @@
 // `train` under mpirun with pipeline parallelism: parallelism.pipeline_parallel_size = 2 on 4
 // ranks (pp 2 x dp 2, and pp 2 x tp 2) reproduces the one-process loss and validation trajectory
-// in metrics.jsonl with the 1f1b and gpipe schedules, logs the stages and the bubble, writes
-// one-process checkpoints that resume at another pp, and refuses layouts it cannot run with
-// errors that name the key and the numbers.
+// in metrics.jsonl with the 1f1b and gpipe schedules (activation checkpointing inside the stages
+// too), logs the stages and the bubble, writes one-process checkpoints that resume at another
+// pp, and refuses layouts it cannot run with errors that name the key and the numbers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,7 +77,7 @@ TEST_F(TrainPpMpi, PipelineReproducesOneProcess) {
        "rank 3 (stage 1, tp 0, dp 1)"},
       {"pp2_gpipe_z1",
        {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_schedule=gpipe",
-        "zero_optimization.stage=1"},
+        "zero_optimization.stage=1", "model.config.activation_checkpointing=true"},
        2,
        "pp 2 (gpipe) x tp 1 x dp 2, ZeRO stage 1",
        "rank 3 (stage 1, tp 0, dp 1)"},

@@ -56,11 +56,6 @@ void check_pipeline_config(const TrainConfig& c, const models::ModelShape& shape
            fmt::format("is {} but training.sample_every is {}: sampling (the KV-cached forward) "
                        "needs the whole model on one rank; set sample_every: 0",
                        pp, c.training.sample_every));
-  if (pp > 1 && !c.model.init_from.empty())
-    r.fail("pipeline_parallel_size",
-           fmt::format("is {} but model.init_from is set: loading HF weights into a pipeline "
-                       "stage is not built yet; set pipeline_parallel_size: 1",
-                       pp));
 }
 
 }  // namespace strata::runtime

@@ -264,7 +264,21 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
       model_->max_seq_len() == shape.max_seq_len && model_->vocab_size() == shape.vocab_size,
       "model '{}' built with context {} and vocabulary {}; its shape said {} and {}", c.model.name,
       model_->max_seq_len(), model_->vocab_size(), shape.max_seq_len, shape.vocab_size);
-  if (!c.model.init_from.empty()) models::load_hf(*model_, c.model.init_from);
+  if (!c.model.init_from.empty()) {
+    if (pp_size_ > 1) {
+      // A stage's parameters are the whole model's of the same names (Note [Pipeline stages]):
+      // the HF file loads into a whole model, and the stage takes its tensors from it.
+      const std::unique_ptr<models::CausalLM> whole = make_whole_model();
+      models::load_hf(*whole, c.model.init_from);
+      for (models::FlatUnit& u : model_->flat_units())
+        for (size_t i = 0; i < u.names.size(); ++i) {
+          tensor::Tensor dst = u.params.narrow(0, u.offsets[i], u.numels[i]);
+          dst.copy_(whole->parameter(u.names[i]).data().reshape({-1}));
+        }
+    } else {
+      models::load_hf(*model_, c.model.init_from);
+    }
+  }
   // Note [Training on the GPU]: the zoo builds (and init_from loads) on the host; the flat units
   // move before the Engine takes views of them.
   models::move_flat_units(model_->flat_units(), device_);

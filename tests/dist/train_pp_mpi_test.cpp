@@ -276,6 +276,32 @@ TEST_F(TrainPpMpi, LlamaUntiedAndTied) {
   }
 }
 
+// model.init_from at pp 2: each stage takes its tensors from the HF export of a trained run, and
+// the run follows the one-process run from the same file.
+TEST_F(TrainPpMpi, InitFromHfAtPp2) {
+  CommandResult base = train(0, config("base", 2), {});
+  ASSERT_EQ(base.exit_code, 0) << describe(base);
+  const std::string hf = tmp_ / "hf";
+  CommandResult conv =
+      testing::run_command({std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint",
+                            tmp_ / "base/checkpoints/step_00000002", "--to-hf", hf});
+  ASSERT_EQ(conv.exit_code, 0) << describe(conv);
+  const std::string init = "model.init_from=" + hf;
+  CommandResult single = train(0, config("init_single", 4), {init});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("init_single");
+  CommandResult pp =
+      train(4, config("init_pp2", 4), {init, "parallelism.pipeline_parallel_size=2"});
+  ASSERT_EQ(pp.exit_code, 0) << describe(pp);
+  const std::vector<double> got = losses("init_pp2");
+  expect_close(got, want, 1e-5, "init_from at pp 2");
+  // Not the fresh initialisation's trajectory: the weights came from the file.
+  EXPECT_LT(want.front(), losses("base").front() - 1e-3);
+  std::printf("[train init_from, pp 2] %zu steps, loss %.6f -> %.6f, worst relative delta %.3g\n",
+              got.size(), got.empty() ? 0.0 : got.front(), got.empty() ? 0.0 : got.back(),
+              worst_relative(got, want));
+}
+
 TEST_F(TrainPpMpi, BadLayoutsAreClearErrors) {
   const auto expect_error = [&](int np, const std::vector<std::string>& sets,
                                 const std::vector<std::string>& parts) {

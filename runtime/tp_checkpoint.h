@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoints of a tensor-parallel run, in the single-process layout.
+// Checkpoints of a tensor- or pipeline-parallel run, in the single-process layout.
 //
 // Note [Tensor-parallel checkpoints]
 // A checkpoint holds whole HF tensors in the flat-unit coordinates of the tp = 1 model (Note

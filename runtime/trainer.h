@@ -151,7 +151,7 @@ class Trainer {
   parallel::PipelineSchedule* pipeline_ = nullptr;
   // The rank that writes config, metrics and the console (global rank 0: dp, tp and pp rank 0).
   bool lead_ = true;
-  models::ModelOptions whole_options_;  // the model options without the tp group
+  models::ModelOptions whole_options_;  // the model options without the tp group and the stage
   int64_t step_ = 0;
   int64_t samples_consumed_ = 0;
   double flops_per_token_ = 0.0;

@@ -59,6 +59,17 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
   int held = 0;
   stats_.max_in_flight = 0;
 
+  // Waits for a receive after polling every pending send (Work::done). On a GPU a poll only
+  // reads events: a send's kernel runs by itself on its communicator's stream. The CUDA emulator
+  // (Note [Emulated streams]) runs queued stream work only when the host waits for it or polls
+  // it, so there a send issued just before this stage waits on its neighbour (GPipe's last
+  // forward, then its first backward) would stay queued while the neighbour waits for it: the
+  // poll starts it.
+  auto receive = [&](const comm::WorkHandle& work) {
+    for (const comm::WorkHandle& w : sends) w->done();
+    links_.wait_recv(work);
+  };
+
   auto forward = [&](int64_t m) {
     InFlight& f = flight[static_cast<size_t>(m)];
     f.batch = in.batch(m);
@@ -67,7 +78,7 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
     const int64_t M = f.batch.ids.size(0), T = f.batch.ids.size(1) / (tp.sp() ? tp.size() : 1);
     if (!links_.first()) {
       tensor::Tensor buf = tensor::Tensor::empty({M, T, C}, dtype, device);
-      links_.wait_recv(links_.recv_forward(buf));
+      receive(links_.recv_forward(buf));
       f.input = autograd::Variable(buf, /*requires_grad=*/true);
     }
     if (links_.last()) {
@@ -94,7 +105,7 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
     } else {
       tensor::Tensor grad =
           tensor::Tensor::empty(f.output.data().shape(), f.output.data().dtype(), device);
-      links_.wait_recv(links_.recv_backward(grad));
+      receive(links_.recv_backward(grad));
       engine.backward(f.output, grad);
     }
     if (!links_.first()) {

@@ -44,13 +44,6 @@ void check_pipeline_config(const TrainConfig& c, const models::ModelShape& shape
                        "parameters around each micro-batch, which a pipeline schedule "
                        "interleaves (docs/pipeline.md); use stage 0, 1 or 2",
                        pp));
-  if (pp > 1 && c.run.device == "cuda")
-    r.fail("pipeline_parallel_size",
-           fmt::format("is {} but run.device is cuda: a pipelined run's checkpoints are put "
-                       "together in host memory (Note [Tensor-parallel checkpoints]) and its "
-                       "GPU path (NCCL point-to-point) is untested; run it on the CPU "
-                       "(run.device: cpu) or set pipeline_parallel_size: 1",
-                       pp));
   if (pp > 1 && c.training.sample_every > 0)
     r.fail("pipeline_parallel_size",
            fmt::format("is {} but training.sample_every is {}: sampling (the KV-cached forward) "

@@ -32,6 +32,37 @@ Tensor unshard(const Tensor& gathered, const models::nn::ShardSpec& spec, const 
   return out;
 }
 
+// Note [Checkpoint collectives on GPUs]
+// The tensors put together here live in host memory (the whole model is a host model, and the
+// dp sums and tp gathers are of host buffers), but an nccl communicator moves device memory only.
+// So on an nccl group each collective goes through a device copy of its one tensor (a unit's
+// buffer, one parameter's slice), made for the call and copied back after it: the device holds
+// at most one such tensor at a time beside the run's own memory. Other backends take host
+// tensors as they are.
+bool needs_device(const comm::Communicator& c) {
+  return c.backend() == "nccl";
+}
+
+void allreduce_host(comm::Communicator& c, Tensor t, comm::ReduceOp op, Device device) {
+  if (!needs_device(c)) {
+    c.allreduce(t, op)->wait();
+    return;
+  }
+  Tensor d = t.to(device);
+  c.allreduce(d, op)->wait();
+  t.copy_(d);
+}
+
+void allgather_host(comm::Communicator& c, const Tensor& in, Tensor out, Device device) {
+  if (!needs_device(c)) {
+    c.allgather(in.to(Device::cpu()), out)->wait();
+    return;
+  }
+  Tensor d = Tensor::empty(out.shape(), out.dtype(), device);
+  c.allgather(in.to(device), d)->wait();
+  out.copy_(d);
+}
+
 // The state keys every rank holds for every unit, in one order on every rank.
 std::vector<std::string> state_keys(parallel::Engine& engine) {
   std::set<std::string> keys;
@@ -54,10 +85,8 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
   parallel::Engine& engine = ctx.engine;
   const models::nn::TensorParallel& tp = model.tensor_parallel();
   std::vector<models::FlatUnit>& units = model.flat_units();
-  STRATA_USER_CHECK(units.front().params.device().is_cpu(),
-                    "tensor-parallel checkpoints are written from host memory; this run's "
-                    "parameters are on {}",
-                    units.front().params.device().str());
+  // Note [Checkpoint collectives on GPUs]: the device an nccl group moves.
+  const Device device = units.front().params.device();
   comm::Communicator& dp = engine.dp();
 
   // 1. This rank's units whole over dp, per state key (parameters too unless ZeRO-3 holds them).
@@ -81,7 +110,7 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
       }
       if (!buf.defined())
         buf = tensor::zeros({numel}, key == "param" ? units[u].params.dtype() : DType::F32);
-      if (dp.size() > 1) dp.allreduce(buf, comm::ReduceOp::Sum)->wait();
+      if (dp.size() > 1) allreduce_host(dp, buf, comm::ReduceOp::Sum, device);
       local.push_back({u, key, buf});
     }
     if (engine.stage() < 3) local.push_back({u, "param", units[u].params.narrow(0, 0, numel)});
@@ -120,7 +149,7 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
         auto it = model.shard_specs().find(name);
         if (it != model.shard_specs().end()) {
           Tensor all = Tensor::empty({mine.numel() * tp.size()}, mine.dtype());
-          tp.group->allgather(mine, all)->wait();
+          allgather_host(*tp.group, mine, all, device);
           if (!stage_lead) continue;
           const tensor::Shape full = whole->parameter(name).data().shape();
           value = unshard(all, it->second, full, tp.size());
@@ -152,11 +181,11 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
     for (const std::string& key : keys)
       if (key != "param") state_names.push_back(key);
     for (models::FlatUnit& wu : whole->flat_units()) {
-      pp->allreduce(wu.params, comm::ReduceOp::Sum)->wait();
+      allreduce_host(*pp, wu.params, comm::ReduceOp::Sum, device);
       for (const std::string& key : state_names) {
         Tensor& buf = whole_states[{wu.name, key}];
         if (!buf.defined()) buf = tensor::zeros({wu.size()}, DType::F32);
-        pp->allreduce(buf, comm::ReduceOp::Sum)->wait();
+        allreduce_host(*pp, buf, comm::ReduceOp::Sum, device);
       }
     }
   }
@@ -180,7 +209,7 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
     }
   }
   Tensor ok = tensor::from_ints({error.empty() ? 1 : 0}, {1}, DType::I32);
-  ctx.world.allreduce(ok, comm::ReduceOp::Min)->wait();
+  allreduce_host(ctx.world, ok, comm::ReduceOp::Min, device);
   if (tensor::to_int_vector(ok)[0] == 0) {
     if (lead) user_error("{}", error);
     user_error("the tensor-parallel checkpoint of step {} failed on rank 0 (its error says why)",

@@ -106,8 +106,6 @@ TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
       {tiny("gpt2-tiny", "  pipeline_schedule: zigzag\n"), {"parallelism.pipeline_schedule"}},
       {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n") + "zero_optimization:\n  stage: 3\n",
        {"parallelism.pipeline_parallel_size", "zero_optimization.stage is 3"}},
-      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n") + "run:\n  device: cuda\n",
-       {"parallelism.pipeline_parallel_size", "run.device is cuda"}},
       {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n", 32, "  sample_every: 5\n"),
        {"parallelism.pipeline_parallel_size", "sample_every is 5"}},
       {tiny("gpt2-tiny", "  tensor_parallel_size: 0\n"), {"parallelism.tensor_parallel_size"}},

@@ -33,6 +33,13 @@ using testing::ScratchDir;
 
 const std::string kBin = STRATA_BINARY_DIR;
 
+// A layout of `train` on GPUs over nccl: its name, its --set lines, what its first log line says.
+struct GpuLayout {
+  std::string name;
+  std::vector<std::string> sets;
+  std::string log;
+};
+
 class TrainGpuMpi : public testing::TrainMpiFixture {
  protected:
   TrainGpuMpi() : TrainMpiFixture(kBin, "cuda") {}
@@ -40,6 +47,7 @@ class TrainGpuMpi : public testing::TrainMpiFixture {
     TrainMpiFixture::SetUp();
     gpus_ = tensor::cuda_device_count();
   }
+  void expect_layouts_follow_one_gpu(int np, const std::vector<GpuLayout>& layouts);
   int gpus_ = 0;
 };
 
@@ -85,50 +93,37 @@ TEST_F(TrainGpuMpi, SgdWithMomentumAtZeroTwoOverNcclReproducesOneGpu) {
   expect_close(losses("sgd_two"), want, 1e-5, "sgd stage 2");
 }
 
-// Tensor and pipeline parallelism on GPUs over nccl: tp 2 and pp 2 (1f1b and gpipe, 4
-// micro-batches; the links are nccl send/recv) on two GPUs each train 3 steps, write a checkpoint
-// (Note [Checkpoint collectives on GPUs]: put together through device copies, as nccl moves GPU
-// memory only) and resume for 3 more, on one GPU's losses throughout; the checkpoints hold the
-// one-GPU run's tensor names.
-TEST_F(TrainGpuMpi, TensorAndPipelineParallelOverNcclReproduceOneGpuAndResume) {
-  NEED_GPUS(2);
+// Each layout on `np` GPUs trains 3 steps in fp32, writes a checkpoint (Note [Checkpoint
+// collectives on GPUs]: put together through device copies, as nccl moves GPU memory only) and
+// resumes for 3 more, on one GPU's losses throughout (within 1e-5 relative); both checkpoints
+// hold the one-GPU run's tensor names.
+void TrainGpuMpi::expect_layouts_follow_one_gpu(int np, const std::vector<GpuLayout>& layouts) {
   const int kSteps = 6;
-  CommandResult one = train(0, config("tp_one", kSteps), {"run.dtype=fp32"});
+  const std::string one_name = fmt::format("one_for_np{}", np);
+  CommandResult one = train(0, config(one_name, kSteps), {"run.dtype=fp32"});
   ASSERT_EQ(one.exit_code, 0) << describe(one);
-  const std::vector<double> want = losses("tp_one");
+  const std::vector<double> want = losses(one_name);
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   EXPECT_LT(want.back(), want.front()) << "the one-GPU run did not train";
   std::vector<std::string> want_names;
   for (const auto& [name, t] :
-       tensor::load_safetensors(tmp_ / "tp_one/checkpoints/step_00000006/model.safetensors"))
+       tensor::load_safetensors(tmp_ / (one_name + "/checkpoints/step_00000006/model.safetensors")))
     want_names.push_back(name);
   ASSERT_FALSE(want_names.empty());
 
-  struct Layout {
-    std::string name;
-    std::vector<std::string> sets;
-    std::string log;
-  };
-  const std::vector<Layout> layouts = {
-      {"tp2", {"parallelism.tensor_parallel_size=2"}, "tp 2 x dp 1"},
-      {"pp2", {"parallelism.pipeline_parallel_size=2"}, "pp 2 (1f1b) x tp 1 x dp 1"},
-      {"pp2_gpipe",
-       {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_schedule=gpipe"},
-       "pp 2 (gpipe) x tp 1 x dp 1"},
-  };
-  for (const Layout& l : layouts) {
+  for (const GpuLayout& l : layouts) {
     const std::string cfg = config(l.name, kSteps);
     std::vector<std::string> sets = l.sets;
     sets.push_back("run.dtype=fp32");
     std::vector<std::string> first = sets;
     first.push_back("training.steps=3");
-    CommandResult a = train(2, cfg, first);
+    CommandResult a = train(np, cfg, first);
     ASSERT_EQ(a.exit_code, 0) << describe(a);
-    EXPECT_NE(a.out.find("2 ranks (nccl)"), std::string::npos) << a.out;
+    EXPECT_NE(a.out.find(fmt::format("{} ranks (nccl)", np)), std::string::npos) << a.out;
     EXPECT_NE(a.out.find(l.log), std::string::npos) << a.out;
     for (const std::string step : {"step_00000003", "step_00000006"}) {
       if (step == "step_00000006") {
-        CommandResult b = train(2, cfg, sets);
+        CommandResult b = train(np, cfg, sets);
         ASSERT_EQ(b.exit_code, 0) << describe(b);
         EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
       }
@@ -144,9 +139,38 @@ TEST_F(TrainGpuMpi, TensorAndPipelineParallelOverNcclReproduceOneGpuAndResume) {
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i)
       worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
-    std::printf("[train %s on 2 GPUs over nccl] resumed at step 3: worst relative delta %.3g\n",
-                l.name.c_str(), worst);
+    std::printf("[train %s on %d GPUs over nccl] resumed at step 3: worst relative delta %.3g\n",
+                l.name.c_str(), np, worst);
   }
+}
+
+// tp 2 and pp 2 (1f1b and gpipe, 4 micro-batches; the links are nccl send/recv) on two GPUs.
+TEST_F(TrainGpuMpi, TensorAndPipelineParallelOverNcclReproduceOneGpuAndResume) {
+  NEED_GPUS(2);
+  expect_layouts_follow_one_gpu(
+      2, {
+             {"tp2", {"parallelism.tensor_parallel_size=2"}, "tp 2 x dp 1"},
+             {"pp2", {"parallelism.pipeline_parallel_size=2"}, "pp 2 (1f1b) x tp 1 x dp 1"},
+             {"pp2_gpipe",
+              {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_schedule=gpipe"},
+              "pp 2 (gpipe) x tp 1 x dp 1"},
+         });
+}
+
+// On four GPUs the checkpoint's dp sums (ZeRO-1 shards) and the tp gathers inside a pipeline go
+// over nccl too: pp 2 x dp 2 with ZeRO-1, and pp 2 x tp 2. The emulation build runs it on 4
+// emulated GPUs (its own ctest entry, TrainGpuMpi.FourGpus.emulated).
+TEST_F(TrainGpuMpi, PipelineWithDataAndTensorParallelOnFourGpusReproducesOneGpuAndResumes) {
+  NEED_GPUS(4);
+  expect_layouts_follow_one_gpu(
+      4, {
+             {"pp2dp2_z1",
+              {"parallelism.pipeline_parallel_size=2", "zero_optimization.stage=1"},
+              "pp 2 (1f1b) x tp 1 x dp 2, ZeRO stage 1"},
+             {"pp2tp2",
+              {"parallelism.pipeline_parallel_size=2", "parallelism.tensor_parallel_size=2"},
+              "pp 2 (1f1b) x tp 2 x dp 1"},
+         });
 }
 
 // bf16 (the GPU default): ZeRO-3's shards hold the bf16 parameters beside the fp32 masters.

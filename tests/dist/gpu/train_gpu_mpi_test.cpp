@@ -173,6 +173,28 @@ TEST_F(TrainGpuMpi, PipelineWithDataAndTensorParallelOnFourGpusReproducesOneGpuA
          });
 }
 
+// bf16 (the GPU default) at pp 2: the checkpoint carries the fp32 masters, so 3 steps, a
+// checkpoint and 3 resumed steps give the uninterrupted run's losses bit for bit.
+TEST_F(TrainGpuMpi, Bf16PipelineResumesBitwiseOnTwoGpus) {
+  NEED_GPUS(2);
+  const std::vector<std::string> pp2 = {"parallelism.pipeline_parallel_size=2"};
+  CommandResult full = train(2, config("pp_full", 6), pp2);
+  ASSERT_EQ(full.exit_code, 0) << describe(full);
+  EXPECT_NE(full.out.find("pp 2 (1f1b) x tp 1 x dp 1"), std::string::npos) << full.out;
+  const std::string parts = config("pp_parts", 6);
+  std::vector<std::string> first = pp2;
+  first.push_back("training.steps=3");
+  CommandResult a = train(2, parts, first);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  CommandResult b = train(2, parts, pp2);
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  const std::vector<double> x = losses("pp_full"), y = losses("pp_parts");
+  ASSERT_EQ(x.size(), 6u);
+  ASSERT_EQ(y.size(), 6u);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], y[i]) << "step " << i + 1;
+}
+
 // bf16 (the GPU default): ZeRO-3's shards hold the bf16 parameters beside the fp32 masters.
 TEST_F(TrainGpuMpi, Bf16ZeroThreeResumesBitwiseOnTwoGpusAndMovesToOneGpuAndTheCpu) {
   NEED_GPUS(2);

@@ -32,37 +32,6 @@ Tensor unshard(const Tensor& gathered, const models::nn::ShardSpec& spec, const 
   return out;
 }
 
-// Note [Checkpoint collectives on GPUs]
-// The tensors put together here live in host memory (the whole model is a host model, and the
-// dp sums and tp gathers are of host buffers), but an nccl communicator moves device memory only.
-// So on an nccl group each collective goes through a device copy of its one tensor (a unit's
-// buffer, one parameter's slice), made for the call and copied back after it: the device holds
-// at most one such tensor at a time beside the run's own memory. Other backends take host
-// tensors as they are.
-bool needs_device(const comm::Communicator& c) {
-  return c.backend() == "nccl";
-}
-
-void allreduce_host(comm::Communicator& c, Tensor t, comm::ReduceOp op, Device device) {
-  if (!needs_device(c)) {
-    c.allreduce(t, op)->wait();
-    return;
-  }
-  Tensor d = t.to(device);
-  c.allreduce(d, op)->wait();
-  t.copy_(d);
-}
-
-void allgather_host(comm::Communicator& c, const Tensor& in, Tensor out, Device device) {
-  if (!needs_device(c)) {
-    c.allgather(in.to(Device::cpu()), out)->wait();
-    return;
-  }
-  Tensor d = Tensor::empty(out.shape(), out.dtype(), device);
-  c.allgather(in.to(device), d)->wait();
-  out.copy_(d);
-}
-
 // The state keys every rank holds for every unit, in one order on every rank.
 std::vector<std::string> state_keys(parallel::Engine& engine) {
   std::set<std::string> keys;
@@ -85,7 +54,8 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
   parallel::Engine& engine = ctx.engine;
   const models::nn::TensorParallel& tp = model.tensor_parallel();
   std::vector<models::FlatUnit>& units = model.flat_units();
-  // Note [Checkpoint collectives on GPUs]: the device an nccl group moves.
+  // The dp and tp collectives run where the units live (NCCL takes device buffers); the stage lead
+  // copies each whole tensor to the host as it lays it out.
   const Device device = units.front().params.device();
   comm::Communicator& dp = engine.dp();
 
@@ -104,13 +74,13 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
       Tensor buf;
       for (const parallel::Engine::Shard& s : shards) {
         if (s.unit != units[u].name || s.key != key) continue;
-        if (!buf.defined()) buf = tensor::zeros({numel}, s.data.dtype());
+        if (!buf.defined()) buf = tensor::zeros({numel}, s.data.dtype(), device);
         Tensor dst = buf.narrow(0, s.begin, s.data.numel());
         dst.copy_(s.data);
       }
       if (!buf.defined())
-        buf = tensor::zeros({numel}, key == "param" ? units[u].params.dtype() : DType::F32);
-      if (dp.size() > 1) allreduce_host(dp, buf, comm::ReduceOp::Sum, device);
+        buf = tensor::zeros({numel}, key == "param" ? units[u].params.dtype() : DType::F32, device);
+      if (dp.size() > 1) dp.allreduce(buf, comm::ReduceOp::Sum)->wait();
       local.push_back({u, key, buf});
     }
     if (engine.stage() < 3) local.push_back({u, "param", units[u].params.narrow(0, 0, numel)});
@@ -148,14 +118,14 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
         Tensor value;
         auto it = model.shard_specs().find(name);
         if (it != model.shard_specs().end()) {
-          Tensor all = Tensor::empty({mine.numel() * tp.size()}, mine.dtype());
-          allgather_host(*tp.group, mine, all, device);
+          Tensor all = Tensor::empty({mine.numel() * tp.size()}, mine.dtype(), device);
+          tp.group->allgather(mine, all)->wait();
           if (!stage_lead) continue;
           const tensor::Shape full = whole->parameter(name).data().shape();
-          value = unshard(all, it->second, full, tp.size());
+          value = unshard(all.to(Device::cpu()), it->second, full, tp.size());
         } else {
           if (!stage_lead) continue;
-          value = mine;
+          value = mine.to(Device::cpu());
         }
         if (l.key == "param") {
           Tensor dst = whole->parameter(name).data();
@@ -180,12 +150,24 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
     std::vector<std::string> state_names;
     for (const std::string& key : keys)
       if (key != "param") state_names.push_back(key);
+    // The whole model is in host memory, and an nccl group moves device memory only: there each
+    // buffer goes through a device copy of its own, one at a time, so the device never holds
+    // more than one whole unit's buffer beside the run.
+    auto sum = [&](Tensor host) {
+      if (pp->backend() != "nccl") {
+        pp->allreduce(host, comm::ReduceOp::Sum)->wait();
+        return;
+      }
+      Tensor staged = host.to(device);
+      pp->allreduce(staged, comm::ReduceOp::Sum)->wait();
+      host.copy_(staged);
+    };
     for (models::FlatUnit& wu : whole->flat_units()) {
-      allreduce_host(*pp, wu.params, comm::ReduceOp::Sum, device);
+      sum(wu.params);
       for (const std::string& key : state_names) {
         Tensor& buf = whole_states[{wu.name, key}];
         if (!buf.defined()) buf = tensor::zeros({wu.size()}, DType::F32);
-        allreduce_host(*pp, buf, comm::ReduceOp::Sum, device);
+        sum(buf);
       }
     }
   }
@@ -208,9 +190,9 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
       error = e.what();
     }
   }
-  Tensor ok = tensor::from_ints({error.empty() ? 1 : 0}, {1}, DType::I32);
-  allreduce_host(ctx.world, ok, comm::ReduceOp::Min, device);
-  if (tensor::to_int_vector(ok)[0] == 0) {
+  Tensor ok = tensor::from_ints({error.empty() ? 1 : 0}, {1}, DType::I32).to(device);
+  ctx.world.allreduce(ok, comm::ReduceOp::Min)->wait();
+  if (tensor::to_int_vector(ok.to(Device::cpu()))[0] == 0) {
     if (lead) user_error("{}", error);
     user_error("the tensor-parallel checkpoint of step {} failed on rank 0 (its error says why)",
                state.step);

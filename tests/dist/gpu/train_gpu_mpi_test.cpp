@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -93,10 +92,9 @@ TEST_F(TrainGpuMpi, SgdWithMomentumAtZeroTwoOverNcclReproducesOneGpu) {
   expect_close(losses("sgd_two"), want, 1e-5, "sgd stage 2");
 }
 
-// Each layout on `np` GPUs trains 3 steps in fp32, writes a checkpoint (Note [Checkpoint
-// collectives on GPUs]: put together through device copies, as nccl moves GPU memory only) and
-// resumes for 3 more, on one GPU's losses throughout (within 1e-5 relative); both checkpoints
-// hold the one-GPU run's tensor names.
+// Each layout on `np` GPUs trains 3 steps in fp32, writes a checkpoint (put together over nccl,
+// which moves GPU memory only: runtime/tp_checkpoint.cpp) and resumes for 3 more, on one GPU's
+// losses throughout (within 1e-5 relative); both checkpoints hold the one-GPU run's tensor names.
 void TrainGpuMpi::expect_layouts_follow_one_gpu(int np, const std::vector<GpuLayout>& layouts) {
   const int kSteps = 6;
   const std::string one_name = fmt::format("one_for_np{}", np);
@@ -139,8 +137,8 @@ void TrainGpuMpi::expect_layouts_follow_one_gpu(int np, const std::vector<GpuLay
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i)
       worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
-    std::printf("[train %s on %d GPUs over nccl] resumed at step 3: worst relative delta %.3g\n",
-                l.name.c_str(), np, worst);
+    fmt::print("[train {} on {} GPUs over nccl] resumed at step 3: worst relative delta {:.3g}\n",
+               l.name, np, worst);
   }
 }
 

@@ -42,17 +42,26 @@ void AdamW::step(double lr) {
   ++step_;
   const AdamWConfig& c = config_;
   const AdamWScalars decay = adamw_scalars(lr, c.beta1, c.beta2, c.eps, c.weight_decay, step_);
+  const float scale = grad_scale_;
+  grad_scale_ = 1.f;
   if (device_.is_cuda()) {
-    step_cuda(decay);
+    if (!has_fence()) {
+      step_cuda(decay, scale, 0, groups_.size());
+      return;
+    }
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {  // Note [Group fence]
+      fence(gi, true);
+      step_cuda(decay, scale, gi, gi + 1);
+      fence(gi, false);
+    }
     return;
   }
   const AdamWScalars no_decay = adamw_scalars(lr, c.beta1, c.beta2, c.eps, 0.0, step_);
   // Note [Mixed precision] (parallel/engine.h): a bf16/f16 gradient, or any gradient with a
   // scale, reaches the kernel as f32(grad) * scale through a bounded scratch block.
-  const float scale = grad_scale_;
-  grad_scale_ = 1.f;
   tensor::Tensor scratch;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    fence(gi, true);  // Note [Group fence]
     const ParamGroup& g = groups_[gi];
     const bool widen = g.grad.dtype() != DType::F32 || scale != 1.f;
     if (widen && !scratch.defined()) {
@@ -91,6 +100,7 @@ void AdamW::step(double lr) {
         adamw_update(b, r.decay ? decay : no_decay, isa_);
       }
     }
+    fence(gi, false);
   }
 }
 
@@ -98,12 +108,10 @@ void AdamW::step(double lr) {
 // the backend's compute stream, in order with the backward that wrote the gradients. The
 // decay-free runs take the same scalars with the weight-decay flag off, which is what the CPU
 // path's no_decay scalars amount to (every other field is independent of weight_decay).
-void AdamW::step_cuda(const AdamWScalars& s) {
-  const float scale = grad_scale_;
-  grad_scale_ = 1.f;
+void AdamW::step_cuda(const AdamWScalars& s, float scale, size_t g0, size_t g1) {
 #ifdef STRATA_OPTIM_HAVE_CUDA
   std::vector<cuda::AdamWCudaTensor> list;
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+  for (size_t gi = g0; gi < g1; ++gi) {
     const ParamGroup& g = groups_[gi];
     const size_t grad_bytes = dtype_size(g.grad.dtype());
     const bool copy = g.low_precision_copy.defined();
@@ -149,6 +157,8 @@ void AdamW::step_cuda(const AdamWScalars& s) {
 #else
   (void)s;
   (void)scale;
+  (void)g0;
+  (void)g1;
   user_error(
       "AdamW: the parameters are on {} but this build has no CUDA AdamW; rebuild with "
       "the CUDA toolkit (docs/gpu.md)",

@@ -37,7 +37,8 @@ class AdamW final : public Optimizer {
   const tensor::Tensor& exp_avg_sq(size_t group) const { return state(group, 1); }
 
  private:
-  void step_cuda(const AdamWScalars& s);
+  // Groups [g0, g1) in one launch, each gradient times `scale`.
+  void step_cuda(const AdamWScalars& s, float scale, size_t g0, size_t g1);
 
   AdamWConfig config_;
   Isa isa_;

@@ -29,7 +29,17 @@
 // ZeRO-Offload keeps this rule: its groups (masters, gradient and model-copy staging) all live on
 // the host, and HostOffload moves gradients in and parameters out (Note [Host offload] in
 // optim/host_offload.h).
+//
+// Note [Group fence]
+// A group's parameters need not be resident between steps: ZeRO-Infinity keeps each rank's
+// parameter partitions on a slower tier (parallel/param_tier.h). With a fence set, step() calls
+// fence(g, true) right before it touches group g's param / low_precision_copy and
+// fence(g, false) right after group g's update is complete (on the GPU: enqueued on the compute
+// stream, so a copy the fence makes from the group is ordered after it), one group at a time, so
+// at most one group's parameters must be resident. The update is elementwise, so stepping the
+// groups one by one gives the bits of one multi-group step.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,6 +101,9 @@ class Optimizer {
   void load_state_dict(const OptimizerState& state);
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
+  // Note [Group fence]; an empty function removes it.
+  using GroupFence = std::function<void(size_t group, bool before)>;
+  void set_group_fence(GroupFence fence) { fence_ = std::move(fence); }
   // Where every group and state buffer lives (Note [Optimizer devices]); CPU with no groups.
   Device device() const { return device_; }
   int64_t step_count() const { return step_; }
@@ -112,6 +125,10 @@ class Optimizer {
   const tensor::Tensor& state(size_t group, size_t k) const { return state_[group][k]; }
   // Maximal runs of equal decay flag covering group g's buffer (Note [Segments and weight decay]).
   const std::vector<Run>& runs(size_t group) const { return runs_[group]; }
+  bool has_fence() const { return static_cast<bool>(fence_); }
+  void fence(size_t group, bool before) const {
+    if (fence_) fence_(group, before);
+  }
 
   std::vector<ParamGroup> groups_;
   int64_t step_ = 0;
@@ -122,6 +139,7 @@ class Optimizer {
   std::vector<std::string> state_names_;
   std::vector<std::vector<tensor::Tensor>> state_;
   std::vector<std::vector<Run>> runs_;
+  GroupFence fence_;
 };
 
 }  // namespace strata::optim

@@ -84,13 +84,24 @@ void Sgd::step(double lr) {
   const float scale = grad_scale_;
   grad_scale_ = 1.f;
   if (device_.is_cuda()) {
-    step_cuda(s.weight_decay, s.momentum, s.one_minus_dampening, s.lr, s.first, scale);
+    if (!has_fence()) {
+      step_cuda(s.weight_decay, s.momentum, s.one_minus_dampening, s.lr, s.first, scale, 0,
+                groups_.size());
+    } else {
+      for (size_t gi = 0; gi < groups_.size(); ++gi) {  // Note [Group fence]
+        fence(gi, true);
+        step_cuda(s.weight_decay, s.momentum, s.one_minus_dampening, s.lr, s.first, scale, gi,
+                  gi + 1);
+        fence(gi, false);
+      }
+    }
     ++step_;
     return;
   }
   SgdScalars no_decay = s;
   no_decay.weight_decay = 0.f;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    fence(gi, true);  // Note [Group fence]
     const ParamGroup& g = groups_[gi];
     float* p = g.param.data<float>();
     // Note [Mixed precision] (parallel/engine.h): f32(grad) * scale, whole group at once (SGD is
@@ -110,6 +121,7 @@ void Sgd::step(double lr) {
                  r.decay ? s : no_decay, r.numel);
     }
     if (g.low_precision_copy.defined()) tensor::Tensor(g.low_precision_copy).copy_(g.param);
+    fence(gi, false);
   }
   ++step_;
 }
@@ -118,11 +130,11 @@ void Sgd::step(double lr) {
 // backend's compute stream, in order with the backward that wrote the gradients. The decay-free
 // runs take the same scalars with the weight-decay flag off, which is the CPU's no_decay.
 void Sgd::step_cuda(float weight_decay, float momentum, float one_minus_dampening, float lr,
-                    bool first, float scale) {
+                    bool first, float scale, size_t g0, size_t g1) {
 #ifdef STRATA_OPTIM_HAVE_CUDA
   std::vector<cuda::SgdCudaTensor> list;
   double bytes = 0;  // param read and written, grad read, buffer read and written, copy written
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+  for (size_t gi = g0; gi < g1; ++gi) {
     const ParamGroup& g = groups_[gi];
     const size_t grad_bytes = dtype_size(g.grad.dtype());
     const bool copy = g.low_precision_copy.defined();
@@ -161,6 +173,7 @@ void Sgd::step_cuda(float weight_decay, float momentum, float one_minus_dampenin
                list.size(), rc);
 #else
   (void)weight_decay, (void)momentum, (void)one_minus_dampening, (void)lr, (void)first, (void)scale;
+  (void)g0, (void)g1;
   user_error("SGD: the parameters are on {} but this build has no CUDA SGD", device_.str());
 #endif
 }

@@ -35,9 +35,9 @@ class Sgd final : public Optimizer {
   tensor::Tensor momentum_buffer(size_t group) const;
 
  private:
-  // The step on GPU groups (Note [CUDA SGD]); the scalars as the CPU loop rounds them.
+  // The step on GPU groups [g0, g1) (Note [CUDA SGD]); the scalars as the CPU loop rounds them.
   void step_cuda(float weight_decay, float momentum, float one_minus_dampening, float lr,
-                 bool first, float scale);
+                 bool first, float scale, size_t g0, size_t g1);
 
   SgdConfig config_;
 };

@@ -31,6 +31,14 @@ void ZeroConfig::validate() const {
     user_error(
         "zero_optimization.offload_optimizer.delayed_param_update_start must be >= 0, got {}",
         offload_optimizer.delayed_param_update_start);
+  if (offload_param.enabled() && stage != 3)
+    user_error(
+        "zero_optimization.offload_param.device: {} offloads ZeRO-3's parameter partitions and "
+        "needs zero_optimization.stage 3, got {}",
+        offload_param_device_name(offload_param.device), stage);
+  if (offload_param.enabled() && offload_param.buffer_count < 1)
+    user_error("zero_optimization.offload_param.buffer_count must be >= 1, got {}",
+               offload_param.buffer_count);
   if (stage3_param_persistence_threshold < 0)
     user_error("zero_optimization.stage3_param_persistence_threshold must be >= 0, got {}",
                stage3_param_persistence_threshold);
@@ -78,12 +86,19 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
   gather.persistence_threshold = zero_.stage3_param_persistence_threshold;
   gather.prefetch_size = zero_.stage3_prefetch_bucket_size;
   gather.allgather_bucket_size = zero_.allgather_bucket_size;
+  gather.offload_param = zero_.offload_param;
+  // stage3_prefetch_bucket_size 0 turns prefetching off: allgathers and NVMe reads alike.
+  gather.offload_param.read_ahead = zero_.stage3_prefetch_bucket_size > 0;
   gathering_ = std::make_unique<ParamGathering>(model_, *partitioning_, *dp_, gather);
   std::vector<OwnedSlice> slices;
   for (int u = 0; u < static_cast<int>(units.size()); ++u)
     slices.push_back({unit_segments(units[u], partitioning_->owned(u)), gathering_->owned_params(u),
                       reduction_->owned_grad(u)});
   placement_->build(std::move(slices), make_optimizer);
+  // Note [Offloaded partitions]: the step loads, updates and stores one partition at a time.
+  if (gathering_->tier() != nullptr)
+    placement_->optimizer().set_group_fence(
+        [this](size_t g, bool before) { gathering_->step_fence(g, before); });
   schedule_ = std::make_unique<AccumulationSchedule>();
 }
 

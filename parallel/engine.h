@@ -32,6 +32,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
   int64_t stage3_param_persistence_threshold = 100'000;  // units smaller stay whole (stage 3)
   // ZeRO-Offload: the optimizer on the host (HostPlacement); stages 1 and 2.
   OffloadOptimizerConfig offload_optimizer;
+  // ZeRO-Infinity: stage 3's parameter partitions on the host or NVMe (parallel/param_tier.h).
+  OffloadParamConfig offload_param;
 
   // strata::user_error naming the zero_optimization key for values out of range.
   void validate() const;
@@ -215,6 +217,8 @@ class Engine {
   // Stage 3: the order of gathers recorded in the first micro-batch, as unit indices.
   const std::vector<int>& gather_order() const { return gathering_->gather_order(); }
   int64_t prefetches() const { return gathering_->prefetches(); }
+  // offload_param: the partitions' tier (its read statistics, its wait time); null without.
+  const ParamTier* param_tier() const { return gathering_->tier(); }
   // Receives "reduce <unit> [a, b)", "gather/prefetch/release <unit>", "allgather <unit> ...".
   void set_trace(std::function<void(const std::string&)> fn);
 

@@ -51,16 +51,21 @@ std::vector<Engine::Shard> Engine::held_shards(bool for_loading) {
 }
 
 std::vector<Engine::Shard> Engine::shards() {
+  // Offloaded partitions (Note [Offloaded partitions]) stay resident until each unit's next
+  // gather, by when the shards are written.
+  gathering_->load_partitions();
   return held_shards(/*for_loading=*/false);
 }
 
 void Engine::load_shards(const std::function<void(const std::string&, const std::string&, int64_t,
                                                   tensor::Tensor)>& fill) {
   gathering_->release_all();
+  gathering_->load_partitions();
   for (Shard& s : held_shards(/*for_loading=*/true)) fill(s.unit, s.key, s.begin, s.data);
   // Mixed precision: the owned low-precision parameters come from the masters. Either way,
   // slices filled one by one (those, or stage 3's whole units) are made whole on every rank.
   if (placement_->has_masters()) placement_->params_from_masters();
+  gathering_->store_partitions();  // back to their tier
   if (placement_->has_masters() || gathering_->params_partitioned())
     gathering_->allgather_updated();
 }

@@ -14,8 +14,19 @@ ParamGathering::ParamGathering(models::CausalLM& model, const Partitioning& part
   std::vector<bool> managed(units_.size());
   for (size_t u = 0; u < units_.size(); ++u)
     managed[u] = parts_.unit(static_cast<int>(u)).numel >= options_.persistence_threshold;
+  std::unique_ptr<ParamTier> tier;
+  if (options_.offload_param.enabled()) {
+    std::vector<int64_t> numel(units_.size(), 0);
+    std::vector<std::string> names;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (managed[u]) numel[u] = parts_.unit(static_cast<int>(u)).shard;
+      names.push_back(units_[u].name);
+    }
+    tier = std::make_unique<ParamTier>(options_.offload_param, numel, names,
+                                       units_.front().params.dtype());
+  }
   gatherer_ = std::make_unique<ParamGatherer>(units_, std::move(managed), parts_.units(), dp_,
-                                              options_.prefetch_size);
+                                              options_.prefetch_size, std::move(tier));
   install_hooks(model);
 }
 

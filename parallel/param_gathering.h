@@ -7,9 +7,9 @@
 //   - After the optimizer updated each rank's owned slice (partitioned layouts: stages 1-3), the
 //     allgather that makes every unit kept whole (all of them at stages 1/2, stage 3's small
 //     ones) whole again on every rank, in buckets of allgather_bucket_size elements.
-// With whole units (stage 0) it does nothing: every rank updated the same whole units. The seam
-// for ZeRO-Infinity's parameter offload is ParamGatherer's partition storage (a slower tier,
-// fetched ahead in the recorded order); the hooks and this interface stay.
+// With whole units (stage 0) it does nothing: every rank updated the same whole units. ZeRO-
+// Infinity's parameter offload (offload_param) is ParamGatherer's partition storage on a slower
+// tier, read ahead in the recorded order (Note [Offloaded partitions] in parallel/zero3.h).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,6 +29,7 @@ struct ParamGatheringOptions {
   int64_t persistence_threshold = 100'000;      // ZeRO-3: smaller units stay whole
   int64_t prefetch_size = 50'000'000;           // ZeRO-3: elements gathered ahead
   int64_t allgather_bucket_size = 500'000'000;  // updated slices, per allgather
+  OffloadParamConfig offload_param;             // ZeRO-3: the partitions' tier
 };
 
 class ParamGathering {
@@ -67,6 +68,17 @@ class ParamGathering {
   void reset_gathered_peak();
   const std::vector<int>& gather_order() const;
   int64_t prefetches() const;
+
+  // offload_param (Note [Offloaded partitions]); null without it.
+  ParamTier* tier() const { return gatherer_ ? gatherer_->tier() : nullptr; }
+  // The optimizer's group fence, and a checkpoint's: every partition resident / stored back.
+  void step_fence(size_t group, bool before) { gatherer_->step_fence(group, before); }
+  void load_partitions() {
+    if (gatherer_) gatherer_->load_partitions();
+  }
+  void store_partitions() {
+    if (gatherer_) gatherer_->store_partitions();
+  }
   void set_trace(std::function<void(const std::string&)> fn);
 
  private:

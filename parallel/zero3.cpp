@@ -1,12 +1,14 @@
 #include "parallel/zero3.h"
 
+#include <algorithm>
+
 #include "offload/memory_stats.h"
 
 namespace strata::parallel {
 
 ParamGatherer::ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<bool> managed,
                              std::vector<UnitPartition> parts, comm::Communicator& dp,
-                             int64_t prefetch_size)
+                             int64_t prefetch_size, std::unique_ptr<ParamTier> tier)
     : units_(&units),
       managed_(std::move(managed)),
       parts_(std::move(parts)),
@@ -14,7 +16,8 @@ ParamGatherer::ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<b
       prefetch_size_(prefetch_size),
       partition_(units.size()),
       state_(units.size(), State::Gathered),
-      work_(units.size()) {
+      work_(units.size()),
+      tier_(std::move(tier)) {
   STRATA_CHECK(managed_.size() == units.size() && parts_.size() == units.size(),
                "gatherer setup for {} units", units.size());
   for (size_t u = 0; u < units.size(); ++u) {
@@ -30,7 +33,15 @@ ParamGatherer::ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<b
     partition_[u].copy_(units[u].params.narrow(0, p.owned(dp.rank()).begin, p.shard));
     units[u].params.storage()->release();
     state_[u] = State::Released;
+    if (tier_) {
+      STRATA_CHECK(tier_->holds(static_cast<int>(u)), "the tier does not hold unit '{}'",
+                   units[u].name);
+      tier_->store(static_cast<int>(u), partition_[u]);
+      partition_[u].storage()->release();
+      step_order_.push_back(static_cast<int>(u));
+    }
   }
+  if (tier_) tier_->wait_all();
 }
 
 ParamGatherer::~ParamGatherer() {
@@ -43,8 +54,47 @@ ParamGatherer::~ParamGatherer() {
     }
 }
 
+void ParamGatherer::load_partition(int u) {
+  tensor::Storage& s = *partition_[u].storage();
+  if (!tier_ || !s.is_released()) return;
+  s.materialize(offload::Category::Param);
+  tier_->load(u, partition_[u]);
+}
+
+void ParamGatherer::load_partitions() {
+  if (!tier_) return;
+  for (int u : step_order_) load_partition(u);
+}
+
+void ParamGatherer::store_partitions() {
+  if (!tier_) return;
+  for (int u : step_order_) {
+    tensor::Storage& s = *partition_[u].storage();
+    if (s.is_released()) continue;
+    tier_->store(u, partition_[u]);
+    s.release();
+  }
+  tier_->wait_all();
+}
+
+// Note [Offloaded partitions]: one unit at a time, the next ones read ahead.
+void ParamGatherer::step_fence(size_t g, bool before) {
+  const int u = static_cast<int>(g);
+  if (!tier_ || !managed_[u]) return;
+  if (before) {
+    const auto at = std::find(step_order_.begin(), step_order_.end(), u);
+    tier_->read_ahead(step_order_, static_cast<size_t>(at - step_order_.begin()) + 1);
+    load_partition(u);
+    return;
+  }
+  tier_->store(u, partition_[u]);
+  partition_[u].storage()->release();
+  if (u == step_order_.back()) tier_->read_ahead(order_, 0);  // the next step's first units
+}
+
 void ParamGatherer::start(int u) {
   models::FlatUnit& unit = (*units_)[u];
+  load_partition(u);
   unit.params.storage()->materialize(offload::Category::Comm);
   gathered_bytes_ += static_cast<int64_t>(unit.params.nbytes());
   gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
@@ -57,6 +107,7 @@ void ParamGatherer::finish(int u) {
   work_[u]->wait();
   work_[u].reset();
   state_[u] = State::Gathered;
+  if (tier_) partition_[u].storage()->release();  // the gathered unit holds its bytes
 }
 
 void ParamGatherer::gather(int u) {
@@ -71,15 +122,20 @@ void ParamGatherer::gather(int u) {
 void ParamGatherer::request(int u) {
   if (!managed_[u]) return;
   if (recording_) order_.push_back(u);
-  gather(u);
-  if (!recorded_ || !in_pass_ || prefetch_size_ <= 0) return;
   // Where are we in the recorded order? Normally exactly at the cursor.
-  for (size_t i = cursor_; i < order_.size(); ++i)
-    if (order_[i] == u) {
-      cursor_ = i + 1;
-      prefetch_after(cursor_, u);
-      return;
-    }
+  size_t pos = order_.size();
+  if (recorded_ && in_pass_)
+    for (size_t i = cursor_; i < order_.size(); ++i)
+      if (order_[i] == u) {
+        pos = i;
+        break;
+      }
+  // Note [Offloaded partitions]: reads of what follows go out before this one blocks.
+  if (tier_ && pos < order_.size()) tier_->read_ahead(order_, pos + 1);
+  gather(u);
+  if (pos == order_.size()) return;
+  cursor_ = pos + 1;
+  if (prefetch_size_ > 0) prefetch_after(cursor_, u);
 }
 
 void ParamGatherer::prefetch_after(size_t pos, int current) {
@@ -119,6 +175,7 @@ void ParamGatherer::release_all() {
 void ParamGatherer::begin_pass(bool record) {
   in_pass_ = true;
   cursor_ = 0;
+  if (tier_ && recorded_) tier_->read_ahead(order_, 0);
   if (record && !recorded_) {
     order_.clear();
     recording_ = true;

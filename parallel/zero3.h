@@ -25,13 +25,27 @@
 // gathered before each optimizer step, so between steps only the partitions exist. Units
 // smaller than stage3_param_persistence_threshold are not managed here: they stay whole like
 // ZeRO-2 units.
+//
+// Note [Offloaded partitions]
+// With a ParamTier (zero_optimization.offload_param: ZeRO-Infinity) the partitions too are
+// released between uses and live on the tier (Note [Parameter tier] in parallel/param_tier.h).
+// A gather first materializes the partition (Category::Param) and loads it from the tier, then
+// allgathers it; once the allgather is complete the partition is released again (the gathered
+// unit holds its bytes). The optimizer step loads, updates and stores one unit's partition at a
+// time through the optimizer's group fence (Note [Group fence] in optim/optimizer.h), reading the
+// next units ahead. So between uses only the tier holds the parameters; resident are the
+// gathered units and the partitions being loaded, updated or allgathered. The tier reads ahead
+// (Note [Parameter read-ahead]) by the recorded gather order, from each request's position in
+// it, and from the order's start when a pass begins.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "models/flat_params.h"
+#include "parallel/param_tier.h"
 #include "parallel/partition.h"
 
 namespace strata::parallel {
@@ -40,15 +54,28 @@ class ParamGatherer {
  public:
   // `managed[u]`: unit u is partitioned (its full buffer is released by the constructor after its
   // rank's slice is copied into the partition). `parts[u]` as repad laid it out.
+  // `tier` (may be null: partitions stay in memory) takes the managed units' partitions (Note
+  // [Offloaded partitions]); it must hold exactly the managed units.
   ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<bool> managed,
-                std::vector<UnitPartition> parts, comm::Communicator& dp, int64_t prefetch_size);
+                std::vector<UnitPartition> parts, comm::Communicator& dp, int64_t prefetch_size,
+                std::unique_ptr<ParamTier> tier = nullptr);
   ~ParamGatherer();
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
 
   bool managed(int u) const { return managed_[u]; }
-  // The rank's slice of a managed unit's parameters ([L]).
+  // The rank's slice of a managed unit's parameters ([L]); with a tier, released between uses.
   const tensor::Tensor& partition(int u) const { return partition_[u]; }
+
+  // Note [Offloaded partitions]. Without a tier these do nothing.
+  ParamTier* tier() const { return tier_.get(); }
+  // Every managed partition resident (a checkpoint reads or fills them); they go again when
+  // their unit's next allgather completes, or through store_partitions().
+  void load_partitions();
+  // Writes every resident partition to the tier and releases it.
+  void store_partitions();
+  // The optimizer's group fence (group g = unit g).
+  void step_fence(size_t g, bool before);
 
   // From a hook: the unit is about to be used. Records it (first micro-batch), gathers it
   // (waiting for a prefetch in flight) and prefetches what the recorded order says comes next.
@@ -78,6 +105,7 @@ class ParamGatherer {
   void start(int u);   // materialise + async allgather
   void finish(int u);  // wait for it
   void prefetch_after(size_t pos, int current);
+  void load_partition(int u);  // materialize + load, when released
 
   std::vector<models::FlatUnit>* units_;
   std::vector<bool> managed_;
@@ -96,6 +124,8 @@ class ParamGatherer {
   int64_t gathered_peak_ = 0;
   int64_t prefetches_ = 0;
   std::function<void(const std::string&)> trace_;
+  std::unique_ptr<ParamTier> tier_;
+  std::vector<int> step_order_;  // the managed units, ascending: the optimizer's order
 };
 
 }  // namespace strata::parallel

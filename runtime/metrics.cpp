@@ -31,6 +31,12 @@ std::string to_json_line(const StepRecord& r) {
     j["pipeline_bubble"] = r.pipeline_bubble;
     j["pipeline_bubble_formula"] = r.pipeline_bubble_formula;
   }
+  if (r.param_wait_ms) j["param_wait_ms"] = *r.param_wait_ms;
+  if (!r.param_peak_bytes.empty()) {
+    nlohmann::ordered_json pm = nlohmann::ordered_json::object();
+    for (const auto& [tier, bytes] : r.param_peak_bytes) pm[tier] = bytes;
+    j["param_peak_bytes"] = pm;
+  }
   return j.dump();
 }
 
@@ -96,6 +102,7 @@ std::string summary(const StepRecord& r) {
     bubble += fmt::format("{}{:.1f}%", s ? "/" : " | bubble ", 100.0 * r.pipeline_bubble[s]);
   if (!bubble.empty())
     bubble += fmt::format(" (formula {:.1f}%)", 100.0 * r.pipeline_bubble_formula);
+  if (r.param_wait_ms) mem += fmt::format(" | param wait {:.1f} ms", *r.param_wait_ms);
   return fmt::format("loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | mfu {}{}{}", r.loss,
                      r.lr, r.grad_norm, r.tokens_per_s, mfu, bubble, mem);
 }

@@ -5,11 +5,14 @@
 // Note [Metrics file]
 // run_dir/metrics.jsonl holds one JSON object per optimizer step: {"step", "loss", "lr",
 // "grad_norm", "tokens_per_s", "mfu", "step_s", "peak_bytes": {tier: bytes}} plus "val_loss" on
-// evaluation steps, and under pipeline parallelism "pipeline_bubble" (each stage's measured idle
-// share of the step, stage order) and "pipeline_bubble_formula" ((p - 1) / (m + p - 1)). Floats are
-// written in their shortest round-trip form, so two runs can be compared bitwise from their files.
-// On resume the file is cut back to the records of steps the checkpoint covers (rewritten
-// atomically), so it always describes one consistent run.
+// evaluation steps, under pipeline parallelism "pipeline_bubble" (each stage's measured idle
+// share of the step, stage order) and "pipeline_bubble_formula" ((p - 1) / (m + p - 1)), and with
+// zero_optimization.offload_param "param_wait_ms" (how long this rank's step waited for parameter
+// reads) and "param_peak_bytes": {tier: bytes} (the peak of Category::Param per tier since the
+// first step: what the parameters occupied where). Floats are written in their shortest
+// round-trip form, so two runs can be compared bitwise from their files. On resume the file is
+// cut back to the records of steps the checkpoint covers (rewritten atomically), so it always
+// describes one consistent run.
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -32,6 +35,8 @@ struct StepRecord {
   // Pipeline parallelism: each stage's measured idle share of the step, and (p - 1) / (m + p - 1).
   std::vector<double> pipeline_bubble;
   double pipeline_bubble_formula = 0.0;
+  std::optional<double> param_wait_ms;                            // offload_param only
+  std::vector<std::pair<std::string, int64_t>> param_peak_bytes;  // offload_param only
 };
 
 std::string to_json_line(const StepRecord& record);

@@ -123,6 +123,33 @@ void read_zero(Reader& r, ZeroSection& c) {
   o.get("pin_memory", off.pin_memory);
   o.get("delayed_param_update", off.delayed_param_update);
   o.get("delayed_param_update_start", off.delayed_param_update_start);
+  Reader op = r.section("offload_param");
+  OffloadParamSection& param = c.offload_param;
+  op.get_enum("device", param.device, {"none", "cpu", "nvme"});
+  op.get("nvme_path", param.nvme_path);
+  op.get("pin_memory", param.pin_memory);
+  op.get("buffer_count", param.buffer_count);
+  op.get("buffer_size", param.buffer_size);
+  op.get("max_in_cpu", param.max_in_cpu);
+}
+
+// zero_optimization.offload_param against the rest of the config (docs/config.md).
+void validate_offload_param(const TrainConfig& c, Reader& zero) {
+  const OffloadParamSection& p = c.zero.offload_param;
+  Reader o = zero.section("offload_param");
+  o.positive("buffer_count", static_cast<double>(p.buffer_count));
+  o.positive("buffer_size", static_cast<double>(p.buffer_size));
+  o.non_negative("max_in_cpu", static_cast<double>(p.max_in_cpu));
+  if (!p.enabled()) return;
+  if (c.zero.stage != 3)
+    o.fail("device", fmt::format("{} offloads the parameter partitions of ZeRO-3 and needs "
+                                 "zero_optimization.stage 3, got stage {}; set stage: 3 or "
+                                 "offload_param.device: none",
+                                 p.device, c.zero.stage));
+  if (p.device == "nvme" && p.nvme_path.empty())
+    o.fail("nvme_path",
+           "is empty, but offload_param.device is nvme; set it to a directory on the NVMe drive "
+           "(each rank writes its own swap file there)");
 }
 
 // zero_optimization.offload_optimizer against the rest of the config (docs/config.md).
@@ -340,6 +367,7 @@ void validate(TrainConfig& c, Readers& r) {
   r.zero.non_negative("stage3_param_persistence_threshold",
                       static_cast<double>(c.zero.stage3_param_persistence_threshold));
   validate_offload(c, r.zero);
+  validate_offload_param(c, r.zero);
 
   // schedule
   const ScheduleSection& s = c.schedule;
@@ -582,6 +610,17 @@ std::string to_yaml(const TrainConfig& c) {
     e("pin_memory", o.pin_memory);
     e("delayed_param_update", o.delayed_param_update);
     e("delayed_param_update_start", o.delayed_param_update_start);
+  }
+  {
+    const OffloadParamSection& p = c.zero.offload_param;
+    Node& zero = *root.find("zero_optimization");
+    Emit e{zero.set("offload_param", {}, Node::map({}))};
+    e("device", p.device);
+    e("nvme_path", p.nvme_path);
+    e("pin_memory", p.pin_memory);
+    e("buffer_count", p.buffer_count);
+    e("buffer_size", p.buffer_size);
+    e("max_in_cpu", p.max_in_cpu);
   }
   {
     Emit e{section(root, "fp16")};

@@ -141,6 +141,19 @@ struct OffloadOptimizerSection {
   bool operator==(const OffloadOptimizerSection&) const = default;
 };
 
+// `zero_optimization.offload_param`: ZeRO-Infinity's parameter offload (parallel/param_tier.h),
+// DeepSpeed's names and meanings; docs/config.md, docs/offload.md. Only ZeRO stage 3.
+struct OffloadParamSection {
+  std::string device = "none";  // none | cpu | nvme
+  std::string nvme_path;        // nvme: directory of the swap files
+  bool pin_memory = true;       // host copies (cpu) and buffers (nvme) page-locked
+  int64_t buffer_count = 5;     // nvme: buffers for reads and write-backs
+  int64_t buffer_size = 100'000'000;  // nvme: elements per buffer (>= the largest partition)
+  int64_t max_in_cpu = 0;             // nvme: partition elements kept on the host instead
+  bool enabled() const { return device != "none"; }
+  bool operator==(const OffloadParamSection&) const = default;
+};
+
 struct ZeroSection {  // `zero_optimization`, DeepSpeed's names and meanings; docs/zero.md
   int stage = 0;      // 0 = plain data parallel, 1, 2, 3
   int64_t reduce_bucket_size = 500'000'000;          // elements per gradient bucket
@@ -149,6 +162,7 @@ struct ZeroSection {  // `zero_optimization`, DeepSpeed's names and meanings; do
   int64_t stage3_prefetch_bucket_size = 50'000'000;  // elements prefetched ahead (stage 3)
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay whole (stage 3)
   OffloadOptimizerSection offload_optimizer;
+  OffloadParamSection offload_param;
   bool operator==(const ZeroSection&) const = default;
 };
 

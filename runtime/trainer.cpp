@@ -85,6 +85,16 @@ parallel::ZeroConfig zero_config(const ZeroSection& z) {
   out.offload_optimizer.pin_memory = o.pin_memory;
   out.offload_optimizer.delayed_param_update = o.delayed_param_update;
   out.offload_optimizer.delayed_param_update_start = o.delayed_param_update_start;
+  const OffloadParamSection& p = z.offload_param;
+  using ParamDevice = parallel::OffloadParamConfig::Device;
+  out.offload_param.device = p.device == "cpu"    ? ParamDevice::Cpu
+                             : p.device == "nvme" ? ParamDevice::Nvme
+                                                  : ParamDevice::None;
+  out.offload_param.nvme_path = p.nvme_path;
+  out.offload_param.pin_memory = p.pin_memory;
+  out.offload_param.buffer_count = p.buffer_count;
+  out.offload_param.buffer_size = p.buffer_size;
+  out.offload_param.max_in_cpu = p.max_in_cpu;
   return out;
 }
 
@@ -460,6 +470,16 @@ void Trainer::train_step(StepRecord& record) {
       record.pipeline_bubble.push_back(f);
     record.pipeline_bubble_formula = parallel::pipeline_bubble_formula(pp_size_, A);
   }
+  if (const parallel::ParamTier* tier = engine_->param_tier()) {
+    record.param_wait_ms = (tier->wait_seconds() - param_wait_s_) * 1e3;
+    param_wait_s_ = tier->wait_seconds();
+    const auto& stats = offload::MemoryStats::global();
+    for (int t = 0; t < offload::kNumTiers; ++t) {
+      const auto at = static_cast<offload::Tier>(t);
+      const int64_t peak = stats.usage(at, offload::Category::Param).peak;
+      if (peak > 0) record.param_peak_bytes.emplace_back(std::string(offload::tier_name(at)), peak);
+    }
+  }
   if (result.skipped)
     console_->event(
         fmt::format("step {}: gradient norm is {}; the update was skipped on every "
@@ -541,6 +561,9 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
                                 step_, t.steps));
     return Outcome::Finished;
   }
+  // offload_param: the model was built whole before ZeRO-3 partitioned it onto the tier; the
+  // peaks (metrics' peak_bytes and param_peak_bytes) count from here, the training's own.
+  if (config_.zero.offload_param.enabled()) offload::MemoryStats::global().reset_peaks();
   while (step_ < t.steps) {
     if (agree_to_stop(stop_requested() || (stop_at >= 0 && step_ >= stop_at))) {
       console_->finish();

@@ -154,6 +154,7 @@ class Trainer {
   models::ModelOptions whole_options_;  // the model options without the tp group and the stage
   int64_t step_ = 0;
   int64_t samples_consumed_ = 0;
+  double param_wait_s_ = 0;  // offload_param: the tier's wait time at the last step's end
   double flops_per_token_ = 0.0;
   double peak_flops_ = 0.0;
   PeakRates peak_rates_;  // the GPU's, for the profile's roofline bound (Note [Roofline bound])

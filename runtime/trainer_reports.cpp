@@ -77,6 +77,23 @@ void Trainer::report_memory() {
         format_bytes(stats.usage(Tier::Pinned, Category::Param).current),
         format_bytes(stats.usage(Tier::Host, Category::Optimizer).current)));
   }
+  if (const parallel::ParamTier* tier = engine_->param_tier()) {
+    // ZeRO-Infinity (Note [Parameter tier]): the partitions live on the tier; what the device
+    // holds of them is transient (a unit being loaded, updated or allgathered).
+    using offload::Category;
+    using offload::Tier;
+    console_->event(fmt::format(
+        "  ZeRO-Infinity parameters (rank 0): offload_param.device {}; nvme {} (swap files {}), "
+        "pinned {} (peak {}), host {} (peak {}); {} buffers of {}",
+        config_.zero.offload_param.device,
+        format_bytes(stats.usage(Tier::Nvme, Category::Param).current),
+        tier->files().empty() ? std::string("none") : tier->files().front(),
+        format_bytes(stats.usage(Tier::Pinned, Category::Param).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Param).peak),
+        format_bytes(stats.usage(Tier::Host, Category::Param).current),
+        format_bytes(stats.usage(Tier::Host, Category::Param).peak), tier->buffer_count(),
+        format_bytes(tier->buffer_bytes())));
+  }
   const int64_t* a = all.data<int64_t>();
   for (int r = 0; r < n; ++r) {
     const int64_t* x = a + kFields * r;

@@ -1,0 +1,123 @@
+#pragma once
+// ParamTier: where ZeRO-Infinity keeps each rank's persistent parameter partitions between uses
+// (zero_optimization.offload_param) — pinned host memory (device: cpu) or an NVMe swap file
+// (device: nvme) — and the pinned buffers and read-ahead that bring them back. The tier backend
+// of ParamGatherer (Note [ZeRO-3 gathering] in parallel/zero3.h).
+//
+// Note [Parameter tier]
+// A managed unit's partition (ZeRO-3's owned slice, L elements) is a tensor whose storage is
+// released between uses (Note [Released storage]); its home copy is here:
+//   - device cpu, and under nvme the first units that fit max_in_cpu elements: a host block of
+//     the partition's bytes (pinned when pin_memory), Category::Param on the pinned/host tier;
+//   - device nvme: an extent of an NvmeStore under nvme_path (Category::Param on Tier::Nvme);
+//     each rank has its own store and reads only its own slice (bandwidth-centric partitioning:
+//     the ranks read in parallel, then allgather), through a pool of buffer_count host buffers
+//     (pinned when pin_memory) of the largest partition's bytes, at most buffer_size elements.
+// load(u, dst) fills a materialized partition from the home copy (NVMe -> buffer -> device;
+// on a CPU run the host plays the device and the last step is a memcpy); store(u, src) writes
+// one back (after the optimizer updated it, and once at construction). Data moves bit for bit,
+// so an offloaded run is bitwise the in-memory one.
+//
+// Note [Parameter read-ahead]
+// read_ahead(order, from) starts NVMe reads of the units named in order[from...] into free
+// buffers, so that by the time load() asks for one its bytes have landed. ParamGatherer passes
+// the gather order it recorded in the first micro-batch (forward and backward), and the step's
+// order (the optimizer's groups, ascending). Read-ahead takes at most buffer_count - 1 buffers:
+// one is always left for a demand load or a write-back, which otherwise waits only for writes in
+// flight (they always finish), so the pool never deadlocks. A unit with a write in flight is
+// not read ahead (the read could overtake the write); store() drops a read-ahead copy of its
+// unit, which the update made stale. wait_seconds() is how long load() blocked for reads and
+// buffers: the time compute waited for parameter data.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "offload/aio_engine.h"
+#include "offload/allocator.h"
+#include "tensor/tensor.h"
+
+namespace strata::offload {
+class NvmeStore;
+}
+
+namespace strata::parallel {
+
+struct OffloadParamConfig {  // zero_optimization.offload_param, DeepSpeed's names and meanings
+  enum class Device { None, Cpu, Nvme };
+  Device device = Device::None;
+  std::string nvme_path;                 // nvme: the directory of the swap files
+  bool pin_memory = true;                // home copies (cpu) and buffers (nvme) page-locked
+  int64_t buffer_count = 5;              // nvme: host buffers for reads and write-backs
+  int64_t buffer_size = 100'000'000;     // nvme: elements a buffer may hold (the largest partition)
+  int64_t max_in_cpu = 0;                // nvme: partition elements kept on the host instead
+  bool read_ahead = true;                // Note [Parameter read-ahead]
+  offload::AioConfig aio;                // the aio section's settings, when the trainer has them
+  bool enabled() const { return device != Device::None; }
+};
+
+const char* offload_param_device_name(OffloadParamConfig::Device d);
+
+class ParamTier {
+ public:
+  // numel[u] > 0: unit u's partition (elements of `dtype`) lives here; 0: not managed.
+  ParamTier(const OffloadParamConfig& config, const std::vector<int64_t>& numel,
+            const std::vector<std::string>& names, DType dtype);
+  ~ParamTier();  // completes every I/O; the NVMe store removes its files
+  ParamTier(const ParamTier&) = delete;
+  ParamTier& operator=(const ParamTier&) = delete;
+
+  bool holds(int u) const { return homes_[u].numel > 0; }
+  bool on_nvme(int u) const { return homes_[u].nvme; }
+  // dst: materialized, numel[u] elements of the dtype, on the run's device.
+  void load(int u, tensor::Tensor& dst);
+  void store(int u, const tensor::Tensor& src);
+  void read_ahead(const std::vector<int>& order, size_t from);
+  // Completes every read and write in flight (raising the first failure).
+  void wait_all();
+
+  double wait_seconds() const { return wait_s_; }
+  int64_t reads() const { return reads_; }          // NVMe reads issued
+  int64_t ahead_hits() const { return ahead_hits_; }  // loads served by a read-ahead
+  int64_t buffer_bytes() const { return static_cast<int64_t>(buffer_bytes_); }
+  int buffer_count() const { return static_cast<int>(buffers_.size()); }
+  int64_t nvme_bytes() const;  // partition bytes on NVMe
+  std::vector<std::string> files() const;
+
+ private:
+  struct Home {
+    int64_t numel = 0;
+    size_t bytes = 0;
+    bool nvme = false;
+    offload::Block block;  // host block, or the NVMe extent
+  };
+  enum class BufState { Free, Reading, Landed, Writing };
+  struct Buffer {
+    offload::Block block;
+    BufState state = BufState::Free;
+    int unit = -1;
+    bool ahead = false;
+    offload::IoHandle io;
+  };
+
+  int find(int u, BufState s) const;  // buffer index or -1
+  void poll_writes();
+  void finish_write(Buffer& b);
+  int take_buffer();  // a free buffer, waiting for writes if needed
+  void start_read(int b, int u, bool ahead);
+  void drop(int b);
+
+  DType dtype_;
+  std::vector<Home> homes_;
+  offload::Allocator* host_alloc_;
+  std::unique_ptr<offload::NvmeStore> store_;
+  std::vector<Buffer> buffers_;
+  size_t buffer_bytes_ = 0;
+  bool read_ahead_ = true;
+  double wait_s_ = 0;
+  int64_t reads_ = 0;
+  int64_t ahead_hits_ = 0;
+};
+
+}  // namespace strata::parallel

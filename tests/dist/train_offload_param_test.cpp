@@ -1,0 +1,193 @@
+// ZeRO-Infinity's parameter offload through `train` (zero_optimization.offload_param, Note
+// [Parameter tier] in parallel/param_tier.h), on CPU ranks with the host playing the device:
+// every placement (cpu, nvme; dp 1, 2, 4) is bitwise the in-memory ZeRO-3 run over 20 steps,
+// losses and final checkpoint files; an offloaded run stopped and resumed is bitwise the
+// uninterrupted one; the parameters' measured resident bytes are the buffers, not the model; bad
+// settings are clear errors. Label mpi: the tests start mpirun themselves.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tensor/safetensors.h"
+#include "train_mpi_fixture.h"
+
+namespace strata::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::describe;
+
+const std::string kBin = STRATA_BINARY_DIR;
+
+class TrainOffloadParam : public testing::TrainMpiFixture {
+ protected:
+  TrainOffloadParam() : TrainMpiFixture(kBin, "") {}
+
+  // --set overrides that put the parameters on `device` (none: in memory), ZeRO-3.
+  std::vector<std::string> placement(const std::string& device) {
+    std::vector<std::string> s = {"zero_optimization.stage=3", "training.eval_every=0"};
+    if (device == "none") return s;
+    s.push_back("zero_optimization.offload_param.device=" + device);
+    s.push_back("zero_optimization.offload_param.nvme_path=" + std::string(tmp_ / "nvme"));
+    fs::create_directories(std::string(tmp_ / "nvme"));
+    return s;
+  }
+
+  std::vector<nlohmann::json> records(const std::string& run) {
+    std::vector<nlohmann::json> out;
+    std::istringstream in(testing::read_text(tmp_ / (run + "/metrics.jsonl")));
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+
+  // Every tensor of every safetensors file of a checkpoint, by file and name.
+  std::map<std::string, std::vector<uint8_t>> checkpoint_bytes(const std::string& run, int step) {
+    std::map<std::string, std::vector<uint8_t>> out;
+    const fs::path dir = tmp_ / fmt::format("{}/checkpoints/step_{:08d}", run, step);
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() != ".safetensors") continue;
+      for (auto& [name, t] : tensor::load_safetensors(e.path().string())) {
+        const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+        out[e.path().filename().string() + ":" + name].assign(p, p + t.nbytes());
+      }
+    }
+    return out;
+  }
+
+  // Same losses and gradient norms, bit for bit, and the same checkpoint tensors at `step`.
+  void expect_bitwise(const std::string& a, const std::string& b, int step) {
+    SCOPED_TRACE(a + " vs " + b);
+    const auto x = records(a), y = records(b);
+    ASSERT_EQ(x.size(), static_cast<size_t>(step));
+    ASSERT_EQ(y.size(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_EQ(x[i]["loss"].get<double>(), y[i]["loss"].get<double>()) << "step " << i + 1;
+      EXPECT_EQ(x[i]["grad_norm"].get<double>(), y[i]["grad_norm"].get<double>())
+          << "step " << i + 1;
+    }
+    const auto p = checkpoint_bytes(a, step), q = checkpoint_bytes(b, step);
+    ASSERT_FALSE(p.empty());
+    ASSERT_EQ(p.size(), q.size());
+    for (const auto& [name, bytes] : p) {
+      auto it = q.find(name);
+      ASSERT_NE(it, q.end()) << name;
+      EXPECT_TRUE(bytes == it->second) << name << " differs";
+    }
+  }
+};
+
+TEST_F(TrainOffloadParam, EveryPlacementIsBitwiseTheInMemoryRun) {
+  const int kSteps = 20;
+  for (int dp : {1, 2, 4}) {
+    const std::vector<std::string> devices =
+        dp == 4 ? std::vector<std::string>{"none", "nvme"}
+                : std::vector<std::string>{"none", "cpu", "nvme"};
+    for (const std::string& device : devices) {
+      const std::string name = fmt::format("dp{}{}", dp, device);
+      CommandResult r = train(dp == 1 ? 0 : dp, config(name, kSteps), placement(device));
+      ASSERT_EQ(r.exit_code, 0) << describe(r);
+      if (device == "none") continue;
+      expect_bitwise(fmt::format("dp{}none", dp), name, kSteps);
+      // The memory report shows the tier; every step logs how long it waited for parameters.
+      EXPECT_NE(r.out.find("ZeRO-Infinity parameters (rank 0): offload_param.device " + device),
+                std::string::npos)
+          << r.out;
+      const auto rec = records(name);
+      EXPECT_TRUE(rec.back().contains("param_wait_ms")) << rec.back().dump();
+      EXPECT_EQ(rec.back()["param_peak_bytes"].contains("nvme"), device == "nvme")
+          << rec.back().dump();
+    }
+  }
+  // The swap files went with the runs.
+  EXPECT_TRUE(fs::is_empty(std::string(tmp_ / "nvme")));
+}
+
+TEST_F(TrainOffloadParam, ResumeOnNvmeIsBitwise) {
+  std::vector<std::string> sets = placement("nvme");
+  const std::string full = config("full", 6), parts = config("parts", 6);
+  CommandResult a = train(2, full, sets);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  std::vector<std::string> first = sets;
+  first.push_back("training.steps=3");
+  CommandResult b1 = train(2, parts, first);
+  ASSERT_EQ(b1.exit_code, 0) << describe(b1);
+  CommandResult b2 = train(2, parts, sets);
+  ASSERT_EQ(b2.exit_code, 0) << describe(b2);
+  EXPECT_NE(b2.out.find("resumed from"), std::string::npos) << b2.out;
+  expect_bitwise("full", "parts", 6);
+  // An offloaded checkpoint is an ordinary ZeRO-3 one: the in-memory run resumes it.
+  std::vector<std::string> mem = placement("none");
+  mem.push_back("training.steps=8");
+  CommandResult c = train(2, parts, mem);
+  ASSERT_EQ(c.exit_code, 0) << describe(c);
+  EXPECT_EQ(records("parts").size(), 8u);
+}
+
+// Note [Parameter tier]: on NVMe the parameters' resident bytes are the pinned buffers plus the
+// partitions being loaded, updated or allgathered, bounded by buffer_count and the prefetch size,
+// not by the model: measured by the allocators (Category::Param peaks from the first step).
+TEST_F(TrainOffloadParam, ResidentParametersAreTheBuffersNotTheModel) {
+  auto run = [&](const std::string& name, const std::string& device, int buffers) {
+    std::vector<std::string> sets = placement(device);
+    for (const char* s : {"model.config.n_layer=8", "zero_optimization.stage3_prefetch_bucket_size=14000",
+                          "zero_optimization.stage3_param_persistence_threshold=100"})
+      sets.push_back(s);
+    sets.push_back(fmt::format("zero_optimization.offload_param.buffer_count={}", buffers));
+    CommandResult r = train(0, config(name, 3), sets);
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    return records(name).back()["param_peak_bytes"];
+  };
+  const nlohmann::json two = run("two", "nvme", 2), four = run("four", "nvme", 4);
+  const nlohmann::json host = run("host", "cpu", 2);
+  ASSERT_TRUE(two.contains("nvme") && two.contains("pinned") && two.contains("host")) << two;
+  const int64_t model = two["nvme"].get<int64_t>();  // every partition is on NVMe
+  EXPECT_EQ(four["nvme"].get<int64_t>(), model);
+  // On the cpu tier the same partitions are pinned host memory: the model's size.
+  EXPECT_EQ(host["pinned"].get<int64_t>(), model);
+  // The pinned bytes are the buffers, exactly: twice the buffers, twice the bytes.
+  EXPECT_EQ(four["pinned"].get<int64_t>(), 2 * two["pinned"].get<int64_t>());
+  // One buffer holds the largest partition: 8 blocks of about equal size and the embeddings.
+  const int64_t buffer = two["pinned"].get<int64_t>() / 2;
+  EXPECT_LT(buffer, model / 6);
+  // The partitions resident on the "device" at once: the unit in use and what the prefetch
+  // (14000 elements, one block) adds.
+  EXPECT_LE(two["host"].get<int64_t>(), 3 * buffer);
+  EXPECT_EQ(four["host"].get<int64_t>(), two["host"].get<int64_t>());
+  const int64_t resident = two["pinned"].get<int64_t>() + two["host"].get<int64_t>();
+  EXPECT_LT(resident, model * 3 / 4) << "resident " << resident << " of " << model;
+}
+
+TEST_F(TrainOffloadParam, BadSettingsAreClearErrors) {
+  const std::string cfg = config("bad", 2);
+  CommandResult stage = train(0, cfg, {"zero_optimization.stage=2",
+                                       "zero_optimization.offload_param.device=cpu"});
+  EXPECT_NE(stage.exit_code, 0);
+  EXPECT_NE(stage.err.find("offload_param.device"), std::string::npos) << describe(stage);
+  EXPECT_NE(stage.err.find("stage 3"), std::string::npos) << describe(stage);
+  CommandResult path = train(0, cfg, {"zero_optimization.stage=3",
+                                      "zero_optimization.offload_param.device=nvme"});
+  EXPECT_NE(path.exit_code, 0);
+  EXPECT_NE(path.err.find("nvme_path"), std::string::npos) << describe(path);
+  std::vector<std::string> small = placement("nvme");
+  small.push_back("zero_optimization.offload_param.buffer_size=100");
+  CommandResult size = train(0, cfg, small);
+  EXPECT_NE(size.exit_code, 0);
+  EXPECT_NE(size.err.find("buffer_size"), std::string::npos) << describe(size);
+  std::vector<std::string> missing = placement("nvme");
+  missing.push_back("zero_optimization.offload_param.nvme_path=" + std::string(tmp_ / "no/such"));
+  CommandResult dir = train(0, cfg, missing);
+  EXPECT_NE(dir.exit_code, 0);
+  EXPECT_NE(dir.err.find("no/such"), std::string::npos) << describe(dir);
+}
+
+}  // namespace
+}  // namespace strata::tools

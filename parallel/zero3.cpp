@@ -100,6 +100,7 @@ void ParamGatherer::start(int u) {
   gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
   work_[u] = dp_->allgather(partition_[u], unit.params);
   state_[u] = State::InFlight;
+  if (tier_ && work_[u]->done()) finish(u);  // Note [Offloaded partitions]: release it now
 }
 
 void ParamGatherer::finish(int u) {
@@ -130,8 +131,13 @@ void ParamGatherer::request(int u) {
         pos = i;
         break;
       }
-  // Note [Offloaded partitions]: reads of what follows go out before this one blocks.
-  if (tier_ && pos < order_.size()) tier_->read_ahead(order_, pos + 1);
+  // Note [Offloaded partitions]: prefetched allgathers that completed give their partitions
+  // back, and reads of what follows go out before this one blocks.
+  if (tier_) {
+    for (size_t w = 0; w < state_.size(); ++w)
+      if (state_[w] == State::InFlight && work_[w]->done()) finish(static_cast<int>(w));
+    if (pos < order_.size()) tier_->read_ahead(order_, pos + 1);
+  }
   gather(u);
   if (pos == order_.size()) return;
   cursor_ = pos + 1;

@@ -1,6 +1,6 @@
-// zero_optimization.offload_optimizer (runtime/train_config.h, docs/config.md): DeepSpeed's keys
-// and the paper's delayed parameter update, read, written back by to_yaml, and every combination
-// offload cannot run refused with an error naming the key.
+// zero_optimization.offload_optimizer and offload_param (runtime/train_config.h, docs/config.md):
+// DeepSpeed's keys and the paper's delayed parameter update, read, written back by to_yaml, and
+// every combination offload cannot run refused with an error naming the key.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -115,6 +115,57 @@ TEST_F(OffloadConfig, WhatOffloadCannotRunIsAnErrorNamingTheKey) {
   EXPECT_NE(e.find("c.yaml:14:13: zero_optimization.offload_optimizer.device: nvme"),
             std::string::npos)
       << e;
+}
+
+TEST_F(OffloadConfig, OffloadParamKeysRoundTrip) {
+  const TrainConfig plain = load_train_config(path_);
+  const OffloadParamSection& d = plain.zero.offload_param;
+  EXPECT_FALSE(d.enabled());
+  EXPECT_TRUE(d.pin_memory);
+  EXPECT_EQ(d.buffer_count, 5);
+  EXPECT_EQ(d.buffer_size, 100'000'000);
+  EXPECT_EQ(d.max_in_cpu, 0);
+  const std::string p = "zero_optimization.offload_param.";
+  const TrainConfig c = load_train_config(
+      path_, {"zero_optimization.stage=3", p + "device=nvme", p + "nvme_path=/local/nvme",
+              p + "pin_memory=false", p + "buffer_count=3", p + "buffer_size=4096",
+              p + "max_in_cpu=1000"});
+  const OffloadParamSection& o = c.zero.offload_param;
+  EXPECT_EQ(o.device, "nvme");
+  EXPECT_EQ(o.nvme_path, "/local/nvme");
+  EXPECT_FALSE(o.pin_memory);
+  EXPECT_EQ(o.buffer_count, 3);
+  EXPECT_EQ(o.buffer_size, 4096);
+  EXPECT_EQ(o.max_in_cpu, 1000);
+  const std::string saved = (dir_ / "saved.yaml").string();
+  std::ofstream(saved) << to_yaml(c);
+  EXPECT_EQ(load_train_config(saved).zero, c.zero) << to_yaml(c);
+  // The defaults, with an empty nvme_path, round-trip too.
+  std::ofstream(saved) << to_yaml(plain);
+  EXPECT_EQ(load_train_config(saved).zero, plain.zero) << to_yaml(plain);
+}
+
+TEST_F(OffloadConfig, WhatParamOffloadCannotRunIsAnErrorNamingTheKey) {
+  const std::string p = "zero_optimization.offload_param.";
+  struct Case {
+    std::vector<std::string> sets;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {{p + "device=cpu"},
+       "zero_optimization.offload_param.device: cpu offloads the parameter partitions of ZeRO-3 "
+       "and needs zero_optimization.stage 3, got stage 2"},
+      {{"zero_optimization.stage=3", p + "device=nvme"},
+       "zero_optimization.offload_param.nvme_path: is empty, but offload_param.device is nvme"},
+      {{p + "buffer_count=0"}, "zero_optimization.offload_param.buffer_count: must be positive"},
+      {{p + "buffer_size=0"}, "zero_optimization.offload_param.buffer_size: must be positive"},
+      {{p + "max_in_cpu=-1"}, "zero_optimization.offload_param.max_in_cpu: must be >= 0"},
+      {{p + "device=disk"}, "expected one of none, cpu, nvme, got 'disk'"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = error(c.sets);
+    EXPECT_NE(e.find(c.want), std::string::npos) << c.sets.back() << "\n  got: " << e;
+  }
 }
 
 }  // namespace

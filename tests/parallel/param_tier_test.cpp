@@ -1,0 +1,132 @@
+// ParamTier (parallel/param_tier.h, Note [Parameter tier], Note [Parameter read-ahead]): the
+// partitions' home on the host or NVMe, loads and stores bit for bit, read-ahead served from the
+// buffers, a store making a read-ahead copy stale, max_in_cpu, and the buffer_size error.
+#include "parallel/param_tier.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "offload/memory_stats.h"
+
+namespace strata::parallel {
+namespace {
+
+namespace fs = std::filesystem;
+using tensor::Tensor;
+
+class ParamTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("strata_param_tier_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  OffloadParamConfig nvme(int64_t buffers) const {
+    OffloadParamConfig c;
+    c.device = OffloadParamConfig::Device::Nvme;
+    c.nvme_path = dir_.string();
+    c.buffer_count = buffers;
+    return c;
+  }
+  static Tensor values(int64_t n, float base) {
+    Tensor t = Tensor::empty({n});
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = base + static_cast<float>(i);
+    return t;
+  }
+  static bool same(const Tensor& a, const Tensor& b) {
+    return a.numel() == b.numel() &&
+           std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+  }
+
+  fs::path dir_;
+};
+
+const std::vector<std::string> kNames = {"wte", "h.0", "ln_f", "h.1"};
+const std::vector<int64_t> kNumel = {3000, 5000, 0, 4000};  // ln_f is not managed
+
+TEST_F(ParamTierTest, NvmeLoadsWhatWasStoredAndReadsAhead) {
+  ParamTier tier(nvme(3), kNumel, kNames, DType::F32);
+  EXPECT_FALSE(tier.holds(2));
+  EXPECT_EQ(tier.nvme_bytes(), (3000 + 5000 + 4000) * 4);
+  EXPECT_EQ(tier.buffer_bytes(), 5000 * 4);  // the largest partition
+  for (int u : {0, 1, 3}) tier.store(u, values(kNumel[u], 100.f * u));
+  tier.wait_all();
+  // Read ahead of h.0 and h.1 (buffer_count - 1 = 2 buffers), then load all three.
+  tier.read_ahead({0, 1, 3}, 1);
+  const int64_t reads = tier.reads();
+  EXPECT_EQ(reads, 2);
+  for (int u : {0, 1, 3}) {
+    Tensor dst = Tensor::empty({kNumel[u]});
+    tier.load(u, dst);
+    EXPECT_TRUE(same(dst, values(kNumel[u], 100.f * u))) << kNames[u];
+  }
+  EXPECT_EQ(tier.ahead_hits(), 2);
+  EXPECT_EQ(tier.reads(), 3);  // wte was read on demand
+  EXPECT_EQ(tier.files().size(), 1u);
+  EXPECT_EQ(tier.files().front().rfind(dir_.string(), 0), 0u);
+}
+
+TEST_F(ParamTierTest, AStoreMakesAReadAheadCopyStale) {
+  ParamTier tier(nvme(2), kNumel, kNames, DType::F32);
+  tier.store(1, values(5000, 1.f));
+  tier.wait_all();
+  tier.read_ahead({1}, 0);
+  tier.store(1, values(5000, 7.f));  // the update
+  Tensor dst = Tensor::empty({5000});
+  tier.load(1, dst);
+  EXPECT_TRUE(same(dst, values(5000, 7.f)));
+}
+
+TEST_F(ParamTierTest, MaxInCpuKeepsTheFirstUnitsThatFitOnTheHost) {
+  OffloadParamConfig c = nvme(2);
+  c.max_in_cpu = 3500;
+  ParamTier tier(c, kNumel, kNames, DType::F32);
+  EXPECT_FALSE(tier.on_nvme(0));  // 3000 fit
+  EXPECT_TRUE(tier.on_nvme(1));   // 5000 do not
+  EXPECT_TRUE(tier.on_nvme(3));   // 500 left: 4000 do not
+  tier.store(0, values(3000, 2.f));
+  Tensor dst = Tensor::empty({3000});
+  tier.load(0, dst);
+  EXPECT_TRUE(same(dst, values(3000, 2.f)));
+  EXPECT_EQ(tier.reads(), 0);
+}
+
+TEST_F(ParamTierTest, CpuTierHoldsThePartitionsInPinnedMemory) {
+  OffloadParamConfig c;
+  c.device = OffloadParamConfig::Device::Cpu;
+  const auto& stats = offload::MemoryStats::global();
+  const int64_t before = stats.usage(offload::Tier::Pinned, offload::Category::Param).current;
+  ParamTier tier(c, kNumel, kNames, DType::F32);
+  EXPECT_EQ(stats.usage(offload::Tier::Pinned, offload::Category::Param).current - before,
+            (3000 + 5000 + 4000) * 4);
+  EXPECT_EQ(tier.buffer_count(), 0);
+  tier.store(3, values(4000, 3.f));
+  Tensor dst = Tensor::empty({4000});
+  tier.load(3, dst);
+  EXPECT_TRUE(same(dst, values(4000, 3.f)));
+}
+
+TEST_F(ParamTierTest, ABufferSmallerThanAPartitionIsAnErrorNamingTheUnit) {
+  OffloadParamConfig c = nvme(2);
+  c.buffer_size = 4500;
+  try {
+    ParamTier tier(c, kNumel, kNames, DType::F32);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("zero_optimization.offload_param.buffer_size is 4500"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("'h.0' has 5000"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace strata::parallel

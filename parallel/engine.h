@@ -196,7 +196,10 @@ class Engine {
   // names; "master" under mixed precision) and, at stage 3, of the parameters (key "param"). Stage
   // 0: rank 0 returns the whole units, the others nothing. Views of live buffers: write them before
   // the next step.
+  // offload_param: the parameter shards are the partitions, loaded from their tier; call
+  // checkpoint_written() once they are written to let them go before the next step.
   std::vector<Shard> shards();
+  void checkpoint_written() { gathering_->drop_partitions(); }
   // For each shard this rank holds in the current layout (stage 0: every rank, whole units),
   // fill(unit, key, begin, dst) must fill dst from [begin, begin + dst.numel()) of the saved
   // flat coordinates. Stage 3 parameters included. Collective at stage 3.

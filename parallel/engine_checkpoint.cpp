@@ -51,8 +51,8 @@ std::vector<Engine::Shard> Engine::held_shards(bool for_loading) {
 }
 
 std::vector<Engine::Shard> Engine::shards() {
-  // Offloaded partitions (Note [Offloaded partitions]) stay resident until each unit's next
-  // gather, by when the shards are written.
+  // Offloaded partitions (Note [Offloaded partitions]) stay resident until checkpoint_written()
+  // or their unit's next gather.
   gathering_->load_partitions();
   return held_shards(/*for_loading=*/false);
 }

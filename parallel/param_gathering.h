@@ -79,6 +79,9 @@ class ParamGathering {
   void store_partitions() {
     if (gatherer_) gatherer_->store_partitions();
   }
+  void drop_partitions() {
+    if (gatherer_) gatherer_->drop_partitions();
+  }
   void set_trace(std::function<void(const std::string&)> fn);
 
  private:

@@ -77,6 +77,12 @@ void ParamGatherer::store_partitions() {
   tier_->wait_all();
 }
 
+void ParamGatherer::drop_partitions() {
+  if (!tier_) return;
+  for (int u : step_order_)
+    if (state_[u] == State::Released) partition_[u].storage()->release();
+}
+
 // Note [Offloaded partitions]: one unit at a time, the next ones read ahead.
 void ParamGatherer::step_fence(size_t g, bool before) {
   const int u = static_cast<int>(g);

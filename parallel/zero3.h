@@ -74,6 +74,9 @@ class ParamGatherer {
   void load_partitions();
   // Writes every resident partition to the tier and releases it.
   void store_partitions();
+  // Releases the partitions load_partitions() made resident and nothing changed since (the tier
+  // holds the same bytes), except those of units being gathered.
+  void drop_partitions();
   // The optimizer's group fence (group g = unit g).
   void step_fence(size_t g, bool before);
 

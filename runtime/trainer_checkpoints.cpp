@@ -62,6 +62,8 @@ void Trainer::save(const char* why) {
   if (!partitioned_params) parts.param_shards.clear();
   last_checkpoint_ = save_checkpoint(config_.run.dir, parts, st, config_yaml_,
                                      config_.training.keep_checkpoints, *dp_, device_);
+  parts = {};
+  engine_->checkpoint_written();  // offload_param: the partitions go back to their tier
   last_saved_step_ = step_;
   console_->event(
       fmt::format("checkpoint ({}): {} [{:.2f} s]", why, last_checkpoint_, watch.seconds()));

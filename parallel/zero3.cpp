@@ -89,7 +89,7 @@ void ParamGatherer::step_fence(size_t g, bool before) {
   if (!tier_ || !managed_[u]) return;
   if (before) {
     const auto at = std::find(step_order_.begin(), step_order_.end(), u);
-    tier_->read_ahead(step_order_, static_cast<size_t>(at - step_order_.begin()) + 1);
+    tier_->read_ahead(step_order_, static_cast<size_t>(at - step_order_.begin()));
     load_partition(u);
     return;
   }
@@ -142,7 +142,7 @@ void ParamGatherer::request(int u) {
   if (tier_) {
     for (size_t w = 0; w < state_.size(); ++w)
       if (state_[w] == State::InFlight && work_[w]->done()) finish(static_cast<int>(w));
-    if (pos < order_.size()) tier_->read_ahead(order_, pos + 1);
+    if (pos < order_.size()) tier_->read_ahead(order_, pos);  // this unit's read first
   }
   gather(u);
   if (pos == order_.size()) return;

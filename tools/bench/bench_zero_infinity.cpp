@@ -4,15 +4,16 @@
 // host plays the device).
 //
 //   bench_zero_infinity [--model gpt2-tiny] [--layers 8] [--embd 256] [--micro 4] [--seq 128]
-//                       [--steps 6] [--nvme-path /tmp] [--buffer-count 5]
+//                       [--steps 6] [--rounds 3] [--nvme-path /tmp] [--buffer-count 5]
 //
 // Each placement builds the same model (same seed) and takes --steps training steps after one
 // warm-up step (the first records the gather order the read-ahead follows); the table gives the
 // median step time, its ratio to the in-memory step, how long each step waited for parameter
 // reads (param_wait, the tier's measurement), and the parameters' resident peak (Category::Param
-// on the host and pinned tiers) beside the bytes on NVMe. The placements run in turn, twice
-// (A B C D A B C D), and each keeps the faster of its two medians, so a noisy neighbour hurts
-// one placement less. Issue 55's target: NVMe with read-ahead at most 1.5x the in-memory step.
+// on the host and pinned tiers) beside the bytes on NVMe. The placements run in turn, --rounds
+// times (A B C D A B C D ...), and each keeps its fastest median, so a noisy neighbour hurts one
+// placement less. On a CPU run set OMP_WAIT_POLICY=passive: OpenMP threads spinning between
+// parallel regions take the cores the NVMe engine's threads need (docs/offload.md). Issue 55's target: NVMe with read-ahead at most 1.5x the in-memory step.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +41,7 @@ struct Args {
   int64_t micro = 4;
   int64_t seq = 128;
   int steps = 6;
+  int rounds = 3;
   std::string nvme_path = "/tmp";
   int64_t buffer_count = 5;
 };
@@ -61,6 +63,8 @@ Args parse(int argc, char** argv) {
       a.seq = std::atoll(argv[++i]);
     } else if (k == "--steps" && has) {
       a.steps = std::atoi(argv[++i]);
+    } else if (k == "--rounds" && has) {
+      a.rounds = std::atoi(argv[++i]);
     } else if (k == "--nvme-path" && has) {
       a.nvme_path = argv[++i];
     } else if (k == "--buffer-count" && has) {
@@ -69,13 +73,14 @@ Args parse(int argc, char** argv) {
       user_error(
           "bench_zero_infinity: unknown or incomplete argument '{}'; usage: bench_zero_infinity "
           "[--model NAME] [--layers L] [--embd E] [--micro M] [--seq T] [--steps S] "
-          "[--nvme-path DIR] [--buffer-count N]",
+          "[--rounds R] [--nvme-path DIR] [--buffer-count N]",
           k);
     }
   }
-  if (a.layers < 1 || a.embd < 1 || a.micro < 1 || a.seq < 1 || a.steps < 1 || a.buffer_count < 1)
-    user_error("bench_zero_infinity: --layers, --embd, --micro, --seq, --steps and --buffer-count "
-               "must be positive");
+  if (a.layers < 1 || a.embd < 1 || a.micro < 1 || a.seq < 1 || a.steps < 1 || a.rounds < 1 ||
+      a.buffer_count < 1)
+    user_error("bench_zero_infinity: --layers, --embd, --micro, --seq, --steps, --rounds and "
+               "--buffer-count must be positive");
   return a;
 }
 
@@ -154,18 +159,18 @@ int main(int argc, char** argv) {
     std::printf(
         "bench_zero_infinity: %s, %lld layers x %lld wide, %.1fM parameters, micro-batch %lld x "
         "%lld tokens, ZeRO-3 on one CPU process, NVMe under %s, %lld buffers; median of %d "
-        "steps, the faster of two rounds\n",
+        "steps, the fastest of %d rounds\n",
         a.model.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.embd),
         static_cast<double>(shape.num_parameters) / 1e6, static_cast<long long>(a.micro),
         static_cast<long long>(a.seq), a.nvme_path.c_str(),
-        static_cast<long long>(a.buffer_count), a.steps);
+        static_cast<long long>(a.buffer_count), a.steps, a.rounds);
     using Device = parallel::OffloadParamConfig::Device;
     const std::vector<Placement> placements = {{"in memory", Device::None, true},
                                                {"cpu", Device::Cpu, true},
                                                {"nvme, read-ahead", Device::Nvme, true},
                                                {"nvme, no read-ahead", Device::Nvme, false}};
     std::vector<Result> best(placements.size());
-    for (int round = 0; round < 2; ++round)
+    for (int round = 0; round < a.rounds; ++round)
       for (size_t i = 0; i < placements.size(); ++i) {
         const Result r = run(a, placements[i], options, shape.vocab_size);
         if (r.step_s < best[i].step_s) best[i] = r;

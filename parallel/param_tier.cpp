@@ -35,9 +35,9 @@ ParamTier::ParamTier(const OffloadParamConfig& config, const std::vector<int64_t
     : dtype_(dtype), homes_(numel.size()), read_ahead_(config.read_ahead) {
   STRATA_CHECK(config.enabled(), "a parameter tier without offload_param.device");
   STRATA_CHECK(names.size() == numel.size(), "{} names for {} units", names.size(), numel.size());
-  host_alloc_ = config.pin_memory ? static_cast<offload::Allocator*>(
-                                        &offload::PinnedAllocator::instance())
-                                  : &offload::HostAllocator::instance();
+  host_alloc_ = config.pin_memory
+                    ? static_cast<offload::Allocator*>(&offload::PinnedAllocator::instance())
+                    : &offload::HostAllocator::instance();
   const bool nvme = config.device == OffloadParamConfig::Device::Nvme;
   // Note [Parameter tier]: max_in_cpu elements stay on the host, the first units that fit.
   int64_t in_cpu_left = config.max_in_cpu;
@@ -72,7 +72,8 @@ ParamTier::ParamTier(const OffloadParamConfig& config, const std::vector<int64_t
     store_ = std::make_unique<offload::NvmeStore>(nc);
     buffer_bytes_ = largest;
     buffers_.resize(static_cast<size_t>(config.buffer_count));
-    for (Buffer& b : buffers_) b.block = host_alloc_->allocate(buffer_bytes_, offload::Category::Param);
+    for (Buffer& b : buffers_)
+      b.block = host_alloc_->allocate(buffer_bytes_, offload::Category::Param);
   }
   for (Home& h : homes_) {
     if (h.numel == 0) continue;

@@ -47,13 +47,13 @@ namespace strata::parallel {
 struct OffloadParamConfig {  // zero_optimization.offload_param, DeepSpeed's names and meanings
   enum class Device { None, Cpu, Nvme };
   Device device = Device::None;
-  std::string nvme_path;                 // nvme: the directory of the swap files
-  bool pin_memory = true;                // home copies (cpu) and buffers (nvme) page-locked
-  int64_t buffer_count = 5;              // nvme: host buffers for reads and write-backs
-  int64_t buffer_size = 100'000'000;     // nvme: elements a buffer may hold (the largest partition)
-  int64_t max_in_cpu = 0;                // nvme: partition elements kept on the host instead
-  bool read_ahead = true;                // Note [Parameter read-ahead]
-  offload::AioConfig aio;                // the aio section's settings, when the trainer has them
+  std::string nvme_path;              // nvme: the directory of the swap files
+  bool pin_memory = true;             // home copies (cpu) and buffers (nvme) page-locked
+  int64_t buffer_count = 5;           // nvme: host buffers for reads and write-backs
+  int64_t buffer_size = 100'000'000;  // nvme: elements a buffer may hold (the largest partition)
+  int64_t max_in_cpu = 0;             // nvme: partition elements kept on the host instead
+  bool read_ahead = true;             // Note [Parameter read-ahead]
+  offload::AioConfig aio;             // the aio section's settings, when the trainer has them
   bool enabled() const { return device != Device::None; }
 };
 
@@ -78,7 +78,7 @@ class ParamTier {
   void wait_all();
 
   double wait_seconds() const { return wait_s_; }
-  int64_t reads() const { return reads_; }          // NVMe reads issued
+  int64_t reads() const { return reads_; }            // NVMe reads issued
   int64_t ahead_hits() const { return ahead_hits_; }  // loads served by a read-ahead
   int64_t buffer_bytes() const { return static_cast<int64_t>(buffer_bytes_); }
   int buffer_count() const { return static_cast<int>(buffers_.size()); }

@@ -144,10 +144,10 @@ struct OffloadOptimizerSection {
 // `zero_optimization.offload_param`: ZeRO-Infinity's parameter offload (parallel/param_tier.h),
 // DeepSpeed's names and meanings; docs/config.md, docs/offload.md. Only ZeRO stage 3.
 struct OffloadParamSection {
-  std::string device = "none";  // none | cpu | nvme
-  std::string nvme_path;        // nvme: directory of the swap files
-  bool pin_memory = true;       // host copies (cpu) and buffers (nvme) page-locked
-  int64_t buffer_count = 5;     // nvme: buffers for reads and write-backs
+  std::string device = "none";        // none | cpu | nvme
+  std::string nvme_path;              // nvme: directory of the swap files
+  bool pin_memory = true;             // host copies (cpu) and buffers (nvme) page-locked
+  int64_t buffer_count = 5;           // nvme: buffers for reads and write-backs
   int64_t buffer_size = 100'000'000;  // nvme: elements per buffer (>= the largest partition)
   int64_t max_in_cpu = 0;             // nvme: partition elements kept on the host instead
   bool enabled() const { return device != "none"; }

@@ -88,9 +88,9 @@ class TrainOffloadParam : public testing::TrainMpiFixture {
 TEST_F(TrainOffloadParam, EveryPlacementIsBitwiseTheInMemoryRun) {
   const int kSteps = 20;
   for (int dp : {1, 2, 4}) {
-    const std::vector<std::string> devices =
-        dp == 4 ? std::vector<std::string>{"none", "nvme"}
-                : std::vector<std::string>{"none", "cpu", "nvme"};
+    const std::vector<std::string> devices = dp == 4
+                                                 ? std::vector<std::string>{"none", "nvme"}
+                                                 : std::vector<std::string>{"none", "cpu", "nvme"};
     for (const std::string& device : devices) {
       const std::string name = fmt::format("dp{}{}", dp, device);
       CommandResult r = train(dp == 1 ? 0 : dp, config(name, kSteps), placement(device));
@@ -138,8 +138,9 @@ TEST_F(TrainOffloadParam, ResumeOnNvmeIsBitwise) {
 TEST_F(TrainOffloadParam, ResidentParametersAreTheBuffersNotTheModel) {
   auto run = [&](const std::string& name, const std::string& device, int buffers) {
     std::vector<std::string> sets = placement(device);
-    for (const char* s : {"model.config.n_layer=8", "zero_optimization.stage3_prefetch_bucket_size=14000",
-                          "zero_optimization.stage3_param_persistence_threshold=100"})
+    for (const char* s :
+         {"model.config.n_layer=8", "zero_optimization.stage3_prefetch_bucket_size=14000",
+          "zero_optimization.stage3_param_persistence_threshold=100"})
       sets.push_back(s);
     sets.push_back(fmt::format("zero_optimization.offload_param.buffer_count={}", buffers));
     CommandResult r = train(0, config(name, 3), sets);
@@ -168,13 +169,13 @@ TEST_F(TrainOffloadParam, ResidentParametersAreTheBuffersNotTheModel) {
 
 TEST_F(TrainOffloadParam, BadSettingsAreClearErrors) {
   const std::string cfg = config("bad", 2);
-  CommandResult stage = train(0, cfg, {"zero_optimization.stage=2",
-                                       "zero_optimization.offload_param.device=cpu"});
+  CommandResult stage =
+      train(0, cfg, {"zero_optimization.stage=2", "zero_optimization.offload_param.device=cpu"});
   EXPECT_NE(stage.exit_code, 0);
   EXPECT_NE(stage.err.find("offload_param.device"), std::string::npos) << describe(stage);
   EXPECT_NE(stage.err.find("stage 3"), std::string::npos) << describe(stage);
-  CommandResult path = train(0, cfg, {"zero_optimization.stage=3",
-                                      "zero_optimization.offload_param.device=nvme"});
+  CommandResult path =
+      train(0, cfg, {"zero_optimization.stage=3", "zero_optimization.offload_param.device=nvme"});
   EXPECT_NE(path.exit_code, 0);
   EXPECT_NE(path.err.find("nvme_path"), std::string::npos) << describe(path);
   std::vector<std::string> small = placement("nvme");

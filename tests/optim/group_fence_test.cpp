@@ -56,9 +56,9 @@ void check(const Config& cfg) {
     plain.step(1e-2);
     fenced.step(1e-2);
   }
-  EXPECT_EQ(calls, (std::vector<std::string>{"+0", "-0", "+1", "-1", "+2", "-2", "+0", "-0", "+1",
-                                             "-1", "+2", "-2", "+0", "-0", "+1", "-1", "+2",
-                                             "-2"}));
+  EXPECT_EQ(calls,
+            (std::vector<std::string>{"+0", "-0", "+1", "-1", "+2", "-2", "+0", "-0", "+1", "-1",
+                                      "+2", "-2", "+0", "-0", "+1", "-1", "+2", "-2"}));
   for (size_t g = 0; g < a.size(); ++g) {
     EXPECT_TRUE(fenced.groups()[g].param.storage()->is_released());
     EXPECT_EQ(home[g], to_vector(plain.groups()[g].param)) << "group " << g;

@@ -42,8 +42,7 @@ class ParamTierTest : public ::testing::Test {
     return t;
   }
   static bool same(const Tensor& a, const Tensor& b) {
-    return a.numel() == b.numel() &&
-           std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+    return a.numel() == b.numel() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
   }
 
   fs::path dir_;

@@ -13,7 +13,8 @@
 // on the host and pinned tiers) beside the bytes on NVMe. The placements run in turn, --rounds
 // times (A B C D A B C D ...), and each keeps its fastest median, so a noisy neighbour hurts one
 // placement less. On a CPU run set OMP_WAIT_POLICY=passive: OpenMP threads spinning between
-// parallel regions take the cores the NVMe engine's threads need (docs/offload.md). Issue 55's target: NVMe with read-ahead at most 1.5x the in-memory step.
+// parallel regions take the cores the NVMe engine's threads need (docs/offload.md). Issue 55's
+// target: NVMe with read-ahead at most 1.5x the in-memory step.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -79,8 +80,9 @@ Args parse(int argc, char** argv) {
   }
   if (a.layers < 1 || a.embd < 1 || a.micro < 1 || a.seq < 1 || a.steps < 1 || a.rounds < 1 ||
       a.buffer_count < 1)
-    user_error("bench_zero_infinity: --layers, --embd, --micro, --seq, --steps, --rounds and "
-               "--buffer-count must be positive");
+    user_error(
+        "bench_zero_infinity: --layers, --embd, --micro, --seq, --steps, --rounds and "
+        "--buffer-count must be positive");
   return a;
 }
 
@@ -99,7 +101,8 @@ struct Result {
 
 Result run(const Args& a, const Placement& p, const models::ModelOptions& options,
            int64_t vocab_size) {
-  std::unique_ptr<models::CausalLM> model = models::ModelRegistry::global().create(a.model, options);
+  std::unique_ptr<models::CausalLM> model =
+      models::ModelRegistry::global().create(a.model, options);
   parallel::ZeroConfig z;
   z.stage = 3;
   z.stage3_param_persistence_threshold = 1000;
@@ -162,8 +165,8 @@ int main(int argc, char** argv) {
         "steps, the fastest of %d rounds\n",
         a.model.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.embd),
         static_cast<double>(shape.num_parameters) / 1e6, static_cast<long long>(a.micro),
-        static_cast<long long>(a.seq), a.nvme_path.c_str(),
-        static_cast<long long>(a.buffer_count), a.steps, a.rounds);
+        static_cast<long long>(a.seq), a.nvme_path.c_str(), static_cast<long long>(a.buffer_count),
+        a.steps, a.rounds);
     using Device = parallel::OffloadParamConfig::Device;
     const std::vector<Placement> placements = {{"in memory", Device::None, true},
                                                {"cpu", Device::Cpu, true},
@@ -175,7 +178,8 @@ int main(int argc, char** argv) {
         const Result r = run(a, placements[i], options, shape.vocab_size);
         if (r.step_s < best[i].step_s) best[i] = r;
       }
-    std::printf("\n| params | step ms | vs in memory | param_wait ms/step | resident params | on nvme |\n");
+    std::printf(
+        "\n| params | step ms | vs in memory | param_wait ms/step | resident params | on nvme |\n");
     std::printf("|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < placements.size(); ++i)
       std::printf("| %s | %.1f | %.2fx | %.1f | %.1f KiB | %.1f KiB |\n", placements[i].name,

@@ -34,7 +34,7 @@ bool flat(const tensor::Tensor& t) {
 
 HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
                          const HostOffloadOptions& options)
-    : slices_(std::move(slices)) {
+    : slices_(std::move(slices)), grads_on_host_(options.grads_on_host) {
   STRATA_USER_CHECK(!slices_.empty(), "offload_optimizer: nothing to offload (no slices)");
   device_ = slices_.front().params.device();
   mixed_ = slices_.front().params.dtype() != DType::F32;
@@ -44,9 +44,10 @@ HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
     STRATA_CHECK(flat(s.params) && flat(s.grads) && s.grads.numel() == s.params.numel(),
                  "offload slice {}: params {} and grads {} must be 1-d contiguous and alike", i,
                  s.params.str(), s.grads.str());
-    STRATA_CHECK(s.params.device() == device_ && s.grads.device() == device_,
-                 "offload slice {}: params on {} and grads on {}, expected {}", i,
-                 s.params.device().str(), s.grads.device().str(), device_.str());
+    const Device grads_on = grads_on_host_ ? Device::cpu() : device_;
+    STRATA_CHECK(s.params.device() == device_ && s.grads.device() == grads_on,
+                 "offload slice {}: params on {} and grads on {}, expected {} and {}", i,
+                 s.params.device().str(), s.grads.device().str(), device_.str(), grads_on.str());
     STRATA_CHECK((s.params.dtype() != DType::F32) == mixed_,
                  "offload slice {} is {} but slice 0 is {}", i, dtype_name(s.params.dtype()),
                  dtype_name(slices_.front().params.dtype()));
@@ -58,8 +59,12 @@ HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
     ParamGroup g;
     g.param = host_buffer(n, DType::F32, offload::Category::Optimizer, options.pin_memory);
     g.param.copy_(from);
-    g.grad = host_buffer(n, s.grads.dtype(), offload::Category::Grad, options.pin_memory);
-    g.grad.zero_();
+    if (grads_on_host_ && !options.copy_host_grads) {
+      g.grad = s.grads;
+    } else {
+      g.grad = host_buffer(n, s.grads.dtype(), offload::Category::Grad, options.pin_memory);
+      g.grad.zero_();
+    }
     if (mixed_) {
       g.low_precision_copy =
           host_buffer(n, s.params.dtype(), offload::Category::Param, options.pin_memory);
@@ -87,6 +92,12 @@ void HostOffload::compute_wait_for_copies() {
 
 void HostOffload::fetch_grads() {
   finish();
+  if (grads_on_host_) {
+    for (size_t i = 0; i < slices_.size(); ++i)
+      if (host_grads_[i].data_ptr() != slices_[i].grads.data_ptr())
+        host_grads_[i].copy_(slices_[i].grads);
+    return;
+  }
   if (copies_->cuda()) copies_->wait_for(tensor::cuda_current_stream());
   for (size_t i = 0; i < slices_.size(); ++i)
     copies_->to_host(host_grads_[i].data_ptr(), slices_[i].grads.data_ptr(),

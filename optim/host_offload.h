@@ -6,13 +6,15 @@
 // Note [Host offload]
 // For each slice (a unit's owned part, in the model's dtype on the device) the host holds:
 //   - the fp32 master (pinned with pin_memory; Category::Optimizer),
-//   - a gradient buffer in the device gradient's dtype (pinned; Category::Grad),
+//   - a gradient buffer in the device gradient's dtype (pinned; Category::Grad), or, with
+//     grads_on_host, the producer's host buffer itself (a copy of it for the delayed update),
 //   - under mixed precision, a bf16/f16 model copy the AdamW kernel writes (pinned;
 //     Category::Param),
 // and the optimizer built over host groups of those allocates its moments on the host
 // (Category::Optimizer, Tier::Host: they never cross the bus, so they need not be pinned).
 // A step: fetch_grads() copies each device gradient to its host buffer on the copy stream (Note
-// [Copy stream]) after the compute stream's backward, and waits for them; step(lr, scale) runs
+// [Copy stream]) after the compute stream's backward, and waits for them (with grads_on_host
+// they are there already); step(lr, scale) runs
 // the optimizer over the host groups with Optimizer::set_grad_scale(scale), then write_back()
 // enqueues each updated slice to the device (the model copy, or the fp32 master when the device
 // parameters are fp32) and orders the compute stream after it, so the next forward reads the new
@@ -50,6 +52,13 @@ struct OffloadSlice {
 
 struct HostOffloadOptions {
   bool pin_memory = true;  // zero_optimization.offload_optimizer.pin_memory
+  // The slices' grads are host buffers a producer fills (ZeRO-2's gradients streamed to the host
+  // during backward): nothing to copy from the device. The optimizer reads them in place unless
+  // `copy_host_grads`, for the delayed update, whose step still reads its gradients while the
+  // next backward refills the producer's buffers: then fetch_grads() copies them into buffers of
+  // the optimizer's own.
+  bool grads_on_host = false;
+  bool copy_host_grads = false;
 };
 
 class HostOffload {
@@ -71,7 +80,8 @@ class HostOffload {
   // The host masters, one per slice (the optimizer's group params).
   const tensor::Tensor& master(size_t i) const { return optimizer_->groups()[i].param; }
 
-  // Copies every device gradient to the host and waits for them (finishes a pending step first).
+  // Copies every device gradient to the host and waits for them (finishes a pending step first);
+  // with grads_on_host, copies the producer's buffers into the optimizer's if they differ.
   void fetch_grads();
   // One optimizer step over the host groups with lr and gradient scale, then write_back().
   void step(double lr, float grad_scale = 1.f);
@@ -92,6 +102,7 @@ class HostOffload {
   std::vector<OffloadSlice> slices_;
   Device device_;
   bool mixed_ = false;  // device parameters are bf16/f16
+  bool grads_on_host_ = false;
   std::vector<tensor::Tensor> host_grads_;
   std::unique_ptr<offload::CopyStream> copies_;
   std::unique_ptr<Optimizer> optimizer_;

@@ -78,9 +78,16 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
     placement_ = std::move(placement);
   }
   if (mixed_precision()) models::cast_flat_units(units, param_dtype_);
-  reduction_ = std::make_unique<GradientReduction>(model_, *partitioning_,
-                                                   GradientReduction::for_stage(zero_.stage), *dp_,
-                                                   zero_.reduce_bucket_size, zero_.overlap_comm);
+  // ZeRO-Offload at stage 2: the reduced buckets go to the host as backward produces them
+  // (Note [Gradients streamed to the host] in parallel/grad_buckets.h).
+  HostGradients host_grads;
+  host_grads.enabled = zero_.offload_optimizer.enabled && zero_.stage == 2;
+  host_grads.pinned = zero_.offload_optimizer.pin_memory;
+  reduction_ = std::make_unique<GradientReduction>(
+      model_, *partitioning_, GradientReduction::for_stage(zero_.stage), *dp_,
+      zero_.reduce_bucket_size, zero_.overlap_comm, host_grads);
+  if (reduction_->grads_on_host())
+    static_cast<HostPlacement&>(*placement_).use_host_grads(*reduction_);
   ParamGatheringOptions gather;
   gather.partition_params = zero_.stage == 3;
   gather.persistence_threshold = zero_.stage3_param_persistence_threshold;
@@ -108,6 +115,8 @@ void Engine::begin_micro_batch(bool last) {
   STRATA_CHECK(!in_backward_, "begin_micro_batch during backward");
   in_micro_batch_ = true;
   last_micro_batch_ = last;
+  if (last && reduction_->grads_on_host() && !mixed_precision())
+    reduction_->set_last_pass_scales(fp32_last_pass_scales(dp_->size(), scaler_));
   reduction_->begin_pass(last);
   gathering_->begin_pass();
 }
@@ -136,6 +145,12 @@ void Engine::set_pipeline(std::unique_ptr<MicroBatchSchedule> schedule, Pipeline
                     "micro-batch, and a pipeline schedule interleaves the micro-batches' "
                     "forwards and backwards; use stage 0, 1 or 2 (Note [Pipeline in the engine])");
   STRATA_CHECK(sync.tied == nullptr || !sync.tied_units.empty(), "a tied group without units");
+  // The tied copies are summed after the reduction, but host gradients have left the device
+  // with their norm terms and fp32 scales already taken (Note [Gradients streamed to the host]).
+  STRATA_USER_CHECK(sync.tied == nullptr || !reduction_->grads_on_host(),
+                    "zero_optimization.offload_optimizer at stage 2 does not run with a tied "
+                    "embedding split across pipeline stages yet; use zero_optimization.stage 1 "
+                    "with offload, or untie the embedding");
   const int n = static_cast<int>(model_.flat_units().size());
   std::vector<bool> counted(n, true);
   for (int u : sync.tied_units) {

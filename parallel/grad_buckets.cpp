@@ -4,7 +4,10 @@
 
 #include <deque>
 
+#include "offload/copy_stream.h"
 #include "offload/memory_stats.h"
+#include "optim/grad_clip.h"
+#include "tensor/cuda.h"
 #include "tensor/ops.h"
 
 namespace strata::parallel {
@@ -16,6 +19,7 @@ struct GradReducer::State {
     bool launched = false;
     tensor::Tensor staging;
     comm::WorkHandle work;
+    bool to_host = false;  // its range goes to the host partition once reduced
   };
 
   std::vector<models::FlatUnit>* units = nullptr;
@@ -34,8 +38,17 @@ struct GradReducer::State {
   int64_t staged = 0;        // elements of their staging buffers
   std::function<void(int)> on_unit_done;
   std::function<void(const std::string&)> trace;
+  // Note [Gradients streamed to the host]
+  std::unique_ptr<offload::CopyStream> copies;   // when some unit has a host partition
+  std::vector<tensor::Tensor> device_partition;  // [unit]: transient, while its buckets reduce
+  std::vector<size_t> buckets_in;                // [unit]: buckets copied out in this pass
+  std::vector<double> sum_squares;               // [unit]: of the last pass
+  std::vector<float> last_pass_scales;
+  bool accumulated = false;  // the host partitions hold earlier micro-batches of this step
 
   bool reduces(int u) const { return reducing || setup[u].kind == Reduction::IntoPartition; }
+  bool on_host(int u) const { return setup[u].host_partition.defined(); }
+  void* compute_stream() const { return copies->cuda() ? tensor::cuda_current_stream() : nullptr; }
 
   void ensure_full_grads(int u) {
     if (setup[u].kind != Reduction::IntoPartition) return;
@@ -79,9 +92,10 @@ struct GradReducer::State {
     if (s.kind == Reduction::IntoOwnedSlice) {
       out = unit.grads.narrow(0, dp->rank() * s.part.shard + r.begin, n);
     } else {
-      out = s.partition_grad.narrow(0, r.begin, n);
+      out = on_host(u) ? device_range(u, r) : s.partition_grad.narrow(0, r.begin, n);
       tensor::Tensor own = b.staging.narrow(0, dp->rank() * n, n);
       tensor::axpy_(1.f, out, own);  // accumulate over micro-batches (Note [Transient gradients])
+      b.to_host = on_host(u);
     }
     b.work = dp->reduce_scatter(b.staging, out);
     if (synchronous) {
@@ -91,6 +105,45 @@ struct GradReducer::State {
       inflight.push_back(id);
       bound_staging();
     }
+  }
+
+  // Note [Gradients streamed to the host]: range r of unit u's transient device partition,
+  // holding what the host partition holds there (zeros on the step's first micro-batch).
+  tensor::Tensor device_range(int u, Range r) {
+    tensor::Tensor& dev = device_partition[u];
+    const tensor::Tensor& host = setup[u].host_partition;
+    if (!dev.defined()) {
+      offload::CategoryScope scope(offload::Category::Comm);
+      dev = tensor::Tensor::empty(host.shape(), host.dtype(), (*units)[u].grads.device());
+    }
+    tensor::Tensor out = dev.narrow(0, r.begin, r.size());
+    if (!accumulated) {
+      out.zero_();
+      return out;
+    }
+    const tensor::Tensor from = host.narrow(0, r.begin, r.size());
+    copies->wait_for(compute_stream());  // the buffer's memory may have had earlier uses
+    copies->to_device(out.data_ptr(), from.data_ptr(), from.nbytes());
+    copies->order_before(compute_stream());
+    return out;
+  }
+
+  // The bucket's reduction is in: its range goes to the host; the unit's last bucket takes the
+  // sum of squares (last pass) and drops the transient partition.
+  void copy_out(Bucket& b) {
+    b.to_host = false;
+    const int u = b.plan.unit;
+    const Range r = b.plan.per_rank;
+    tensor::Tensor out = device_partition[u].narrow(0, r.begin, r.size());
+    if (reducing)
+      for (float f : last_pass_scales) optim::scale_grads({out}, f);
+    const tensor::Tensor to = setup[u].host_partition.narrow(0, r.begin, r.size());
+    copies->wait_for(compute_stream());
+    copies->to_host(to.data_ptr(), out.data_ptr(), to.nbytes());
+    if (++buckets_in[u] < unit_buckets[u].size()) return;
+    if (reducing) sum_squares[u] = optim::grad_sum_of_squares({device_partition[u]});
+    copies->order_before(compute_stream());
+    device_partition[u] = tensor::Tensor();
   }
 
   // Staging buffers hold a copy of what they reduce until it is done: free those of finished
@@ -113,11 +166,12 @@ struct GradReducer::State {
     inflight.pop_front();
   }
 
-  static void wait(Bucket& b) {
+  void wait(Bucket& b) {
     if (!b.work) return;
     b.work->wait();
     b.work.reset();
     b.staging = {};
+    if (b.to_host) copy_out(b);
   }
 
   void finish_unit(int u) {
@@ -152,6 +206,21 @@ GradReducer::GradReducer(std::vector<models::FlatUnit>& units, std::vector<UnitR
   s.unit_buckets.resize(units.size());
   s.unit_pending.assign(units.size(), 0);
   s.unit_done.assign(units.size(), true);
+  s.device_partition.resize(units.size());
+  s.buckets_in.assign(units.size(), 0);
+  s.sum_squares.assign(units.size(), 0.0);
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!s.on_host(static_cast<int>(u))) continue;
+    const tensor::Tensor& h = s.setup[u].host_partition;
+    STRATA_CHECK(s.setup[u].kind == Reduction::IntoPartition && h.device().is_cpu() &&
+                     h.ndim() == 1 && h.is_contiguous() && h.numel() == s.setup[u].part.shard &&
+                     h.dtype() == units[u].grads.dtype(),
+                 "unit '{}': a host partition must be a contiguous [{}] {} CPU tensor of an "
+                 "IntoPartition unit, got {}",
+                 units[u].name, s.setup[u].part.shard, dtype_name(units[u].grads.dtype()), h.str());
+    if (!s.copies)
+      s.copies = std::make_unique<offload::CopyStream>(units[u].grads.device().is_cuda());
+  }
   for (size_t u = 0; u < units.size(); ++u) {
     const int ui = static_cast<int>(u);
     std::vector<BucketPlan> plans =
@@ -191,6 +260,13 @@ GradReducer::~GradReducer() {
 
 void GradReducer::begin_pass(bool reduce) {
   State& s = *state_;
+  // Note [Gradients streamed to the host]: the previous pass's ranges are on their way to the
+  // host, each copied out with that pass's scales and counted in that pass's units.
+  if (s.copies) {
+    while (!s.inflight.empty()) s.pop_inflight();
+    for (State::Bucket& b : s.buckets) s.wait(b);
+    s.staged = 0;
+  }
   s.reducing = reduce;
   for (State::Bucket& b : s.buckets) {
     b.pending = static_cast<int64_t>(b.plan.params.size());
@@ -199,12 +275,15 @@ void GradReducer::begin_pass(bool reduce) {
   for (size_t u = 0; u < s.units->size(); ++u) {
     s.unit_pending[u] = static_cast<int64_t>((*s.units)[u].variables.size());
     s.unit_done[u] = !s.reduces(static_cast<int>(u));
+    s.buckets_in[u] = 0;
   }
 }
 
 void GradReducer::end_pass() {
   State& s = *state_;
   for (size_t u = 0; u < s.units->size(); ++u) s.finish_unit(static_cast<int>(u));
+  // Every IntoPartition bucket was launched: the next micro-batch adds to what this one left.
+  s.accumulated = true;
 }
 
 void GradReducer::ensure_full_grads(int unit) {
@@ -212,9 +291,25 @@ void GradReducer::ensure_full_grads(int unit) {
 }
 
 void GradReducer::wait_all() {
-  for (State::Bucket& b : state_->buckets) State::wait(b);
-  state_->inflight.clear();
-  state_->staged = 0;
+  State& s = *state_;
+  // In launch order, so host ranges are copied out as they would be one by one.
+  while (!s.inflight.empty()) s.pop_inflight();
+  for (State::Bucket& b : s.buckets) s.wait(b);
+  s.staged = 0;
+  if (s.copies) s.copies->synchronize();
+}
+
+void GradReducer::set_last_pass_scales(std::vector<float> scales) {
+  state_->last_pass_scales = std::move(scales);
+}
+
+void GradReducer::restart_accumulation() {
+  state_->accumulated = false;
+}
+
+double GradReducer::unit_sum_of_squares(int unit) const {
+  STRATA_CHECK(state_->on_host(unit), "unit {} has no host partition", unit);
+  return state_->sum_squares[static_cast<size_t>(unit)];
 }
 
 void GradReducer::set_synchronous(bool on) {

@@ -23,6 +23,23 @@
 // (Category::Comm, freed when the reduction is waited for) laid out as the collective needs;
 // for IntoPartition the rank's own chunk first adds what the partition already holds, so the
 // collective's output is the accumulated gradient and can be written into the partition itself.
+//
+// Note [Gradients streamed to the host]
+// ZeRO-Offload at stage 2 keeps an IntoPartition unit's partition in pinned host memory
+// (UnitReduction::host_partition) instead of on the device, so the device holds no persistent
+// gradient bytes. While the unit's buckets reduce, its partition exists on the device as a
+// transient buffer (Category::Comm) that the reduce-scatters write, exactly as into a persistent
+// partition: a later micro-batch of the step first brings the bucket's range back from the host
+// (a zero-filled range on the step's first micro-batch, as the persistent partition would be), so
+// the arithmetic and its order are those of the device partition. As each bucket's reduction is
+// waited for, its range goes to the host on the copy stream (after the compute stream's work,
+// Note [Copy stream]); on the step's last micro-batch the bucket is first multiplied on the device
+// by the last-pass scales (fp32's 1/dp and 1/loss-scale, in the order DevicePlacement applies
+// them), and once every bucket of the unit is in, the unit's sum of squares is taken on the
+// device over the whole transient partition, the tensor and kernel the norm would read there
+// (unit_sum_of_squares). Then the transient buffer goes; the compute stream is ordered after the
+// copies first, so its memory is not reused while they read it. wait_all() also waits for the
+// copies, so the host partitions are whole when it returns.
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,7 +56,10 @@ enum class Reduction { Allreduce, IntoOwnedSlice, IntoPartition };
 struct UnitReduction {
   Reduction kind = Reduction::Allreduce;
   UnitPartition part;
-  tensor::Tensor partition_grad;  // IntoPartition: [L]
+  tensor::Tensor partition_grad;  // IntoPartition: [L] on the device
+  // IntoPartition, instead of partition_grad: [L] in host memory (pinned for asynchronous copies),
+  // Note [Gradients streamed to the host].
+  tensor::Tensor host_partition;
 };
 
 class GradReducer {
@@ -61,8 +81,19 @@ class GradReducer {
   // Note [Transient gradients]: materialises and zeroes the unit's full gradient buffer if it is
   // released. No-op for other kinds.
   void ensure_full_grads(int unit);
-  // Waits for every launched reduction and frees the staging buffers.
+  // Waits for every launched reduction and frees the staging buffers; with host partitions, also
+  // for their copies.
   void wait_all();
+  // Note [Gradients streamed to the host]: the factors applied in order to each bucket of a host
+  // partition on the step's last micro-batch before it leaves the device (fp32's mean over dp and
+  // loss-scale division); empty: none.
+  void set_last_pass_scales(std::vector<float> scales);
+  // After the step: the host partitions hold nothing of the next step yet (its first micro-batch
+  // adds zeros instead of reading them back).
+  void restart_accumulation();
+  // The device sum of squares of unit u's whole partition after the last micro-batch (host
+  // partitions only), valid once wait_all() returned.
+  double unit_sum_of_squares(int unit) const;
   // overlap_comm = false: each launch waits for its reduction before backward goes on.
   void set_synchronous(bool on);
 

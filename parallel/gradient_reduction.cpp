@@ -1,8 +1,30 @@
 #include "parallel/gradient_reduction.h"
 
 #include "offload/memory_stats.h"
+#include "offload/pinned_allocator.h"
+#include "tensor/storage.h"
 
 namespace strata::parallel {
+
+namespace {
+
+// A zeroed [n] host tensor charged to Category::Grad, from the pinned pool or host memory.
+tensor::Tensor host_partition(int64_t n, DType dtype, bool pinned) {
+  tensor::Tensor t;
+  if (pinned) {
+    auto storage = std::make_shared<tensor::Storage>(
+        static_cast<size_t>(n) * dtype_size(dtype), Device::cpu(),
+        &offload::PinnedAllocator::instance(), offload::Category::Grad);
+    t = tensor::Tensor(std::move(storage), tensor::Shape{n}, tensor::Shape{1}, 0, dtype);
+  } else {
+    offload::CategoryScope scope(offload::Category::Grad);
+    t = tensor::Tensor::empty({n}, dtype);
+  }
+  t.zero_();
+  return t;
+}
+
+}  // namespace
 
 Reduction GradientReduction::for_stage(int stage) {
   if (stage == 0) return Reduction::Allreduce;
@@ -12,8 +34,11 @@ Reduction GradientReduction::for_stage(int stage) {
 
 GradientReduction::GradientReduction(models::CausalLM& model, const Partitioning& parts,
                                      Reduction kind, comm::Communicator& dp, int64_t bucket_size,
-                                     bool overlap_comm)
-    : units_(model.flat_units()), parts_(parts), kind_(kind) {
+                                     bool overlap_comm, const HostGradients& host)
+    : units_(model.flat_units()),
+      parts_(parts),
+      kind_(kind),
+      grads_on_host_(host.enabled && kind == Reduction::IntoPartition) {
   STRATA_CHECK(kind_ == Reduction::Allreduce || parts_.partitioned(),
                "a reduce-scatter into slices needs partitioned units");
   const int n_units = static_cast<int>(units_.size());
@@ -24,6 +49,13 @@ GradientReduction::GradientReduction(models::CausalLM& model, const Partitioning
     s.kind = kind_;
     s.part = parts_.unit(u);
     if (kind_ != Reduction::IntoPartition) continue;
+    if (grads_on_host_) {
+      partition_grads_[u] =
+          host_partition(parts_.unit(u).shard, units_[u].grads.dtype(), host.pinned);
+      s.host_partition = partition_grads_[u];
+      units_[u].grads.storage()->release();  // Note [Transient gradients]
+      continue;
+    }
     {
       offload::CategoryScope scope(offload::Category::Grad);
       partition_grads_[u] = tensor::Tensor::empty({parts_.unit(u).shard}, units_[u].grads.dtype(),
@@ -51,6 +83,11 @@ tensor::Tensor GradientReduction::owned_grad(int u) const {
 }
 
 void GradientReduction::zero_grads() {
+  // The host partitions are overwritten by the next step's first micro-batch, not read.
+  if (grads_on_host_) {
+    reducer_->restart_accumulation();
+    return;
+  }
   for (size_t u = 0; u < units_.size(); ++u) {
     if (kind_ == Reduction::IntoPartition) {
       partition_grads_[u].zero_();

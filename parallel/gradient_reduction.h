@@ -12,6 +12,9 @@
 //                              from module backward pre-hooks installed here.
 // What accumulates across the micro-batches of a step (partitions, or the full buffers) is
 // zeroed after the step by zero_grads().
+// With `HostGradients::enabled` (ZeRO-Offload at stage 2) the IntoPartition partitions live in
+// host memory and each bucket goes there as soon as it is reduced (Note [Gradients streamed to
+// the host] in parallel/grad_buckets.h): the device keeps no persistent gradient bytes.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +29,11 @@
 
 namespace strata::parallel {
 
+struct HostGradients {
+  bool enabled = false;  // IntoPartition partitions on the host (other kinds ignore it)
+  bool pinned = true;    // in pinned memory, so their copies are asynchronous
+};
+
 class GradientReduction {
  public:
   // The reduction ZeRO stage `stage` uses (table above).
@@ -36,14 +44,26 @@ class GradientReduction {
   // (Category::Grad) and releases the full gradient buffers. Installs GradReducer's grad-ready
   // hooks, and under IntoPartition the backward pre-hooks on `model`'s modules.
   GradientReduction(models::CausalLM& model, const Partitioning& parts, Reduction kind,
-                    comm::Communicator& dp, int64_t bucket_size, bool overlap_comm);
+                    comm::Communicator& dp, int64_t bucket_size, bool overlap_comm,
+                    const HostGradients& host = {});
   GradientReduction(const GradientReduction&) = delete;
   GradientReduction& operator=(const GradientReduction&) = delete;
 
   Reduction kind() const { return kind_; }
   // The reduced gradient of this rank's slice of unit u, once wait_all() returned: the
-  // partition buffer (IntoPartition) or a view of the owned slice of the unit's full buffer.
+  // partition buffer (IntoPartition; on the host with grads_on_host()) or a view of the owned
+  // slice of the unit's full buffer.
   tensor::Tensor owned_grad(int u) const;
+  // Whether the owned gradients are host partitions (HostGradients, IntoPartition).
+  bool grads_on_host() const { return grads_on_host_; }
+  // grads_on_host(): the device's sum of squares of owned_grad(u) as the step's last micro-batch
+  // left it, after the last-pass scales; the norm's term for unit u.
+  double owned_sum_of_squares(int u) const { return reducer_->unit_sum_of_squares(u); }
+  // grads_on_host(): factors applied in order to the owned gradients on the device on the step's
+  // last micro-batch (fp32's 1/dp and 1/loss-scale; Note [Gradients streamed to the host]).
+  void set_last_pass_scales(std::vector<float> scales) {
+    reducer_->set_last_pass_scales(std::move(scales));
+  }
 
   // Around each micro-batch's backward; `last`: the step's last micro-batch.
   void begin_pass(bool last) { reducer_->begin_pass(last); }
@@ -59,6 +79,7 @@ class GradientReduction {
   std::vector<models::FlatUnit>& units_;
   const Partitioning& parts_;
   Reduction kind_;
+  bool grads_on_host_ = false;
   std::vector<tensor::Tensor> partition_grads_;  // IntoPartition
   std::unique_ptr<GradReducer> reducer_;
   ModuleHooks hooks_;  // after reducer_: removed before it goes

@@ -4,9 +4,17 @@
 
 #include "offload/memory_stats.h"
 #include "optim/grad_clip.h"
+#include "parallel/gradient_reduction.h"
 #include "parallel/rank_sum.h"
 
 namespace strata::parallel {
+
+std::vector<float> fp32_last_pass_scales(int dp, const optim::LossScaler* scaler) {
+  std::vector<float> f;
+  if (dp > 1) f.push_back(1.f / static_cast<float>(dp));
+  if (scaler != nullptr) f.push_back(static_cast<float>(1.0 / scaler->scale()));
+  return f;
+}
 
 HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
                              DType param_dtype, comm::Communicator& dp,
@@ -25,6 +33,12 @@ HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const P
   }
 }
 
+void HostPlacement::use_host_grads(const GradientReduction& reduction) {
+  STRATA_CHECK(!offload_, "use_host_grads after build()");
+  STRATA_CHECK(reduction.grads_on_host(), "the reduction keeps its gradients on the device");
+  host_grads_ = &reduction;
+}
+
 void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) {
   STRATA_CHECK(!offload_, "the optimizer placement is built once");
   STRATA_CHECK(slices.size() == initial_masters_.size(), "{} slices for {} masters", slices.size(),
@@ -40,8 +54,11 @@ void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory
     host.push_back(std::move(s));
   }
   initial_masters_.clear();
-  offload_ = std::make_unique<optim::HostOffload>(std::move(host), make,
-                                                  optim::HostOffloadOptions{config_.pin_memory});
+  optim::HostOffloadOptions options;
+  options.pin_memory = config_.pin_memory;
+  options.grads_on_host = host_grads_ != nullptr;
+  options.copy_host_grads = options.grads_on_host && config_.delayed_param_update;
+  offload_ = std::make_unique<optim::HostOffload>(std::move(host), make, options);
 }
 
 optim::Optimizer& HostPlacement::optimizer() {
@@ -60,6 +77,17 @@ double HostPlacement::global_sum(double local) const {
   return sum_over_stages(sum_over_ranks_ ? sum_over_ranks(dp_, local, device_) : local, device_);
 }
 
+// This rank's sum of squares over the units the norm counts, added in unit order as
+// grad_sum_of_squares adds its tensors' (Note [Norm across stages]).
+double HostPlacement::local_sum_of_squares() const {
+  if (host_grads_ == nullptr) return optim::grad_sum_of_squares(norm_grads(device_grads_));
+  double total = 0;
+  for (int u = 0; u < static_cast<int>(device_grads_.size()); ++u)
+    if (norm_counted_.empty() || norm_counted_[static_cast<size_t>(u)])
+      total += host_grads_->owned_sum_of_squares(u);
+  return total;
+}
+
 // Note [Offloaded step]: DevicePlacement::step's arithmetic; the update on the host.
 StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* scaler) {
   const std::vector<tensor::Tensor>& grads = device_grads_;
@@ -69,8 +97,7 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
   if (mixed_precision()) {
     double factor = 1.0 / nd;
     if (scaler != nullptr) factor /= scaler->scale();
-    result.grad_norm =
-        std::sqrt(global_sum(optim::grad_sum_of_squares(norm_grads(grads)))) * factor;
+    result.grad_norm = std::sqrt(global_sum(local_sum_of_squares())) * factor;
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;
@@ -78,9 +105,10 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
     const float coef = max_norm > 0 ? optim::clip_coefficient(result.grad_norm, max_norm) : 1.f;
     scale = static_cast<float>(factor * coef);
   } else {
-    if (nd > 1) optim::scale_grads(grads, 1.f / static_cast<float>(nd));
-    if (scaler != nullptr) optim::scale_grads(grads, static_cast<float>(1.0 / scaler->scale()));
-    result.grad_norm = std::sqrt(global_sum(optim::grad_sum_of_squares(norm_grads(grads))));
+    // With host gradients the reduction applied these on the device (fp32_last_pass_scales).
+    if (host_grads_ == nullptr)
+      for (float f : fp32_last_pass_scales(nd, scaler)) optim::scale_grads(grads, f);
+    result.grad_norm = std::sqrt(global_sum(local_sum_of_squares()));
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;

@@ -21,6 +21,12 @@
 // update lands in the next applied step, before its own (a skipped step leaves it pending, so
 // that every rank's slices are allgathered together), or in finish_pending(). optimizer()
 // finishes a pending update first, so whoever reads the states sees them whole.
+// At stage 2 the gradient reduction streams the owned gradients to pinned host partitions during
+// backward (Note [Gradients streamed to the host] in parallel/grad_buckets.h; use_host_grads()):
+// the norm's per-unit terms are then the device sums the reduction took before the copies, fp32's
+// 1/dp and 1/loss-scale were applied on the device there (fp32_last_pass_scales), and the clip
+// coefficient multiplies the host gradients (a single f32 product per element, the bits the
+// device would give).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -40,6 +46,13 @@ struct OffloadOptimizerConfig {  // zero_optimization.offload_optimizer (DeepSpe
   int64_t delayed_param_update_start = 10;  // plain updates before the delayed ones
 };
 
+class GradientReduction;
+
+// fp32 under offload with host gradients: the factors DevicePlacement::step applies in place
+// before the norm (1/dp when dp > 1, then 1/loss-scale with a scaler), for the reduction to apply
+// on the device before the copies.
+std::vector<float> fp32_last_pass_scales(int dp, const optim::LossScaler* scaler);
+
 class HostPlacement final : public OptimizerPlacement {
  public:
   // Before the units are cast to `param_dtype`: copies the fp32 owned slices to the host, where
@@ -47,6 +60,9 @@ class HostPlacement final : public OptimizerPlacement {
   HostPlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
                 DType param_dtype, comm::Communicator& dp, const OffloadOptimizerConfig& config);
 
+  // Before build(), when `reduction` streams the owned gradients to the host
+  // (reduction.grads_on_host()); it must outlive this placement.
+  void use_host_grads(const GradientReduction& reduction);
   void build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) override;
   optim::Optimizer& optimizer() override;
   StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
@@ -59,14 +75,16 @@ class HostPlacement final : public OptimizerPlacement {
  private:
   bool mixed_precision() const { return param_dtype_ != DType::F32; }
   double global_sum(double local) const;
+  double local_sum_of_squares() const;
 
   DType param_dtype_;
   comm::Communicator& dp_;
   bool sum_over_ranks_;
   Device device_;
   OffloadOptimizerConfig config_;
-  std::vector<tensor::Tensor> initial_masters_;  // host fp32, until build()
-  std::vector<tensor::Tensor> device_grads_;     // the owned reduced gradients
+  std::vector<tensor::Tensor> initial_masters_;    // host fp32, until build()
+  std::vector<tensor::Tensor> device_grads_;       // the owned reduced gradients (or host ones)
+  const GradientReduction* host_grads_ = nullptr;  // when they are host partitions
   std::unique_ptr<optim::HostOffload> offload_;
   int64_t delayed_steps_ = 0;
 };

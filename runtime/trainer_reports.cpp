@@ -70,7 +70,7 @@ void Trainer::report_memory() {
     using offload::Tier;
     console_->event(fmt::format(
         "  ZeRO-Offload (rank 0): optimizer states on the host, not in the claim's GPU bytes: "
-        "pinned {} (masters {}, gradient staging {}, parameter staging {}), host {} (moments)",
+        "pinned {} (masters {}, gradients {}, parameter staging {}), host {} (moments)",
         format_bytes(stats.tier_usage(Tier::Pinned).current),
         format_bytes(stats.usage(Tier::Pinned, Category::Optimizer).current),
         format_bytes(stats.usage(Tier::Pinned, Category::Grad).current),

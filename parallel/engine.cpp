@@ -45,7 +45,8 @@ void ZeroConfig::validate() const {
 }
 
 Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
-               const ZeroConfig& zero, OptimizerFactory make_optimizer, DType param_dtype)
+               const ZeroConfig& zero, OptimizerFactory make_optimizer, DType param_dtype,
+               std::optional<Device> device)
     : model_(model), dp_(std::move(dp)), zero_(zero), param_dtype_(param_dtype) {
   STRATA_CHECK(dp_ != nullptr, "the engine needs a dp communicator");
   zero_.validate();
@@ -58,6 +59,12 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
   for (const models::FlatUnit& u : units)
     STRATA_CHECK(u.params.dtype() == DType::F32, "unit '{}' is already {}", u.name,
                  dtype_name(u.params.dtype()));
+
+  // Note [Offload construction]
+  device_ = device.value_or(units.front().params.device());
+  const bool build_on_host =
+      zero_.offload_optimizer.enabled && units.front().params.device() != device_;
+  if (!build_on_host) models::move_flat_units(units, device_);
 
   // Note [Engine parts], in their order.
   partitioning_ = std::make_unique<Partitioning>(units, zero_.stage >= 1, dp_->size(), dp_->rank());
@@ -78,6 +85,7 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
     placement_ = std::move(placement);
   }
   if (mixed_precision()) models::cast_flat_units(units, param_dtype_);
+  if (build_on_host) models::move_flat_units(units, device_);
   // ZeRO-Offload at stage 2: the reduced buckets go to the host as backward produces them
   // (Note [Gradients streamed to the host] in parallel/grad_buckets.h).
   HostGradients host_grads;

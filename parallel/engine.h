@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,14 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // offload add parts, or implementations of one (HostPlacement for ZeRO-Offload, a pipelined
 // MicroBatchSchedule), rather than branches.
 //
+// Note [Offload construction]
+// Given units on the host and a GPU `device`, an engine without offload moves them first, as
+// models::move_flat_units would. With offload_optimizer the fp32 units stay on the host until
+// the placement has taken its masters there and the cast has made them low precision; only then
+// do they move, so the GPU never holds the fp32 parameters and gradients (8 bytes per parameter,
+// where the bf16 model's are 2 + 2, the gradients released again at stage 2). The rank-0
+// broadcast before it goes through the device one unit at a time.
+//
 // Note [Mixed precision]
 // With a low-precision `param_dtype` (BF16, FP16) the engine keeps DeepSpeed's and the ZeRO
 // paper's layout: the model's flat parameters and gradients are bf16/f16 (2 + 2 bytes per
@@ -89,8 +98,11 @@ class Engine {
   // this rank owns and installs the hooks. Collective over `dp`. The model must outlive the
   // engine; after a stage 2/3 engine is gone its buffers stay partitioned.
   // `param_dtype`: F32, or BF16/F16 for mixed precision (Note [Mixed precision]).
+  // `device`: where the flat units train (default: where they are). Units still on the host move
+  // there during construction (Note [Offload construction]).
   Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp, const ZeroConfig& zero,
-         OptimizerFactory make_optimizer, DType param_dtype = DType::F32);
+         OptimizerFactory make_optimizer, DType param_dtype = DType::F32,
+         std::optional<Device> device = std::nullopt);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -234,6 +246,7 @@ class Engine {
   std::shared_ptr<comm::Communicator> dp_;
   ZeroConfig zero_;
   DType param_dtype_ = DType::F32;
+  Device device_;  // where the units train
   // The parts (Note [Engine parts]), in construction order; each later one may refer to the
   // earlier ones, so they go in reverse.
   std::unique_ptr<Partitioning> partitioning_;

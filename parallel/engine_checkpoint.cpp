@@ -76,7 +76,15 @@ void Engine::sync_params() {
   std::vector<comm::WorkHandle> work;
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
     if (gathering_ && gathering_->managed(u)) continue;  // partitioned: from load_shards
-    work.push_back(dp_->broadcast(units[u].params, 0));
+    tensor::Tensor& params = units[u].params;
+    if (params.device() != device_) {
+      // Note [Offload construction]: host units, a device communicator; one unit at a time.
+      tensor::Tensor on_device = params.to(device_);
+      dp_->broadcast(on_device, 0)->wait();
+      params.copy_(on_device);
+      continue;
+    }
+    work.push_back(dp_->broadcast(params, 0));
   }
   for (comm::WorkHandle& w : work) w->wait();
 }

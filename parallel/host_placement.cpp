@@ -43,6 +43,9 @@ void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory
   STRATA_CHECK(!offload_, "the optimizer placement is built once");
   STRATA_CHECK(slices.size() == initial_masters_.size(), "{} slices for {} masters", slices.size(),
                initial_masters_.size());
+  // Built from host units, the engine moves them after this placement's constructor (Note
+  // [Offload construction]): the norm's sums go over the device the parameters train on.
+  if (!slices.empty()) device_ = slices.front().params.device();
   std::vector<optim::OffloadSlice> host;
   for (size_t u = 0; u < slices.size(); ++u) {
     optim::OffloadSlice s;

@@ -290,8 +290,9 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
     }
   }
   // Note [Training on the GPU]: the zoo builds (and init_from loads) on the host; the flat units
-  // move before the Engine takes views of them.
-  models::move_flat_units(model_->flat_units(), device_);
+  // move before the Engine takes views of them, or, with ZeRO-Offload, inside the Engine once it
+  // has the fp32 masters on the host (Note [Offload construction] in parallel/engine.h).
+  if (!c.zero.offload_optimizer.enabled()) models::move_flat_units(model_->flat_units(), device_);
 
   unit_sizes_ = parallel::unit_sizes(*model_);  // before the engine pads them (Note [ZeRO padding])
   engine_ = with_config_context(c, "zero_optimization", [&] {
@@ -300,7 +301,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         [&c](std::vector<optim::ParamGroup> groups) {
           return make_optimizer(c, std::move(groups));
         },
-        param_dtype(c.run.dtype));
+        param_dtype(c.run.dtype), device_);
   });
   if (pp_size_ > 1)  // Note [Pipeline in the engine]: the stage's GPipe / 1F1B schedule
     pipeline_ = &parallel::install_pipeline(

@@ -227,5 +227,51 @@ TEST(OffloadGpu, ModelStatesOnTheGpuDropFromSixteenToTwoBytesPerParameter) {
   }
 }
 
+// Note [Offload construction]: an engine given host units and the GPU takes the masters on the
+// host and moves only the bf16 units, so the GPU's peak while it is built is the bf16 parameters
+// and gradients (2 + 2 bytes per padded parameter), not the fp32 model's 8; it then trains with
+// the bits of an engine built from units moved first.
+TEST(OffloadGpu, BuildingFromHostUnitsKeepsTheFp32ModelOffTheGpu) {
+  SKIP_WITHOUT_GPU();
+  offload::MemoryStats& stats = offload::MemoryStats::global();
+  TrainSpec s;
+  s.steps = 2;
+  s.max_norm = 0.5;
+  std::vector<std::vector<uint8_t>> params[2];
+  std::vector<double> losses[2];
+  for (int from_host = 0; from_host < 2; ++from_host) {
+    SCOPED_TRACE(from_host ? "from the host" : "moved first");
+    std::unique_ptr<models::gpt2::GPT2> model;
+    if (from_host) {
+      model = std::make_unique<models::gpt2::GPT2>(strata::testing::tiny_config(s), s.seed);
+    }
+    const int64_t gpu_before = stats.tier_usage(offload::Tier::Gpu).current;
+    stats.reset_peaks();
+    if (!from_host) model = gpu_model(s);
+    Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), zero(2, true),
+                  strata::testing::adamw_factory(), DType::BF16, kGpu);
+    const int64_t peak = stats.tier_usage(offload::Tier::Gpu).peak - gpu_before;
+    int64_t padded = 0;
+    for (const models::FlatUnit& u : model->flat_units()) {
+      padded += u.params.numel();
+      EXPECT_TRUE(u.params.device().is_cuda());
+      EXPECT_EQ(u.params.dtype(), DType::BF16);
+    }
+    if (from_host) {
+      EXPECT_LE(peak, 4 * padded);
+    } else {
+      EXPECT_GE(peak, 8 * padded);  // the fp32 parameters and gradients
+    }
+    std::printf("GPU peak while the engine is built (%s): %.2f bytes/parameter\n",
+                from_host ? "host units" : "units moved first", static_cast<double>(peak) / padded);
+    for (int step = 0; step < s.steps; ++step)
+      losses[from_host].push_back(gpu_step(engine, s, step));
+    for (const models::FlatUnit& u : model->flat_units())
+      params[from_host].push_back(bytes(u.params));
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(params[1], params[0]);
+}
+
 }  // namespace
 }  // namespace strata::parallel

@@ -56,9 +56,11 @@
 // SXM at its peaks (the emulated device reports an H100 SXM's), without any GPU.
 //
 // --offload steps with ZeRO-Offload's host placement (Note [Offloaded step] in
-// parallel/host_placement.h): the GPU keeps the bf16 parameters and gradients, the host the fp32
-// masters, the moments and the AdamW step; --dpu N adds the delayed parameter update after N plain
-// updates. Peak GPU memory and --fill then show what leaving the optimizer states on the host buys.
+// parallel/host_placement.h) at ZeRO-2: the GPU keeps the bf16 parameters, the host the
+// gradients (streamed there during backward), the fp32 masters, the moments and the AdamW step;
+// the engine takes the masters on the host before the model moves (Note [Offload construction] in
+// parallel/engine.h). --dpu N adds the delayed parameter update after N plain updates. Peak GPU
+// memory and --fill then show what leaving the optimizer states on the host buys.
 //
 // --device cpu runs the same program on the host (no --fill): a smoke test of it on a machine
 // without a GPU, with a small model (--models gpt2-tiny --T 64); its numbers mean nothing.
@@ -124,7 +126,7 @@ struct Options {
   int profile = 0;        // --profile N: N more steps timed per op (Note [CUDA op profiler])
   bool launches = false;  // --launches: the emulator's launch sites of the timed steps
   bool offload =
-      false;  // --offload: ZeRO-Offload (ZeRO-1 over one rank, the optimizer on the host)
+      false;  // --offload: ZeRO-Offload (ZeRO-2 over one rank, the optimizer on the host)
   int64_t dpu_start = -1;  // --dpu N: with --offload, the delayed update after N plain updates
 
   Device device() const { return on_cpu ? Device::cpu() : Device::cuda(0); }
@@ -238,7 +240,9 @@ class Bench {
     mo.seed = o.seed;
     if (o.recompute_gelu) mo.overrides["recompute_gelu"] = "true";
     model_ = models::ModelRegistry::global().create(name, mo);
-    models::move_flat_units(model_->flat_units(), device_);
+    // With offload the Engine moves the units once the masters are on the host (Note [Offload
+    // construction] in parallel/engine.h), as `train` does.
+    if (!o.offload) models::move_flat_units(model_->flat_units(), device_);
     optim::AdamWConfig ac;
     ac.lr = kLr;
     ac.beta1 = 0.9;
@@ -247,7 +251,9 @@ class Bench {
     ac.weight_decay = 0.1;
     parallel::ZeroConfig zero;
     if (o.offload) {
-      zero.stage = 1;  // one rank owns everything: the step is stage 0's
+      // One rank owns everything: the step is stage 0's. Stage 2 streams the gradients to the
+      // host during backward (Note [Gradients streamed to the host] in parallel/grad_buckets.h).
+      zero.stage = 2;
       zero.offload_optimizer.enabled = true;
       zero.offload_optimizer.delayed_param_update = o.dpu_start >= 0;
       zero.offload_optimizer.delayed_param_update_start = std::max<int64_t>(o.dpu_start, 0);
@@ -257,7 +263,7 @@ class Bench {
         [ac](std::vector<optim::ParamGroup> groups) {
           return std::make_unique<optim::AdamW>(std::move(groups), ac);
         },
-        o.dtype == "bf16" ? DType::BF16 : DType::F32);
+        o.dtype == "bf16" ? DType::BF16 : DType::F32, device_);
   }
 
   int64_t vocab_size() const { return model_->vocab_size(); }

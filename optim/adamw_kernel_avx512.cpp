@@ -42,22 +42,42 @@ inline __m512i to_f16_lanes(__m512 x) {
       _mm512_cvtps_ph(clean, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-template <DType kOut>
+// Full vectors (kMasked false) load and store without a mask: AVX-512 masked stores are slow on
+// some cores (AMD Zen 4), and the narrowing store of the model copy as a masked VPMOVDW to memory
+// even more so, so it is narrowed in a register and stored as 256 bits. The tail uses masks. The
+// arithmetic is the same either way.
+template <DType kOut, bool kMasked>
 inline void step16(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, uint16_t* lp,
                    __mmask16 mask, const Consts& c) {
-  const __m512 g = _mm512_maskz_loadu_ps(mask, grad);
-  __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, param), c.decay);
-  const __m512 m = _mm512_add_ps(_mm512_mul_ps(c.beta1, _mm512_maskz_loadu_ps(mask, exp_avg)),
-                                 _mm512_mul_ps(c.omb1, g));
-  const __m512 v = _mm512_add_ps(_mm512_mul_ps(c.beta2, _mm512_maskz_loadu_ps(mask, exp_avg_sq)),
+  auto load = [mask](const float* x) {
+    return kMasked ? _mm512_maskz_loadu_ps(mask, x) : _mm512_loadu_ps(x);
+  };
+  auto store = [mask](float* x, __m512 y) {
+    if constexpr (kMasked) {
+      _mm512_mask_storeu_ps(x, mask, y);
+    } else {
+      _mm512_storeu_ps(x, y);
+    }
+  };
+  auto store_low = [mask](uint16_t* x, __m512i lanes) {
+    if constexpr (kMasked) {
+      _mm512_mask_cvtepi32_storeu_epi16(x, mask, lanes);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), _mm512_cvtepi32_epi16(lanes));
+    }
+  };
+  const __m512 g = load(grad);
+  __m512 p = _mm512_mul_ps(load(param), c.decay);
+  const __m512 m = _mm512_add_ps(_mm512_mul_ps(c.beta1, load(exp_avg)), _mm512_mul_ps(c.omb1, g));
+  const __m512 v = _mm512_add_ps(_mm512_mul_ps(c.beta2, load(exp_avg_sq)),
                                  _mm512_mul_ps(_mm512_mul_ps(c.omb2, g), g));
   const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), c.bc2_sqrt), c.eps);
   p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(c.step_size, m), denom));
-  _mm512_mask_storeu_ps(param, mask, p);
-  _mm512_mask_storeu_ps(exp_avg, mask, m);
-  _mm512_mask_storeu_ps(exp_avg_sq, mask, v);
-  if constexpr (kOut == DType::BF16) _mm512_mask_cvtepi32_storeu_epi16(lp, mask, to_bf16_lanes(p));
-  if constexpr (kOut == DType::F16) _mm512_mask_cvtepi32_storeu_epi16(lp, mask, to_f16_lanes(p));
+  store(param, p);
+  store(exp_avg, m);
+  store(exp_avg_sq, v);
+  if constexpr (kOut == DType::BF16) store_low(lp, to_bf16_lanes(p));
+  if constexpr (kOut == DType::F16) store_low(lp, to_f16_lanes(p));
 }
 
 template <DType kOut>
@@ -67,11 +87,14 @@ void run(const AdamWBuffers& b, const AdamWScalars& s, int64_t begin, int64_t en
                  _mm512_set1_ps(s.one_minus_beta2),       _mm512_set1_ps(s.step_size),
                  _mm512_set1_ps(s.bias_correction2_sqrt), _mm512_set1_ps(s.eps)};
   auto* lp = static_cast<uint16_t*>(b.low_precision);
-  for (int64_t i = begin; i < end; i += kWidth) {
-    const int64_t k = end - i;
-    const __mmask16 mask = k >= kWidth ? __mmask16(0xffff) : __mmask16((1u << k) - 1u);
-    step16<kOut>(b.param + i, b.grad + i, b.exp_avg + i, b.exp_avg_sq + i,
-                 lp == nullptr ? nullptr : lp + i, mask, c);
+  auto at = [lp](int64_t i) { return lp == nullptr ? nullptr : lp + i; };
+  int64_t i = begin;
+  for (; i + kWidth <= end; i += kWidth)
+    step16<kOut, false>(b.param + i, b.grad + i, b.exp_avg + i, b.exp_avg_sq + i, at(i),
+                        __mmask16(0xffff), c);
+  if (i < end) {
+    const __mmask16 mask = __mmask16((1u << (end - i)) - 1u);
+    step16<kOut, true>(b.param + i, b.grad + i, b.exp_avg + i, b.exp_avg_sq + i, at(i), mask, c);
   }
 }
 

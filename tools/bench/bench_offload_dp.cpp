@@ -1,0 +1,199 @@
+// bench_offload_dp: ZeRO-Offload's CPU step against the data-parallel degree, on CPU ranks.
+//
+//   mpirun -np P bench_offload_dp [--model gpt2-tiny] [--embd E] [--layers L] [--seq T]
+//                                 [--micro B] [--steps S] [--dtype bf16|fp32]
+//
+// With ZeRO-2 and offload_optimizer each rank keeps and updates only its 1/dp partition of the
+// fp32 masters and moments (Note [Offloaded step] in parallel/host_placement.h), so the step's
+// host work (the CPU AdamW over the partition, the copies) falls as dp grows (issue 54). Here the
+// "device" is the CPU too (the CPU tier: the copies are memcpy), so the numbers are the host side
+// alone. Rank 0 first trains the model alone (dp 1) while the others wait; then the P ranks train
+// it at dp P. For each the table gives the medians over S steps after one warm-up of the
+// forward + backward, of Engine::step (norm, CPU AdamW, write-back, allgather) and of the CPU
+// AdamW alone (the host optimizer's step over this rank's partition, called directly after the
+// training steps), slowest rank, with the speed-ups against dp 1 beside the ideal P. Give every
+// rank the same threads (OMP_NUM_THREADS) and cores of its own, or the numbers measure
+// oversubscription.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/self_communicator.h"
+#include "comm/world.h"
+#include "core/error.h"
+#include "models/registry.h"
+#include "optim/adamw.h"
+#include "parallel/engine.h"
+
+namespace {
+
+using namespace strata;
+
+struct Args {
+  std::string model = "gpt2-tiny";
+  int64_t embd = 256;
+  int64_t layers = 4;
+  int64_t seq = 64;
+  int64_t micro = 2;
+  int steps = 5;
+  std::string dtype = "bf16";
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    const bool has = i + 1 < argc;
+    if (k == "--model" && has) {
+      a.model = argv[++i];
+    } else if (k == "--embd" && has) {
+      a.embd = std::atoll(argv[++i]);
+    } else if (k == "--layers" && has) {
+      a.layers = std::atoll(argv[++i]);
+    } else if (k == "--seq" && has) {
+      a.seq = std::atoll(argv[++i]);
+    } else if (k == "--micro" && has) {
+      a.micro = std::atoll(argv[++i]);
+    } else if (k == "--steps" && has) {
+      a.steps = std::atoi(argv[++i]);
+    } else if (k == "--dtype" && has) {
+      a.dtype = argv[++i];
+    } else {
+      user_error(
+          "unknown argument '{}'; usage: bench_offload_dp [--model NAME] [--embd E] [--layers L] "
+          "[--seq T] [--micro B] [--steps S] [--dtype bf16|fp32]",
+          k);
+    }
+  }
+  STRATA_USER_CHECK(a.embd >= 1 && a.layers >= 1 && a.seq >= 1 && a.micro >= 1 && a.steps >= 1,
+                    "--embd, --layers, --seq, --micro and --steps must be positive");
+  STRATA_USER_CHECK(a.dtype == "bf16" || a.dtype == "fp32",
+                    "--dtype must be bf16 or fp32, got '{}'", a.dtype);
+  return a;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double max_over(comm::Communicator& c, double x) {
+  tensor::Tensor t = tensor::full({1}, x);
+  c.allreduce(t, comm::ReduceOp::Max)->wait();
+  return static_cast<double>(t.item<float>());
+}
+
+struct Times {
+  double fwd_bwd = 0, step = 0, adamw = 0;
+  int64_t params = 0;
+};
+
+// S + 1 steps of the manual protocol (Note [Engine step]) at dp = comm's size; the medians of
+// the slowest rank's times after the first step.
+Times run(const Args& a, const models::ModelOptions& options, std::shared_ptr<comm::Communicator> c,
+          comm::Communicator* sync) {
+  std::unique_ptr<models::CausalLM> model =
+      models::ModelRegistry::global().create(a.model, options);
+  parallel::ZeroConfig zero;
+  zero.stage = 2;
+  zero.offload_optimizer.enabled = true;
+  parallel::Engine engine(
+      *model, c, zero,
+      [](std::vector<optim::ParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+        return std::make_unique<optim::AdamW>(std::move(groups), optim::AdamWConfig{});
+      },
+      a.dtype == "bf16" ? DType::BF16 : DType::F32);
+  Times out;
+  for (const models::FlatUnit& u : model->flat_units()) out.params += u.params.numel();
+  const int64_t vocab = model->vocab_size();
+  std::vector<double> fb, st;
+  for (int s = 0; s <= a.steps; ++s) {
+    std::mt19937_64 rng(static_cast<uint64_t>(s * 1000 + c->rank()));
+    std::vector<int64_t> ids(static_cast<size_t>(a.micro * a.seq)), targets(ids.size());
+    for (size_t k = 0; k < ids.size(); ++k) {
+      ids[k] = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+      targets[k] = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+    }
+    const tensor::Tensor x = tensor::from_ints(ids, {a.micro, a.seq});
+    const tensor::Tensor y = tensor::from_ints(targets, {a.micro, a.seq});
+    if (sync != nullptr) sync->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.begin_micro_batch(/*last=*/true);
+    autograd::Variable loss = model->loss(x, y);
+    engine.backward(loss);
+    const auto t1 = std::chrono::steady_clock::now();
+    engine.step(1e-4, 1.0);
+    const auto t2 = std::chrono::steady_clock::now();
+    if (s == 0) continue;
+    double f = std::chrono::duration<double>(t1 - t0).count();
+    double g = std::chrono::duration<double>(t2 - t1).count();
+    if (sync != nullptr) {
+      f = max_over(*sync, f);
+      g = max_over(*sync, g);
+    }
+    fb.push_back(f);
+    st.push_back(g);
+  }
+  out.fwd_bwd = median(fb);
+  out.step = median(st);
+  // The host optimizer over this rank's partition: what falls as 1/dp.
+  optim::Optimizer& opt = engine.optimizer();
+  std::vector<double> ad;
+  for (int s = 0; s <= a.steps; ++s) {
+    if (sync != nullptr) sync->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.step(1e-4);
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (sync != nullptr) t = max_over(*sync, t);
+    if (s > 0) ad.push_back(t);
+  }
+  out.adamw = median(ad);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse(argc, argv);
+    auto world = comm::init_world("mpi", Device::cpu(), std::chrono::minutes(5));
+    const int p = world->size(), rank = world->rank();
+    models::ModelOptions options;
+    options.overrides["n_layer"] = std::to_string(args.layers);
+    options.overrides["n_embd"] = std::to_string(args.embd);
+    options.overrides["n_positions"] = std::to_string(args.seq);
+    Times one;
+    if (rank == 0)
+      one = run(args, options, std::make_shared<comm::SelfCommunicator>("dp"), nullptr);
+    world->barrier();
+    const Times many = run(args, options, world, world.get());
+    if (rank == 0) {
+      std::printf(
+          "bench_offload_dp: %s, n_embd %lld, %lld layers, %lld padded parameters, %s, ZeRO-2 with "
+          "offload_optimizer on CPU ranks, micro-batch %lld x %lld tokens per rank, medians of %d "
+          "steps (slowest rank)\n\n| dp | forward+backward ms | Engine::step ms | step speed-up | "
+          "CPU AdamW ms | AdamW speed-up | ideal |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+          args.model.c_str(), static_cast<long long>(args.embd),
+          static_cast<long long>(args.layers), static_cast<long long>(one.params),
+          args.dtype.c_str(), static_cast<long long>(args.micro), static_cast<long long>(args.seq),
+          args.steps);
+      std::printf("| 1 | %.2f | %.2f | 1.00 | %.2f | 1.00 | 1.00 |\n", 1e3 * one.fwd_bwd,
+                  1e3 * one.step, 1e3 * one.adamw);
+      if (p > 1)
+        std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %d.00 |\n", p, 1e3 * many.fwd_bwd,
+                    1e3 * many.step, one.step / many.step, 1e3 * many.adamw, one.adamw / many.adamw,
+                    p);
+    }
+    world.reset();
+    comm::finalize_world();
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_offload_dp: %s\n", e.what());
+    comm::abort_world(1);
+  }
+}

@@ -377,5 +377,24 @@ TEST(PipelineEngine, RefusesZero3) {
   EXPECT_THROW(Pipeline("gpt2", s, n >= 2 ? 2 : 1, k1F1B, z), UserError);
 }
 
+// Stage-2 offload streams the gradients to the host during backward (Note [Gradients streamed
+// to the host]), before the tied embedding's copies would be summed across the stages: refused,
+// naming the keys. Stage 1 with offload runs it (Gpt2Pp2Zero1OffloadOneFOneBM4Clip).
+TEST(PipelineEngine, RefusesStageTwoOffloadWithATiedEmbeddingAcrossStages) {
+  if (world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  TrainSpec s;
+  ZeroConfig z;
+  z.stage = 2;
+  z.offload_optimizer.enabled = true;
+  try {
+    Pipeline p("gpt2", s, 2, k1F1B, z);
+    ADD_FAILURE() << "the layout was accepted";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("zero_optimization.offload_optimizer"), std::string::npos) << what;
+    EXPECT_NE(what.find("tied embedding"), std::string::npos) << what;
+  }
+}
+
 }  // namespace
 }  // namespace strata::parallel

@@ -28,6 +28,13 @@
 #                                           (the default) and with cuBLASLt's DGELU_BGRAD
 #                                           epilogue (STRATA_LINEAR_DGELU=epilogue): the
 #                                           linear_backward_gelu rows decide the default
+#   bash tools/gpu_session.sh ce [MODEL [ARGS...]]
+#                                           there: Strata-only step benchmarks of MODEL (gpt2
+#                                           --B 64 by default) with the per-op table, the fused
+#                                           cross-entropy with its row in registers (the default)
+#                                           and read twice (STRATA_CE_ROW_CACHE=off): the
+#                                           cross_entropy_fused rows give each one's GB/s and %
+#                                           of bound (the same bits either way)
 #   bash tools/gpu_session.sh triage [FILTER]
 #                                           there: each test_cuda test of FILTER (a gtest
 #                                           filter; every test by default) in a process of its
@@ -47,7 +54,7 @@
 #
 # There, the command is e.g. `bash tools/gpu_session.sh check` with carry [".gpu"]; $OUT gets
 # smi.txt, test_cuda.log, train.log, bench.md, bench_grad_into_buffer_off.md (and bench-*.md from
-# `bench`, switch-*.md from `switches`, dgelu-*.md from `dgelu`, decode.md, decode_split_off.md and decode_candidates.md
+# `bench`, switch-*.md from `switches`, dgelu-*.md from `dgelu`, ce-*.md from `ce`, decode.md, decode_split_off.md and decode_candidates.md
 # from `decode`, triage.md and triage/*.log from `triage`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -192,6 +199,22 @@ case ${1:-} in
         --profile 3 "$@" > "$OUT/dgelu-$model-$name.md" 2>> "$OUT/dgelu-$model.log"
       echo "bench $model $sw exit $?" | tee -a "$OUT/dgelu-$model.log"
       cat "$OUT/dgelu-$model-$name.md"
+    done
+    ;;
+  ce)
+    device_env
+    model=${2:-gpt2}
+    shift $(($# < 2 ? $# : 2))
+    (($# > 0)) || set -- --B 64
+    set +e
+    # Two runs of at most 270 s each: under the 600 s a command may take. Note [CUDA fused
+    # cross-entropy]: the register cache changes where the second pass reads the row from, not
+    # the bits, so only the cross_entropy_fused rows differ.
+    for sw in on off; do
+      STRATA_CE_ROW_CACHE=$sw timeout 270 "$BUILD/bin/bench_gpt2_cuda" --models "$model" \
+        --warmup 2 --steps 5 --profile 3 "$@" > "$OUT/ce-$model-$sw.md" 2>> "$OUT/ce-$model.log"
+      echo "bench $model STRATA_CE_ROW_CACHE=$sw exit $?" | tee -a "$OUT/ce-$model.log"
+      grep -E '^\| (impl|strata|op|cross_entropy)' "$OUT/ce-$model-$sw.md"
     done
     ;;
   triage)

@@ -36,6 +36,15 @@ inline bool split_decode_attention() {
   return split;
 }
 
+// STRATA_CE_ROW_CACHE (Note [CUDA fused cross-entropy] in embedding_loss.cu), read once.
+inline bool ce_row_cache() {
+  static const bool cache =
+      env_choice("STRATA_CE_ROW_CACHE",
+                 {{"on", "the fused cross-entropy keeps its row in registers between its passes"},
+                  {"off", "the fused cross-entropy reads its row again for the gradient"}}) == 0;
+  return cache;
+}
+
 inline Strided view_of(const Tensor& t) {
   STRATA_CHECK(t.ndim() <= kMaxDims, "CUDA kernels take at most {} dims, got {}", kMaxDims,
                t.str());

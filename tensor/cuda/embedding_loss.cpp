@@ -44,10 +44,22 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, Tens
            "embedding_backward");
 }
 
+namespace {
+
+// The cross-entropy kernels number a row's columns in 32 bits (Note [CUDA cross-entropy]).
+void check_row_length(const Tensor& logits, const char* op) {
+  STRATA_CHECK(logits.size(1) < (int64_t{1} << 31),
+               "CUDA {}: rows of {} logits; the kernels take rows of fewer than 2^31", op,
+               logits.size(1));
+}
+
+}  // namespace
+
 void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                         int64_t ignore_index, int64_t classes, Tensor& losses,
                                         Tensor& lse) {
   OpScope prof(stream_, "cross_entropy_forward", 0, bytes_of({&logits, &targets, &losses, &lse}));
+  check_row_length(logits, "cross_entropy_forward");
   const int64_t n = logits.size(0), v = logits.size(1);
   if (n == 0) return;
   int* bad = checked_launch(fmt::format(
@@ -73,6 +85,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
                                          int64_t ignore_index, int64_t classes, Tensor& dlogits) {
   OpScope prof(stream_, "cross_entropy_backward", 0, bytes_of({&logits, &targets, &lse, &dlogits}));
   // Targets were validated by the forward; an out-of-range one here only misses its one-hot.
+  check_row_length(logits, "cross_entropy_backward");
   launched(launch_cross_entropy_backward(compute_dt("cross_entropy_backward", logits, dlogits),
                                          logits.data_ptr(), targets.data_ptr(),
                                          targets.dtype() == DType::I64, lse.data<float>(),
@@ -84,19 +97,21 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
 void CudaBackend::cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                       int64_t classes, float grad, const Tensor& norm,
                                       Tensor& losses, Tensor& lse) {
-  // Reads the logits once and writes them once (Note [CUDA fused cross-entropy]).
+  // Reads the logits once and writes them once (Note [CUDA fused cross-entropy]; twice with
+  // STRATA_CE_ROW_CACHE=off or rows too wide for its register cache).
   OpScope prof(stream_, "cross_entropy_fused", 0,
                bytes_of({&logits, &targets, &losses, &lse, &logits}));
+  check_row_length(logits, "cross_entropy_fused");
   const int64_t n = logits.size(0), v = logits.size(1);
   if (n == 0) return;
   int* bad = checked_launch(fmt::format(
       "cross_entropy: a target is outside [0, {}) and is not the ignore_index {}; check the "
       "dataset against vocab_size",
       classes, ignore_index));
-  launched(launch_cross_entropy_fused(compute_dt("cross_entropy", logits), logits.data_ptr(),
-                                      targets.data_ptr(), targets.dtype() == DType::I64,
-                                      ignore_index, losses.data<float>(), lse.data<float>(), n, v,
-                                      classes, bad, grad, norm.data<float>(), stream_),
+  launched(launch_cross_entropy_fused(
+               compute_dt("cross_entropy", logits), logits.data_ptr(), targets.data_ptr(),
+               targets.dtype() == DType::I64, ignore_index, losses.data<float>(), lse.data<float>(),
+               n, v, classes, bad, grad, norm.data<float>(), ce_row_cache(), stream_),
            "cross_entropy_fused");
 }
 

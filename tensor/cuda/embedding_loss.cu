@@ -27,6 +27,7 @@
 // sum stay f32.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "tensor/cuda/common.cuh"
 
@@ -166,18 +167,70 @@ __global__ void embedding_bwd(const uint64_t* keys, int64_t n, const TD* dout, T
 
 // Note [CUDA cross-entropy]
 // A row is [ld] logits of which the first v take part (Backend::cross_entropy_*: the padding
-// columns of a padded vocabulary are skipped in place). The forward reads the row once: each
-// thread keeps an online (max, sum of exp(x - max)) pair over its elements, and the pairs are
-// merged by a fixed tree, so the result does not depend on timing. Rows whose start is 16-byte
-// aligned are read in 128-bit packs (8 bf16/f16 or 4 f32) with a scalar tail; the backward writes
-// the whole row, the skipped columns as 0, in packs too.
+// columns of a padded vocabulary are skipped in place). One block of row_threads(v) threads per
+// row; the forward reads the row once. Aligned rows are read in 128-bit packs (8 bf16/f16 or 4
+// f32) with a scalar tail: thread i takes packs i, i + T, i + 2T, ... in that order, then tail
+// elements. Each thread keeps an online (max, sum of exp(x - max)) pair, updated once per pack
+// (max_sum_add_pack: the pack's max, at most one rescale, then the pack's exps added in element
+// order), so a pack's exps are independent and only the additions are a chain; the tail and
+// unaligned rows take one element at a time (max_sum_add). A fixed tree merges the pairs. A
+// thread loads kCeBatch packs before it adds the first (more loads in flight; the same order of
+// additions). Every exp is the accurate expf, as on the CPU.
+// The backward (ce_grad_row) writes the whole row, the skipped columns as 0, in packs too:
+// p = expf(x - lse), (p - 1 at the target, else p) * dloss, rounded once; an ignored row is all
+// zeros, and columns at or past v are written without being read.
+// Numerics: the gradient is a function of (x, lse, dloss) element by element, so its bits do not
+// depend on the launch. lse (so the losses) depends on the order above: a per-element online
+// update (max_sum_add on every element) adds the same expf terms but rescales the sum at each new
+// maximum instead of once per pack, so it can differ in the last bits. Which thread sums which
+// element, and the tree, depend only on (v, dtype, row alignment), never on the register cache of
+// Note [CUDA fused cross-entropy]. A +inf logit makes lse NaN (exp(inf - inf)), as on the CPU.
+constexpr int kCeBatch = 4;  // packs loaded before the first is used (streaming passes)
+
 __device__ __forceinline__ void max_sum_add(float& m, float& s, float x) {
   if (x > m) {
-    s = s * expf(m - x) + 1.f;  // m == -inf: expf(-inf) == 0
+    s = s * expf(m - x) + expf(x - x);  // m == -inf: expf(-inf) == 0; 1, or NaN for x == +inf
     m = x;
   } else if (x != -INFINITY) {
     s += expf(x - m);  // NaN x gives a NaN sum, as the CPU's max-then-sum does
   }
+}
+
+// A pack's elements as f32 (to_f32 of each). bf16 widens the pack's 32-bit words in place, which
+// keeps ptxas from splitting cached packs into 16-bit halves in registers of their own.
+template <typename T>
+__device__ __forceinline__ void unpack_f32(const Pack<T>& pk, float (&x)[Pack<T>::kN]) {
+#pragma unroll
+  for (int e = 0; e < Pack<T>::kN; ++e) x[e] = to_f32(pk.v[e]);
+}
+template <>
+__device__ __forceinline__ void unpack_f32(const Pack<__nv_bfloat16>& pk, float (&x)[8]) {
+  uint32_t w[4];
+  memcpy(w, &pk, sizeof w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = __uint_as_float(w[i] << 16);
+    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// One pack: its max (fmaxf skips NaN, which still makes the sum NaN), one rescale if it is new,
+// then each element's exp added in order; -inf adds nothing (while m is -inf its exp is NaN).
+template <typename T>
+__device__ __forceinline__ void max_sum_add_pack(float& m, float& s, const Pack<T>& pk) {
+  constexpr int P = Pack<T>::kN;
+  float x[P];
+  unpack_f32(pk, x);
+  float pm = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < P; ++e) pm = fmaxf(pm, x[e]);
+  if (pm > m) {
+    s = s * expf(m - pm);  // m == -inf: expf(-inf) == 0
+    m = pm;
+  }
+#pragma unroll
+  for (int e = 0; e < P; ++e)
+    if (x[e] != -INFINITY) s += expf(x[e] - m);
 }
 
 __device__ __forceinline__ void max_sum_merge(float& m, float& s, float m2, float s2) {
@@ -212,27 +265,130 @@ __device__ __forceinline__ bool device_aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
+// This thread's (max, sum) pair over the first v elements of its row (Note [CUDA cross-entropy]).
+// C > 0 keeps the thread's packs in `cache` (cache[c] is pack threadIdx.x + c * T) for the
+// gradient sweep of ce_fused; the launcher guarantees C * T >= v / P then. C == 0 streams the
+// packs kCeBatch at a time. Both add the same values in the same order.
+template <typename T, int C>
+__device__ __forceinline__ void ce_thread_max_sum(const T* xr, int64_t v, bool aligned,
+                                                  Pack<T> (&cache)[C > 0 ? C : 1], float& m,
+                                                  float& s) {
+  constexpr int P = Pack<T>::kN;
+  const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  m = -INFINITY;
+  s = 0.f;
+  int64_t done = 0;
+  if (aligned) {
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+    const int packs = static_cast<int>(v / P);
+    if constexpr (C > 0) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (tid + c * nt < packs) cache[c] = xp[tid + c * nt];
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (tid + c * nt < packs) max_sum_add_pack(m, s, cache[c]);
+    } else {
+      for (int k = tid; k < packs; k += kCeBatch * nt) {
+        Pack<T> pk[kCeBatch];
+#pragma unroll
+        for (int u = 0; u < kCeBatch; ++u)
+          if (k + u * nt < packs) pk[u] = xp[k + u * nt];
+#pragma unroll
+        for (int u = 0; u < kCeBatch; ++u)
+          if (k + u * nt < packs) max_sum_add_pack(m, s, pk[u]);
+      }
+    }
+    done = packs * P;
+  }
+  for (int64_t j = done + threadIdx.x; j < v; j += nt) max_sum_add(m, s, to_f32(xr[j]));
+}
+
+// A row's gradient parameters in 32-bit columns (rows are under 2^31, checked by CudaBackend):
+// vv columns take part (0 for an ignored row), t is the target's column or -1 if not one of them.
+struct CeRow {
+  int vv, t;
+  float l, g;  // lse and dloss
+};
+
+__device__ __forceinline__ CeRow ce_row(int64_t t, int64_t ignore, int64_t v, float l, float g) {
+  const int vv = t == ignore ? 0 : static_cast<int>(v);
+  return {vv, t >= 0 && t < vv ? static_cast<int>(t) : -1, l, g};
+}
+
+// The gradient of the logit in column j: 0 at or past vv.
+__device__ __forceinline__ float ce_grad(float xv, int j, const CeRow& r) {
+  if (j >= r.vv) return 0.f;
+  const float p = expf(xv - r.l);
+  return (j == r.t ? p - 1.0f : p) * r.g;
+}
+
+// The gradient of pack k (columns k * P .. k * P + P - 1): ce_grad of each element, without the
+// per-element tests where the pack lies inside [0, vv) and does not hold the target.
 template <typename T>
-__global__ void ce_fwd(const T* x, const void* targets, bool i64, int64_t ignore, float* losses,
-                       float* lse_out, int64_t ld, int64_t v, int* bad) {
+__device__ __forceinline__ Pack<T> ce_grad_pack(const Pack<T>& x, int k, const CeRow& r) {
+  constexpr int P = Pack<T>::kN;
+  float xf[P];
+  unpack_f32(x, xf);
+  Pack<T> out;
+  if (k < r.vv / P && k != r.t / P) {  // r.t == -1 gives pack 0, which takes the general path
+#pragma unroll
+    for (int e = 0; e < P; ++e) out.v[e] = from_f32<T>(expf(xf[e] - r.l) * r.g);
+  } else {
+#pragma unroll
+    for (int e = 0; e < P; ++e) out.v[e] = from_f32<T>(ce_grad(xf[e], k * P + e, r));
+  }
+  return out;
+}
+
+// Writes the gradient of a row (Note [CUDA cross-entropy]) into dr, which may be xr (one thread
+// reads, then writes, each element). packed: both rows are 16-byte aligned. The first `cached`
+// packs come from the caller's registers (as ce_thread_max_sum left them); the rest are loaded
+// kCeBatch at a time, packs at or past vv not at all.
+template <typename T, int C>
+__device__ __forceinline__ void ce_grad_row(const T* xr, T* dr, bool packed,
+                                            const Pack<T> (&cache)[C > 0 ? C : 1], int cached,
+                                            int ld, const CeRow& r) {
+  constexpr int P = Pack<T>::kN;
+  const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  int done = 0;
+  if (packed) {
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
+    Pack<T>* dp = reinterpret_cast<Pack<T>*>(dr);
+    int first = 0;
+    if constexpr (C > 0) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (tid + c * nt < cached) dp[tid + c * nt] = ce_grad_pack(cache[c], tid + c * nt, r);
+      first = cached;
+    }
+    const int packs = ld / P;
+    for (int k = first + tid; k < packs; k += kCeBatch * nt) {
+      Pack<T> pk[kCeBatch] = {};
+#pragma unroll
+      for (int u = 0; u < kCeBatch; ++u)
+        if (k + u * nt < packs && (k + u * nt) * P < r.vv) pk[u] = xp[k + u * nt];
+#pragma unroll
+      for (int u = 0; u < kCeBatch; ++u)
+        if (k + u * nt < packs) dp[k + u * nt] = ce_grad_pack(pk[u], k + u * nt, r);
+    }
+    done = packs * P;
+  }
+  for (int j = done + tid; j < ld; j += nt)
+    dr[j] = from_f32<T>(j < r.vv ? ce_grad(to_f32(xr[j]), j, r) : 0.f);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    ce_fwd(const T* x, const void* targets, bool i64, int64_t ignore, float* losses, float* lse_out,
+           int64_t ld, int64_t v, int* bad) {
   __shared__ float shm[32];
   __shared__ float shs[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * ld;
-  float m = -INFINITY, s = 0.f;
-  int64_t done = 0;
-  if (device_aligned16(xr)) {
-    constexpr int P = Pack<T>::kN;
-    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
-    const int64_t packs = v / P;
-    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
-      const Pack<T> pk = xp[k];
-#pragma unroll
-      for (int e = 0; e < P; ++e) max_sum_add(m, s, to_f32(pk.v[e]));
-    }
-    done = packs * P;
-  }
-  for (int64_t j = done + threadIdx.x; j < v; j += blockDim.x) max_sum_add(m, s, to_f32(xr[j]));
+  float m, s;
+  Pack<T> none[1];
+  ce_thread_max_sum<T, 0>(xr, v, device_aligned16(xr), none, m, s);
   block_max_sum(m, s, shm, shs);
   if (threadIdx.x != 0) return;
   const float l = m + logf(s);
@@ -249,112 +405,65 @@ __global__ void ce_fwd(const T* x, const void* targets, bool i64, int64_t ignore
 }
 
 template <typename T>
-__device__ __forceinline__ float ce_grad(float xv, int64_t j, int64_t t, int64_t v, float l,
-                                         float g) {
-  if (j >= v) return 0.f;
-  const float p = expf(xv - l);
-  return (j == t ? p - 1.0f : p) * g;
-}
-
-template <typename T>
 __global__ void ce_bwd(const T* x, const void* targets, bool i64, const float* lse,
                        const float* dloss, int64_t ignore, T* dx, int64_t ld, int64_t v) {
   const int64_t row = blockIdx.x;
   const int64_t t = load_id(targets, i64, row);
   const T* xr = x + row * ld;
   T* dr = dx + row * ld;
-  // An ignored row is all zeros: v = 0 makes every column a skipped one.
-  const int64_t vv = t == ignore ? 0 : v;
-  const float l = lse[row], g = dloss[row];
-  int64_t done = 0;
-  if (device_aligned16(xr) && device_aligned16(dr)) {
-    constexpr int P = Pack<T>::kN;
-    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
-    Pack<T>* dp = reinterpret_cast<Pack<T>*>(dr);
-    const int64_t packs = ld / P;
-    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
-      const Pack<T> pk = xp[k];
-      Pack<T> out;
-#pragma unroll
-      for (int e = 0; e < P; ++e)
-        out.v[e] = from_f32<T>(ce_grad<T>(to_f32(pk.v[e]), k * P + e, t, vv, l, g));
-      dp[k] = out;
-    }
-    done = packs * P;
-  }
-  for (int64_t j = done + threadIdx.x; j < ld; j += blockDim.x)
-    dr[j] = from_f32<T>(ce_grad<T>(to_f32(xr[j]), j, t, vv, l, g));
+  const Pack<T> none[1] = {};
+  ce_grad_row<T, 0>(xr, dr, device_aligned16(xr) && device_aligned16(dr), none, 0,
+                    static_cast<int>(ld), ce_row(t, ignore, v, lse[row], dloss[row]));
 }
 
 // Note [CUDA fused cross-entropy]: ce_fwd and ce_bwd in one block per row, for a loss whose
 // gradient is known before the forward (Note [Fused cross-entropy gradient] in
-// autograd/functions_nn.cpp). The first pass is ce_fwd's (same (max, sum) per thread, same tree),
-// every thread takes lane 0's merged pair (the butterfly's lanes can differ in the last bit; lane
-// 0 of each warp holds what ce_fwd's thread 0 holds), and after the tree's barriers, when every
-// thread has read its part of the row, the second pass is ce_bwd's with dloss = grad / norm[0]
-// (the unfused backward's division), written over the row. The target's logit is read before the
-// barriers. So the losses, lse and gradient are the two kernels' bits, and the row comes from
-// device memory once: the block's second read of its row (100 KB for GPT-2) hits the L2 cache.
-template <typename T>
-__global__ void ce_fused(T* x, const void* targets, bool i64, int64_t ignore, float* losses,
-                         float* lse_out, int64_t ld, int64_t v, int* bad, float grad,
-                         const float* norm) {
+// autograd/functions_nn.cpp). The first pass is ce_fwd's (same pairs, same tree), every thread
+// takes lane 0's merged pair (the butterfly's lanes can differ in the last bit; lane 0 of each
+// warp holds what ce_fwd's thread 0 holds), and after the tree's barriers, when every thread has
+// read its part of the row, the second pass is ce_bwd's (ce_grad_row) with dloss = grad /
+// norm[0] (the unfused backward's division), written over the row. The target's logit is read
+// before the barriers. So the losses, lse and gradient are the two kernels' bits.
+// C = kCeCachePacks (where each thread's share of the row's packs fits): the packs stay in
+// registers from the first pass to the second, so the row is read from device memory once and the
+// second pass only writes; __launch_bounds__(1024) holds the kernel to the 64 registers a
+// 1024-thread block allows. C = 0 (wider rows, STRATA_CE_ROW_CACHE=off) reads the row again, from
+// the L2 cache if it is still there. Same bits: the cache only changes where a pack comes from.
+template <typename T, int C>
+__global__ void __launch_bounds__(1024)
+    ce_fused(T* x, const void* targets, bool i64, int64_t ignore, float* losses, float* lse_out,
+             int64_t ld, int64_t v, int* bad, float grad, const float* norm) {
   __shared__ float shm[32];
   __shared__ float shs[32];
   const int64_t row = blockIdx.x;
   T* xr = x + row * ld;
   const int64_t t = load_id(targets, i64, row);
-  const bool counted = t != ignore && t >= 0 && t < v;
-  const float xt = threadIdx.x == 0 && counted ? to_f32(xr[t]) : 0.f;
-  float m = -INFINITY, s = 0.f;
-  int64_t done = 0;
+  // What the second pass needs, in 32-bit registers (the row's packs take most of the 64).
+  CeRow r = ce_row(t, ignore, v, 0.f, 0.f);
+  const bool ignored = t == ignore;
+  const float xt = threadIdx.x == 0 && r.t >= 0 ? to_f32(xr[r.t]) : 0.f;
   const bool aligned = device_aligned16(xr);
-  if (aligned) {
-    constexpr int P = Pack<T>::kN;
-    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(xr);
-    const int64_t packs = v / P;
-    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
-      const Pack<T> pk = xp[k];
-#pragma unroll
-      for (int e = 0; e < P; ++e) max_sum_add(m, s, to_f32(pk.v[e]));
-    }
-    done = packs * P;
-  }
-  for (int64_t j = done + threadIdx.x; j < v; j += blockDim.x) max_sum_add(m, s, to_f32(xr[j]));
+  Pack<T> cache[C > 0 ? C : 1];
+  float m, s;
+  ce_thread_max_sum<T, C>(xr, v, aligned, cache, m, s);
   block_max_sum(m, s, shm, shs);
   m = __shfl_sync(0xffffffffu, m, 0);
   s = __shfl_sync(0xffffffffu, s, 0);
-  const float l = m + logf(s);
+  r.l = m + logf(s);
   if (threadIdx.x == 0) {
-    lse_out[row] = l;
-    if (t == ignore) {
+    lse_out[row] = r.l;
+    if (ignored) {
       losses[row] = 0.f;
-    } else if (!counted) {
+    } else if (r.t < 0) {  // outside [0, v)
       *bad = 1;
       losses[row] = NAN;
     } else {
-      losses[row] = l - xt;
+      losses[row] = r.l - xt;
     }
   }
-  const int64_t vv = t == ignore ? 0 : v;
-  const float g = grad / norm[0];
-  done = 0;
-  if (aligned) {
-    constexpr int P = Pack<T>::kN;
-    Pack<T>* xp = reinterpret_cast<Pack<T>*>(xr);
-    const int64_t packs = ld / P;
-    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
-      const Pack<T> pk = xp[k];
-      Pack<T> out;
-#pragma unroll
-      for (int e = 0; e < P; ++e)
-        out.v[e] = from_f32<T>(ce_grad<T>(to_f32(pk.v[e]), k * P + e, t, vv, l, g));
-      xp[k] = out;
-    }
-    done = packs * P;
-  }
-  for (int64_t j = done + threadIdx.x; j < ld; j += blockDim.x)
-    xr[j] = from_f32<T>(ce_grad<T>(to_f32(xr[j]), j, t, vv, l, g));
+  r.g = grad / norm[0];
+  ce_grad_row<T, C>(xr, xr, aligned, cache, aligned ? static_cast<int>(v / Pack<T>::kN) : 0,
+                    static_cast<int>(ld), r);
 }
 
 // out = {m, 1 / m}, m = max(1, number of targets not equal to `ignore`): the mean's divisor of
@@ -461,14 +570,28 @@ bool launch_cross_entropy_backward(int dt, const void* logits, const void* targe
 bool launch_cross_entropy_fused(int dt, void* logits, const void* targets, bool targets_i64,
                                 int64_t ignore_index, float* losses, float* lse, int64_t n,
                                 int64_t ld, int64_t v, int* bad, float grad, const float* norm,
-                                Stream stream) {
+                                bool row_cache, Stream stream) {
   return dispatch_float(dt, [&](auto tag) {
     using T = STRATA_FLOAT_TYPE(tag);
     if (n == 0) return;
-    STRATA_LAUNCH(static_cast<unsigned>(n), row_threads(v), 0, stream, ce_fused<T>)
-    (static_cast<T*>(logits), targets, targets_i64, ignore_index, losses, lse, ld, v, bad, grad,
-     norm);
+    const int threads = row_threads(v);
+    const auto grid = static_cast<unsigned>(n);
+    auto* x = static_cast<T*>(logits);
+    // Note [CUDA fused cross-entropy]: the register cache when each thread's share of the row's
+    // packs fits in it.
+    if (row_cache && ce_row_cache_fits(v, static_cast<int>(sizeof(T)))) {
+      STRATA_LAUNCH(grid, threads, 0, stream, ce_fused<T, kCeCachePacks>)
+      (x, targets, targets_i64, ignore_index, losses, lse, ld, v, bad, grad, norm);
+    } else {
+      STRATA_LAUNCH(grid, threads, 0, stream, ce_fused<T, 0>)
+      (x, targets, targets_i64, ignore_index, losses, lse, ld, v, bad, grad, norm);
+    }
   });
+}
+
+bool ce_row_cache_fits(int64_t v, int element_size) {
+  const int64_t packs = v / (16 / element_size), threads = row_threads(v);
+  return (packs + threads - 1) / threads <= kCeCachePacks;
 }
 
 #undef STRATA_FLOAT_TYPE

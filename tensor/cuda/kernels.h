@@ -141,10 +141,16 @@ bool launch_cross_entropy_backward(int dt, const void* logits, const void* targe
                                    int64_t v, Stream stream);
 // Both at once (Note [CUDA fused cross-entropy] in embedding_loss.cu): losses and lse as the
 // forward, then logits [n, ld] overwritten with the backward's gradient for dloss = grad / norm[0].
+// row_cache: keep each thread's part of the row in registers between the two passes where it
+// fits (ce_row_cache_fits), so the row is read once; false reads it twice. Same bits either way.
 bool launch_cross_entropy_fused(int dt, void* logits, const void* targets, bool targets_i64,
                                 int64_t ignore_index, float* losses, float* lse, int64_t n,
                                 int64_t ld, int64_t v, int* bad, float grad, const float* norm,
-                                Stream stream);
+                                bool row_cache, Stream stream);
+// Whether the fused kernel's register cache (kCeCachePacks 128-bit packs a thread, row_threads(v)
+// threads) holds rows of v logits of element_size bytes.
+inline constexpr int kCeCachePacks = 7;
+bool ce_row_cache_fits(int64_t v, int element_size);
 // ---- reduce.cu, continued ----
 // x [n] (contiguous, dtype dt) *= *g / expected, unless *g == expected (then untouched).
 bool launch_scale_unless_equal(int dt, void* x, int64_t n, const float* g, float expected,

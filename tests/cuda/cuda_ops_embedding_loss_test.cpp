@@ -84,6 +84,72 @@ TEST(CudaOps, FusedCrossEntropyGivesTheTwoKernelsBits) {
       UserError);
 }
 
+// Note [CUDA fused cross-entropy]: keeping each thread's packs in registers between the passes
+// only changes where the second pass reads them from, so the register cache on and off give the
+// same losses, lse and gradient bits, and both give the unfused kernels' bits. Rows whose
+// vocabulary is not a multiple of the pack (a scalar tail, a pack that straddles v), padding
+// columns, an ignored row, targets in the first pack, the tail and the last column, rows one
+// element off (no packs), GPT-2's row (50257 of 50304: cached in bf16/f16, too wide for the cache
+// in f32) and f32 rows just inside and just past the cache. In the emulator it also checks which
+// kernel ran.
+TEST(CudaOps, FusedCrossEntropyRowCacheGivesTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  const auto stream = static_cast<cuda::Stream>(cuda_current_stream());
+  auto bytes = [](const Tensor& t) {
+    const Tensor h = t.to(Device::cpu());
+    const auto* p = static_cast<const unsigned char*>(h.data_ptr());
+    return std::vector<unsigned char>(p,
+                                      p + h.numel() * static_cast<int64_t>(dtype_size(h.dtype())));
+  };
+  const int64_t f32_cached = int64_t{cuda::kCeCachePacks} * 1024 * 4;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {264, 250}, {50304, 50257}, {f32_cached, f32_cached}, {f32_cached + 8, f32_cached + 4}};
+  uint64_t draw = 600;
+  for (const DType dt : kDtypes) {
+    for (const auto& [ld, v] : shapes) {
+      const int64_t n = 5;
+      const Tensor targets = from_ints({v - 1, -100, 0, v / 2, v - 9}, {n}).to(kGpu);
+      const Tensor x = rnd({n, ld}, ++draw, -6.f, 6.f).to(dt);
+      const bool fits = cuda::ce_row_cache_fits(v, static_cast<int>(dtype_size(dt)));
+      for (const bool aligned : {true, false}) {
+        SCOPED_TRACE(dtype_tag(dt) + " ld=" + std::to_string(ld) + " v=" + std::to_string(v) +
+                     (aligned ? " aligned" : " shifted"));
+        auto layout = [&] { return aligned ? x.to(kGpu) : shifted_on_gpu(x); };
+        const float grad = 0.75f;
+        const Tensor norm = from_vector({3.f, 1.f / 3.f}, {2}).to(kGpu);
+        const Tensor xl = layout();
+        const CrossEntropyResult want = cross_entropy(xl, targets, -100, v);
+        const Tensor dloss = full({n}, grad / 3.f, DType::F32, kGpu);
+        const Tensor dx = cross_entropy_backward(xl, targets, want.lse, dloss, -100, v);
+        for (const bool cache : {true, false}) {
+          SCOPED_TRACE(cache ? "row cache" : "no row cache");
+          Tensor l = layout();
+          Tensor losses = zeros({n}, DType::F32, kGpu), lse = zeros({n}, DType::F32, kGpu);
+          Tensor bad = zeros({1}, DType::I32, kGpu);
+#if defined(STRATA_CUDA_EMULATION)
+          cuda_emu::reset_launch_sites();
+#endif
+          ASSERT_TRUE(cuda::launch_cross_entropy_fused(
+              static_cast<int>(dt), l.data_ptr(), targets.data_ptr(), true, -100,
+              losses.data<float>(), lse.data<float>(), n, ld, v, bad.data<int>(), grad,
+              norm.data<float>(), cache, stream));
+#if defined(STRATA_CUDA_EMULATION)
+          uint64_t cached_launches = 0;
+          for (const cuda_emu::LaunchSite& site : cuda_emu::launch_sites())
+            if (site.kernel.find("ce_fused<T, kCeCachePacks>") != std::string::npos)
+              cached_launches += site.launches;
+          EXPECT_EQ(cached_launches, cache && fits ? 1u : 0u);
+#endif
+          EXPECT_EQ(bad.to(Device::cpu()).data<int>()[0], 0);
+          EXPECT_TRUE(bytes(losses) == bytes(want.losses)) << "losses";
+          EXPECT_TRUE(bytes(lse) == bytes(want.lse)) << "lse";
+          EXPECT_TRUE(bytes(l) == bytes(dx)) << "gradient";
+        }
+      }
+    }
+  }
+}
+
 // Note [CUDA embedding backward]: the device sort (tiles of 2048 keys, global merge passes above
 // that) must give each id its rows in row order, so the sums are the CPU's bits: f32, and bf16
 // rounded once from the same f32 sums. Sizes around the tile and past two merge stages, ids from

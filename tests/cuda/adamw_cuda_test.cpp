@@ -4,12 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "optim/adamw_kernel.h"
 #include "tensor/cuda.h"
 #include "tensor/ops.h"
+#include "tests/cuda/optim_cuda_test_util.h"
 
 #ifdef STRATA_OPTIM_HAVE_CUDA
 #include "optim/cuda/adamw_cuda.h"
@@ -20,18 +20,9 @@ namespace {
 using tensor::Tensor;
 const Device kGpu = Device::cuda(0);
 
-#define SKIP_WITHOUT_GPU() \
-  if (!tensor::cuda_available()) GTEST_SKIP() << "no CUDA device visible"
-
-Tensor rnd(int64_t n, uint64_t stream, float lo, float hi) {
-  return tensor::uniform({n}, {77, stream}, lo, hi);
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
-  return x.dtype() == y.dtype() && x.numel() == y.numel() &&
-         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
+using cuda_test::rnd;
+using cuda_test::same_bits;
+constexpr uint64_t kSeed = 77;  // of rnd's draws
 
 cuda::AdamWCudaScalars gpu_scalars(const AdamWScalars& s, float grad_scale) {
   return {s.decay_factor,    s.beta1,     s.one_minus_beta1,       s.beta2,
@@ -51,10 +42,10 @@ struct Buf {
   // flat buffer may, so none is 16-byte aligned.
   Buf(int64_t n_, bool decay_, DType gdt, DType cdt, uint64_t seed, bool shifted = false)
       : n(n_), decay(decay_), grad_dtype(gdt), copy_dtype(cdt) {
-    param = rnd(n, seed, -1.f, 1.f);
-    grad = rnd(n, seed + 1, -3.f, 3.f).to(gdt);
-    m = rnd(n, seed + 2, -0.1f, 0.1f);
-    v = rnd(n, seed + 3, 0.f, 0.01f);
+    param = rnd(kSeed, n, seed, -1.f, 1.f);
+    grad = rnd(kSeed, n, seed + 1, -3.f, 3.f).to(gdt);
+    m = rnd(kSeed, n, seed + 2, -0.1f, 0.1f);
+    v = rnd(kSeed, n, seed + 3, 0.f, 0.01f);
     auto on_gpu = [&](const Tensor& t) {
       if (!shifted) return t.to(kGpu);
       Tensor g = tensor::concat({t.narrow(0, 0, 1), t}, 0).to(kGpu).narrow(0, 1, n);

@@ -6,7 +6,6 @@
 // too. GPU tests skip themselves without a device.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "optim/host_offload.h"
 #include "tensor/cuda.h"
 #include "tensor/ops.h"
+#include "tests/cuda/optim_cuda_test_util.h"
 
 namespace strata::optim {
 namespace {
@@ -24,18 +24,9 @@ namespace {
 using tensor::Tensor;
 const Device kGpu = Device::cuda(0);
 
-#define SKIP_WITHOUT_GPU() \
-  if (!tensor::cuda_available()) GTEST_SKIP() << "no CUDA device visible"
-
-Tensor rnd(int64_t n, uint64_t stream, float lo, float hi) {
-  return tensor::uniform({n}, {91, stream}, lo, hi);
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
-  return x.dtype() == y.dtype() && x.numel() == y.numel() &&
-         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
+using cuda_test::rnd;
+using cuda_test::same_bits;
+constexpr uint64_t kSeed = 91;  // of rnd's draws
 
 AdamWConfig config() {
   AdamWConfig c;
@@ -67,7 +58,7 @@ TEST_P(HostOffloadGpu, StepsGiveTheFusedGpuAdamWBits) {
   std::vector<Tensor> ref_grads, off_grads, off_params;
   for (size_t i = 0; i < kSizes.size(); ++i) {
     const int64_t n = kSizes[i];
-    const Tensor init = rnd(n, 10 * i, -1.f, 1.f);
+    const Tensor init = rnd(kSeed, n, 10 * i, -1.f, 1.f);
     ParamGroup g;
     g.param = init.to(kGpu);
     g.grad = tensor::zeros({n}, dtype, kGpu);
@@ -94,7 +85,7 @@ TEST_P(HostOffloadGpu, StepsGiveTheFusedGpuAdamWBits) {
   for (int step = 0; step < 3; ++step) {
     for (size_t i = 0; i < kSizes.size(); ++i) {
       // Written on the compute stream: the copy stream must wait for it.
-      const Tensor g = rnd(kSizes[i], 100 + 10 * step + i, -2.f, 2.f).to(dtype);
+      const Tensor g = rnd(kSeed, kSizes[i], 100 + 10 * step + i, -2.f, 2.f).to(dtype);
       ref_grads[i].copy_(g);
       off_grads[i].copy_(g);
     }
@@ -134,7 +125,7 @@ TEST(HostOffloadGpuMemory, OptimizerStatesAreChargedToTheHostTiers) {
   const offload::MemoryStats& stats = offload::MemoryStats::global();
   auto now = [&](Tier t, Category c) { return stats.usage(t, c).current; };
   const int64_t n = 4096;
-  const Tensor init = rnd(n, 7, -1.f, 1.f);
+  const Tensor init = rnd(kSeed, n, 7, -1.f, 1.f);
   std::vector<OffloadSlice> slices(1);
   slices[0].params = init.to(DType::BF16).to(kGpu);
   slices[0].grads = tensor::zeros({n}, DType::BF16, kGpu);

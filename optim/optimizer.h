@@ -96,9 +96,10 @@ class Optimizer {
   void set_grad_scale(float s);
   float grad_scale() const { return grad_scale_; }
 
-  // Note [Optimizer state].
-  OptimizerState state_dict() const;
-  void load_state_dict(const OptimizerState& state);
+  // Note [Optimizer state]. Virtual for optimizers whose states are not resident (Note [Staged
+  // states] in optim/nvme_adamw.h).
+  virtual OptimizerState state_dict() const;
+  virtual void load_state_dict(const OptimizerState& state);
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // Note [Group fence]; an empty function removes it.

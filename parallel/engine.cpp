@@ -22,10 +22,9 @@ void ZeroConfig::validate() const {
   if (stage3_prefetch_bucket_size < 0)
     user_error("zero_optimization.stage3_prefetch_bucket_size must be >= 0, got {}",
                stage3_prefetch_bucket_size);
-  if (offload_optimizer.enabled && stage != 1 && stage != 2)
+  if (offload_optimizer.enabled && stage < 1)
     user_error(
-        "zero_optimization.offload_optimizer.device: cpu needs zero_optimization.stage 1 or 2, "
-        "got {}",
+        "zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3, got {}",
         stage);
   if (offload_optimizer.delayed_param_update_start < 0)
     user_error(
@@ -78,7 +77,7 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
                       "(tensor_parallel_size {}); set one of them off",
                       model_.tensor_parallel().size());
     placement_ = std::make_unique<HostPlacement>(units, *partitioning_, param_dtype_, *dp_,
-                                                 zero_.offload_optimizer);
+                                                 zero_.offload_optimizer, zero_.stage == 3);
   } else {
     auto placement = std::make_unique<DevicePlacement>(units, *partitioning_, param_dtype_, *dp_);
     if (model_.tensor_parallel().enabled()) placement->count_shards_of(model_);
@@ -89,7 +88,10 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
   // ZeRO-Offload at stage 2: the reduced buckets go to the host as backward produces them
   // (Note [Gradients streamed to the host] in parallel/grad_buckets.h).
   HostGradients host_grads;
-  host_grads.enabled = zero_.offload_optimizer.enabled && zero_.stage == 2;
+  // Device nvme copies each sub-group's gradient range at the step instead (Note [Optimizer
+  // states on NVMe]).
+  host_grads.enabled =
+      zero_.offload_optimizer.enabled && !zero_.offload_optimizer.nvme && zero_.stage == 2;
   host_grads.pinned = zero_.offload_optimizer.pin_memory;
   reduction_ = std::make_unique<GradientReduction>(
       model_, *partitioning_, GradientReduction::for_stage(zero_.stage), *dp_,

@@ -31,7 +31,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
   bool overlap_comm = true;                     // reduce buckets asynchronously during backward
   int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements prefetched ahead (stage 3)
   int64_t stage3_param_persistence_threshold = 100'000;  // units smaller stay whole (stage 3)
-  // ZeRO-Offload: the optimizer on the host (HostPlacement); stages 1 and 2.
+  // ZeRO-Offload and ZeRO-Infinity's optimizer side: the optimizer on the host, its states in
+  // host memory or on NVMe (HostPlacement); stages 1 to 3.
   OffloadOptimizerConfig offload_optimizer;
   // ZeRO-Infinity: stage 3's parameter partitions on the host or NVMe (parallel/param_tier.h).
   OffloadParamConfig offload_param;

@@ -41,7 +41,7 @@ std::vector<Engine::Shard> Engine::held_shards(bool for_loading) {
   }
   if (placement_->has_masters()) {
     for (int u = 0; u < static_cast<int>(units.size()); ++u)
-      add(u, "master", optimizer().groups()[u].param);
+      add(u, "master", placement_->master(u));
   }
   if (gathering_->params_partitioned()) {
     for (int u = 0; u < static_cast<int>(units.size()); ++u)

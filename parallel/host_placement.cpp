@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "offload/memory_stats.h"
 #include "optim/grad_clip.h"
 #include "parallel/gradient_reduction.h"
@@ -18,7 +20,7 @@ std::vector<float> fp32_last_pass_scales(int dp, const optim::LossScaler* scaler
 
 HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
                              DType param_dtype, comm::Communicator& dp,
-                             const OffloadOptimizerConfig& config)
+                             const OffloadOptimizerConfig& config, bool units_released)
     : param_dtype_(param_dtype),
       dp_(dp),
       sum_over_ranks_(parts.partitioned()),
@@ -28,8 +30,20 @@ HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const P
     STRATA_CHECK(units[u].params.dtype() == DType::F32, "masters from a {} unit '{}'",
                  dtype_name(units[u].params.dtype()), units[u].name);
     const Range own = parts.owned(u);
+    if (config_.nvme && param_dtype == DType::F32) {
+      // The owned fp32 parameters are the masters' start: NvmeAdamW takes them from the slices.
+      initial_masters_.emplace_back();
+      continue;
+    }
     offload::CategoryScope scope(offload::Category::Optimizer);
-    initial_masters_.push_back(units[u].params.narrow(0, own.begin, own.size()).to(Device::cpu()));
+    const tensor::Tensor slice = units[u].params.narrow(0, own.begin, own.size());
+    tensor::Tensor m = slice.to(Device::cpu());  // host units: the same storage, no copy
+    if (units_released && m.data_ptr() == slice.data_ptr()) {
+      // ZeRO-3 releases the unit's storage before build(): the masters need their own.
+      m = tensor::Tensor::empty({own.size()}, DType::F32);
+      m.copy_(slice);
+    }
+    initial_masters_.push_back(std::move(m));
   }
 }
 
@@ -40,12 +54,35 @@ void HostPlacement::use_host_grads(const GradientReduction& reduction) {
 }
 
 void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) {
-  STRATA_CHECK(!offload_, "the optimizer placement is built once");
+  STRATA_CHECK(!offload_ && !nvme_, "the optimizer placement is built once");
   STRATA_CHECK(slices.size() == initial_masters_.size(), "{} slices for {} masters", slices.size(),
                initial_masters_.size());
   // Built from host units, the engine moves them after this placement's constructor (Note
   // [Offload construction]): the norm's sums go over the device the parameters train on.
   if (!slices.empty()) device_ = slices.front().params.device();
+  if (config_.nvme) {
+    // The factory says which AdamW: asked for one over no groups, it allocates nothing.
+    const std::unique_ptr<optim::Optimizer> probe = make({});
+    const auto* adamw = dynamic_cast<const optim::AdamW*>(probe.get());
+    STRATA_USER_CHECK(adamw != nullptr,
+                      "offload_optimizer.device nvme steps AdamW; the optimizer is {} (set "
+                      "optimizer.name: adamw)",
+                      probe ? std::string(probe->name()) : std::string("none"));
+    STRATA_USER_CHECK(!config_.delayed_param_update,
+                      "offload_optimizer.delayed_param_update needs device cpu, not nvme");
+    std::vector<optim::NvmeSlice> nv;
+    for (size_t u = 0; u < slices.size(); ++u) {
+      device_grads_.push_back(slices[u].grads);
+      nv.push_back({slices[u].params, slices[u].grads, std::move(initial_masters_[u]),
+                    std::move(slices[u].segments)});
+    }
+    initial_masters_.clear();
+    optim::NvmeAdamWOptions options = config_.nvme_options;
+    options.pin_memory = config_.pin_memory;
+    if (options.lock_tag.empty()) options.lock_tag = fmt::format("optimizer-dp{}", dp_.rank());
+    nvme_ = std::make_unique<optim::NvmeAdamW>(std::move(nv), adamw->config(), options);
+    return;
+  }
   std::vector<optim::OffloadSlice> host;
   for (size_t u = 0; u < slices.size(); ++u) {
     optim::OffloadSlice s;
@@ -65,11 +102,21 @@ void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory
 }
 
 optim::Optimizer& HostPlacement::optimizer() {
+  if (nvme_) return *nvme_;
   offload_->finish();
   return offload_->optimizer();
 }
 
+tensor::Tensor HostPlacement::master(int u) {
+  if (nvme_) return nvme_->master(static_cast<size_t>(u));
+  return optimizer().groups()[u].param;
+}
+
 bool HostPlacement::finish_pending() {
+  if (nvme_) {  // no delayed update; the last step's writes land
+    nvme_->finish_writes();
+    return false;
+  }
   const bool pending = offload_->pending();
   offload_->finish();
   return pending;
@@ -121,6 +168,11 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
       if (coef < 1.f) optim::scale_grads(grads, coef);
     }
   }
+  if (nvme_) {  // Note [Optimizer states on NVMe]: the gradients are read sub-group by sub-group
+    nvme_->set_grad_scale(scale);
+    nvme_->step(lr);
+    return result;
+  }
   offload_->fetch_grads();  // finishes a pending delayed update first
   // Counted in updates taken, which a checkpoint restores, so a resumed run delays the same
   // steps as the uninterrupted one.
@@ -136,6 +188,10 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
 }
 
 void HostPlacement::params_from_masters() {
+  if (nvme_) {
+    nvme_->commit_staged();
+    return;
+  }
   offload_->params_from_masters();
 }
 

@@ -27,6 +27,11 @@
 // 1/dp and 1/loss-scale were applied on the device there (fp32_last_pass_scales), and the clip
 // coefficient multiplies the host gradients (a single f32 product per element, the bits the
 // device would give).
+// With device nvme (ZeRO-Infinity) the masters and moments live in an NVMe swap file instead
+// (optim/nvme_adamw.h, Note [Optimizer states on NVMe]): the same arithmetic up to the update,
+// which streams the states sub-group by sub-group; no delayed update. In fp32 the masters start
+// from the owned parameters themselves when build() makes the optimizer; under mixed precision
+// from a host copy of the fp32 owned slices taken before the cast, dropped once on NVMe.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -34,6 +39,7 @@
 #include "comm/communicator.h"
 #include "models/flat_params.h"
 #include "optim/host_offload.h"
+#include "optim/nvme_adamw.h"
 #include "parallel/optimizer_placement.h"
 #include "parallel/partitioning.h"
 
@@ -44,6 +50,11 @@ struct OffloadOptimizerConfig {  // zero_optimization.offload_optimizer (DeepSpe
   bool pin_memory = true;
   bool delayed_param_update = false;        // the paper's DPU
   int64_t delayed_param_update_start = 10;  // plain updates before the delayed ones
+  // device: nvme (with enabled): ZeRO-Infinity's states in an NVMe swap file. nvme_path,
+  // buffer_count, pipeline_read/write, zero_optimization.sub_group_size and the aio section;
+  // nvme.lock_tag empty: "optimizer-dp<rank>".
+  bool nvme = false;
+  optim::NvmeAdamWOptions nvme_options;
 };
 
 class GradientReduction;
@@ -57,8 +68,11 @@ class HostPlacement final : public OptimizerPlacement {
  public:
   // Before the units are cast to `param_dtype`: copies the fp32 owned slices to the host, where
   // build() makes them the masters.
+  // `units_released`: the parameter gathering releases the units' storage before build()
+  // (ZeRO-3), so masters that would share it are copied.
   HostPlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
-                DType param_dtype, comm::Communicator& dp, const OffloadOptimizerConfig& config);
+                DType param_dtype, comm::Communicator& dp, const OffloadOptimizerConfig& config,
+                bool units_released);
 
   // Before build(), when `reduction` streams the owned gradients to the host
   // (reduction.grads_on_host()); it must outlive this placement.
@@ -68,9 +82,12 @@ class HostPlacement final : public OptimizerPlacement {
   StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
   void params_from_masters() override;
   bool has_masters() const override { return true; }
+  tensor::Tensor master(int u) override;
 
   bool finish_pending() override;
   int64_t delayed_steps() const { return delayed_steps_; }
+  // The NVMe optimizer with device nvme, else null.
+  optim::NvmeAdamW* nvme() { return nvme_.get(); }
 
  private:
   bool mixed_precision() const { return param_dtype_ != DType::F32; }
@@ -85,7 +102,8 @@ class HostPlacement final : public OptimizerPlacement {
   std::vector<tensor::Tensor> initial_masters_;    // host fp32, until build()
   std::vector<tensor::Tensor> device_grads_;       // the owned reduced gradients (or host ones)
   const GradientReduction* host_grads_ = nullptr;  // when they are host partitions
-  std::unique_ptr<optim::HostOffload> offload_;
+  std::unique_ptr<optim::HostOffload> offload_;    // device cpu
+  std::unique_ptr<optim::NvmeAdamW> nvme_;         // device nvme
   int64_t delayed_steps_ = 0;
 };
 

@@ -16,9 +16,10 @@
 // own kernels (fused CUDA AdamW on the GPU). HostPlacement is ZeRO-Offload's (Note [Offloaded
 // step] in parallel/host_placement.h): masters in pinned host memory, moments in host memory,
 // each owned gradient slice copied to the host on a copy stream, the CPU AdamW stepping there,
-// the updated slice copied back into OwnedSlice::params; for ZeRO-Infinity the states would page
-// through the NVMe tier. The Engine, the gradient reduction and the parameter gathering are the
-// same for every placement.
+// the updated slice copied back into OwnedSlice::params; with offload_optimizer.device nvme
+// (ZeRO-Infinity) the same placement keeps masters and moments in an NVMe swap file and streams
+// them through pinned buffers (Note [Optimizer states on NVMe] in optim/nvme_adamw.h). The Engine,
+// the gradient reduction and the parameter gathering are the same for every placement.
 #include <functional>
 #include <memory>
 #include <vector>
@@ -63,6 +64,8 @@ class OptimizerPlacement {
   // Whether fp32 masters are kept apart from the owned parameters: then checkpoints carry them
   // (key "master"), and a load fills them and calls params_from_masters().
   virtual bool has_masters() const = 0;
+  // Unit u's fp32 master slice, for checkpoints (with has_masters()); a view a load may fill.
+  virtual tensor::Tensor master(int u) { return optimizer().groups()[u].param; }
   // Completes an update still running (ZeRO-Offload's delayed update) and writes the owned
   // slices; true when there was one, and then the caller makes the units whole again.
   virtual bool finish_pending() { return false; }

@@ -117,10 +117,15 @@ void read_zero(Reader& r, ZeroSection& c) {
   r.get("overlap_comm", c.overlap_comm);
   r.get("stage3_prefetch_bucket_size", c.stage3_prefetch_bucket_size);
   r.get("stage3_param_persistence_threshold", c.stage3_param_persistence_threshold);
+  r.get("sub_group_size", c.sub_group_size);
   Reader o = r.section("offload_optimizer");
   OffloadOptimizerSection& off = c.offload_optimizer;
   o.get_enum("device", off.device, {"none", "cpu", "nvme"});
   o.get("pin_memory", off.pin_memory);
+  o.get("nvme_path", off.nvme_path);
+  o.get("buffer_count", off.buffer_count);
+  o.get("pipeline_read", off.pipeline_read);
+  o.get("pipeline_write", off.pipeline_write);
   o.get("delayed_param_update", off.delayed_param_update);
   o.get("delayed_param_update_start", off.delayed_param_update_start);
   Reader op = r.section("offload_param");
@@ -165,24 +170,51 @@ void validate_offload(const TrainConfig& c, Reader& zero) {
              "device: cpu or delayed_param_update: false");
     return;
   }
-  if (off.device == "nvme")
+  o.positive("buffer_count", static_cast<double>(off.buffer_count));
+  zero.positive("sub_group_size", static_cast<double>(c.zero.sub_group_size));
+  if (off.device == "nvme" && off.nvme_path.empty())
     o.fail("device",
-           "nvme (ZeRO-Infinity: optimizer states on NVMe) is not available yet; use device: cpu "
-           "(ZeRO-Offload) or none");
-  if (c.run.device != "cuda")
+           "nvme keeps the optimizer states in a swap file, but nvme_path is empty: set "
+           "zero_optimization.offload_optimizer.nvme_path to a directory on the NVMe drive");
+  // Note [Offloaded step]: with the states on NVMe the host plays the device on a CPU-only run;
+  // device cpu on one would move nothing.
+  if (off.device == "cpu" && c.run.device != "cuda")
     o.fail("device", fmt::format("cpu moves the optimizer from the GPU to the host, but "
                                  "run.device is '{}': there is nothing to offload from; set "
-                                 "run.device: cuda or offload_optimizer.device: none",
+                                 "run.device: cuda, device: nvme or device: none",
                                  c.run.device));
-  if (c.zero.stage != 1 && c.zero.stage != 2)
+  if (c.zero.stage < 1)
     o.fail("device",
-           fmt::format("ZeRO-Offload partitions the optimizer across data-parallel ranks and "
-                       "needs zero_optimization.stage 1 or 2, got stage {}",
+           fmt::format("offloading partitions the optimizer across data-parallel ranks and "
+                       "needs zero_optimization.stage 1, 2 or 3, got stage {}",
                        c.zero.stage));
+  if (off.device == "nvme" && off.delayed_param_update)
+    o.fail("delayed_param_update",
+           "delays the CPU optimizer's update, which device nvme does not do; set device: cpu "
+           "or delayed_param_update: false");
   if (c.optimizer.name != "adamw")
     o.fail("device", fmt::format("the offloaded optimizer is the CPU AdamW; optimizer.name is "
                                  "'{}' (set it to adamw or offload_optimizer.device: none)",
                                  c.optimizer.name));
+}
+
+void read_aio(Reader& r, AioSection& c) {
+  r.get("block_size", c.block_size);
+  r.get("queue_depth", c.queue_depth);
+  r.get("thread_count", c.thread_count);
+  r.get("single_submit", c.single_submit);
+  r.get("overlap_events", c.overlap_events);
+}
+
+// The ranges of offload::AioConfig::validate, reported at the key.
+void validate_aio(const AioSection& c, Reader& r) {
+  if (c.block_size < 4096 || c.block_size % 4096 != 0 || c.block_size > (int64_t{1} << 30))
+    r.fail("block_size", fmt::format("is {}; it must be a multiple of 4096 between 4 KiB and 1 GiB",
+                                     c.block_size));
+  if (c.queue_depth < 1 || c.queue_depth > 4096)
+    r.fail("queue_depth", fmt::format("is {}; it must be between 1 and 4096", c.queue_depth));
+  if (c.thread_count < 1 || c.thread_count > 64)
+    r.fail("thread_count", fmt::format("is {}; it must be between 1 and 64", c.thread_count));
 }
 
 void read_fp16(Reader& r, Fp16Section& c) {
@@ -195,7 +227,7 @@ void read_fp16(Reader& r, Fp16Section& c) {
 
 struct Readers {
   Reader run, model, data, batch, optimizer, schedule, training, distributed, parallelism, zero,
-      fp16;
+      fp16, aio;
 };
 
 // The model must exist and accept model.config; returns its shape for the checks that follow.
@@ -368,6 +400,7 @@ void validate(TrainConfig& c, Readers& r) {
                       static_cast<double>(c.zero.stage3_param_persistence_threshold));
   validate_offload(c, r.zero);
   validate_offload_param(c, r.zero);
+  validate_aio(c.aio, r.aio);
 
   // schedule
   const ScheduleSection& s = c.schedule;
@@ -465,7 +498,7 @@ TrainConfig parse_train_config(const config::Node& root, const std::string& sour
             top.section("optimizer"),   top.section("schedule"),
             top.section("training"),    top.section("distributed"),
             top.section("parallelism"), top.section("zero_optimization"),
-            top.section("fp16")};
+            top.section("fp16"),        top.section("aio")};
   read_run(r.run, c.run);
   read_model(r.model, c.model);
   read_data(r.data, c.data);
@@ -477,6 +510,7 @@ TrainConfig parse_train_config(const config::Node& root, const std::string& sour
   read_parallelism(r.parallelism, c.parallelism);
   read_zero(r.zero, c.zero);
   read_fp16(r.fp16, c.fp16);
+  read_aio(r.aio, c.aio);
   // Unknown keys first: a misspelt key is the likely reason a value below looks wrong.
   top.finish();
   validate(c, r);
@@ -601,6 +635,7 @@ std::string to_yaml(const TrainConfig& c) {
     e("overlap_comm", z.overlap_comm);
     e("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
     e("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+    e("sub_group_size", z.sub_group_size);
   }
   {
     const OffloadOptimizerSection& o = c.zero.offload_optimizer;
@@ -610,6 +645,18 @@ std::string to_yaml(const TrainConfig& c) {
     e("pin_memory", o.pin_memory);
     e("delayed_param_update", o.delayed_param_update);
     e("delayed_param_update_start", o.delayed_param_update_start);
+    e("nvme_path", o.nvme_path);
+    e("buffer_count", o.buffer_count);
+    e("pipeline_read", o.pipeline_read);
+    e("pipeline_write", o.pipeline_write);
+  }
+  {
+    Emit e{section(root, "aio")};
+    e("block_size", c.aio.block_size);
+    e("queue_depth", c.aio.queue_depth);
+    e("thread_count", c.aio.thread_count);
+    e("single_submit", c.aio.single_submit);
+    e("overlap_events", c.aio.overlap_events);
   }
   {
     const OffloadParamSection& p = c.zero.offload_param;

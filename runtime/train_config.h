@@ -128,11 +128,17 @@ struct ParallelismSection {                // `parallelism`, Megatron's names; d
   bool operator==(const ParallelismSection&) const = default;
 };
 
-// `zero_optimization.offload_optimizer`: ZeRO-Offload (optim/host_offload.h), DeepSpeed's names;
-// docs/config.md. Only ZeRO stages 1 and 2 on run.device cuda with optimizer adamw.
+// `zero_optimization.offload_optimizer`: ZeRO-Offload (device cpu: optim/host_offload.h) and
+// ZeRO-Infinity's optimizer side (device nvme: optim/nvme_adamw.h), DeepSpeed's names;
+// docs/config.md. ZeRO stages 1 to 3 with optimizer adamw; device cpu on run.device cuda, device
+// nvme on cuda or cpu.
 struct OffloadOptimizerSection {
-  std::string device = "none";  // none | cpu | nvme (nvme: ZeRO-Infinity, not yet: an error)
-  bool pin_memory = true;       // masters and the gradient/parameter staging in pinned memory
+  std::string device = "none";  // none | cpu | nvme
+  bool pin_memory = true;       // host buffers (masters or nvme swap buffers) pinned
+  std::string nvme_path;        // device nvme: the directory of the swap file
+  int64_t buffer_count = 4;     // device nvme: sub-group buffers (Note [Sub-group pipeline])
+  bool pipeline_read = true;    // device nvme: read the next sub-groups while one steps
+  bool pipeline_write = true;   // device nvme: write sub-groups back while the next steps
   // The paper's one-step delayed parameter update (Note [Delayed parameter update]): after
   // delayed_param_update_start plain updates, each update reaches the GPU one step late.
   bool delayed_param_update = false;
@@ -161,9 +167,21 @@ struct ZeroSection {  // `zero_optimization`, DeepSpeed's names and meanings; do
   bool overlap_comm = true;                          // reduce buckets during backward
   int64_t stage3_prefetch_bucket_size = 50'000'000;  // elements prefetched ahead (stage 3)
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay whole (stage 3)
+  int64_t sub_group_size = 1'000'000'000;  // elements per offloaded optimizer sub-group (nvme)
   OffloadOptimizerSection offload_optimizer;
   OffloadParamSection offload_param;
   bool operator==(const ZeroSection&) const = default;
+};
+
+// `aio`: the NVMe tier's asynchronous I/O (offload/aio_engine.h, Note [AIO engine]), DeepSpeed's
+// names and meanings; used by offload_optimizer.device nvme.
+struct AioSection {
+  int64_t block_size = 1048576;  // bytes per I/O request
+  int64_t queue_depth = 8;       // requests in flight per thread
+  int64_t thread_count = 1;      // I/O threads, each with its own queue
+  bool single_submit = false;    // one syscall per request instead of per batch
+  bool overlap_events = true;    // refill the queue as each request completes
+  bool operator==(const AioSection&) const = default;
 };
 
 struct Fp16Section {      // `fp16`: dynamic loss scaling for run.dtype fp16, DeepSpeed's names
@@ -186,6 +204,7 @@ struct TrainConfig {
   DistributedSection distributed;
   ParallelismSection parallelism;
   ZeroSection zero;
+  AioSection aio;
   Fp16Section fp16;
   std::string source;  // the top config file path
 

@@ -72,7 +72,9 @@ DType param_dtype(const std::string& dtype) {
   return dtype == "bf16" ? DType::BF16 : dtype == "fp16" ? DType::F16 : DType::F32;
 }
 
-parallel::ZeroConfig zero_config(const ZeroSection& z) {
+// `rank`: the global rank, which names this process's NVMe swap lock (Note [Swap directory lock]).
+parallel::ZeroConfig zero_config(const TrainConfig& c, int rank) {
+  const ZeroSection& z = c.zero;
   parallel::ZeroConfig out;
   out.stage = z.stage;
   out.reduce_bucket_size = z.reduce_bucket_size;
@@ -81,7 +83,20 @@ parallel::ZeroConfig zero_config(const ZeroSection& z) {
   out.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
   out.stage3_param_persistence_threshold = z.stage3_param_persistence_threshold;
   const OffloadOptimizerSection& o = z.offload_optimizer;
-  out.offload_optimizer.enabled = o.device == "cpu";
+  out.offload_optimizer.enabled = o.device == "cpu" || o.device == "nvme";
+  out.offload_optimizer.nvme = o.device == "nvme";
+  optim::NvmeAdamWOptions& nv = out.offload_optimizer.nvme_options;
+  nv.nvme_path = o.nvme_path;
+  nv.lock_tag = fmt::format("optimizer-rank{}", rank);
+  nv.sub_group_size = z.sub_group_size;
+  nv.buffer_count = static_cast<int>(o.buffer_count);
+  nv.pipeline_read = o.pipeline_read;
+  nv.pipeline_write = o.pipeline_write;
+  nv.aio.block_size = static_cast<size_t>(c.aio.block_size);
+  nv.aio.queue_depth = static_cast<int>(c.aio.queue_depth);
+  nv.aio.intra_op_parallelism = static_cast<int>(c.aio.thread_count);
+  nv.aio.single_submit = c.aio.single_submit;
+  nv.aio.overlap_events = c.aio.overlap_events;
   out.offload_optimizer.pin_memory = o.pin_memory;
   out.offload_optimizer.delayed_param_update = o.delayed_param_update;
   out.offload_optimizer.delayed_param_update_start = o.delayed_param_update_start;
@@ -297,7 +312,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   unit_sizes_ = parallel::unit_sizes(*model_);  // before the engine pads them (Note [ZeRO padding])
   engine_ = with_config_context(c, "zero_optimization", [&] {
     return std::make_unique<parallel::Engine>(
-        *model_, dp_, zero_config(c.zero),
+        *model_, dp_, zero_config(c, world_comm_->rank()),
         [&c](std::vector<optim::ParamGroup> groups) {
           return make_optimizer(c, std::move(groups));
         },

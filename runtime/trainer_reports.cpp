@@ -64,7 +64,28 @@ void Trainer::report_memory() {
       world_, parallel::formula(zc), format_bytes(claim.total()),
       pp_size_ > 1 ? " on rank 0's stage" : "", format_bytes(claim.params),
       format_bytes(claim.grads), format_bytes(claim.optimizer)));
-  if (config_.zero.offload_optimizer.enabled()) {
+  if (config_.zero.offload_optimizer.device == "nvme") {
+    // ZeRO-Infinity: the states the claim counts live on NVMe; resident are the sub-group
+    // buffers (Note [Optimizer states on NVMe]).
+    using offload::Category;
+    using offload::Tier;
+    console_->event(fmt::format(
+        "  ZeRO-Infinity (rank 0): optimizer states on NVMe in {}, not in the claim's device "
+        "bytes: nvme {} (masters and moments); resident pinned {} (sub-group buffers {}, "
+        "gradient staging {}, parameter staging {}), host optimizer {}; peak resident "
+        "optimizer {} (pinned {}, host {})",
+        config_.zero.offload_optimizer.nvme_path,
+        format_bytes(stats.usage(Tier::Nvme, Category::Optimizer).current),
+        format_bytes(stats.tier_usage(Tier::Pinned).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Optimizer).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Grad).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Param).current),
+        format_bytes(stats.usage(Tier::Host, Category::Optimizer).current),
+        format_bytes(stats.usage(Tier::Pinned, Category::Optimizer).peak +
+                     stats.usage(Tier::Host, Category::Optimizer).peak),
+        format_bytes(stats.usage(Tier::Pinned, Category::Optimizer).peak),
+        format_bytes(stats.usage(Tier::Host, Category::Optimizer).peak)));
+  } else if (config_.zero.offload_optimizer.enabled()) {
     // ZeRO-Offload: the optimizer states the claim counts live on the host, not the GPU.
     using offload::Category;
     using offload::Tier;

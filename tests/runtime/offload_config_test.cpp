@@ -88,13 +88,25 @@ TEST_F(OffloadConfig, WhatOffloadCannotRunIsAnErrorNamingTheKey) {
   };
   const std::vector<Case> cases = {
       {{off + "device=nvme"},
-       "zero_optimization.offload_optimizer.device: nvme (ZeRO-Infinity: optimizer states on "
-       "NVMe) is not available yet"},
+       "zero_optimization.offload_optimizer.device: nvme keeps the optimizer states in a swap "
+       "file, but nvme_path is empty"},
       {{off + "device=cpu", "run.device=cpu", "run.dtype=fp32"},
        "zero_optimization.offload_optimizer.device: cpu moves the optimizer from the GPU to the "
        "host, but run.device is 'cpu': there is nothing to offload from"},
-      {{off + "device=cpu", "zero_optimization.stage=0"}, "needs zero_optimization.stage 1 or 2"},
-      {{off + "device=cpu", "zero_optimization.stage=3"}, "got stage 3"},
+      {{off + "device=cpu", "zero_optimization.stage=0"},
+       "needs zero_optimization.stage 1, 2 or 3, got stage 0"},
+      {{off + "device=nvme", off + "nvme_path=/x", "zero_optimization.stage=0"},
+       "needs zero_optimization.stage 1, 2 or 3, got stage 0"},
+      {{off + "device=nvme", off + "nvme_path=/x", off + "delayed_param_update=true"},
+       "delayed_param_update: delays the CPU optimizer's update, which device nvme does not do"},
+      {{off + "device=nvme", off + "nvme_path=/x", off + "buffer_count=0"},
+       "zero_optimization.offload_optimizer.buffer_count: must be positive"},
+      {{off + "device=nvme", off + "nvme_path=/x", "zero_optimization.sub_group_size=0"},
+       "zero_optimization.sub_group_size: must be positive"},
+      {{"aio.block_size=1000"}, "aio.block_size: is 1000; it must be a multiple of 4096"},
+      {{"aio.queue_depth=0"}, "aio.queue_depth: is 0; it must be between 1 and 4096"},
+      {{"aio.thread_count=65"}, "aio.thread_count: is 65; it must be between 1 and 64"},
+      {{"aio.queue_dept=4"}, "queue_depth"},
       {{off + "device=cpu", "optimizer.name=sgd"}, "optimizer.name is 'sgd'"},
       {{off + "delayed_param_update=true"},
        "zero_optimization.offload_optimizer.delayed_param_update: delays the CPU optimizer's "
@@ -110,9 +122,10 @@ TEST_F(OffloadConfig, WhatOffloadCannotRunIsAnErrorNamingTheKey) {
     // Values from --set are located there (core/config.h), values in the file at file:line.
     EXPECT_EQ(e.rfind("--set: ", 0), 0u) << "names where the value came from: " << e;
   }
-  std::ofstream(path_, std::ios::app) << "  offload_optimizer:\n    device: nvme\n";
+  std::ofstream(path_, std::ios::app)
+      << "  offload_optimizer:\n    device: nvme\n    nvme_path: /x\n    buffer_count: 0\n";
   const std::string e = error({});
-  EXPECT_NE(e.find("c.yaml:14:13: zero_optimization.offload_optimizer.device: nvme"),
+  EXPECT_NE(e.find("c.yaml:16:19: zero_optimization.offload_optimizer.buffer_count"),
             std::string::npos)
       << e;
 }
@@ -166,6 +179,46 @@ TEST_F(OffloadConfig, WhatParamOffloadCannotRunIsAnErrorNamingTheKey) {
     const std::string e = error(c.sets);
     EXPECT_NE(e.find(c.want), std::string::npos) << c.sets.back() << "\n  got: " << e;
   }
+}
+
+// ZeRO-Infinity's optimizer side: device nvme with its keys, zero_optimization.sub_group_size and
+// the aio section, read and written back; nvme runs on a CPU-only run and at ZeRO-3, as cpu
+// offload does at ZeRO-3 on the GPU.
+TEST_F(OffloadConfig, NvmeKeysAndTheAioSectionRoundTrip) {
+  const std::string off = "zero_optimization.offload_optimizer.";
+  const TrainConfig plain = load_train_config(path_);
+  EXPECT_EQ(plain.zero.sub_group_size, 1'000'000'000);
+  EXPECT_EQ(plain.zero.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(plain.aio.block_size, 1048576);
+  EXPECT_EQ(plain.aio.queue_depth, 8);
+  EXPECT_EQ(plain.aio.thread_count, 1);
+  EXPECT_FALSE(plain.aio.single_submit);
+  EXPECT_TRUE(plain.aio.overlap_events);
+  const TrainConfig c = load_train_config(
+      path_,
+      {off + "device=nvme", off + "nvme_path=/mnt/nvme0", off + "buffer_count=6",
+       off + "pipeline_read=false", off + "pipeline_write=false", "run.device=cpu",
+       "run.dtype=fp32", "zero_optimization.stage=3", "zero_optimization.sub_group_size=5000",
+       "aio.block_size=262144", "aio.queue_depth=32", "aio.thread_count=2",
+       "aio.single_submit=true", "aio.overlap_events=false"});
+  const OffloadOptimizerSection& o = c.zero.offload_optimizer;
+  EXPECT_EQ(o.device, "nvme");
+  EXPECT_EQ(o.nvme_path, "/mnt/nvme0");
+  EXPECT_EQ(o.buffer_count, 6);
+  EXPECT_FALSE(o.pipeline_read);
+  EXPECT_FALSE(o.pipeline_write);
+  EXPECT_EQ(c.zero.sub_group_size, 5000);
+  EXPECT_EQ(c.aio.block_size, 262144);
+  EXPECT_EQ(c.aio.queue_depth, 32);
+  EXPECT_EQ(c.aio.thread_count, 2);
+  EXPECT_TRUE(c.aio.single_submit);
+  EXPECT_FALSE(c.aio.overlap_events);
+  const std::string saved = (dir_ / "saved.yaml").string();
+  std::ofstream(saved) << to_yaml(c);
+  const TrainConfig back = load_train_config(saved);
+  EXPECT_EQ(back.zero, c.zero) << to_yaml(c);
+  EXPECT_EQ(back.aio, c.aio) << to_yaml(c);
+  EXPECT_NO_THROW(load_train_config(path_, {off + "device=cpu", "zero_optimization.stage=3"}));
 }
 
 }  // namespace

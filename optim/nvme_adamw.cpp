@@ -1,0 +1,373 @@
+#include "optim/nvme_adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+#include <utility>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "offload/memory_stats.h"
+#include "offload/pinned_allocator.h"
+#include "tensor/cuda.h"
+#include "tensor/storage.h"
+
+namespace strata::optim {
+
+namespace {
+
+// A 1-d host tensor of n elements charged to `category`: pinned (Tier::Pinned) or not
+// (Tier::Host), as host_offload.cpp's.
+tensor::Tensor host_buffer(int64_t n, DType dtype, offload::Category category, bool pinned) {
+  if (!pinned) {
+    offload::CategoryScope scope(category);
+    return tensor::Tensor::empty({n}, dtype);
+  }
+  auto storage =
+      std::make_shared<tensor::Storage>(static_cast<size_t>(n) * dtype_size(dtype), Device::cpu(),
+                                        &offload::PinnedAllocator::instance(), category);
+  return tensor::Tensor(std::move(storage), tensor::Shape{n}, tensor::Shape{1}, 0, dtype);
+}
+
+bool flat(const tensor::Tensor& t) {
+  return t.defined() && t.ndim() == 1 && t.is_contiguous();
+}
+
+char* bytes_at(const tensor::Tensor& t, int64_t element) {
+  return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+}  // namespace
+
+void NvmeAdamWOptions::validate() const {
+  if (nvme_path.empty())
+    user_error(
+        "zero_optimization.offload_optimizer.nvme_path is empty: set it to a directory on the "
+        "NVMe drive that holds the optimizer states");
+  if (sub_group_size < 1)
+    user_error("zero_optimization.sub_group_size must be >= 1, got {}", sub_group_size);
+  if (buffer_count < 1)
+    user_error("zero_optimization.offload_optimizer.buffer_count must be >= 1, got {}",
+               buffer_count);
+  aio.validate();
+}
+
+NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
+                     const NvmeAdamWOptions& options)
+    : Optimizer({}, {}),
+      slices_(std::move(slices)),
+      config_(config),
+      options_(options),
+      isa_(default_adamw_isa()) {
+  options_.validate();
+  {
+    AdamW check({}, config_);  // the hyper-parameters' range checks
+  }
+  STRATA_USER_CHECK(!slices_.empty(), "offload_optimizer: nothing to offload (no slices)");
+  const Device device = slices_.front().params.device();
+  cuda_ = device.is_cuda();
+  mixed_ = slices_.front().params.dtype() != DType::F32;
+  const DType grad_dtype = slices_.front().grads.dtype();
+  int64_t max_n = 0;
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    NvmeSlice& s = slices_[i];
+    STRATA_CHECK(flat(s.params) && flat(s.grads) && s.grads.numel() == s.params.numel(),
+                 "nvme slice {}: params {} and grads {} must be 1-d contiguous and alike", i,
+                 s.params.str(), s.grads.str());
+    STRATA_CHECK(s.params.device() == device && s.grads.device() == device,
+                 "nvme slice {}: params on {}, grads on {}, expected {}", i,
+                 s.params.device().str(), s.grads.device().str(), device.str());
+    STRATA_CHECK((s.params.dtype() != DType::F32) == mixed_ && s.grads.dtype() == grad_dtype,
+                 "nvme slice {} is {} / {}, slice 0 {} / {}", i, dtype_name(s.params.dtype()),
+                 dtype_name(s.grads.dtype()), dtype_name(slices_.front().params.dtype()),
+                 dtype_name(grad_dtype));
+    if (!s.master.defined()) s.master = s.params;
+    STRATA_CHECK(s.master.dtype() == DType::F32 && s.master.numel() == s.params.numel(),
+                 "nvme slice {}: masters start from an f32 tensor of {} elements, got {}", i,
+                 s.params.numel(), s.master.str());
+    // Note [Segments and weight decay]: gaps decay-free, equal neighbours merged.
+    const int64_t n = s.params.numel();
+    std::vector<Segment> segs = s.segments;
+    std::sort(segs.begin(), segs.end(),
+              [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
+    std::vector<Run> runs;
+    auto push = [&runs](int64_t offset, int64_t numel, bool decay) {
+      if (numel <= 0) return;
+      if (!runs.empty() && runs.back().decay == decay) {
+        runs.back().numel += numel;
+      } else {
+        runs.push_back({offset, numel, decay});
+      }
+    };
+    int64_t cursor = 0;
+    for (const Segment& seg : segs) {
+      STRATA_USER_CHECK(seg.offset >= cursor && seg.offset + seg.numel <= n,
+                        "nvme slice {}: segment '{}' overlaps another or lies outside the slice", i,
+                        seg.name);
+      push(cursor, seg.offset - cursor, false);
+      push(seg.offset, seg.numel, seg.decay);
+      cursor = seg.offset + seg.numel;
+    }
+    push(cursor, n - cursor, false);
+    for (int64_t at = 0; at < n; at += options_.sub_group_size) {
+      SubGroup sg;
+      sg.slice = i;
+      sg.offset = at;
+      sg.numel = std::min(options_.sub_group_size, n - at);
+      for (const Run& r : runs) {
+        const int64_t b = std::max(r.offset, at), e = std::min(r.offset + r.numel, at + sg.numel);
+        if (b < e) sg.runs.push_back({b - at, e - b, r.decay});
+      }
+      max_n = std::max(max_n, sg.numel);
+      subs_.push_back(std::move(sg));
+    }
+  }
+
+  // The store checks nvme_path (exists, writable, O_DIRECT) before the lock is taken in it.
+  offload::NvmeConfig nc;
+  nc.paths = {options_.nvme_path};
+  nc.aio = options_.aio;
+  nc.checksum = options_.checksum;
+  store_ = std::make_unique<offload::NvmeStore>(nc);
+  lock_ = std::make_unique<offload::SwapDirLock>(
+      options_.nvme_path, options_.lock_tag.empty() ? "optimizer" : options_.lock_tag);
+  if (lock_->stale_files_removed() > 0)
+    log::warn("nvme_path {}: removed {} swap files of a run that died without cleaning up",
+              options_.nvme_path, lock_->stale_files_removed());
+  copies_ = std::make_unique<offload::CopyStream>(cuda_);
+  // Every home reserved now: a full disk fails here, not in the middle of a step.
+  for (SubGroup& s : subs_)
+    s.home = store_->allocate(static_cast<size_t>(s.numel) * 12, offload::Category::Optimizer);
+
+  const int64_t per = ((max_n * 12 + 4095) / 4096) * 4096 / 4;  // floats per state buffer
+  buffer_bytes_ = static_cast<size_t>(per) * 4;
+  for (int b = 0; b < std::min<int64_t>(options_.buffer_count, subs_.size()); ++b)
+    bufs_.push_back(
+        host_buffer(per, DType::F32, offload::Category::Optimizer, options_.pin_memory));
+  grad_stage_ = host_buffer(max_n, grad_dtype, offload::Category::Grad, options_.pin_memory);
+  if (mixed_)
+    low_precision_ = host_buffer(max_n, slices_.front().params.dtype(), offload::Category::Param,
+                                 options_.pin_memory);
+
+  // The initial states: the masters from the slices, zero moments.
+  for (size_t i = 0; i < subs_.size(); ++i) {
+    const SubGroup& s = subs_[i];
+    float* buf = buffer(0);
+    tensor::Tensor(bufs_[0])
+        .narrow(0, 0, s.numel)
+        .copy_(slices_[s.slice].master.narrow(0, s.offset, s.numel));
+    std::memset(buf + s.numel, 0, static_cast<size_t>(s.numel) * 8);
+    store_->write(s.home, buf, static_cast<size_t>(s.numel) * 12).wait();
+  }
+  for (NvmeSlice& s : slices_) s.master = tensor::Tensor();  // not kept: the home holds it
+}
+
+NvmeAdamW::~NvmeAdamW() {
+  // In-flight I/O reads or writes the buffers: it completes before they go.
+  if (store_) store_->engine().drain();
+  pending_writes_.clear();
+}
+
+float* NvmeAdamW::buffer(size_t i) const {
+  return bufs_[i % bufs_.size()].data<float>();
+}
+
+void NvmeAdamW::finish_writes() {
+  std::vector<offload::IoHandle> writes = std::exchange(pending_writes_, {});
+  for (offload::IoHandle& w : writes) w.wait();
+}
+
+void NvmeAdamW::write_params(const SubGroup& s, const float* master, const void* low_precision) {
+  const tensor::Tensor& dst = slices_[s.slice].params;
+  const void* src = mixed_ ? low_precision : master;
+  copies_->to_device(bytes_at(dst, s.offset), src,
+                     static_cast<size_t>(s.numel) * dtype_size(dst.dtype()));
+  copies_->synchronize();  // the staging buffer is reused by the next sub-group
+}
+
+// Note [Optimizer states on NVMe], Note [Sub-group pipeline].
+void NvmeAdamW::step(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr)) user_error("AdamW: learning rate must be >= 0, got {}", lr);
+  drop_staged();
+  finish_writes();  // the last step's writes land before their sub-groups are read again
+  ++step_;
+  const AdamWConfig& c = config_;
+  const AdamWScalars decay = adamw_scalars(lr, c.beta1, c.beta2, c.eps, c.weight_decay, step_);
+  const AdamWScalars no_decay = adamw_scalars(lr, c.beta1, c.beta2, c.eps, 0.0, step_);
+  const float scale = grad_scale_;
+  grad_scale_ = 1.f;
+  // The device gradients are final once the compute stream's backward is.
+  if (copies_->cuda()) copies_->wait_for(tensor::cuda_current_stream());
+
+  const size_t S = subs_.size(), B = bufs_.size();
+  const size_t depth = !options_.pipeline_read ? 0 : B >= 3 ? B - 2 : B - 1;
+  std::vector<offload::IoHandle> reads(S), writes(S);
+  size_t next_read = 0;
+  for (size_t i = 0; i < S; ++i) {
+    while (next_read < S && next_read <= i + depth) {
+      const size_t j = next_read++;
+      if (j >= B) writes[j - B].wait();  // its buffer is free once that write is done
+      reads[j] = store_->read(subs_[j].home, buffer(j), static_cast<size_t>(subs_[j].numel) * 12);
+    }
+    if (!reads[i].poll()) {
+      ++read_waits_;
+      reads[i].wait();
+    }
+    const SubGroup& s = subs_[i];
+    const NvmeSlice& sl = slices_[s.slice];
+    const int64_t n = s.numel;
+    float* master = buffer(i);
+    float* m = master + n;
+    float* v = master + 2 * n;
+    // The gradient, widened as AdamW::step widens it (Note [Mixed precision], engine.h).
+    copies_->to_host(grad_stage_.data_ptr(), bytes_at(sl.grads, s.offset),
+                     static_cast<size_t>(n) * dtype_size(sl.grads.dtype()));
+    copies_->synchronize();
+    const float* grad = nullptr;
+    if (sl.grads.dtype() != DType::F32 || scale != 1.f) {
+      if (!widened_.defined())
+        widened_ = host_buffer(grad_stage_.numel(), DType::F32, offload::Category::Workspace,
+                               /*pinned=*/false);
+      tensor::Tensor dst = widened_.narrow(0, 0, n);
+      dst.copy_(grad_stage_.narrow(0, 0, n));
+      float* d = dst.data<float>();
+      if (scale != 1.f) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+        for (int64_t k = 0; k < n; ++k) d[k] = d[k] * scale;
+      }
+      grad = d;
+    } else {
+      grad = grad_stage_.data<float>();
+    }
+    auto* lp = mixed_ ? static_cast<char*>(low_precision_.data_ptr()) : nullptr;
+    for (const Run& r : s.runs) {
+      AdamWBuffers b;
+      b.param = master + r.offset;
+      b.grad = grad + r.offset;
+      b.exp_avg = m + r.offset;
+      b.exp_avg_sq = v + r.offset;
+      if (lp != nullptr) {
+        b.low_precision = lp + r.offset * static_cast<int64_t>(dtype_size(low_precision_.dtype()));
+        b.low_precision_dtype = low_precision_.dtype();
+      }
+      b.numel = r.numel;
+      adamw_update(b, r.decay ? decay : no_decay, isa_);
+    }
+    write_params(s, master, lp);
+    writes[i] = store_->write(s.home, master, static_cast<size_t>(n) * 12);
+    if (!options_.pipeline_write) writes[i].wait();
+  }
+  // The writes not waited for above (the last B) complete behind the next forward and backward.
+  for (size_t i = S > B ? S - B : 0; i < S; ++i) pending_writes_.push_back(writes[i]);
+  if (copies_->cuda()) copies_->order_before(tensor::cuda_current_stream());
+}
+
+// Note [Staged states]
+void NvmeAdamW::stage() const {
+  if (!staged_.empty()) return;
+  auto* self = const_cast<NvmeAdamW*>(this);
+  self->finish_writes();
+  std::vector<std::vector<tensor::Tensor>> staged;
+  {
+    offload::CategoryScope scope(offload::Category::Optimizer);
+    for (const NvmeSlice& s : slices_) {
+      std::vector<tensor::Tensor> three;
+      for (int k = 0; k < 3; ++k) three.push_back(tensor::Tensor::empty({s.params.numel()}));
+      staged.push_back(std::move(three));
+    }
+  }
+  for (size_t i = 0; i < subs_.size(); ++i) {
+    const SubGroup& s = subs_[i];
+    float* buf = buffer(0);
+    self->store_->read(s.home, buf, static_cast<size_t>(s.numel) * 12).wait();
+    for (int k = 0; k < 3; ++k)
+      std::memcpy(staged[s.slice][k].data<float>() + s.offset, buf + k * s.numel,
+                  static_cast<size_t>(s.numel) * 4);
+  }
+  staged_ = std::move(staged);
+}
+
+void NvmeAdamW::drop_staged() const {
+  staged_.clear();
+}
+
+OptimizerState NvmeAdamW::state_dict() const {
+  stage();
+  OptimizerState st;
+  st.step = step_;
+  for (size_t g = 0; g < staged_.size(); ++g) {
+    st.tensors.push_back({fmt::format("group{}.exp_avg", g), staged_[g][1]});
+    st.tensors.push_back({fmt::format("group{}.exp_avg_sq", g), staged_[g][2]});
+  }
+  return st;
+}
+
+const tensor::Tensor& NvmeAdamW::master(size_t i) const {
+  stage();
+  STRATA_CHECK(i < staged_.size(), "master {} of {} slices", i, staged_.size());
+  return staged_[i][0];
+}
+
+void NvmeAdamW::load_state_dict(const OptimizerState& state) {
+  if (state.step < 0) user_error("{} state has a negative step count ({})", name(), state.step);
+  stage();
+  std::unordered_map<std::string, const tensor::Tensor*> given;
+  for (const NamedTensor& t : state.tensors)
+    if (!given.emplace(t.name, &t.tensor).second)
+      user_error("{} state lists '{}' twice", name(), t.name);
+  std::vector<std::pair<const tensor::Tensor*, tensor::Tensor*>> copies;
+  for (size_t g = 0; g < staged_.size(); ++g) {
+    for (int k = 1; k <= 2; ++k) {
+      const std::string key = fmt::format("group{}.{}", g, k == 1 ? "exp_avg" : "exp_avg_sq");
+      auto it = given.find(key);
+      if (it == given.end())
+        user_error(
+            "{} state has no '{}': the checkpoint was written by a different optimizer or "
+            "for a different model/partitioning",
+            name(), key);
+      const tensor::Tensor& src = *it->second;
+      if (!src.defined() || src.dtype() != DType::F32 || src.shape() != staged_[g][k].shape())
+        user_error(
+            "{} state '{}' is {}, expected {}: the checkpoint does not match this "
+            "model/partitioning",
+            name(), key, src.defined() ? src.str() : "undefined", staged_[g][k].str());
+      copies.emplace_back(&src, &staged_[g][k]);
+      given.erase(it);
+    }
+  }
+  if (!given.empty())
+    user_error("{} state has unexpected entry '{}' ({} groups here)", name(), given.begin()->first,
+               staged_.size());
+  for (auto [src, dst] : copies)
+    if (src->data_ptr() != dst->data_ptr()) dst->copy_(*src);
+  step_ = state.step;
+  commit_staged();
+}
+
+void NvmeAdamW::commit_staged() {
+  finish_writes();
+  if (copies_->cuda()) copies_->wait_for(tensor::cuda_current_stream());
+  for (size_t i = 0; i < subs_.size(); ++i) {
+    const SubGroup& s = subs_[i];
+    float* buf = buffer(0);
+    const size_t bytes = static_cast<size_t>(s.numel) * 12;
+    if (staged_.empty()) {
+      store_->read(s.home, buf, bytes).wait();
+    } else {
+      for (int k = 0; k < 3; ++k)
+        std::memcpy(buf + k * s.numel, staged_[s.slice][k].data<float>() + s.offset,
+                    static_cast<size_t>(s.numel) * 4);
+      store_->write(s.home, buf, bytes).wait();
+    }
+    if (mixed_)  // rounded as HostOffload::params_from_masters rounds
+      tensor::Tensor(low_precision_)
+          .narrow(0, 0, s.numel)
+          .copy_(tensor::Tensor(bufs_[0]).narrow(0, 0, s.numel));
+    write_params(s, buf, mixed_ ? low_precision_.data_ptr() : nullptr);
+  }
+  if (copies_->cuda()) copies_->order_before(tensor::cuda_current_stream());
+  drop_staged();
+}
+
+}  // namespace strata::optim

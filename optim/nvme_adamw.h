@@ -1,0 +1,150 @@
+#pragma once
+// NvmeAdamW: ZeRO-Infinity's optimizer side (Rajbhandari et al., 2021). AdamW whose fp32 masters
+// and both moments live in an NVMe swap file instead of memory; a step streams them through a few
+// pinned buffers, one sub-group at a time, so resident optimizer memory is bounded by the buffers,
+// not by the model.
+//
+// Note [Optimizer states on NVMe]
+// The owned slices (one per unit, as HostOffload's: Note [Host offload]) are cut into sub-groups
+// of at most sub_group_size elements (zero_optimization.sub_group_size), each inside one slice.
+// A sub-group's home is one NVMe extent holding [master | exp_avg | exp_avg_sq], 12 bytes per
+// element. step(lr), for sub-groups i = 0, 1, ...:
+//   - reads sub-group i+1 .. i+d into free buffers (d: read-ahead, Note [Sub-group pipeline]),
+//   - waits for sub-group i's read (checksums verified: a damaged block is an error naming the
+//     swap file),
+//   - copies its gradient range from the device to a staging buffer and widens it to f32 times
+//     the gradient scale exactly as AdamW::step does,
+//   - runs the AdamW kernel over its decay runs (the same scalars, the same elementwise kernel:
+//     AdamW is elementwise, so a sub-group updates as the same elements of the whole would),
+//   - copies the updated parameters (the fp32 master, or under mixed precision the kernel's
+//     bf16/f16 model copy) into the device's owned slice,
+//   - starts writing the sub-group home.
+// So the run's bits are AdamW's over the same groups (tests compare them). Resident: buffer_count
+// state buffers of 12 x sub_group_size bytes (Category::Optimizer, pinned with pin_memory), one
+// gradient staging buffer (Category::Grad), one f32 widening buffer (Category::Workspace) and
+// under mixed precision one model-copy buffer (Category::Param), each of sub_group_size elements.
+// The extents are reserved when the optimizer is built, so a full disk is an error at start.
+//
+// Note [Sub-group pipeline]
+// Buffer b holds sub-groups b, b + B, b + 2B, ... (B = buffer_count). Reading sub-group j into
+// its buffer first waits for the write of j - B. With pipeline_read the reads run d sub-groups
+// ahead of the step (d = B - 2 when B >= 3, so the write of i - 1 proceeds while i steps, else
+// B - 1); without it each read is issued when its sub-group is due. With pipeline_write the write
+// of sub-group i completes in the background; without it the step waits for it.
+//
+// Note [Staged states]
+// Checkpoints read and write states through state_dict() and master(), which hold views of
+// resident buffers elsewhere. Here state_dict() stages the whole state in host memory (read from
+// NVMe; Category::Optimizer) and returns views of the staged copies; a checkpoint load fills
+// them and then commit_staged() (through params_from_masters() or load_state_dict()) writes them
+// home and rewrites the device parameters. The next step() drops staged copies (a save has
+// written them out by then). So resident optimizer memory is bounded by the buffers except
+// while a checkpoint is written or read.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "offload/copy_stream.h"
+#include "offload/nvme_store.h"
+#include "offload/swap_dir_lock.h"
+#include "optim/adamw.h"
+#include "optim/optimizer.h"
+
+namespace strata::optim {
+
+struct NvmeSlice {        // as OffloadSlice (optim/host_offload.h)
+  tensor::Tensor params;  // F32, BF16 or F16 on the device: step() rewrites it
+  tensor::Tensor grads;   // same numel, F32, BF16 or F16 on the device
+  tensor::Tensor master;  // F32 initial values (any device); undefined: params (then F32)
+  std::vector<Segment> segments;
+};
+
+struct NvmeAdamWOptions {  // zero_optimization.offload_optimizer with device: nvme
+  std::string nvme_path;
+  std::string lock_tag;  // Note [Swap directory lock]; empty: "optimizer"
+  int64_t sub_group_size = 1'000'000'000;
+  int buffer_count = 4;
+  bool pin_memory = true;
+  bool pipeline_read = true;
+  bool pipeline_write = true;
+  offload::AioConfig aio;
+  // Checksums of every block (Note [Checksums and alignment]); tests may turn them off.
+  bool checksum = true;
+  // Raises a UserError naming the bad key.
+  void validate() const;
+};
+
+class NvmeAdamW final : public Optimizer {
+ public:
+  NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
+            const NvmeAdamWOptions& options);
+  ~NvmeAdamW() override;
+
+  // Note [Optimizer states on NVMe]; the gradients are read from the slices' device gradients.
+  void step(double lr) override;
+  std::string_view name() const override { return "AdamW"; }
+
+  // Note [Staged states]: "group<i>.exp_avg" / "group<i>.exp_avg_sq", views of staged copies.
+  OptimizerState state_dict() const override;
+  // Copies into the staged states and commits them (then only the step count when `state` is
+  // this optimizer's own staged views).
+  void load_state_dict(const OptimizerState& state) override;
+  // The staged fp32 master of slice i (Note [Staged states]).
+  const tensor::Tensor& master(size_t i) const;
+  // Writes staged states home, rewrites the device parameters from the masters (rounded under
+  // mixed precision) and drops the staged copies. Without staged states: rewrites the device
+  // parameters from the masters on NVMe.
+  void commit_staged();
+
+  size_t slices() const { return slices_.size(); }
+  size_t sub_groups() const { return subs_.size(); }
+  // Bytes of one state buffer (12 x the largest sub-group, rounded to 4 KiB).
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  int buffer_count() const { return static_cast<int>(bufs_.size()); }
+  const AdamWConfig& config() const { return config_; }
+  offload::NvmeStore& store() { return *store_; }
+  // Reads that the step had to wait for (not hidden behind the previous sub-group's update).
+  int64_t read_waits() const { return read_waits_; }
+  // Waits for the last step's writes (they complete in the background; raises their error).
+  void finish_writes();
+
+ private:
+  struct Run {
+    int64_t offset = 0;  // relative to the sub-group
+    int64_t numel = 0;
+    bool decay = false;
+  };
+  struct SubGroup {
+    size_t slice = 0;
+    int64_t offset = 0;  // in the slice
+    int64_t numel = 0;
+    offload::Block home;
+    std::vector<Run> runs;
+  };
+  float* buffer(size_t i) const;  // the state buffer of sub-group i
+  void write_params(const SubGroup& s, const float* master, const void* low_precision);
+  void stage() const;
+  void drop_staged() const;
+
+  std::vector<NvmeSlice> slices_;
+  AdamWConfig config_;
+  NvmeAdamWOptions options_;
+  Isa isa_;
+  bool mixed_ = false;
+  bool cuda_ = false;
+  std::unique_ptr<offload::SwapDirLock> lock_;
+  std::unique_ptr<offload::NvmeStore> store_;
+  std::unique_ptr<offload::CopyStream> copies_;
+  std::vector<SubGroup> subs_;
+  size_t buffer_bytes_ = 0;
+  std::vector<tensor::Tensor> bufs_;  // state buffers (f32, 3 x the largest sub-group each)
+  tensor::Tensor grad_stage_;         // the device gradient dtype
+  tensor::Tensor widened_;            // f32
+  tensor::Tensor low_precision_;      // the model copy, under mixed precision
+  int64_t read_waits_ = 0;
+  std::vector<offload::IoHandle> pending_writes_;
+  // Note [Staged states]: per slice, master / exp_avg / exp_avg_sq.
+  mutable std::vector<std::vector<tensor::Tensor>> staged_;
+};
+
+}  // namespace strata::optim

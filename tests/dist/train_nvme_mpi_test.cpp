@@ -1,0 +1,201 @@
+// ZeRO-Infinity's optimizer states on NVMe through `train` (offload_optimizer.device nvme on
+// run.device cpu: the host plays the device), one process and two ranks under mpirun: 20 steps
+// bitwise the in-memory run at ZeRO-1, 2 and 3 (losses, final parameters and moments), a
+// checkpoint resumed bitwise with the states on NVMe and without, and the faults at start: a
+// missing nvme_path, a full disk, a swap directory another live run holds. Swap files and locks
+// are gone after every run, failed or not.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tensor/safetensors.h"
+#include "train_mpi_fixture.h"
+
+namespace strata::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::describe;
+
+const std::string kBin = STRATA_BINARY_DIR;
+
+class TrainNvmeMpi : public testing::TrainMpiFixture {
+ protected:
+  TrainNvmeMpi() : TrainMpiFixture(kBin, "") {}
+  void SetUp() override {
+    TrainMpiFixture::SetUp();
+    fs::create_directories(swap());
+  }
+  std::string swap() const { return tmp_ / "swap"; }
+  // The overrides that put the optimizer states on NVMe, in sub-groups of 3000 elements through
+  // 3 buffers.
+  std::vector<std::string> nvme(std::vector<std::string> sets) const {
+    sets.push_back("zero_optimization.offload_optimizer.device=nvme");
+    sets.push_back("zero_optimization.offload_optimizer.nvme_path=" + swap());
+    sets.push_back("zero_optimization.offload_optimizer.buffer_count=3");
+    sets.push_back("zero_optimization.sub_group_size=3000");
+    sets.push_back("aio.block_size=65536");
+    return sets;
+  }
+  // Every tensor of a checkpoint's files whose name starts with `prefix`, by file and name.
+  std::map<std::string, std::vector<uint8_t>> tensors(const std::string& run, int step,
+                                                      const std::string& prefix) {
+    std::map<std::string, std::vector<uint8_t>> out;
+    const fs::path dir = tmp_ / fmt::format("{}/checkpoints/step_{:08d}", run, step);
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string file = e.path().filename().string();
+      if (file.rfind(prefix, 0) != 0 || e.path().extension() != ".safetensors") continue;
+      for (auto& [name, t] : tensor::load_safetensors(e.path().string())) {
+        const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+        out[file + ":" + name].assign(p, p + t.nbytes());
+      }
+    }
+    return out;
+  }
+  // Run a's model tensors equal run b's, and the optimizer tensors both hold (the moments; an
+  // in-memory fp32 run keeps no separate masters) too.
+  void expect_same_states(const std::string& a, const std::string& b, int step) {
+    const auto ma = tensors(a, step, "model"), mb = tensors(b, step, "model");
+    ASSERT_FALSE(ma.empty()) << a;
+    EXPECT_EQ(ma, mb) << a << " vs " << b << ": the parameters differ";
+    const auto oa = tensors(a, step, "optimizer"), ob = tensors(b, step, "optimizer");
+    int common = 0;
+    for (const auto& [name, bytes] : oa) {
+      auto it = ob.find(name);
+      if (it == ob.end()) continue;
+      ++common;
+      EXPECT_TRUE(bytes == it->second) << name << " differs between " << a << " and " << b;
+    }
+    EXPECT_GT(common, 0) << "no optimizer tensors in common";
+  }
+  void expect_swap_empty() {
+    for (const auto& e : fs::directory_iterator(swap()))
+      ADD_FAILURE() << e.path() << " left in the swap directory";
+  }
+};
+
+TEST_F(TrainNvmeMpi, TwentyStepsBitwiseTheInMemoryRunAtEveryStageAndDp) {
+  const int kSteps = 20;
+  for (int np : {0, 2}) {
+    for (int stage : {1, 2, 3}) {
+      SCOPED_TRACE(fmt::format("np {} stage {}", np, stage));
+      const std::vector<std::string> sets = {fmt::format("zero_optimization.stage={}", stage)};
+      const std::string plain = fmt::format("plain_{}_{}", np, stage);
+      const std::string off = fmt::format("nvme_{}_{}", np, stage);
+      CommandResult a = train(np, config(plain, kSteps), sets);
+      ASSERT_EQ(a.exit_code, 0) << describe(a);
+      CommandResult b = train(np, config(off, kSteps), nvme(sets));
+      ASSERT_EQ(b.exit_code, 0) << describe(b);
+      EXPECT_NE(b.out.find("ZeRO-Infinity (rank 0): optimizer states on NVMe in " + swap()),
+                std::string::npos)
+          << b.out;
+      const std::vector<double> want = losses(plain), got = losses(off);
+      ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+      EXPECT_EQ(got, want);
+      EXPECT_LT(want.back(), want.front()) << "the run did not train";
+      expect_same_states(off, plain, kSteps);
+      expect_swap_empty();
+    }
+  }
+}
+
+// Stopped at step 3 and resumed, a two-rank ZeRO-3 run with its states on NVMe gives the
+// uninterrupted run's bits; the same checkpoint continues bitwise without offload.
+TEST_F(TrainNvmeMpi, CheckpointResumesBitwiseWithTheStatesOnNvmeOrInMemory) {
+  const std::vector<std::string> sets = nvme({"zero_optimization.stage=3"});
+  CommandResult full = train(2, config("full", 6), sets);
+  ASSERT_EQ(full.exit_code, 0) << describe(full);
+  const std::string parts = config("parts", 6);
+  std::vector<std::string> first = sets;
+  first.push_back("training.steps=3");
+  CommandResult a = train(2, parts, first);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  CommandResult b = train(2, parts, sets);
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  const std::vector<double> x = losses("full");
+  ASSERT_EQ(x.size(), 6u);
+  EXPECT_EQ(losses("parts"), x);
+  expect_same_states("parts", "full", 6);
+  const std::string ckpt3 = tmp_ / "parts/checkpoints/step_00000003";
+  CommandResult plain =
+      train(2, config("plain", 6), {"zero_optimization.stage=3", "training.resume=" + ckpt3});
+  ASSERT_EQ(plain.exit_code, 0) << describe(plain);
+  EXPECT_EQ(losses("plain"), std::vector<double>(x.begin() + 3, x.end()));
+  expect_swap_empty();
+}
+
+TEST_F(TrainNvmeMpi, AMissingOrFullOrHeldSwapDirectoryIsAClearErrorAtStart) {
+  const std::vector<std::string> base = {"zero_optimization.stage=2"};
+  {
+    std::vector<std::string> sets = base;
+    sets.push_back("zero_optimization.offload_optimizer.device=nvme");
+    sets.push_back("zero_optimization.offload_optimizer.nvme_path=" + swap() + "/missing");
+    CommandResult r = train(0, config("missing", 2), sets);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(swap() + "/missing' does not exist"), std::string::npos) << describe(r);
+  }
+  {
+    // A full disk, made by a file-size limit (SIGXFSZ ignored, so growth fails with EFBIG the
+    // way a full disk fails with ENOSPC; the disposition survives exec).
+    void (*old)(int) = ::signal(SIGXFSZ, SIG_IGN);
+    CommandResult r = testing::run_command(
+        [&] {
+          std::vector<std::string> argv = {"/bin/bash",
+                                           "-c",
+                                           "ulimit -f 256; exec \"$@\"",
+                                           "bash",
+                                           kBin + "/train",
+                                           "--config",
+                                           config("full", 2)};
+          for (const std::string& s : nvme(base)) {
+            argv.push_back("--set");
+            argv.push_back(s);
+          }
+          return argv;
+        }(),
+        std::chrono::seconds(120));
+    ::signal(SIGXFSZ, old);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("full"), std::string::npos) << describe(r);
+    EXPECT_NE(r.err.find(swap() + "/strata-swap-"), std::string::npos) << describe(r);
+    expect_swap_empty();  // removed on the error path too
+  }
+  {
+    // Held: a live process's lock on rank 0's optimizer swap.
+    const pid_t holder = ::fork();
+    if (holder == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    const std::string lock = swap() + "/strata-optimizer-rank0.lock";
+    std::ofstream(lock) << holder << "\n";
+    CommandResult r = train(0, config("held", 2), nvme(base));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("in use by another run (process " + std::to_string(holder)),
+              std::string::npos)
+        << describe(r);
+    EXPECT_NE(r.err.find(lock), std::string::npos) << describe(r);
+    ::kill(holder, SIGKILL);
+    ::waitpid(holder, nullptr, 0);
+    // The holder is gone: its stale lock is taken over.
+    CommandResult ok = train(0, config("after", 2), nvme(base));
+    EXPECT_EQ(ok.exit_code, 0) << describe(ok);
+    expect_swap_empty();
+  }
+}
+
+}  // namespace
+}  // namespace strata::tools

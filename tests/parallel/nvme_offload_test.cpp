@@ -1,0 +1,262 @@
+// ZeRO-Infinity's optimizer side through the Engine on the CPU tier (offload_optimizer.device
+// nvme; optim/nvme_adamw.h): masters and moments in an NVMe swap file, stepped sub-group by
+// sub-group. The run is bitwise the in-memory run at ZeRO-1/2/3, fp32 and bf16, whatever the
+// sub-group size, buffer count and pipelining (Note [Optimizer states on NVMe]); resident
+// optimizer memory stays within the sub-group buffers; I/O errors, damaged blocks, a held swap
+// directory and a bad nvme_path are clear errors; swap files are gone when the engine is.
+// dp 2 and 4 are in offload_mpi_test.cpp, `train` end to end in tests/dist.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "comm/self_communicator.h"
+#include "core/error.h"
+#include "offload/memory_stats.h"
+#include "optim/nvme_adamw.h"
+#include "tests/parallel/engine_test_util.h"
+#include "tests/support/temp_dir.h"
+
+namespace strata::parallel {
+namespace {
+
+namespace fs = std::filesystem;
+using strata::testing::TrainSpec;
+
+std::vector<uint8_t> bytes(const tensor::Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+  return {p, p + t.nbytes()};
+}
+
+struct NvmeSetup {
+  std::string path;  // empty: in memory
+  int64_t sub_group_size = 1'000'000'000;
+  int buffer_count = 4;
+  bool pipeline = true;
+};
+
+ZeroConfig zero(int stage, const NvmeSetup& n) {
+  ZeroConfig z;
+  z.stage = stage;
+  z.reduce_bucket_size = 1000;
+  z.allgather_bucket_size = 1000;
+  z.stage3_param_persistence_threshold = 500;
+  if (!n.path.empty()) {
+    z.offload_optimizer.enabled = true;
+    z.offload_optimizer.nvme = true;
+    optim::NvmeAdamWOptions& o = z.offload_optimizer.nvme_options;
+    o.nvme_path = n.path;
+    o.sub_group_size = n.sub_group_size;
+    o.buffer_count = n.buffer_count;
+    o.pipeline_read = o.pipeline_write = n.pipeline;
+    o.aio.block_size = 64 * 1024;
+  }
+  return z;
+}
+
+struct NvmeRun {
+  std::vector<double> losses;
+  std::vector<std::vector<uint8_t>> params, states;
+};
+
+NvmeRun run(const TrainSpec& s, int stage, DType dtype, const NvmeSetup& n) {
+  models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+  Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"), zero(stage, n),
+                strata::testing::adamw_factory(), dtype);
+  NvmeRun r;
+  for (int step = 0; step < s.steps; ++step)
+    r.losses.push_back(strata::testing::engine_step(engine, s, step));
+  // ZeRO-3 keeps partitions: the owned ones (the units' storage is released between steps).
+  if (stage == 3) {
+    for (const Engine::Shard& sh : engine.shards())
+      if (sh.key == "param") r.params.push_back(bytes(sh.data));
+  } else {
+    for (const models::FlatUnit& u : model.flat_units()) r.params.push_back(bytes(u.params));
+  }
+  EXPECT_FALSE(r.params.empty());
+  for (const optim::NamedTensor& t : engine.optimizer().state_dict().tensors)
+    r.states.push_back(bytes(t.tensor));
+  return r;
+}
+
+std::vector<std::string> swap_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  return out;
+}
+
+template <typename Fn>
+std::string user_error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(NvmeOffload, BitwiseTheInMemoryRunAtEveryStage) {
+  TrainSpec s;
+  s.steps = 4;
+  s.accum = 2;
+  s.max_norm = 0.5;
+  testing::TempDir dir;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (int stage : {1, 2, 3}) {
+      SCOPED_TRACE(fmt::format("{} stage {}", dtype_name(dtype), stage));
+      const NvmeRun ref = run(s, stage, dtype, {});
+      // Sub-groups of 700 elements cut units and decay runs and 4 buffers overlap reads and
+      // writes with the update; 2 buffers without pipelining wait for each read and write.
+      for (NvmeSetup n :
+           {NvmeSetup{dir.path(), 700, 4, true}, NvmeSetup{dir.path(), 1000, 2, false}}) {
+        SCOPED_TRACE(fmt::format("sub_group_size {} buffers {} pipeline {}", n.sub_group_size,
+                                 n.buffer_count, n.pipeline));
+        const NvmeRun got = run(s, stage, dtype, n);
+        EXPECT_EQ(got.losses, ref.losses);
+        EXPECT_TRUE(got.params == ref.params);
+        EXPECT_TRUE(got.states == ref.states);
+      }
+      EXPECT_LT(ref.losses.back(), ref.losses.front());
+    }
+  }
+  EXPECT_TRUE(swap_files(dir.path()).empty()) << "swap files or locks left behind";
+}
+
+// Note [Optimizer states on NVMe]: resident optimizer bytes (pinned and host) stay within the
+// sub-group buffers while the NVMe tier holds 12 bytes per owned element.
+TEST(NvmeOffload, ResidentOptimizerStatesStayWithinTheSubGroupBuffers) {
+  TrainSpec s;
+  s.steps = 3;
+  s.n_layer = 3;
+  testing::TempDir dir;
+  using offload::Category;
+  using offload::Tier;
+  auto& stats = offload::MemoryStats::global();
+  models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+  int64_t elements = 0;
+  for (const models::FlatUnit& u : model.flat_units()) elements += u.params.numel();
+  const int64_t nvme_before = stats.usage(Tier::Nvme, Category::Optimizer).current;
+  Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"),
+                zero(2, {dir.path(), 2048, 3, true}), strata::testing::adamw_factory());
+  auto* nvme = dynamic_cast<optim::NvmeAdamW*>(&engine.optimizer());
+  ASSERT_NE(nvme, nullptr);
+  EXPECT_GT(nvme->sub_groups(), 10u);
+  EXPECT_EQ(nvme->buffer_count(), 3);
+  const int64_t bound = 3 * static_cast<int64_t>(nvme->buffer_bytes());
+  EXPECT_EQ(nvme->buffer_bytes(), 2048u * 12);
+  stats.reset_peaks();
+  for (int step = 0; step < s.steps; ++step) strata::testing::engine_step(engine, s, step);
+  const int64_t resident = stats.usage(Tier::Pinned, Category::Optimizer).peak +
+                           stats.usage(Tier::Host, Category::Optimizer).peak;
+  EXPECT_LE(resident, bound);
+  EXPECT_GT(stats.usage(Tier::Pinned, Category::Optimizer).peak, 0);
+  // The states the model would hold in memory: far more than the buffers.
+  EXPECT_GT(12 * elements, 5 * bound);
+  EXPECT_GE(stats.usage(Tier::Nvme, Category::Optimizer).current - nvme_before, 12 * elements);
+}
+
+// An I/O error or a damaged block stops the step with an error naming the swap file; the swap
+// files and the lock go with the engine, error or not.
+TEST(NvmeOffload, IoErrorsAndDamagedBlocksNameTheSwapFile) {
+  TrainSpec s;
+  testing::TempDir dir;
+  for (bool corrupt : {false, true}) {
+    SCOPED_TRACE(corrupt ? "damaged block" : "read error");
+    {
+      models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+      Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"),
+                    zero(1, {dir.path(), 4096, 2, true}), strata::testing::adamw_factory());
+      auto* nvme = dynamic_cast<optim::NvmeAdamW*>(&engine.optimizer());
+      ASSERT_NE(nvme, nullptr);
+      strata::testing::engine_step(engine, s, 0);
+      const std::string file = nvme->store().files().at(0);
+      if (corrupt) {
+        nvme->finish_writes();
+        const int fd = ::open(file.c_str(), O_RDWR);
+        ASSERT_GE(fd, 0);
+        unsigned char c = 0;
+        ASSERT_EQ(::pread(fd, &c, 1, 100), 1);
+        c ^= 0x40;
+        ASSERT_EQ(::pwrite(fd, &c, 1, 100), 1);
+        ::close(fd);
+      } else {
+        nvme->store().engine().set_fault_injector(
+            [](const offload::IoOp& op, long res) { return op.write ? res : -EIO; });
+      }
+      const std::string what = user_error_of([&] { strata::testing::engine_step(engine, s, 1); });
+      EXPECT_NE(what.find(file), std::string::npos) << what;
+      EXPECT_NE(what.find(corrupt ? "checksum mismatch" : "Input/output error"), std::string::npos)
+          << what;
+      nvme->store().engine().set_fault_injector(nullptr);
+    }
+    EXPECT_TRUE(swap_files(dir.path()).empty());
+  }
+}
+
+// Note [Swap directory lock]: a directory whose lock a live process holds is refused, naming the
+// lock and the process; once that process is gone its lock and swap files are taken over.
+TEST(NvmeOffload, ASwapDirectoryHeldByALiveRunIsRefusedAndADeadOnesIsTakenOver) {
+  TrainSpec s;
+  testing::TempDir dir;
+  const std::string lock = dir.file("strata-optimizer-dp0.lock");
+  // The holder: a child that only waits (it uses nothing of this process's state).
+  const pid_t holder = ::fork();
+  if (holder == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  std::ofstream(lock) << holder << "\n";
+  std::ofstream(dir.file(fmt::format("strata-swap-{}-0-0.bin", holder))) << "its swap file";
+  {
+    models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+    const std::string what = user_error_of([&] {
+      Engine e(model, std::make_shared<comm::SelfCommunicator>("dp"), zero(1, {dir.path()}),
+               strata::testing::adamw_factory());
+    });
+    EXPECT_NE(what.find("in use by another run"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::to_string(holder)), std::string::npos) << what;
+    EXPECT_NE(what.find(lock), std::string::npos) << what;
+  }
+  EXPECT_EQ(swap_files(dir.path()).size(), 2u) << "the holder's files were touched";
+  ::kill(holder, SIGKILL);
+  ::waitpid(holder, nullptr, 0);
+  {
+    models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+    Engine e(model, std::make_shared<comm::SelfCommunicator>("dp"), zero(1, {dir.path()}),
+             strata::testing::adamw_factory());
+    strata::testing::engine_step(e, s, 0);
+    std::ifstream in(lock);
+    pid_t now = 0;
+    in >> now;
+    EXPECT_EQ(now, ::getpid());
+    for (const std::string& f : swap_files(dir.path()))
+      EXPECT_EQ(f.find(std::to_string(holder)), std::string::npos) << f << " was not removed";
+  }
+  EXPECT_TRUE(swap_files(dir.path()).empty());
+}
+
+TEST(NvmeOffload, AMissingNvmePathIsAClearErrorAtStart) {
+  TrainSpec s;
+  testing::TempDir dir;
+  const std::string missing = dir.file("no/such/dir");
+  models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+  const std::string what = user_error_of([&] {
+    Engine e(model, std::make_shared<comm::SelfCommunicator>("dp"), zero(1, {missing}),
+             strata::testing::adamw_factory());
+  });
+  EXPECT_NE(what.find(missing), std::string::npos) << what;
+  EXPECT_NE(what.find("does not exist"), std::string::npos) << what;
+}
+
+}  // namespace
+}  // namespace strata::parallel

@@ -1,7 +1,8 @@
 // ZeRO-Offload through `train` on two (emulated) GPUs under mpirun (label cuda; Note [Emulated
 // NCCL]): each rank steps only its partition on the host. Without the delayed update the run is
 // bitwise the run without offload at ZeRO-1 and ZeRO-2 (issue 54); an offloaded checkpoint
-// resumes bitwise on two GPUs and continues on one. Each test skips without two GPUs.
+// resumes bitwise on two GPUs and continues on one; at ZeRO-3 with the states on the host or on
+// NVMe (issue 55) the run is bitwise too. Each test skips without two GPUs.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -163,6 +164,41 @@ TEST_F(OffloadGpuMpi, DelayedUpdateTrainsAndResumesBitwiseOnTwoGpus) {
   EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
   EXPECT_EQ(losses("dpu_parts"), x);
   expect_same_models("dpu_parts", "dpu", 6);
+}
+
+// ZeRO-Infinity's optimizer side on two (emulated) GPUs: ZeRO-3 in bf16 with the cpu offload
+// and with the masters and moments on NVMe (sub-groups of 3000 elements through 3 pinned
+// buffers), each bitwise the run without offload; the swap files are gone afterwards.
+TEST_F(OffloadGpuMpi, ZeroThreeWithTheStatesOnTheHostOrOnNvmeIsBitwiseOnTwoGpus) {
+  NEED_GPUS(2);
+  const int kSteps = 4;
+  const fs::path swap = tmp_ / "swap";
+  fs::create_directories(swap);
+  const std::vector<std::string> sets = {"run.dtype=bf16", "zero_optimization.stage=3"};
+  CommandResult a = train(2, config("plain3", kSteps), sets);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  std::vector<std::string> cpu = sets;
+  cpu.push_back(kOffload);
+  CommandResult b = train(2, config("cpu3", kSteps), cpu);
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  std::vector<std::string> nvme = sets;
+  for (const char* s : {"zero_optimization.offload_optimizer.device=nvme",
+                        "zero_optimization.offload_optimizer.buffer_count=3",
+                        "zero_optimization.sub_group_size=3000"})
+    nvme.push_back(s);
+  nvme.push_back("zero_optimization.offload_optimizer.nvme_path=" + swap.string());
+  CommandResult c = train(2, config("nvme3", kSteps), nvme);
+  ASSERT_EQ(c.exit_code, 0) << describe(c);
+  EXPECT_NE(c.out.find("ZeRO-Infinity (rank 0): optimizer states on NVMe"), std::string::npos)
+      << c.out;
+  const std::vector<double> want = losses("plain3");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(losses("cpu3"), want);
+  EXPECT_EQ(losses("nvme3"), want);
+  EXPECT_LT(want.back(), want.front()) << "the run did not train";
+  expect_same_models("cpu3", "plain3", kSteps);
+  expect_same_models("nvme3", "plain3", kSteps);
+  EXPECT_TRUE(fs::is_empty(swap)) << "swap files or locks left behind";
 }
 
 }  // namespace

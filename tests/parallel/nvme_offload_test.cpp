@@ -43,6 +43,7 @@ struct NvmeSetup {
   int64_t sub_group_size = 1'000'000'000;
   int buffer_count = 4;
   bool pipeline = true;
+  bool pin_memory = true;
 };
 
 ZeroConfig zero(int stage, const NvmeSetup& n) {
@@ -59,6 +60,7 @@ ZeroConfig zero(int stage, const NvmeSetup& n) {
     o.sub_group_size = n.sub_group_size;
     o.buffer_count = n.buffer_count;
     o.pipeline_read = o.pipeline_write = n.pipeline;
+    z.offload_optimizer.pin_memory = n.pin_memory;
     o.aio.block_size = 64 * 1024;
   }
   return z;
@@ -116,9 +118,10 @@ TEST(NvmeOffload, BitwiseTheInMemoryRunAtEveryStage) {
       SCOPED_TRACE(fmt::format("{} stage {}", dtype_name(dtype), stage));
       const NvmeRun ref = run(s, stage, dtype, {});
       // Sub-groups of 700 elements cut units and decay runs and 4 buffers overlap reads and
-      // writes with the update; 2 buffers without pipelining wait for each read and write.
-      for (NvmeSetup n :
-           {NvmeSetup{dir.path(), 700, 4, true}, NvmeSetup{dir.path(), 1000, 2, false}}) {
+      // writes with the update; 2 pageable buffers without pipelining wait for each read and
+      // write.
+      for (NvmeSetup n : {NvmeSetup{dir.path(), 700, 4, true, true},
+                          NvmeSetup{dir.path(), 1000, 2, false, false}}) {
         SCOPED_TRACE(fmt::format("sub_group_size {} buffers {} pipeline {}", n.sub_group_size,
                                  n.buffer_count, n.pipeline));
         const NvmeRun got = run(s, stage, dtype, n);

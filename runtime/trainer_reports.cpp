@@ -9,6 +9,7 @@
 #include "core/atomic_file.h"
 #include "core/logging.h"
 #include "offload/memory_stats.h"
+#include "optim/nvme_adamw.h"
 #include "parallel/zero_memory.h"
 #include "runtime/op_profile.h"
 #include "tensor/cuda.h"
@@ -85,6 +86,18 @@ void Trainer::report_memory() {
                      stats.usage(Tier::Host, Category::Optimizer).peak),
         format_bytes(stats.usage(Tier::Pinned, Category::Optimizer).peak),
         format_bytes(stats.usage(Tier::Host, Category::Optimizer).peak)));
+    // What the aio section configured, as the engine runs it.
+    if (auto* nvme = dynamic_cast<optim::NvmeAdamW*>(&engine_->optimizer())) {
+      const offload::AioEngine& io = nvme->store().engine();
+      console_->event(fmt::format(
+          "  optimizer swap (rank 0): {} sub-groups through {} buffers of {}; aio {} "
+          "(block_size {}, queue_depth {}, thread_count {}, single_submit {}, overlap_events "
+          "{}), O_DIRECT {}",
+          nvme->sub_groups(), nvme->buffer_count(), format_bytes(nvme->buffer_bytes()),
+          offload::io_engine_name(io.kind()), io.config().block_size, io.config().queue_depth,
+          io.config().intra_op_parallelism, io.config().single_submit, io.config().overlap_events,
+          nvme->store().direct() ? "on" : "off"));
+    }
   } else if (config_.zero.offload_optimizer.enabled()) {
     // ZeRO-Offload: the optimizer states the claim counts live on the host, not the GPU.
     using offload::Category;

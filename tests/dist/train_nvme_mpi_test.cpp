@@ -101,6 +101,10 @@ TEST_F(TrainNvmeMpi, TwentyStepsBitwiseTheInMemoryRunAtEveryStageAndDp) {
       EXPECT_NE(b.out.find("ZeRO-Infinity (rank 0): optimizer states on NVMe in " + swap()),
                 std::string::npos)
           << b.out;
+      // The aio section reached the engine (block_size 65536 from nvme()).
+      EXPECT_NE(b.out.find("buffers of 36.0 KiB; aio "), std::string::npos) << b.out;
+      EXPECT_NE(b.out.find("(block_size 65536, queue_depth 8, thread_count 1"), std::string::npos)
+          << b.out;
       const std::vector<double> want = losses(plain), got = losses(off);
       ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
       EXPECT_EQ(got, want);

@@ -3,7 +3,7 @@
 // CPU-only `train` run).
 //
 //   bench_offload_step [--dir D] [--params N] [--sub-group S] [--buffers B] [--reps R]
-//                      [--layers L] [--embd C] [--steps K]
+//                      [--layers L] [--embd C] [--steps K] [--aio-threads T] [--queue-depth Q]
 //
 // Part 1, the optimizer step alone over N fp32 parameters (default 16M): the cpu step
 // (optim::HostOffload: gradients copied to the host, the CPU AdamW over masters and moments in
@@ -12,7 +12,7 @@
 // sub-group pipeline on and off. The NVMe time includes waiting for the last writes, which a run
 // overlaps with the next forward and backward. Interleaved rounds, medians. Prints seconds per
 // step, the ratio to the cpu step, and the disk bandwidth reached (12 bytes per parameter read
-// and 12 written per step).
+// and 12 written per step). T and Q are the aio section's thread_count and queue_depth.
 // Part 2, whole training steps of a GPT-2 (L layers, width C; K steps per round) through the
 // Engine at ZeRO-1 on one rank: in memory, cpu offload, nvme pipelined, nvme unpipelined.
 // What backs D matters: a tmpfs measures memory, not a disk (the bench prints the filesystem).
@@ -50,6 +50,8 @@ struct Args {
   int64_t layers = 4;
   int64_t embd = 256;
   int steps = 3;
+  int aio_threads = 1;
+  int queue_depth = 8;
 };
 
 Args parse(int argc, char** argv) {
@@ -74,10 +76,15 @@ Args parse(int argc, char** argv) {
       a.embd = std::atoll(v.c_str());
     else if (k == "--steps")
       a.steps = std::atoi(v.c_str());
+    else if (k == "--aio-threads")
+      a.aio_threads = std::atoi(v.c_str());
+    else if (k == "--queue-depth")
+      a.queue_depth = std::atoi(v.c_str());
     else
       user_error(
           "unknown argument '{}'; usage: bench_offload_step [--dir D] [--params N] "
-          "[--sub-group S] [--buffers B] [--reps R] [--layers L] [--embd C] [--steps K]",
+          "[--sub-group S] [--buffers B] [--reps R] [--layers L] [--embd C] [--steps K] "
+          "[--aio-threads T] [--queue-depth Q]",
           k);
   }
   STRATA_USER_CHECK(a.params > 0 && a.sub_group > 0 && a.buffers > 0 && a.reps > 0 &&
@@ -117,6 +124,8 @@ optim::NvmeAdamWOptions nvme_options(const Args& a, bool pipeline) {
   o.sub_group_size = a.sub_group;
   o.buffer_count = a.buffers;
   o.pipeline_read = o.pipeline_write = pipeline;
+  o.aio.intra_op_parallelism = a.aio_threads;
+  o.aio.queue_depth = a.queue_depth;
   return o;
 }
 

@@ -1,6 +1,6 @@
 // ZeRO-Infinity's optimizer states on NVMe through `train` (offload_optimizer.device nvme on
-// run.device cpu: the host plays the device), one process and two ranks under mpirun: 20 steps
-// bitwise the in-memory run at ZeRO-1, 2 and 3 (losses, final parameters and moments), a
+// run.device cpu: the host plays the device), one process and two or four ranks under mpirun: 20
+// steps bitwise the in-memory run at ZeRO-1, 2 and 3 (losses, final parameters and moments), a
 // checkpoint resumed bitwise with the states on NVMe and without, and the faults at start: a
 // missing nvme_path, a full disk, a swap directory another live run holds. Swap files and locks
 // are gone after every run, failed or not.
@@ -113,6 +113,21 @@ TEST_F(TrainNvmeMpi, TwentyStepsBitwiseTheInMemoryRunAtEveryStageAndDp) {
       expect_swap_empty();
     }
   }
+}
+
+// Four ranks at ZeRO-3: every rank streams its quarter of the states through its own swap lock.
+TEST_F(TrainNvmeMpi, FourRanksAtZeroThreeAreBitwiseTheInMemoryRun) {
+  const int kSteps = 20;
+  const std::vector<std::string> sets = {"zero_optimization.stage=3"};
+  CommandResult a = train(4, config("plain4", kSteps), sets);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  CommandResult b = train(4, config("nvme4", kSteps), nvme(sets));
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  const std::vector<double> want = losses("plain4");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(losses("nvme4"), want);
+  expect_same_states("nvme4", "plain4", kSteps);
+  expect_swap_empty();
 }
 
 // Stopped at step 3 and resumed, a two-rank ZeRO-3 run with its states on NVMe gives the

@@ -35,6 +35,12 @@ void ZeroConfig::validate() const {
         "zero_optimization.offload_param.device: {} offloads ZeRO-3's parameter partitions and "
         "needs zero_optimization.stage 3, got {}",
         offload_param_device_name(offload_param.device), stage);
+  // The offloaded optimizers step host copies and write the owned partitions back whole; they
+  // do not yet follow Note [Group fence], which an offloaded partition needs.
+  if (offload_param.enabled() && offload_optimizer.enabled)
+    user_error(
+        "zero_optimization.offload_param and zero_optimization.offload_optimizer cannot be "
+        "combined yet; set one of their devices to none");
   if (offload_param.enabled() && offload_param.buffer_count < 1)
     user_error("zero_optimization.offload_param.buffer_count must be >= 1, got {}",
                offload_param.buffer_count);

@@ -110,6 +110,7 @@ parallel::ZeroConfig zero_config(const TrainConfig& c, int rank) {
   out.offload_param.buffer_count = p.buffer_count;
   out.offload_param.buffer_size = p.buffer_size;
   out.offload_param.max_in_cpu = p.max_in_cpu;
+  out.offload_param.aio = nv.aio;  // the aio section serves every swap file
   return out;
 }
 

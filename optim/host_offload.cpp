@@ -143,7 +143,17 @@ void HostOffload::write_back() {
   for (size_t i = 0; i < slices_.size(); ++i) {
     const ParamGroup& g = optimizer_->groups()[i];
     const tensor::Tensor& src = mixed_ ? g.low_precision_copy : g.param;
+    if (!param_fence_) {
+      copies_->to_device(slices_[i].params.data_ptr(), src.data_ptr(), src.nbytes());
+      continue;
+    }
+    // Note [Write-back through the group fence]: the slice is resident from here to the fence's
+    // second call, which may copy it out, so the copy completes before that call.
+    param_fence_(i, true);
+    if (copies_->cuda()) copies_->wait_for(tensor::cuda_current_stream());  // after its load
     copies_->to_device(slices_[i].params.data_ptr(), src.data_ptr(), src.nbytes());
+    copies_->synchronize();
+    param_fence_(i, false);
   }
   compute_wait_for_copies();
 }

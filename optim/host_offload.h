@@ -31,6 +31,14 @@
 // the parameters of step k-2 and applied to the masters of step k-1: each update reaches the
 // device one step late. While a step is pending the host buffers belong to its thread: nothing
 // but finish() may touch them (every other method finishes first).
+//
+// Note [Write-back through the group fence]
+// Under ZeRO-Infinity's parameter offload the device slices are partitions that are resident
+// only while in use (Note [Offloaded partitions] in parallel/zero3.h). With set_param_fence(f),
+// write_back() calls f(i, true) before it copies slice i to the device and f(i, false) once that
+// copy is complete, one slice at a time, as Optimizer::step calls its group fence (Note [Group
+// fence]): the fence loads the partition and then stores it back to its tier. The host step
+// itself touches only host buffers and needs no fence.
 #include <functional>
 #include <memory>
 #include <thread>
@@ -95,6 +103,8 @@ class HostOffload {
   void write_back();
   // Rounds the host model copies from the masters (after a checkpoint load), then write_back().
   void params_from_masters();
+  // Note [Write-back through the group fence]; an empty function removes it.
+  void set_param_fence(Optimizer::GroupFence fence) { param_fence_ = std::move(fence); }
 
  private:
   void compute_wait_for_copies();
@@ -108,6 +118,7 @@ class HostOffload {
   std::unique_ptr<Optimizer> optimizer_;
   std::thread worker_;
   std::exception_ptr worker_error_;
+  Optimizer::GroupFence param_fence_;
 };
 
 }  // namespace strata::optim

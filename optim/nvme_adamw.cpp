@@ -82,7 +82,11 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
                  "nvme slice {} is {} / {}, slice 0 {} / {}", i, dtype_name(s.params.dtype()),
                  dtype_name(s.grads.dtype()), dtype_name(slices_.front().params.dtype()),
                  dtype_name(grad_dtype));
-    if (!s.master.defined()) s.master = s.params;
+    if (!s.master.defined()) {
+      STRATA_CHECK(!s.params.storage()->is_released(),
+                   "nvme slice {}: the parameters are released, so the masters must be given", i);
+      s.master = s.params;
+    }
     STRATA_CHECK(s.master.dtype() == DType::F32 && s.master.numel() == s.params.numel(),
                  "nvme slice {}: masters start from an f32 tensor of {} elements, got {}", i,
                  s.params.numel(), s.master.str());
@@ -178,6 +182,15 @@ void NvmeAdamW::finish_writes() {
   for (offload::IoHandle& w : writes) w.wait();
 }
 
+// Note [Group fence]: slice k is group k; write_params() completes its copies before the fence's
+// second call.
+void NvmeAdamW::enter_slice(size_t k) {
+  if (!has_fence()) return;
+  fence(k, true);
+  // A load the fence enqueued on the compute stream lands before this slice's copies.
+  if (copies_->cuda()) copies_->wait_for(tensor::cuda_current_stream());
+}
+
 void NvmeAdamW::write_params(const SubGroup& s, const float* master, const void* low_precision) {
   const tensor::Tensor& dst = slices_[s.slice].params;
   const void* src = mixed_ ? low_precision : master;
@@ -217,6 +230,7 @@ void NvmeAdamW::step(double lr) {
     const SubGroup& s = subs_[i];
     const NvmeSlice& sl = slices_[s.slice];
     const int64_t n = s.numel;
+    if (i == 0 || subs_[i - 1].slice != s.slice) enter_slice(s.slice);
     float* master = buffer(i);
     float* m = master + n;
     float* v = master + 2 * n;
@@ -255,6 +269,7 @@ void NvmeAdamW::step(double lr) {
       adamw_update(b, r.decay ? decay : no_decay, isa_);
     }
     write_params(s, master, lp);
+    if (i + 1 == S || subs_[i + 1].slice != s.slice) fence(s.slice, false);
     writes[i] = store_->write(s.home, master, static_cast<size_t>(n) * 12);
     if (!options_.pipeline_write) writes[i].wait();
   }
@@ -364,7 +379,9 @@ void NvmeAdamW::commit_staged() {
       tensor::Tensor(low_precision_)
           .narrow(0, 0, s.numel)
           .copy_(tensor::Tensor(bufs_[0]).narrow(0, 0, s.numel));
+    if (i == 0 || subs_[i - 1].slice != s.slice) enter_slice(s.slice);
     write_params(s, buf, mixed_ ? low_precision_.data_ptr() : nullptr);
+    if (i + 1 == subs_.size() || subs_[i + 1].slice != s.slice) fence(s.slice, false);
   }
   if (copies_->cuda()) copies_->order_before(tensor::cuda_current_stream());
   drop_staged();

@@ -40,6 +40,12 @@
 // home and rewrites the device parameters. The next step() drops staged copies (a save has
 // written them out by then). So resident optimizer memory is bounded by the buffers except
 // while a checkpoint is written or read.
+//
+// Group fence: slice k is group k of Note [Group fence] (optim/optimizer.h). With a fence set,
+// step() and commit_staged() call fence(k, true) before the first sub-group of slice k writes the
+// device parameters and fence(k, false) once its last sub-group's have been copied, so only the
+// slice being written must be resident (ZeRO-Infinity's offloaded partitions). The states'
+// reads and writes do not touch the parameters and run ahead and behind as before.
 #include <memory>
 #include <string>
 #include <vector>
@@ -122,6 +128,7 @@ class NvmeAdamW final : public Optimizer {
     std::vector<Run> runs;
   };
   float* buffer(size_t i) const;  // the state buffer of sub-group i
+  void enter_slice(size_t k);     // fence(k, true), then the copies wait for what it enqueued
   void write_params(const SubGroup& s, const float* master, const void* low_precision);
   void stage() const;
   void drop_staged() const;

@@ -35,12 +35,13 @@ void ZeroConfig::validate() const {
         "zero_optimization.offload_param.device: {} offloads ZeRO-3's parameter partitions and "
         "needs zero_optimization.stage 3, got {}",
         offload_param_device_name(offload_param.device), stage);
-  // The offloaded optimizers step host copies and write the owned partitions back whole; they
-  // do not yet follow Note [Group fence], which an offloaded partition needs.
-  if (offload_param.enabled() && offload_optimizer.enabled)
+  // The delayed update writes the partitions back during a later step, which the fence around
+  // the write-back (Note [Write-back through the group fence]) is not tested against.
+  if (offload_param.enabled() && offload_optimizer.enabled &&
+      offload_optimizer.delayed_param_update)
     user_error(
-        "zero_optimization.offload_param and zero_optimization.offload_optimizer cannot be "
-        "combined yet; set one of their devices to none");
+        "zero_optimization.offload_optimizer.delayed_param_update does not run with "
+        "zero_optimization.offload_param yet; set one of them off");
   if (offload_param.enabled() && offload_param.buffer_count < 1)
     user_error("zero_optimization.offload_param.buffer_count must be >= 1, got {}",
                offload_param.buffer_count);
@@ -83,7 +84,8 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
                       "(tensor_parallel_size {}); set one of them off",
                       model_.tensor_parallel().size());
     placement_ = std::make_unique<HostPlacement>(units, *partitioning_, param_dtype_, *dp_,
-                                                 zero_.offload_optimizer, zero_.stage == 3);
+                                                 zero_.offload_optimizer, zero_.stage == 3,
+                                                 zero_.offload_param.enabled());
   } else {
     auto placement = std::make_unique<DevicePlacement>(units, *partitioning_, param_dtype_, *dp_);
     if (model_.tensor_parallel().enabled()) placement->count_shards_of(model_);
@@ -120,7 +122,7 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
   placement_->build(std::move(slices), make_optimizer);
   // Note [Offloaded partitions]: the step loads, updates and stores one partition at a time.
   if (gathering_->tier() != nullptr)
-    placement_->optimizer().set_group_fence(
+    placement_->set_param_fence(
         [this](size_t g, bool before) { gathering_->step_fence(g, before); });
   schedule_ = std::make_unique<AccumulationSchedule>();
 }

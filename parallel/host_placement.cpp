@@ -20,7 +20,8 @@ std::vector<float> fp32_last_pass_scales(int dp, const optim::LossScaler* scaler
 
 HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
                              DType param_dtype, comm::Communicator& dp,
-                             const OffloadOptimizerConfig& config, bool units_released)
+                             const OffloadOptimizerConfig& config, bool units_released,
+                             bool partitions_released)
     : param_dtype_(param_dtype),
       dp_(dp),
       sum_over_ranks_(parts.partitioned()),
@@ -30,7 +31,7 @@ HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const P
     STRATA_CHECK(units[u].params.dtype() == DType::F32, "masters from a {} unit '{}'",
                  dtype_name(units[u].params.dtype()), units[u].name);
     const Range own = parts.owned(u);
-    if (config_.nvme && param_dtype == DType::F32) {
+    if (config_.nvme && param_dtype == DType::F32 && !partitions_released) {
       // The owned fp32 parameters are the masters' start: NvmeAdamW takes them from the slices.
       initial_masters_.emplace_back();
       continue;
@@ -110,6 +111,16 @@ optim::Optimizer& HostPlacement::optimizer() {
 tensor::Tensor HostPlacement::master(int u) {
   if (nvme_) return nvme_->master(static_cast<size_t>(u));
   return optimizer().groups()[u].param;
+}
+
+void HostPlacement::set_param_fence(optim::Optimizer::GroupFence fence) {
+  if (nvme_) {
+    nvme_->set_group_fence(std::move(fence));
+    return;
+  }
+  // The host optimizer steps host masters only; the fence goes around the write-back.
+  offload_->finish();
+  offload_->set_param_fence(std::move(fence));
 }
 
 bool HostPlacement::finish_pending() {

@@ -32,6 +32,10 @@
 // which streams the states sub-group by sub-group; no delayed update. In fp32 the masters start
 // from the owned parameters themselves when build() makes the optimizer; under mixed precision
 // from a host copy of the fp32 owned slices taken before the cast, dropped once on NVMe.
+// With ZeRO-Infinity's parameter offload as well (`partitions_released`) the masters always start
+// from a host copy, and set_param_fence() makes both optimizers write each owned slice between
+// the fence's calls (Note [Write-back through the group fence] in optim/host_offload.h; NvmeAdamW
+// per slice), which load the partition from its tier and store it back.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -69,10 +73,12 @@ class HostPlacement final : public OptimizerPlacement {
   // Before the units are cast to `param_dtype`: copies the fp32 owned slices to the host, where
   // build() makes them the masters.
   // `units_released`: the parameter gathering releases the units' storage before build()
-  // (ZeRO-3), so masters that would share it are copied.
+  // (ZeRO-3), so masters that would share it are copied. `partitions_released`: the owned
+  // partitions too are released before build() (offload_param), so NVMe's fp32 masters cannot
+  // start from them and are copied as well.
   HostPlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
                 DType param_dtype, comm::Communicator& dp, const OffloadOptimizerConfig& config,
-                bool units_released);
+                bool units_released, bool partitions_released = false);
 
   // Before build(), when `reduction` streams the owned gradients to the host
   // (reduction.grads_on_host()); it must outlive this placement.
@@ -85,6 +91,7 @@ class HostPlacement final : public OptimizerPlacement {
   tensor::Tensor master(int u) override;
 
   bool finish_pending() override;
+  void set_param_fence(optim::Optimizer::GroupFence fence) override;
   int64_t delayed_steps() const { return delayed_steps_; }
   // The NVMe optimizer with device nvme, else null.
   optim::NvmeAdamW* nvme() { return nvme_.get(); }

@@ -69,6 +69,11 @@ class OptimizerPlacement {
   // Completes an update still running (ZeRO-Offload's delayed update) and writes the owned
   // slices; true when there was one, and then the caller makes the units whole again.
   virtual bool finish_pending() { return false; }
+  // After build(): the fence around each owned slice's parameter writes (Note [Group fence] in
+  // optim/optimizer.h), for parameter partitions that are resident only while in use.
+  virtual void set_param_fence(optim::Optimizer::GroupFence fence) {
+    optimizer().set_group_fence(std::move(fence));
+  }
 
   // Note [Norm across stages]
   // Under pipeline parallelism each stage holds some units, so the global norm also sums the

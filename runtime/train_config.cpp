@@ -188,10 +188,11 @@ void validate_offload(const TrainConfig& c, Reader& zero) {
            fmt::format("offloading partitions the optimizer across data-parallel ranks and "
                        "needs zero_optimization.stage 1, 2 or 3, got stage {}",
                        c.zero.stage));
-  if (c.zero.offload_param.device != "none")
-    o.fail("device", fmt::format("{} cannot be combined with zero_optimization.offload_param yet "
-                                 "(device {}); set one of them to none",
-                                 off.device, c.zero.offload_param.device));
+  if (c.zero.offload_param.device != "none" && off.delayed_param_update)
+    o.fail("delayed_param_update",
+           fmt::format("does not run with zero_optimization.offload_param yet (device {}); set "
+                       "delayed_param_update: false or offload_param.device: none",
+                       c.zero.offload_param.device));
   if (off.device == "nvme" && off.delayed_param_update)
     o.fail("delayed_param_update",
            "delays the CPU optimizer's update, which device nvme does not do; set device: cpu "

@@ -1,10 +1,12 @@
 // HostOffload (optim/host_offload.h) with the CPU as the "device", as CPU-only runs of the same
 // code use it: the step is the AdamW step of the same groups, bit for bit, and a delayed step
-// (Note [Delayed parameter update]) reaches the parameters only when it is finished.
+// (Note [Delayed parameter update]) reaches the parameters only when it is finished; with a
+// parameter fence the write-back goes through it.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "optim/adamw.h"
@@ -123,6 +125,40 @@ TEST(HostOffload, ParamsFromMastersRewritesTheDeviceParameters) {
   tensor::Tensor(p.off->master(0)).copy_(loaded);
   p.off->params_from_masters();
   EXPECT_TRUE(same_bits(p.off_params, loaded.to(DType::F16)));
+}
+
+// Note [Write-back through the group fence]: a fence that plays a parameter tier (loads the
+// stored slice before, stores it and overwrites the "device" slice after) gets every update: the
+// stored slice is the AdamW step's, and each write-back is one before/after pair.
+TEST(HostOffload, WriteBackThroughTheFenceStoresTheUpdatedSliceWhileLoaded) {
+  const int64_t n = 10'007;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    Pair p = make_pair(n, dtype);
+    Tensor stored = p.off_params.clone();
+    const Tensor garbage = rnd(n, 77, 5.f, 6.f).to(dtype);
+    std::vector<std::pair<size_t, bool>> calls;
+    p.off->set_param_fence([&](size_t g, bool before) {
+      calls.emplace_back(g, before);
+      if (before) {
+        p.off_params.copy_(stored);
+      } else {
+        stored.copy_(p.off_params);
+        p.off_params.copy_(garbage);  // released: whatever the memory holds next
+      }
+    });
+    for (int step = 0; step < 2; ++step) {
+      set_grads(p, n, dtype, 20 + step);
+      p.ref->step(1e-2);
+      p.off->fetch_grads();
+      p.off->step(1e-2);
+    }
+    const ParamGroup& r = p.ref->groups()[0];
+    EXPECT_TRUE(same_bits(stored, dtype == DType::F32 ? r.param : r.low_precision_copy))
+        << dtype_name(dtype);
+    const std::vector<std::pair<size_t, bool>> want = {
+        {0, true}, {0, false}, {0, true}, {0, false}};
+    EXPECT_EQ(calls, want) << dtype_name(dtype);
+  }
 }
 
 }  // namespace

@@ -103,10 +103,10 @@ TEST_F(OffloadConfig, WhatOffloadCannotRunIsAnErrorNamingTheKey) {
        "zero_optimization.offload_optimizer.buffer_count: must be positive"},
       {{off + "device=nvme", off + "nvme_path=/x", "zero_optimization.sub_group_size=0"},
        "zero_optimization.sub_group_size: must be positive"},
-      {{off + "device=nvme", off + "nvme_path=/x", "zero_optimization.stage=3",
-        "zero_optimization.offload_param.device=cpu"},
-       "zero_optimization.offload_optimizer.device: nvme cannot be combined with "
-       "zero_optimization.offload_param yet"},
+      {{off + "device=cpu", "run.device=cuda", off + "delayed_param_update=true",
+        "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu"},
+       "zero_optimization.offload_optimizer.delayed_param_update: does not run with "
+       "zero_optimization.offload_param yet (device cpu)"},
       {{"aio.block_size=1000"}, "aio.block_size: is 1000; it must be a multiple of 4096"},
       {{"aio.queue_depth=0"}, "aio.queue_depth: is 0; it must be between 1 and 4096"},
       {{"aio.thread_count=65"}, "aio.thread_count: is 65; it must be between 1 and 64"},

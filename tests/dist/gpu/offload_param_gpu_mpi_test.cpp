@@ -85,5 +85,56 @@ TEST_F(OffloadParamGpuMpi, TwoGpusGiveTheInMemoryRunBitwise) {
   EXPECT_TRUE(fs::is_empty(std::string(tmp_ / "nvme"))) << "swap files left behind";
 }
 
+// ZeRO-Infinity whole: the optimizer offloaded too (device cpu: HostOffload writes each updated
+// partition back between the group fence's calls; device nvme: NvmeAdamW does, per sub-group).
+// bf16 on two GPUs, 20 steps: the in-memory run's losses, parameters and every optimizer tensor
+// both runs' checkpoints hold.
+TEST_F(OffloadParamGpuMpi, WithTheOptimizerOffloadedTooTheRunIsBitwiseTheInMemoryRun) {
+  if (tensor::cuda_device_count() < 2) GTEST_SKIP() << "needs two visible GPUs";
+  const int kSteps = 20;
+  const std::string swap = std::string(tmp_ / "nvme");
+  fs::create_directories(swap);
+  const std::vector<std::string> sets = {"run.dtype=bf16", "zero_optimization.stage=3",
+                                         "training.eval_every=0"};
+  CommandResult a = train(2, config("mem", kSteps), sets);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  const std::vector<double> want = losses("mem");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(want.back(), want.front()) << "the run did not train";
+  const auto x = checkpoint_bytes("mem", kSteps);
+  struct Case {
+    const char* param;
+    const char* optimizer;
+  };
+  for (const Case c : {Case{"nvme", "cpu"}, Case{"cpu", "nvme"}}) {
+    SCOPED_TRACE(fmt::format("offload_param {} offload_optimizer {}", c.param, c.optimizer));
+    const std::string off = fmt::format("off_{}_{}", c.param, c.optimizer);
+    std::vector<std::string> with = sets;
+    with.push_back(fmt::format("zero_optimization.offload_param.device={}", c.param));
+    with.push_back("zero_optimization.offload_param.nvme_path=" + swap);
+    with.push_back(fmt::format("zero_optimization.offload_optimizer.device={}", c.optimizer));
+    with.push_back("zero_optimization.offload_optimizer.nvme_path=" + swap);
+    with.push_back("zero_optimization.sub_group_size=3000");
+    CommandResult b = train(2, config(off, kSteps), with);
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find(std::string("ZeRO-Infinity parameters (rank 0): offload_param.device ") +
+                         c.param),
+              std::string::npos)
+        << b.out;
+    EXPECT_EQ(losses(off), want);
+    const auto y = checkpoint_bytes(off, kSteps);
+    int model = 0, optimizer = 0;
+    for (const auto& [name, bytes] : x) {
+      auto it = y.find(name);
+      if (it == y.end()) continue;
+      ++(name.rfind("model", 0) == 0 ? model : optimizer);
+      EXPECT_TRUE(bytes == it->second) << name << " differs";
+    }
+    EXPECT_GT(model, 0) << "no parameters compared";
+    EXPECT_GT(optimizer, 0) << "no optimizer tensors compared";
+  }
+  EXPECT_TRUE(fs::is_empty(swap)) << "swap files left behind";
+}
+
 }  // namespace
 }  // namespace strata::tools

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "autograd/hooks.h"
 #include "autograd/node.h"
 #include "tensor/ops.h"
 
@@ -140,6 +141,33 @@ Variable reduce_scatter_to_sequence_region(const Variable& x, const TpGroup& gro
                        g->allgather(gs[0].contiguous(), d)->wait();
                        return std::vector<Tensor>{d};
                      });
+}
+
+std::vector<Variable> with_gathered_sequence(const Variable& x, const TpGroup& group,
+                                             const GatheredConsumers& consumers) {
+  if (trivial(group)) return consumers(x);
+  const Variable gathered = gather_from_sequence_region(x, group);
+  std::vector<Variable> outs = consumers(gathered);
+  if (!GradMode::is_enabled()) return outs;
+  Tensor full = gathered.data();
+  std::shared_ptr<tensor::Storage> storage = full.storage();
+  bool graph = false;
+  for (const Variable& o : outs) {
+    graph = graph || o.requires_grad();
+    // An output viewing the gathered bytes (an identity consumer) must keep them.
+    if (o.data().defined() && o.data().storage() == storage) return outs;
+  }
+  if (!graph) return outs;
+  const Tensor local = x.data().contiguous();
+  storage->release();
+  TpGroup g = group;
+  // Mutable: the callback drops its view once the storage holds the gathered bits again, so the
+  // bytes go when the consumers' nodes have run.
+  return on_backward(outs, [g, local, full]() mutable {
+    full.storage()->materialize();
+    g->allgather(local, full)->wait();
+    full = Tensor();
+  });
 }
 
 Tensor sequence_shard(const Tensor& full, const TpGroup& group) {

@@ -35,7 +35,9 @@
 // The local rows are not "batch b, positions t..": only token-wise work (norms, residual adds,
 // dropout, biases) happens there. Position-dependent inputs (GPT-2's wpe) use
 // sequence_positions() to know which positions a rank holds.
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "autograd/variable.h"
 #include "comm/communicator.h"
@@ -60,6 +62,26 @@ Variable scatter_to_tp_region(const Variable& x, const TpGroup& group);
 // Note [Sequence-parallel layout]: [B, T / tp, ...] on each rank <-> [B, T, ...].
 Variable gather_from_sequence_region(const Variable& x, const TpGroup& group);
 Variable reduce_scatter_to_sequence_region(const Variable& x, const TpGroup& group);
+
+// Note [Sequence-parallel saved input]
+// Under sequence parallelism the column-parallel linears read the whole sequence, all-gathered
+// from the ranks' [B, T / tp, C] shards. Saving that gathered [B, T, C] for their weight
+// gradients would keep the linears' inputs whole (Korthikanti et al.'s 10sbh term would not
+// shrink), so, as Megatron does, only the local shard is kept and the whole input is gathered
+// again in backward. with_gathered_sequence(x, group, consumers) gathers x (the
+// gather_from_sequence_region node: reduce-scatter backward), runs `consumers` on it (every layer
+// reading that input: GPT-2's c_attn, its MLP, LLaMA's q/k/v or gate/up, a head), then releases
+// the gathered tensor's bytes (Note [Released storage]: the consumers' nodes still view it) and
+// keeps x's data instead. In backward, before the first of the consumers' nodes runs (on_backward
+// on their outputs), the storage is materialized and all-gathered into again: the same bits, so
+// the gradients are those of the kept-whole graph. Each consumer must save the gathered tensor
+// itself (or views of it), not a copy, for the saving to be real; correctness does not depend on
+// it. No graph (evaluation, a checkpointed block's first run): nothing is released. A checkpointed
+// block's replay releases and gathers once more right away (an extra all-gather per region, no
+// extra memory). A null or trivial group, or no sequence parallelism at the caller: consumers(x).
+using GatheredConsumers = std::function<std::vector<Variable>(const Variable& gathered)>;
+std::vector<Variable> with_gathered_sequence(const Variable& x, const TpGroup& group,
+                                             const GatheredConsumers& consumers);
 
 // This rank's slice of a replicated [B, T, ...] tensor in the sequence-parallel layout (a view of
 // its flat buffer; no gradient flows through it): ids, targets, masks.

@@ -49,7 +49,8 @@ CausalSelfAttention::CausalSelfAttention(const GPT2Config& config, const nn::Ten
 }
 
 Variable CausalSelfAttention::forward(const Variable& x) {
-  Variable qkv = (*c_attn_)(tp_.enter(x));  // [B, T, 3C / tp]
+  // [B, T, 3C / tp]
+  Variable qkv = tp_.enter_columns(x, [&](const Variable& in) { return (*c_attn_)(in); });
   Variable y;
   if (KvCache* cache = KvCache::active()) {
     y = cached_attention(qkv, n_head_, *cache);

@@ -97,7 +97,7 @@ Variable GPT2::forward_stage(const Tensor& ids, const Variable& hidden) {
   x = pending.defined() ? ln_f_->add_forward(x, pending, /*keep_sum=*/false).second : (*ln_f_)(x);
   // Tied head: [B, T, C] @ wte[Vp, C]^T -> [B, T, Vp] (this rank's [B, T, Vp / tp] under tensor
   // parallelism).
-  return (*lm_head_)(tp.enter(x));
+  return tp.enter_columns(x, [&](const Variable& in) { return (*lm_head_)(in); });
 }
 
 void register_presets(ModelRegistry& registry) {

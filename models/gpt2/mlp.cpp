@@ -18,13 +18,17 @@ MLP::MLP(const GPT2Config& config, const nn::TensorParallel& tp)
 }
 
 Variable MLP::forward(const Variable& x_in) {
-  const Variable x = tp_.enter(x_in);
-  if (!nn::fused_ops_enabled()) return (*dropout_)((*c_proj_)(autograd::gelu((*c_fc_)(x))));
+  if (!nn::fused_ops_enabled()) {
+    Variable h = tp_.enter_columns(x_in, [&](const Variable& x) { return (*c_fc_)(x); });
+    return (*dropout_)((*c_proj_)(autograd::gelu(h)));
+  }
   // One node (Note [Fused ops in models]): the child linears' own hooks do not run. Under tensor
   // parallelism its output is c_proj's partial sum, reduced and biased after.
   const bool tp = tp_.enabled();
-  Variable y = autograd::mlp_gelu(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(),
-                                  tp ? Variable() : c_proj_->bias(), recompute_gelu_);
+  Variable y = tp_.enter_columns(x_in, [&](const Variable& x) {
+    return autograd::mlp_gelu(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(),
+                              tp ? Variable() : c_proj_->bias(), recompute_gelu_);
+  });
   return (*dropout_)(c_proj_->reduce_output(y));
 }
 

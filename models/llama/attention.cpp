@@ -43,15 +43,21 @@ Variable repeat_heads(const Variable& x, int64_t rep) {
 }  // namespace
 
 Variable Attention::forward(const Variable& x_in) {
-  const Variable x = tp_.enter(x_in);  // once for the three column-parallel projections
-  const int64_t B = x.size(0), T = x.size(1), H = n_head_, KV = n_kv_head_, D = head_dim_;
+  const int64_t H = n_head_, KV = n_kv_head_, D = head_dim_;
   // Under a KV cache the tokens sit at positions [start, start + T) (Note [KV cache]).
   KvCache* cache = KvCache::active();
-  auto [cos, sin] = rope_->tables(cache ? cache->start() : 0, T, x.device());
-  // Rotary acts on [B, T, heads, D], the projections' own layout (a free view).
-  Variable q = autograd::rotary(autograd::reshape((*q_proj_)(x), {B, T, H, D}), cos, sin);
-  Variable k = autograd::rotary(autograd::reshape((*k_proj_)(x), {B, T, KV, D}), cos, sin);
-  Variable v = autograd::reshape((*v_proj_)(x), {B, T, KV, D});
+  // One region for the three column-parallel projections (Note [Sequence-parallel saved input]).
+  std::vector<Variable> qkv = tp_.enter_columns(x_in, [&](const Variable& x) {
+    const int64_t B = x.size(0), T = x.size(1);
+    auto [cos, sin] = rope_->tables(cache ? cache->start() : 0, T, x.device());
+    // Rotary acts on [B, T, heads, D], the projections' own layout (a free view).
+    return std::vector<Variable>{
+        autograd::rotary(autograd::reshape((*q_proj_)(x), {B, T, H, D}), cos, sin),
+        autograd::rotary(autograd::reshape((*k_proj_)(x), {B, T, KV, D}), cos, sin),
+        autograd::reshape((*v_proj_)(x), {B, T, KV, D})};
+  });
+  Variable q = qkv[0], k = qkv[1], v = qkv[2];
+  const int64_t B = q.size(0), T = q.size(1);
   if (cache) {
     // The cache holds the KV heads; every held position's k and v, [B, L, KV, D].
     auto [kc, vc] = cache->append(k.data(), v.data());

@@ -94,10 +94,10 @@ Variable Llama::forward_stage(const Tensor& ids, const Variable& hidden) {
   x = positions_for_logits(x);
   if (pending.defined()) pending = positions_for_logits(pending);
   x = pending.defined() ? norm_->add_forward(x, pending, /*keep_sum=*/false).second : (*norm_)(x);
-  x = tp.enter(x);  // this rank's [B, T, Vp / tp] slice of the logits under tensor parallelism
-  if (lm_head_) return (*lm_head_)(x);
-  // Tied head: [B, T, C] @ embed_tokens[Vp, C]^T -> [B, T, Vp].
-  return (*tied_head_)(x);
+  // This rank's [B, T, Vp / tp] slice of the logits under tensor parallelism; a tied head is
+  // [B, T, C] @ embed_tokens[Vp, C]^T -> [B, T, Vp].
+  return tp.enter_columns(
+      x, [&](const Variable& in) { return lm_head_ ? (*lm_head_)(in) : (*tied_head_)(in); });
 }
 
 void register_presets(ModelRegistry& registry) {

@@ -17,15 +17,20 @@ MLP::MLP(const LlamaConfig& config, const nn::TensorParallel& tp)
 }
 
 Variable MLP::forward(const Variable& x_in) {
-  const Variable x = tp_.enter(x_in);  // once for both column-parallel projections
+  // One region for both column-parallel projections (Note [Sequence-parallel saved input]).
   if (!nn::fused_ops_enabled()) {
-    Variable gate = autograd::silu((*gate_proj_)(x));
-    return (*down_proj_)(autograd::mul(gate, (*up_proj_)(x)));
+    std::vector<Variable> gu = tp_.enter_columns(x_in, [&](const Variable& x) {
+      Variable gate = autograd::silu((*gate_proj_)(x));
+      return std::vector<Variable>{gate, (*up_proj_)(x)};
+    });
+    return (*down_proj_)(autograd::mul(gu[0], gu[1]));
   }
   // One node (Note [Fused ops in models], Note [SwiGLU recompute]): the child linears' own hooks
   // do not run.
-  return down_proj_->reduce_output(autograd::mlp_swiglu(x, gate_proj_->weight(), up_proj_->weight(),
-                                                        down_proj_->weight(), recompute_swiglu_));
+  return down_proj_->reduce_output(tp_.enter_columns(x_in, [&](const Variable& x) {
+    return autograd::mlp_swiglu(x, gate_proj_->weight(), up_proj_->weight(), down_proj_->weight(),
+                                recompute_swiglu_);
+  }));
 }
 
 }  // namespace strata::models::llama

@@ -14,6 +14,18 @@ Variable TensorParallel::enter(const Variable& x) const {
                            : autograd::copy_to_tp_region(x, group);
 }
 
+std::vector<Variable> TensorParallel::enter_columns(
+    const Variable& x, const autograd::GatheredConsumers& consumers) const {
+  if (!sp()) return consumers(enter(x));
+  return autograd::with_gathered_sequence(x, group, consumers);
+}
+
+Variable TensorParallel::enter_columns(
+    const Variable& x, const std::function<Variable(const Variable&)>& consumer) const {
+  return enter_columns(x, [&](const Variable& in) { return std::vector<Variable>{consumer(in)}; })
+      .front();
+}
+
 Variable TensorParallel::exit(const Variable& partial) const {
   if (!enabled()) return partial;
   return sequence_parallel ? autograd::reduce_scatter_to_sequence_region(partial, group)

@@ -18,6 +18,7 @@
 // passed through copy_to_tp_region (identity forward, all-reduce backward), so the gradient that
 // reaches it is again the whole one, identical on every rank, per backward pass (so gradient
 // accumulation stays correct).
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -42,6 +43,13 @@ struct TensorParallel {
   // Into a tensor-parallel region: the input of column-parallel layers. x is replicated (or, under
   // sequence parallelism, this rank's tokens); the result is the whole [B, T, C] on every rank.
   Variable enter(const Variable& x) const;
+  // `consumers` (the column-parallel layers reading x) run on enter(x). Under sequence
+  // parallelism backward keeps this rank's tokens of x and gathers the whole input again instead
+  // of keeping it (Note [Sequence-parallel saved input]); otherwise this is consumers(enter(x)).
+  std::vector<Variable> enter_columns(const Variable& x,
+                                      const autograd::GatheredConsumers& consumers) const;
+  Variable enter_columns(const Variable& x,
+                         const std::function<Variable(const Variable&)>& consumer) const;
   // Out of it: the partial sums of row-parallel layers, reduced (or reduce-scattered to this
   // rank's tokens under sequence parallelism).
   Variable exit(const Variable& partial) const;

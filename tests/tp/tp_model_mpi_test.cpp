@@ -42,14 +42,14 @@ nn::TensorParallel tp_group(bool sp) {
 }
 
 std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::TensorParallel& tp,
-                                     float dropout = 0.f, bool tied = false) {
+                                     float dropout = 0.f, bool tied = false, int layers = 2) {
   if (family == "gpt2") {
     gpt2::GPT2Config c;
     c.dropout = dropout;
     c.vocab_size = c.padded_vocab_size = kVocab;
     c.n_positions = kSeq;
     c.n_embd = 32;
-    c.n_layer = 2;
+    c.n_layer = layers;
     c.n_head = 4;
     return std::make_unique<gpt2::GPT2>(c, kSeed, tp);
   }
@@ -58,7 +58,7 @@ std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::Tensor
   c.max_position_embeddings = kSeq;
   c.hidden_size = 32;
   c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
+  c.num_hidden_layers = layers;
   c.num_attention_heads = 8;
   c.num_key_value_heads = 4;  // grouped-query attention: two query heads per k/v head
   c.tie_word_embeddings = tied;
@@ -274,15 +274,66 @@ int64_t activation_bytes_after_forward(CausalLM& model) {
   return after - before;
 }
 
-// Note [Sequence-parallel layout]: the norm regions hold 1/tp of the tokens. Korthikanti et al.
-// (2022), eq. 1-2: per layer, tensor parallelism alone keeps sbh(10 + 24/t + 5as/(ht)) bytes
-// (16-bit activations, with dropout), sequence parallelism sbh/t(34 + 5as/h): the 10sbh of the
-// norm, dropout and linear-input regions become 10sbh/t. In this implementation (fp32, dropout 0,
-// the column-parallel linears keep their gathered input whole, as the paper's "no selective
-// recompute" baseline before its all-gather recompute) the part that shrinks is the norms' saved
-// input (2 per block, as the paper's 4sbh at 2 bytes) and their mean / rstd rows, plus the final
-// norm's: (2L + 1)(4 N C + 2 * 4 N)(1 - 1/t) bytes for N = B T tokens of width C; and GPT-2's
-// position ids.
+// One layer's saved activations, measured: a model of two layers minus the same model of one.
+int64_t activation_bytes_per_layer(const std::string& family, const nn::TensorParallel& tp) {
+  std::unique_ptr<CausalLM> one = make_model(family, tp, 0.f, false, 1);
+  std::unique_ptr<CausalLM> two = make_model(family, tp, 0.f, false, 2);
+  return activation_bytes_after_forward(*two) - activation_bytes_after_forward(*one);
+}
+
+// Korthikanti et al. (2022), eq. 1-3: one layer keeps sbh(34 + 5as/h) bytes of 16-bit
+// activations; tensor parallelism alone sbh(10 + 24/t + 5as/(ht)), the 10sbh being the norms'
+// inputs (4), the column-parallel linears' inputs (4) and two dropout masks (2), which stay whole;
+// sequence parallelism divides those too: sbh(10/t + 24/t + 5as/(ht)). Here, per layer, for
+// N = s b tokens of width C = h, a = H heads, fp32 (4 bytes, the paper's 2 sbh at 2 bytes is
+// 4 N C), measured on the fused ops:
+//   - GPT-2: norm inputs 2 x 4NC plus their mean and rstd 2 x 8N; c_attn's and the MLP's inputs
+//     2 x 4NC; q, k, v 12NC; the attention output (c_proj's input) 4NC; GELU input and output
+//     2 x 16NC: 64NC + 16N, the paper's 34 - 2 (sbh at 2 bytes, x 2): dropout keeps no mask
+//     (masks are redrawn from their keys); the attention is a fused one keeping its logsumexp,
+//     4NH, in place of the paper's 5as^2b score terms.
+//   - LLaMA (F the intermediate size): RMSNorm inputs and rstd 2 x (4NC + 4N); the q/k/v and MLP
+//     inputs 2 x 4NC; q, repeated k and v, the output 4 x 4NC; gate, up and their product 12NF;
+//     logsumexp 4NH.
+// The sequence-parallelisable part S (norm inputs and statistics, column-parallel inputs) is
+// 16NC + 16N (GPT-2) or 16NC + 8N (LLaMA). Checked: tp alone keeps S + (A1 - S)/t, sequence
+// parallelism A1/t (Note [Sequence-parallel saved input]), fused and unfused.
+TEST(TpModel, SequenceParallelActivationsPerLayer) {
+  const nn::TensorParallel off = tp_group(false), on = tp_group(true);
+  const int64_t t = off.size(), N = kBatch * kSeq, C = 32, F = 64;
+  for (const bool fused : {true, false}) {
+    nn::FusedOpsGuard guard(fused);
+    for (const std::string family : {"gpt2", "llama"}) {
+      const bool gpt2 = family == "gpt2";
+      const int64_t H = gpt2 ? 4 : 8;
+      const int64_t a1 = activation_bytes_per_layer(family, {});
+      const int64_t a_tp = activation_bytes_per_layer(family, off);
+      const int64_t a_sp = activation_bytes_per_layer(family, on);
+      const int64_t S = gpt2 ? 16 * N * C + 16 * N : 16 * N * C + 8 * N;
+      if (fused) {
+        EXPECT_EQ(a1, gpt2 ? 64 * N * C + 16 * N + 4 * N * H
+                           : 32 * N * C + 12 * N * F + 8 * N + 4 * N * H)
+            << family;
+      }
+      EXPECT_EQ((a1 - S) % t, 0) << family;
+      EXPECT_EQ(a_tp, S + (a1 - S) / t) << family << (fused ? "" : " unfused");
+      EXPECT_EQ(a_sp * t, a1) << family << (fused ? "" : " unfused");
+      if (off.rank() == 0)
+        std::printf(
+            "[tp %d %s%s] activation bytes per layer: %lld at tp 1, %lld at tp %d (S %lld + %lld "
+            "/ t), %lld with sequence parallelism (%lld / t)\n",
+            static_cast<int>(t), family.c_str(), fused ? "" : " unfused",
+            static_cast<long long>(a1), static_cast<long long>(a_tp), static_cast<int>(t),
+            static_cast<long long>(S), static_cast<long long>(a1 - S), static_cast<long long>(a_sp),
+            static_cast<long long>(a1));
+    }
+  }
+}
+
+// The whole model (embeddings, 2 layers, the final norm, the head and loss): sequence
+// parallelism saves each norm's input and statistics and each column-parallel input (the 2 layers'
+// and the head's) but 1/t: (2L + 1)(4NC + 2 x 4N + 4NC)(1 - 1/t); and GPT-2's position ids
+// (I64), [T] shared by the batch without it, this rank's [B, T / t] with it.
 TEST(TpModel, SequenceParallelActivationSaving) {
   const nn::TensorParallel off = tp_group(false), on = tp_group(true);
   const int t = off.size();
@@ -291,19 +342,15 @@ TEST(TpModel, SequenceParallelActivationSaving) {
   const int64_t a_tp = activation_bytes_after_forward(*plain);
   const int64_t a_sp = activation_bytes_after_forward(*sp);
   const int64_t L = 2, N = kBatch * kSeq, C = 32;
-  const int64_t norm_region = (2 * L + 1) * (4 * N * C + 2 * 4 * N);
-  // wpe's lookup keeps its position ids (I64): [T] shared by the batch without sequence
-  // parallelism, this rank's [B, T / t] with it (t = 1 has no sequence parallelism at all).
+  const int64_t region = (2 * L + 1) * (4 * N * C + 2 * 4 * N + 4 * N * C);
   const int64_t positions = on.sp() ? 8 * kSeq - 8 * N / t : 0;
-  const int64_t expected = norm_region - norm_region / t + positions;
-  EXPECT_EQ(a_tp - a_sp, expected)
+  EXPECT_EQ(a_tp - a_sp, region - region / t + positions)
       << "tp " << t << ": " << a_tp << " bytes without, " << a_sp << " with sequence parallelism";
   if (off.rank() == 0)
     std::printf(
-        "[tp %d gpt2] activations after forward: %lld bytes (tp), %lld (tp + sp), saved "
-        "%lld; the paper's 10sbh(1 - 1/t) term at fp32 per layer would be %lld\n",
-        t, static_cast<long long>(a_tp), static_cast<long long>(a_sp),
-        static_cast<long long>(a_tp - a_sp), static_cast<long long>(10 * 2 * N * C * (t - 1) / t));
+        "[tp %d gpt2] activations after forward: %lld bytes (tp), %lld (tp + sp), saved %lld\n", t,
+        static_cast<long long>(a_tp), static_cast<long long>(a_sp),
+        static_cast<long long>(a_tp - a_sp));
 }
 
 }  // namespace

@@ -284,11 +284,6 @@ void check_parallelism(const TrainConfig& c, const models::ModelShape& shape, Re
            fmt::format("is {} but training.sample_every is {}: sampling (the KV-cached forward) "
                        "does not run tensor-parallel; set sample_every: 0",
                        tp, c.training.sample_every));
-  if (tp > 1 && !c.model.init_from.empty())
-    r.fail("tensor_parallel_size",
-           fmt::format("is {} but model.init_from is set: loading HF weights into a "
-                       "tensor-parallel model is not built yet; set tensor_parallel_size: 1",
-                       tp));
 }
 
 void validate(TrainConfig& c, Readers& r) {

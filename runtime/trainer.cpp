@@ -24,6 +24,7 @@
 #include "core/timer.h"
 #include "data/unicode.h"
 #include "models/hf_interop.h"
+#include "models/nn/tensor_parallel.h"
 #include "models/registry.h"
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
@@ -291,15 +292,23 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
       "model '{}' built with context {} and vocabulary {}; its shape said {} and {}", c.model.name,
       model_->max_seq_len(), model_->vocab_size(), shape.max_seq_len, shape.vocab_size);
   if (!c.model.init_from.empty()) {
-    if (pp_size_ > 1) {
-      // A stage's parameters are the whole model's of the same names (Note [Pipeline stages]):
-      // the HF file loads into a whole model, and the stage takes its tensors from it.
+    if (pp_size_ > 1 || tp_size_ > 1) {
+      // A stage's parameters are the whole model's of the same names (Note [Pipeline stages]),
+      // a tensor-parallel rank's their slices (Note [Tensor-parallel shards]): the HF file loads
+      // into a whole model, and each rank takes its tensors from it (host memory for one more
+      // copy of the model, as a tensor-parallel checkpoint load takes).
       const std::unique_ptr<models::CausalLM> whole = make_whole_model();
       models::load_hf(*whole, c.model.init_from);
+      const models::nn::TensorParallel& tp = model_->tensor_parallel();
       for (models::FlatUnit& u : model_->flat_units())
         for (size_t i = 0; i < u.names.size(); ++i) {
+          auto spec = model_->shard_specs().find(u.names[i]);
+          const tensor::Tensor src = models::nn::shard_of(
+              whole->parameter(u.names[i]).data(),
+              spec == model_->shard_specs().end() ? models::nn::ShardSpec{} : spec->second,
+              tp.rank(), tp.size());
           tensor::Tensor dst = u.params.narrow(0, u.offsets[i], u.numels[i]);
-          dst.copy_(whole->parameter(u.names[i]).data().reshape({-1}));
+          dst.copy_(src.reshape({-1}));
         }
     } else {
       models::load_hf(*model_, c.model.init_from);

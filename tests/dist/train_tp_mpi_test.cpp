@@ -139,6 +139,65 @@ TEST_F(TrainTpMpi, CheckpointsResumeAtAnotherLayout) {
   }
 }
 
+// model.init_from at tp 2: the HF tensors are whole, each rank keeps its slices (Note
+// [Tensor-parallel shards]), and the run follows the one-process run started from the same file.
+// `generate` reads a tensor-parallel run's checkpoint (whole tensors, Note [Tensor-parallel
+// checkpoints]) as a one-process one and samples what it samples from the one-process run's.
+TEST_F(TrainTpMpi, InitFromHfAndGenerateFromTheCheckpoint) {
+  const int kSteps = 6;
+  CommandResult base = train(0, config("base", 3), {});
+  ASSERT_EQ(base.exit_code, 0) << describe(base);
+  const std::vector<double> base_losses = losses("base");
+  const std::string hf = tmp_ / "hf";
+  CommandResult conv =
+      testing::run_command({std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint",
+                            tmp_ / "base/checkpoints/step_00000003", "--to-hf", hf});
+  ASSERT_EQ(conv.exit_code, 0) << describe(conv);
+  const std::string init = "model.init_from=" + hf;
+
+  CommandResult one = train(0, config("ft_one", kSteps), {init});
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  const std::vector<double> want = losses("ft_one");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  // The file's weights, not a fresh init: the first loss is below the base run's first.
+  EXPECT_LT(want.front(), base_losses.front() - 0.05);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {"ft_tp2", {init, "parallelism.tensor_parallel_size=2"}},
+      {"ft_tp2_sp",
+       {init, "parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true"}},
+  };
+  for (const auto& [name, sets] : runs) {
+    CommandResult r = train(4, config(name, kSteps), sets);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("): tp 2"), std::string::npos) << r.out;
+    const std::vector<double> got = losses(name);
+    expect_close(got, want, 1e-5, name);
+    double worst = 0;
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+      worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+    std::printf(
+        "[train %s, 4 ranks, init_from] %zu steps, loss %.6f -> %.6f, worst relative "
+        "delta %.3g\n",
+        name.c_str(), got.size(), got.empty() ? 0.0 : got.front(), got.empty() ? 0.0 : got.back(),
+        worst);
+  }
+
+  std::string text[2];
+  const std::string names[2] = {"ft_one", "ft_tp2"};
+  for (int i = 0; i < 2; ++i) {
+    CommandResult g =
+        testing::run_command({std::string(STRATA_BINARY_DIR) + "/generate", "--checkpoint",
+                              tmp_ / names[i], "--prompt", "The run", "--max-new-tokens", "32",
+                              "--temperature", "1.0", "--top-k", "0", "--seed", "3"},
+                             std::chrono::seconds(120));
+    ASSERT_EQ(g.exit_code, 0) << describe(g);
+    text[i] = g.out;
+  }
+  EXPECT_EQ(text[0].rfind("The run", 0), 0u) << text[0];
+  EXPECT_EQ(text[0].size(), std::string("The run").size() + 32 + 1) << text[0];  // + newline
+  EXPECT_EQ(text[1], text[0]);
+}
+
 TEST_F(TrainTpMpi, ImpossibleLayoutsAreClearErrors) {
   // The test model has 2 heads.
   CommandResult r = train(4, config("bad_heads", 2), {"parallelism.tensor_parallel_size=4"});

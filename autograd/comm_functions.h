@@ -105,7 +105,10 @@ namespace strata::autograd {
 // target is ignore_index count 0 and the mean is over the others (cross_entropy's semantics).
 // Backward is local: d logits = (softmax - onehot) * g / m with the softmax from the saved
 // exponentials and the all-reduced sum. The node keeps exp(logits - max), the size of the local
-// logits, and not the logits. With a trivial group it is cross_entropy itself.
+// logits, and not the logits. Low-precision (bf16, f16) logits are read into f32 first and every
+// step runs in f32, as cross_entropy's are: the loss is f32, the saved exponentials are f32 (twice
+// the local bf16 logits' bytes) and the gradient goes back in the logits' dtype. With a trivial
+// group it is cross_entropy itself.
 // A vocab-parallel embedding's local lookup: rows of `weight` at `ids` (local row numbers), times
 // `mask` ([..., 1] of 0/1 in the weight's dtype): rows of ids outside this rank's slice come out
 // zero and send no gradient. Keeps only ids and mask for backward.

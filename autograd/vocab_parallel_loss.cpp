@@ -31,7 +31,9 @@ Variable vocab_parallel_cross_entropy(const Variable& logits, const Tensor& targ
   if (tp_size(group) == 1) return cross_entropy(logits, targets, ignore_index, classes);
   const Tensor& ld = logits.data();
   const int64_t vl = ld.size(-1);
-  const Tensor L = ld.reshape({-1, vl});  // a view for a linear's output
+  // A view for a linear's f32 output; low-precision logits are computed on in f32.
+  const Tensor L =
+      ld.dtype() == DType::F32 ? ld.reshape({-1, vl}) : ld.reshape({-1, vl}).to(DType::F32);
   const int64_t n = L.size(0);
   STRATA_CHECK(targets.numel() == n, "vocab_parallel_cross_entropy: targets {} for logits {}",
                targets.str(), ld.str());
@@ -70,7 +72,7 @@ Variable vocab_parallel_cross_entropy(const Variable& logits, const Tensor& targ
   Tensor mx = local_classes > 0
                   ? tops::max(local_classes == vl ? L : L.narrow(1, 0, local_classes), 1)
                         .values.contiguous()
-                  : tops::full({n}, -std::numeric_limits<double>::infinity(), ld.dtype(), dev);
+                  : tops::full({n}, -std::numeric_limits<double>::infinity(), L.dtype(), dev);
   mx = allreduce(mx, comm::ReduceOp::Max);
   const Tensor mx_col = mx.view({n, 1});
   Tensor e = tops::unary(tensor::UnaryOp::Exp, tops::sub(L, mx_col));
@@ -88,6 +90,7 @@ Variable vocab_parallel_cross_entropy(const Variable& logits, const Tensor& targ
   Tensor loss = tops::scale(tops::sum_all(losses), inv_m);
 
   const Shape shape = ld.shape();
+  const DType dtype = ld.dtype();
   return make_output("VocabParallelCrossEntropy", loss, {logits},
                      [=](const std::vector<Tensor>& g) {
                        // Per row: g / m where counted, 0 elsewhere.
@@ -98,7 +101,7 @@ Variable vocab_parallel_cross_entropy(const Variable& logits, const Tensor& targ
                        Tensor flat = d.view({n * vl, 1});
                        tops::embedding_backward(
                            index_t, tops::scale(tops::mul(coef, here_t), -1.f).view({n, 1}), flat);
-                       return std::vector<Tensor>{d.view(shape)};
+                       return std::vector<Tensor>{d.view(shape).to(dtype)};
                      });
 }
 

@@ -240,6 +240,62 @@ TEST_F(TrainGpuMpi, Bf16ZeroThreeResumesBitwiseOnTwoGpusAndMovesToOneGpuAndTheCp
   }
 }
 
+// Tensor parallelism over nccl (docs/tensor_parallel.md): tp 2 on two GPUs reproduces one GPU's
+// fp32 losses, with and without sequence parallelism, and writes the checkpoint one GPU would
+// (whole tensors); in bf16 it tracks one GPU's bf16 run.
+TEST_F(TrainGpuMpi, TensorParallelOverNcclReproducesOneGpu) {
+  NEED_GPUS(2);
+  const int kSteps = 6;
+  const std::string tp2 = "parallelism.tensor_parallel_size=2";
+  CommandResult one = train(0, config("tp_one", kSteps), {"run.dtype=fp32"});
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  const std::vector<double> want = losses("tp_one");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  for (const bool sp : {false, true}) {
+    const std::string name = sp ? "tp2_sp" : "tp2";
+    CommandResult r =
+        train(2, config(name, kSteps),
+              {"run.dtype=fp32", tp2,
+               std::string("parallelism.sequence_parallel=") + (sp ? "true" : "false")});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("| cuda | 2 ranks (nccl)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("): tp 2"), std::string::npos) << r.out;
+    const std::vector<double> got = losses(name);
+    expect_close(got, want, 1e-5, name);
+    double worst = 0;
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+      worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+    std::printf("[%s fp32 over nccl] worst relative loss delta against one GPU: %.3g\n",
+                name.c_str(), worst);
+  }
+  // The checkpoint holds whole tensors, put together from the two GPUs' shards: the one-GPU
+  // run's names and shapes (TrainTpMpi resumes such checkpoints at other layouts on the CPU).
+  auto a = tensor::load_safetensors(tmp_ / "tp_one/checkpoints/step_00000006/model.safetensors");
+  auto b = tensor::load_safetensors(tmp_ / "tp2/checkpoints/step_00000006/model.safetensors");
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& [name, t] : a) {
+    ASSERT_TRUE(b.contains(name)) << name;
+    EXPECT_EQ(t.shape(), b.at(name).shape()) << name;
+  }
+
+  // bf16: a tensor-parallel layer rounds each rank's partial sums (row-parallel outputs, the
+  // vocab-parallel loss's per-row sums) to bf16 before adding them, where one GPU rounds the
+  // whole sum once: a rounding more per value, of the size one GPU's bf16 run sees against two
+  // data-parallel ranks adding gradients in another order (Bf16ZeroThree... above: 1e-3).
+  CommandResult one16 = train(0, config("tp_one_bf16", kSteps), {"run.dtype=bf16"});
+  ASSERT_EQ(one16.exit_code, 0) << describe(one16);
+  const std::vector<double> want16 = losses("tp_one_bf16");
+  CommandResult r16 = train(2, config("tp2_bf16", kSteps), {"run.dtype=bf16", tp2});
+  ASSERT_EQ(r16.exit_code, 0) << describe(r16);
+  const std::vector<double> got16 = losses("tp2_bf16");
+  double worst = 0;
+  for (size_t i = 0; i < got16.size() && i < want16.size(); ++i)
+    worst = std::max(worst, std::abs(got16[i] - want16[i]) / std::abs(want16[i]));
+  std::printf("[tp 2 bf16 over nccl] worst relative loss delta against one GPU's bf16: %.3g\n",
+              worst);
+  expect_close(got16, want16, 1e-3, "tp2_bf16");
+}
+
 // Backend mpi stages GPU tensors through the host, so ranks may share a GPU (NCCL's may not).
 TEST_F(TrainGpuMpi, RanksShareOneGpuOverMpi) {
   NEED_GPUS(1);

@@ -277,6 +277,14 @@ TEST_F(TrainGpuMpi, TensorParallelOverNcclReproducesOneGpu) {
     ASSERT_TRUE(b.contains(name)) << name;
     EXPECT_EQ(t.shape(), b.at(name).shape()) << name;
   }
+  // Written at tp 2 on GPUs after 3 steps, read back at tp 2 on GPUs: the one-GPU trajectory.
+  const std::string resumed = config("tp2_resumed", kSteps);
+  CommandResult first = train(2, resumed, {"run.dtype=fp32", tp2, "training.steps=3"});
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  CommandResult second = train(2, resumed, {"run.dtype=fp32", tp2});
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.out.find("resumed from"), std::string::npos) << second.out;
+  expect_close(losses("tp2_resumed"), want, 1e-5, "tp2_resumed");
 
   // bf16: a tensor-parallel layer rounds each rank's partial sums (row-parallel outputs, the
   // vocab-parallel loss's per-row sums) to bf16 before adding them, where one GPU rounds the

@@ -42,7 +42,8 @@ nn::TensorParallel tp_group(bool sp) {
 }
 
 std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::TensorParallel& tp,
-                                     float dropout = 0.f, bool tied = false, int layers = 2) {
+                                     float dropout = 0.f, bool tied = false, int layers = 2,
+                                     bool checkpointing = false) {
   if (family == "gpt2") {
     gpt2::GPT2Config c;
     c.dropout = dropout;
@@ -50,6 +51,7 @@ std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::Tensor
     c.n_positions = kSeq;
     c.n_embd = 32;
     c.n_layer = layers;
+    c.activation_checkpointing = checkpointing;
     c.n_head = 4;
     return std::make_unique<gpt2::GPT2>(c, kSeed, tp);
   }
@@ -59,6 +61,7 @@ std::unique_ptr<CausalLM> make_model(const std::string& family, const nn::Tensor
   c.hidden_size = 32;
   c.intermediate_size = 64;
   c.num_hidden_layers = layers;
+  c.activation_checkpointing = checkpointing;
   c.num_attention_heads = 8;
   c.num_key_value_heads = 4;  // grouped-query attention: two query heads per k/v head
   c.tie_word_embeddings = tied;
@@ -126,12 +129,12 @@ nn::ShardSpec spec_of(const CausalLM& model, const std::string& name) {
 }
 
 void expect_same_model(const std::string& family, bool sp, bool fused = true, double max_norm = 0,
-                       bool tied = false) {
+                       bool tied = false, bool checkpointing = false) {
   nn::FusedOpsGuard guard(fused);
   const nn::TensorParallel tp = tp_group(sp);
   const int n = tp.size(), r = tp.rank();
-  std::unique_ptr<CausalLM> whole = make_model(family, {}, 0.f, tied);
-  std::unique_ptr<CausalLM> part = make_model(family, tp, 0.f, tied);
+  std::unique_ptr<CausalLM> whole = make_model(family, {}, 0.f, tied, 2, checkpointing);
+  std::unique_ptr<CausalLM> part = make_model(family, tp, 0.f, tied, 2, checkpointing);
   const Run ref = train(*whole, kSteps, max_norm);
   const Run got = train(*part, kSteps, max_norm);
 
@@ -170,9 +173,10 @@ void expect_same_model(const std::string& family, bool sp, bool fused = true, do
     double worst = 0;
     for (size_t s = 0; s < ref.losses.size(); ++s)
       worst = std::max(worst, std::fabs(got.losses[s] - ref.losses[s]) / std::fabs(ref.losses[s]));
-    std::printf("[tp %d %s%s%s] %d steps, loss %.6f -> %.6f, worst relative loss delta %.3g\n", n,
-                family.c_str(), sp ? " sp" : "", fused ? "" : " unfused", kSteps,
-                ref.losses.front(), ref.losses.back(), worst);
+    std::printf("[tp %d %s%s%s%s] %d steps, loss %.6f -> %.6f, worst relative loss delta %.3g\n", n,
+                family.c_str(), sp ? " sp" : "", fused ? "" : " unfused",
+                checkpointing ? " checkpointed" : "", kSteps, ref.losses.front(), ref.losses.back(),
+                worst);
   }
 }
 
@@ -202,6 +206,14 @@ TEST(TpModel, LlamaGqaTiedSequenceParallel) {
 }
 TEST(TpModel, LlamaGqaSequenceParallel) {
   expect_same_model("llama", true);
+}
+// Note [Sequence-parallel saved input] inside a checkpointed block: the replay releases and
+// gathers again, the gradients stay the single process's.
+TEST(TpModel, Gpt2SequenceParallelCheckpointed) {
+  expect_same_model("gpt2", true, true, 0, false, /*checkpointing=*/true);
+}
+TEST(TpModel, LlamaGqaSequenceParallelCheckpointed) {
+  expect_same_model("llama", true, true, 0, false, /*checkpointing=*/true);
 }
 
 // Dropout without sequence parallelism: it acts on replicated activations ([B, T, C] after each

@@ -198,6 +198,35 @@ TEST_F(TrainTpMpi, InitFromHfAndGenerateFromTheCheckpoint) {
   EXPECT_EQ(text[1], text[0]);
 }
 
+// bf16 on CPU ranks (Note [Mixed precision] in parallel/engine.h): tp 2 x dp 2, with and without
+// sequence parallelism, tracks the one-process bf16 run. A tensor-parallel layer rounds each
+// rank's partial sums (the row-parallel outputs) to bf16 before the ranks add them, where one
+// process rounds the whole sum once: one rounding more per value, as when data-parallel ranks add
+// gradients in another order, which the GPU suite bounds by 1e-3 relative (TrainGpuMpi).
+TEST_F(TrainTpMpi, Bf16TracksTheOneProcessBf16Run) {
+  const int kSteps = 6;
+  CommandResult single = train(0, config("bf16_single", kSteps), {"run.dtype=bf16"});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("bf16_single");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  for (const bool sp : {false, true}) {
+    const std::string name = sp ? "bf16_tp2_sp" : "bf16_tp2";
+    CommandResult r =
+        train(4, config(name, kSteps),
+              {"run.dtype=bf16", "parallelism.tensor_parallel_size=2",
+               std::string("parallelism.sequence_parallel=") + (sp ? "true" : "false")});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("): tp 2"), std::string::npos) << r.out;
+    const std::vector<double> got = losses(name);
+    expect_close(got, want, 1e-3, name);
+    double worst = 0;
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+      worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+    std::printf("[train %s, 4 ranks] worst relative loss delta against one process's bf16: %.3g\n",
+                name.c_str(), worst);
+  }
+}
+
 TEST_F(TrainTpMpi, ImpossibleLayoutsAreClearErrors) {
   // The test model has 2 heads.
   CommandResult r = train(4, config("bad_heads", 2), {"parallelism.tensor_parallel_size=4"});

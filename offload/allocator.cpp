@@ -7,6 +7,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "offload/host_budget.h"
 
 namespace strata::offload {
 
@@ -29,6 +30,13 @@ size_t HostAllocator::rounded_size(size_t bytes) const {
 
 Block HostAllocator::allocate(size_t bytes, Category category) {
   const size_t rounded = rounded_size(bytes);
+  if (const int64_t limit = HostMemoryBudget::limit(); limit > 0) {
+    // Note [Host memory budget]: cached blocks are resident too; give them back before they
+    // push the process over, then check the live bytes.
+    if (HostMemoryBudget::in_use(*stats_) + static_cast<int64_t>(cached_bytes() + bytes) > limit)
+      release_cache();
+    HostMemoryBudget::check(*stats_, category, static_cast<int64_t>(bytes));
+  }
   void* p = nullptr;
   const bool cacheable = cache_large_ && bytes >= kCacheMinBytes;
   if (cacheable) {

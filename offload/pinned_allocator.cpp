@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "offload/host_budget.h"
 
 #if STRATA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -134,6 +135,8 @@ void PinnedAllocator::unmap_buffer(const Raw& r, size_t rounded) {
 
 Block PinnedAllocator::allocate(size_t bytes, Category category) {
   const size_t rounded = rounded_size(bytes);
+  HostMemoryBudget::check(*stats_, category,
+                          static_cast<int64_t>(bytes));  // Note [Host memory budget]
   std::lock_guard<std::mutex> lock(mu_);
   Raw r{nullptr, false};
   auto it = free_.find(rounded);

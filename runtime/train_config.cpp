@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "models/registry.h"
+#include "offload/host_budget.h"
 #include "runtime/pipeline_config.h"
 
 namespace strata::runtime {
@@ -31,6 +32,7 @@ void read_run(Reader& r, RunConfig& c) {
   r.get("threads", c.threads);
   r.get_enum("matmul_tuning", c.matmul_tuning, {"off", "on"});
   r.get_enum("tf32", c.tf32, {"off", "on"});
+  r.get("host_memory_budget", c.host_memory_budget);
 }
 
 void read_model(Reader& r, ModelSection& c) {
@@ -302,6 +304,11 @@ void validate(TrainConfig& c, Readers& r) {
                            "'{}' (the CPU computes fp32 matmuls in full f32); set run.device: cuda "
                            "or tf32: off",
                            c.run.device));
+  try {
+    offload::parse_host_budget(c.run.host_memory_budget, "");
+  } catch (const UserError& e) {
+    r.run.fail("host_memory_budget", e.what());
+  }
   // bf16/fp16 run on the CPU too (Note [Mixed precision] in parallel/engine.h): the CPU
   // kernels widen to f32, so it saves model-state memory, not time.
 
@@ -535,6 +542,7 @@ std::string to_yaml(const TrainConfig& c) {
     e("threads", c.run.threads);
     e("matmul_tuning", c.run.matmul_tuning);
     e("tf32", c.run.tf32);
+    e("host_memory_budget", c.run.host_memory_budget);
   }
   {
     Node& m = section(root, "model");

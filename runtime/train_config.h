@@ -40,6 +40,10 @@ struct RunConfig {                   // YAML section `run`
   // off | on: fp32 matmuls on the GPU round their inputs to TF32 and run on the tensor cores
   // (Note [TF32] in tensor/cuda.h); no effect on bf16/fp16 matmuls; cuda only.
   std::string tf32 = "off";
+  // auto | none | bytes ("20GiB", "512MiB", 1073741824): the most host memory this process may
+  // hold (Note [Host memory budget] in offload/host_budget.h); auto is what the machine has free
+  // (MemAvailable) at start, divided among the ranks of the node.
+  std::string host_memory_budget = "auto";
   bool operator==(const RunConfig&) const = default;
 };
 

@@ -26,6 +26,7 @@
 #include "models/hf_interop.h"
 #include "models/nn/tensor_parallel.h"
 #include "models/registry.h"
+#include "offload/host_budget.h"
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
@@ -34,6 +35,7 @@
 #include "parallel/zero_memory.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_peaks.h"
+#include "runtime/host_memory_plan.h"
 #include "runtime/op_profile.h"
 #include "runtime/tp_checkpoint.h"
 #include "sampling/sampler.h"
@@ -252,6 +254,23 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         "{}: batch.seq_len {} is longer than the model's context ({} positions); lower "
         "batch.seq_len or raise model.config.n_positions",
         c.source, c.batch.seq_len, shape.max_seq_len);
+  }
+  {
+    // Note [Host memory budget], Note [Host memory plan]: the budget guards every host
+    // allocation from here on; the plan refuses a run that cannot fit before it allocates.
+    const int64_t budget = resolve_host_budget(c, launch.local_size);
+    const std::string source =
+        c.run.host_memory_budget == "auto"
+            ? fmt::format("run.host_memory_budget auto: MemAvailable / {} rank(s) on this node",
+                          std::max(launch.local_size, 1))
+            : fmt::format("run.host_memory_budget {} in {}", c.run.host_memory_budget, c.source);
+    host_budget_ = std::make_unique<offload::HostBudgetScope>(budget, source);
+    const HostMemoryPlan plan = with_config_context(c, "model", [&] {
+      return plan_host_memory(
+          c, shape, parallel::unit_sizes(c.model.name, whole_options_, tp_size_), world_, tp_size_);
+    });
+    check_host_memory_plan(plan, offload::HostMemoryBudget::in_use(offload::MemoryStats::global()),
+                           budget, source, c);
   }
   tokenizer_ = data::make_tokenizer(c.data.tokenizer, c.data.vocab, c.data.merges);
   if (tokenizer_->vocab_size() > shape.vocab_size) {

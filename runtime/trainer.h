@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "models/causal_lm.h"
 #include "models/registry.h"
+#include "offload/host_budget.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -122,6 +123,8 @@ class Trainer {
   void report_profile(const std::vector<tensor::CudaOpTime>& ops, double seconds);
   std::vector<std::pair<std::string, int64_t>> peak_bytes() const;
 
+  // Note [Host memory budget]: set for the Trainer's life, restored after everything is freed.
+  std::unique_ptr<offload::HostBudgetScope> host_budget_;
   Stopwatch profile_watch_;  // training.profile_steps: the profiled window's wall time
   bool profiling_ = false;   // inside that window, having started it
   TrainConfig config_;

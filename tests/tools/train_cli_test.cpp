@@ -132,6 +132,15 @@ std::vector<BadCase> bad_cases() {
   cases.push_back({"NegativeBatch",
                    replace("  micro_batch_size: 2", "  micro_batch_size: -2"),
                    {"{config}", "micro_batch_size"}});
+  // Note [Host memory plan]: a micro-batch no machine holds stops before anything is allocated
+  // or written (it was killed by the OOM killer, status 137), naming the category and the budget.
+  cases.push_back({"MicroBatchOverTheHostMemoryBudget",
+                   replace("  micro_batch_size: 2", "  micro_batch_size: 100000000"),
+                   {"{config}", "run.host_memory_budget", "the activations take it over the budget",
+                    "MemAvailable", "batch.micro_batch_size (100000000)"}});
+  cases.push_back({"HostMemoryBudgetNotASize",
+                   replace("  seed: 3\n", "  seed: 3\n  host_memory_budget: 20GB of RAM\n"),
+                   {"{config}", "run.host_memory_budget", "20GB of RAM", "20GiB"}});
   cases.push_back({"UnknownModel",
                    replace("  name: gpt2-tiny", "  name: gpt2-tinny"),
                    {"{config}", "gpt2-tinny", "gpt2-tiny"}});

@@ -1,10 +1,40 @@
 #include "autograd/checkpoint.h"
 
+#include <atomic>
+#include <memory>
+
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "autograd/rng_context.h"
+#include "offload/memory_stats.h"
+#include "offload/pinned_allocator.h"
+#include "tensor/storage.h"
 
 namespace strata::autograd {
+
+namespace {
+
+std::atomic<bool> g_cpu_checkpointing{false};
+
+// Note [CPU checkpointing]: a pinned host copy of a device tensor, contiguous.
+Tensor to_pinned_host(const Tensor& t) {
+  auto storage = std::make_shared<tensor::Storage>(
+      static_cast<size_t>(t.numel()) * dtype_size(t.dtype()), Device::cpu(),
+      &offload::PinnedAllocator::instance(), offload::Category::Activation);
+  Tensor host(std::move(storage), t.shape(), t.shape().contiguous_strides(), 0, t.dtype());
+  host.copy_(t);
+  return host;
+}
+
+}  // namespace
+
+void set_cpu_checkpointing(bool on) {
+  g_cpu_checkpointing.store(on, std::memory_order_relaxed);
+}
+
+bool cpu_checkpointing() {
+  return g_cpu_checkpointing.load(std::memory_order_relaxed);
+}
 
 std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs) {
   if (!GradMode::is_enabled()) return fn(inputs);
@@ -24,17 +54,29 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
   std::vector<Tensor> outs;
   for (const Variable& v : first) outs.push_back(v.data());
   std::vector<Tensor> saved_inputs;
+  std::vector<Device> input_devices;
   std::vector<bool> input_needs_grad;
+  const bool to_host = cpu_checkpointing();
   for (const Variable& v : inputs) {
-    saved_inputs.push_back(v.data());
+    const Tensor& t = v.data();
+    // Note [CPU checkpointing]
+    saved_inputs.push_back(to_host && t.defined() && t.device().is_cuda() ? to_pinned_host(t) : t);
+    input_devices.push_back(t.defined() ? t.device() : Device::cpu());
     input_needs_grad.push_back(v.requires_grad());
   }
   // Note [Activation checkpointing]: the recompute sees the generator as the first run did.
-  BackwardFn backward = [fn, saved_inputs, input_needs_grad, seed,
+  BackwardFn backward = [fn, saved_inputs, input_devices, input_needs_grad, seed,
                          offset](const std::vector<Tensor>& grad_outputs) {
     std::vector<Variable> detached;
-    for (size_t i = 0; i < saved_inputs.size(); ++i)
-      detached.emplace_back(saved_inputs[i], static_cast<bool>(input_needs_grad[i]));
+    for (size_t i = 0; i < saved_inputs.size(); ++i) {
+      Tensor x = saved_inputs[i];
+      if (x.defined() && x.device() != input_devices[i]) {
+        // Note [CPU checkpointing]: back to the device for the replay, dropped after it.
+        offload::CategoryScope activation(offload::Category::Activation);
+        x = x.to(input_devices[i]);
+      }
+      detached.emplace_back(x, static_cast<bool>(input_needs_grad[i]));
+    }
     Generator& g = current_generator();
     const uint64_t cur_seed = g.seed(), cur_offset = g.offset();
     g.set_state(seed, offset);

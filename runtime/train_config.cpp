@@ -518,9 +518,21 @@ TrainConfig parse_train_config(const config::Node& root, const std::string& sour
   read_zero(r.zero, c.zero);
   read_fp16(r.fp16, c.fp16);
   read_aio(r.aio, c.aio);
+  Reader checkpointing = top.section("activation_checkpointing");
+  checkpointing.get("cpu_checkpointing", c.activation_checkpointing.cpu_checkpointing);
   // Unknown keys first: a misspelt key is the likely reason a value below looks wrong.
   top.finish();
   validate(c, r);
+  if (c.activation_checkpointing.cpu_checkpointing) {
+    auto it = c.model.config.find("activation_checkpointing");
+    const bool on = it != c.model.config.end() && (it->second == "true" || it->second == "1" ||
+                                                   it->second == "on" || it->second == "yes");
+    if (!on)
+      checkpointing.fail("cpu_checkpointing",
+                         "is true, but nothing is checkpointed: set "
+                         "model.config.activation_checkpointing: true (or cpu_checkpointing: "
+                         "false)");
+  }
   c.resolve_batch(1);
   return c;
 }
@@ -684,6 +696,10 @@ std::string to_yaml(const TrainConfig& c) {
     e("loss_scale_window", c.fp16.loss_scale_window);
     e("hysteresis", c.fp16.hysteresis);
     e("min_loss_scale", c.fp16.min_loss_scale);
+  }
+  {
+    Emit e{section(root, "activation_checkpointing")};
+    e("cpu_checkpointing", c.activation_checkpointing.cpu_checkpointing);
   }
   std::string header = c.source.empty()
                            ? std::string("# Strata train config (resolved)\n")

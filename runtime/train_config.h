@@ -197,6 +197,16 @@ struct Fp16Section {      // `fp16`: dynamic loss scaling for run.dtype fp16, De
   bool operator==(const Fp16Section&) const = default;
 };
 
+// `activation_checkpointing`, DeepSpeed's section; which blocks are checkpointed is the model's
+// `model.config.activation_checkpointing`.
+struct ActivationCheckpointingSection {
+  // Note [CPU checkpointing] in autograd/checkpoint.h: the checkpoints in pinned host memory
+  // between forward and backward; needs model.config.activation_checkpointing: true. No effect on
+  // run.device cpu, where they are in host memory already.
+  bool cpu_checkpointing = false;
+  bool operator==(const ActivationCheckpointingSection&) const = default;
+};
+
 struct TrainConfig {
   RunConfig run;
   ModelSection model;
@@ -210,6 +220,7 @@ struct TrainConfig {
   ZeroSection zero;
   AioSection aio;
   Fp16Section fp16;
+  ActivationCheckpointingSection activation_checkpointing;
   std::string source;  // the top config file path
 
   // Note [Batch arithmetic]: resolves grad_accum_steps and global_batch_size for `dp`

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "autograd/checkpoint.h"
 #include "autograd/functions.h"
 #include "autograd/rng_context.h"
 #include "comm/process_groups.h"
@@ -255,6 +256,13 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         "batch.seq_len or raise model.config.n_positions",
         c.source, c.batch.seq_len, shape.max_seq_len);
   }
+  // Note [CPU checkpointing]: on the GPU only; a CPU run's checkpoints are in host memory.
+  cpu_checkpointing_ = std::make_unique<autograd::CpuCheckpointingScope>(
+      c.activation_checkpointing.cpu_checkpointing && device_.is_cuda());
+  if (c.activation_checkpointing.cpu_checkpointing && !device_.is_cuda())
+    log::logger().info(
+        "activation_checkpointing.cpu_checkpointing has no effect with run.device cpu: the "
+        "checkpoints are in host memory already");
   {
     // Note [Host memory budget], Note [Host memory plan]: the budget guards every host
     // allocation from here on; the plan refuses a run that cannot fit before it allocates.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/checkpoint.h"
 #include "comm/communicator.h"
 #include "core/rng.h"
 #include "core/timer.h"
@@ -125,6 +126,7 @@ class Trainer {
 
   // Note [Host memory budget]: set for the Trainer's life, restored after everything is freed.
   std::unique_ptr<offload::HostBudgetScope> host_budget_;
+  std::unique_ptr<autograd::CpuCheckpointingScope> cpu_checkpointing_;  // Note [CPU checkpointing]
   Stopwatch profile_watch_;  // training.profile_steps: the profiled window's wall time
   bool profiling_ = false;   // inside that window, having started it
   TrainConfig config_;

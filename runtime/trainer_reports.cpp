@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/checkpoint.h"
 #include "core/atomic_file.h"
 #include "core/logging.h"
 #include "offload/memory_stats.h"
@@ -127,6 +128,16 @@ void Trainer::report_memory() {
         format_bytes(stats.usage(Tier::Host, Category::Param).current),
         format_bytes(stats.usage(Tier::Host, Category::Param).peak), tier->buffer_count(),
         format_bytes(tier->buffer_bytes())));
+  }
+  if (autograd::cpu_checkpointing()) {
+    // Note [CPU checkpointing]: the checkpoints' bytes moved from the device to pinned memory.
+    using offload::Category;
+    using offload::Tier;
+    console_->event(fmt::format(
+        "  cpu_checkpointing (rank 0): activation checkpoints in pinned host memory, peak {}; "
+        "activations on the device, peak {}",
+        format_bytes(stats.usage(Tier::Pinned, Category::Activation).peak),
+        format_bytes(stats.usage(Tier::Gpu, Category::Activation).peak)));
   }
   const int64_t* a = all.data<int64_t>();
   for (int r = 0; r < n; ++r) {

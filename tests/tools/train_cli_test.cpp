@@ -141,6 +141,12 @@ std::vector<BadCase> bad_cases() {
   cases.push_back({"HostMemoryBudgetNotASize",
                    replace("  seed: 3\n", "  seed: 3\n  host_memory_budget: 20GB of RAM\n"),
                    {"{config}", "run.host_memory_budget", "20GB of RAM", "20GiB"}});
+  // Note [CPU checkpointing]: it moves checkpoints, so there must be some.
+  cases.push_back(
+      {"CpuCheckpointingWithoutCheckpointing",
+       replace("training:\n", "activation_checkpointing:\n  cpu_checkpointing: true\ntraining:\n"),
+       {"{config}", "activation_checkpointing.cpu_checkpointing",
+        "model.config.activation_checkpointing: true"}});
   cases.push_back({"UnknownModel",
                    replace("  name: gpt2-tiny", "  name: gpt2-tinny"),
                    {"{config}", "gpt2-tinny", "gpt2-tiny"}});

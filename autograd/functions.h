@@ -34,6 +34,25 @@ Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool
 // x [..., in] @ weight[out, in]^T + bias[out] (bias may be undefined), the bias added in the
 // GEMM's epilogue (Note [Linear epilogues] in tensor/ops.h).
 Variable linear(const Variable& x, const Variable& weight, const Variable& bias);
+// Note [Tiled linear]
+// linear(x, weight, bias) computed in `tiles` tiles one after another (ZeRO-Infinity's
+// memory-centric tiling), so each step's working buffers are a tile's, not the layer's. Forward
+// and the weight and bias gradients tile the output features (rows of the weight): output
+// column j of y is x . weight[j] + bias[j] whichever tile computes it, and weight-gradient row j
+// is dy[:, j]^T x over every row of the batch, the untiled products. The input gradient tiles
+// the input features (columns of the weight), so each of its elements still sums over every
+// output feature (tiling it by output features would add partial sums: other bits). The result
+// is the untiled linear's bits wherever the GEMM computes an element's dot product the same way
+// whatever the number of other columns in the call, which the tests check for the backends
+// (tests/autograd/tiled_linear_test.cpp). Where the weight's (bias's) gradient is bound to a
+// buffer (the Engine binds the flat units'), each tile's gradient is added into the buffer's rows
+// with AccumulateGrad's own add, so no weight-sized gradient exists beside the buffer: the
+// working memory of the layer's backward is one tile's (a weight used by two ops of one backward
+// then sums in another order than the engine would: other bits). Tiles differ in size by at most
+// one feature; `tiles` above the features is clamped, and 1 is autograd::linear itself. The
+// tiles' buffers are charged to Category::Workspace.
+Variable tiled_linear(const Variable& x, const Variable& weight, const Variable& bias,
+                      int64_t tiles);
 // GPT-2's MLP as one node: gelu(x fc_weight^T + fc_bias) proj_weight^T + proj_bias, the GELU in
 // the first GEMM's epilogue and dgelu plus the bias gradient in a backward GEMM's (Note [Linear
 // epilogues]). Saves what the three unfused nodes save: x, the GELU input and its output; with

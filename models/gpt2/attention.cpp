@@ -46,6 +46,8 @@ CausalSelfAttention::CausalSelfAttention(const GPT2Config& config, const nn::Ten
   // GPT-2 paper: residual projections scaled by 1/sqrt(N) with N = 2 * n_layer residual adds.
   c_proj_->set_init_std(0.02f / std::sqrt(2.f * static_cast<float>(config.n_layer)));
   resid_dropout_ = &add_module<nn::Dropout>("resid_dropout", config.dropout);
+  c_attn_->set_tiles(config.tiling);  // Note [Tiled linear]
+  c_proj_->set_tiles(config.tiling);
 }
 
 Variable CausalSelfAttention::forward(const Variable& x) {

@@ -31,6 +31,13 @@ void GPT2Config::validate() const {
                     dropout);
   STRATA_USER_CHECK(layer_norm_epsilon > 0.f && std::isfinite(layer_norm_epsilon),
                     "GPT-2 config: layer_norm_epsilon must be positive and finite");
+  STRATA_USER_CHECK(tiling >= 1 && tiling <= n_embd,
+                    "GPT-2 config: tiling {} must be between 1 (untiled) and n_embd {}", tiling,
+                    n_embd);
+  STRATA_USER_CHECK(tiling == 1 || !recompute_gelu,
+                    "GPT-2 config: recompute_gelu is the fused MLP's, and tiling {} runs the MLP "
+                    "unfused; set tiling: 1 or recompute_gelu: false",
+                    tiling);
 }
 
 int64_t pad_vocab(int64_t vocab_size, int64_t multiple) {
@@ -125,11 +132,13 @@ GPT2Config with_overrides(GPT2Config c, const std::map<std::string, std::string>
       c.activation_checkpointing = parse_bool(key, value);
     } else if (key == "recompute_gelu") {
       c.recompute_gelu = parse_bool(key, value);
+    } else if (key == "tiling") {
+      c.tiling = parse_number<int64_t>(key, value);
     } else {
       user_error(
           "unknown GPT-2 config key '{}'; known keys: vocab_size, padded_vocab_size, n_positions "
           "(or block_size), n_embd, n_layer, n_head, dropout, layer_norm_epsilon, "
-          "activation_checkpointing, recompute_gelu",
+          "activation_checkpointing, recompute_gelu, tiling",
           key);
     }
   }

@@ -32,6 +32,10 @@ struct GPT2Config {
   // MLP keeps only the GELU input; backward recomputes its output (Note [GELU recompute] in
   // autograd/functions_fused.cpp). Fused ops only (the default).
   bool recompute_gelu = false;
+  // Memory-centric tiling (Note [Tiled linear] in autograd/functions.h): each block's four
+  // linears run as this many tiles in sequence, their working buffers a tile's; the MLP then runs
+  // as its unfused ops (the fused node is one GEMM pair). 1 = untiled. Same bits in f32.
+  int64_t tiling = 1;
 
   // strata::user_error on an inconsistent config (e.g. n_embd not divisible by n_head).
   void validate() const;

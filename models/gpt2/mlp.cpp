@@ -15,10 +15,13 @@ MLP::MLP(const GPT2Config& config, const nn::TensorParallel& tp)
   // Residual projection: see CausalSelfAttention.
   c_proj_->set_init_std(0.02f / std::sqrt(2.f * static_cast<float>(config.n_layer)));
   dropout_ = &add_module<nn::Dropout>("dropout", config.dropout);
+  c_fc_->set_tiles(config.tiling);  // Note [Tiled linear]
+  c_proj_->set_tiles(config.tiling);
 }
 
 Variable MLP::forward(const Variable& x_in) {
-  if (!nn::fused_ops_enabled()) {
+  // Tiled linears are nodes of their own: the fused node would run each GEMM whole.
+  if (!nn::fused_ops_enabled() || c_fc_->tiles() > 1) {
     Variable h = tp_.enter_columns(x_in, [&](const Variable& x) { return (*c_fc_)(x); });
     return (*dropout_)((*c_proj_)(autograd::gelu(h)));
   }

@@ -49,7 +49,7 @@ std::vector<std::pair<std::string, ShardSpec>> ColumnParallelLinear::shard_specs
 }
 
 Variable ColumnParallelLinear::forward(const Variable& x) {
-  Variable y = autograd::linear(x, weight_, bias_);
+  Variable y = autograd::tiled_linear(x, weight_, bias_, tiles_);  // 1 tile: autograd::linear
   return gather_output_ && blocks_ == 1 ? autograd::gather_from_tp_region(y, tp_.group) : y;
 }
 
@@ -81,8 +81,9 @@ Variable RowParallelLinear::reduce_output(const Variable& partial) const {
 }
 
 Variable RowParallelLinear::forward(const Variable& x) {
-  if (!tp_.enabled()) return autograd::linear(x, weight_, bias_);  // nn::Linear's bits
-  return reduce_output(autograd::linear(x, weight_, Variable()));
+  // nn::Linear's bits; 1 tile is autograd::linear (Note [Tiled linear]).
+  if (!tp_.enabled()) return autograd::tiled_linear(x, weight_, bias_, tiles_);
+  return reduce_output(autograd::tiled_linear(x, weight_, Variable(), tiles_));
 }
 
 }  // namespace strata::models::nn

@@ -32,6 +32,10 @@ class ColumnParallelLinear : public Module, public ShardedModule {
 
   void set_init_std(float stddev) { init_std_ = stddev; }
   float init_std() const { return init_std_; }
+  // Note [Tiled linear] in autograd/functions.h: forward and backward in `tiles` tiles (this
+  // rank's shard is what is tiled); 1 (the default) is the plain linear. Same bits.
+  void set_tiles(int64_t tiles) { tiles_ = tiles; }
+  int64_t tiles() const { return tiles_; }
   void reset_parameters(uint64_t seed) override;
   // Zeroes the weight rows of whole-layer outputs >= `row` (padded vocabulary rows); blocks == 1.
   void zero_rows_from(int64_t row);
@@ -48,6 +52,7 @@ class ColumnParallelLinear : public Module, public ShardedModule {
   bool gather_output_;
   TensorParallel tp_;
   float init_std_ = 0.02f;
+  int64_t tiles_ = 1;
   Variable weight_, bias_;
 };
 
@@ -63,6 +68,8 @@ class RowParallelLinear : public Module, public ShardedModule {
 
   void set_init_std(float stddev) { init_std_ = stddev; }
   float init_std() const { return init_std_; }
+  void set_tiles(int64_t tiles) { tiles_ = tiles; }  // as ColumnParallelLinear's
+  int64_t tiles() const { return tiles_; }
   void reset_parameters(uint64_t seed) override;
 
   // The tail of forward for a caller that computed x W^T itself (a fused MLP node): reduces the
@@ -80,6 +87,7 @@ class RowParallelLinear : public Module, public ShardedModule {
   int64_t in_features_, out_features_;
   TensorParallel tp_;
   float init_std_ = 0.02f;
+  int64_t tiles_ = 1;
   Variable weight_, bias_;
 };
 

@@ -144,13 +144,19 @@ OpInfo linear() {
   e.backend = {"linear_forward", "linear_backward_weight", "linear_backward_gelu"};
   e.api = {"linear", "linear_backward_weight", "linear_backward_weight_into",
            "linear_backward_gelu"};
-  e.functions = {"linear", "mlp_gelu", "mlp_swiglu"};
+  e.functions = {"linear", "tiled_linear", "mlp_gelu", "mlp_swiglu"};
   e.gradcheck = {{"linear",
                   {{{2, 3, 5}, T}, {{7, 5}}, {{7}}},
                   [](V x) { return autograd::linear(x[0], x[1], x[2]); }},
                  {"linear_no_bias",
                   {{{4, 5}}, {{3, 5}, T}},
                   [](V x) { return autograd::linear(x[0], x[1], Variable()); }},
+                 {"tiled_linear",  // Note [Tiled linear]: 3 tiles of 7 outputs and of 5 inputs
+                  {{{2, 3, 5}, T}, {{7, 5}}, {{7}}},
+                  [](V x) { return autograd::tiled_linear(x[0], x[1], x[2], 3); }},
+                 {"tiled_linear_no_bias",
+                  {{{4, 5}}, {{3, 5}, T}},
+                  [](V x) { return autograd::tiled_linear(x[0], x[1], Variable(), 2); }},
                  {"mlp_gelu",
                   {{{2, 3, 5}, T}, {{6, 5}}, {{6}}, {{4, 6}, S}, {{4}}},
                   [](V x) { return autograd::mlp_gelu(x[0], x[1], x[2], x[3], x[4]); }},

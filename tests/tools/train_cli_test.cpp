@@ -147,6 +147,9 @@ std::vector<BadCase> bad_cases() {
        replace("training:\n", "activation_checkpointing:\n  cpu_checkpointing: true\ntraining:\n"),
        {"{config}", "activation_checkpointing.cpu_checkpointing",
         "model.config.activation_checkpointing: true"}});
+  cases.push_back({"TilingZero",
+                   replace("    n_layer: 1", "    n_layer: 1\n    tiling: 0"),
+                   {"{config}", "tiling 0", "between 1"}});
   cases.push_back({"UnknownModel",
                    replace("  name: gpt2-tiny", "  name: gpt2-tinny"),
                    {"{config}", "gpt2-tinny", "gpt2-tiny"}});

@@ -30,13 +30,8 @@ size_t HostAllocator::rounded_size(size_t bytes) const {
 
 Block HostAllocator::allocate(size_t bytes, Category category) {
   const size_t rounded = rounded_size(bytes);
-  if (const int64_t limit = HostMemoryBudget::limit(); limit > 0) {
-    // Note [Host memory budget]: cached blocks are resident too; give them back before they
-    // push the process over, then check the live bytes.
-    if (HostMemoryBudget::in_use(*stats_) + static_cast<int64_t>(cached_bytes() + bytes) > limit)
-      release_cache();
-    HostMemoryBudget::check(*stats_, category, static_cast<int64_t>(bytes));
-  }
+  const int64_t limit = HostMemoryBudget::limit();
+  if (limit > 0) HostMemoryBudget::check(*stats_, category, static_cast<int64_t>(bytes));
   void* p = nullptr;
   const bool cacheable = cache_large_ && bytes >= kCacheMinBytes;
   if (cacheable) {
@@ -49,6 +44,11 @@ Block HostAllocator::allocate(size_t bytes, Category category) {
     }
   }
   if (p == nullptr) {
+    // Note [Host memory budget]: cached blocks are resident too; give them back before new
+    // memory would take the process over the budget with them.
+    if (cacheable && limit > 0 &&
+        HostMemoryBudget::in_use(*stats_) + static_cast<int64_t>(cached_bytes() + rounded) > limit)
+      release_cache();
     const size_t align = cacheable ? std::max(alignment_, kCacheGranule) : alignment_;
     p = std::aligned_alloc(align, rounded);
     if (p == nullptr && cacheable) {

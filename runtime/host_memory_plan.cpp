@@ -91,4 +91,27 @@ int64_t resolve_host_budget(const TrainConfig& c, int ranks_on_node) {
   return offload::available_host_memory() / std::max(ranks_on_node, 1);
 }
 
+std::unique_ptr<offload::HostBudgetScope> start_host_budget(const TrainConfig& c,
+                                                            const models::ModelShape& shape,
+                                                            const models::ModelOptions& whole,
+                                                            int dp, int tp, int ranks_on_node) {
+  const int64_t budget = resolve_host_budget(c, ranks_on_node);
+  const std::string source =
+      c.run.host_memory_budget == "auto"
+          ? fmt::format("run.host_memory_budget auto: MemAvailable / {} rank(s) on this node",
+                        std::max(ranks_on_node, 1))
+          : fmt::format("run.host_memory_budget {} in {}", c.run.host_memory_budget, c.source);
+  auto scope = std::make_unique<offload::HostBudgetScope>(budget, source);
+  std::vector<parallel::UnitSize> units;
+  try {
+    units = parallel::unit_sizes(c.model.name, whole, tp);
+  } catch (const UserError& e) {
+    user_error("{}: model: {}", c.source, e.what());
+  }
+  check_host_memory_plan(plan_host_memory(c, shape, units, dp, tp),
+                         offload::HostMemoryBudget::in_use(offload::MemoryStats::global()), budget,
+                         source, c);
+  return scope;
+}
+
 }  // namespace strata::runtime

@@ -16,10 +16,12 @@
 // plan has nothing to count there (ZeRO-Offload's host states are checked at allocation); with
 // pipeline stages (a rank holds only its stage) it is left to the allocator too.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "models/registry.h"
+#include "offload/host_budget.h"
 #include "parallel/zero_memory.h"
 #include "runtime/train_config.h"
 
@@ -46,5 +48,12 @@ void check_host_memory_plan(const HostMemoryPlan& plan, int64_t in_use, int64_t 
 
 // run.host_memory_budget resolved: auto = MemAvailable / ranks_on_node; none = 0 (no budget).
 int64_t resolve_host_budget(const TrainConfig& config, int ranks_on_node);
+
+// The Trainer's start: sets the budget (the returned scope restores the one before) and checks
+// this rank's plan against it (check_host_memory_plan's error when it does not fit).
+// `whole_options` are the model options without tp group or stage.
+std::unique_ptr<offload::HostBudgetScope> start_host_budget(
+    const TrainConfig& config, const models::ModelShape& shape,
+    const models::ModelOptions& whole_options, int dp, int tp, int ranks_on_node);
 
 }  // namespace strata::runtime

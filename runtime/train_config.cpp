@@ -523,16 +523,13 @@ TrainConfig parse_train_config(const config::Node& root, const std::string& sour
   // Unknown keys first: a misspelt key is the likely reason a value below looks wrong.
   top.finish();
   validate(c, r);
-  if (c.activation_checkpointing.cpu_checkpointing) {
-    auto it = c.model.config.find("activation_checkpointing");
-    const bool on = it != c.model.config.end() && (it->second == "true" || it->second == "1" ||
-                                                   it->second == "on" || it->second == "yes");
-    if (!on)
-      checkpointing.fail("cpu_checkpointing",
-                         "is true, but nothing is checkpointed: set "
-                         "model.config.activation_checkpointing: true (or cpu_checkpointing: "
-                         "false)");
-  }
+  const auto ac = c.model.config.find("activation_checkpointing");
+  if (c.activation_checkpointing.cpu_checkpointing &&
+      (ac == c.model.config.end() ||
+       (ac->second != "true" && ac->second != "1" && ac->second != "on" && ac->second != "yes")))
+    checkpointing.fail("cpu_checkpointing",
+                       "is true, but nothing is checkpointed: set "
+                       "model.config.activation_checkpointing: true");
   c.resolve_batch(1);
   return c;
 }

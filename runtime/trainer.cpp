@@ -263,23 +263,6 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
     log::logger().info(
         "activation_checkpointing.cpu_checkpointing has no effect with run.device cpu: the "
         "checkpoints are in host memory already");
-  {
-    // Note [Host memory budget], Note [Host memory plan]: the budget guards every host
-    // allocation from here on; the plan refuses a run that cannot fit before it allocates.
-    const int64_t budget = resolve_host_budget(c, launch.local_size);
-    const std::string source =
-        c.run.host_memory_budget == "auto"
-            ? fmt::format("run.host_memory_budget auto: MemAvailable / {} rank(s) on this node",
-                          std::max(launch.local_size, 1))
-            : fmt::format("run.host_memory_budget {} in {}", c.run.host_memory_budget, c.source);
-    host_budget_ = std::make_unique<offload::HostBudgetScope>(budget, source);
-    const HostMemoryPlan plan = with_config_context(c, "model", [&] {
-      return plan_host_memory(
-          c, shape, parallel::unit_sizes(c.model.name, whole_options_, tp_size_), world_, tp_size_);
-    });
-    check_host_memory_plan(plan, offload::HostMemoryBudget::in_use(offload::MemoryStats::global()),
-                           budget, source, c);
-  }
   tokenizer_ = data::make_tokenizer(c.data.tokenizer, c.data.vocab, c.data.merges);
   if (tokenizer_->vocab_size() > shape.vocab_size) {
     user_error(
@@ -313,6 +296,9 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
                : parallel::explicit_stages(c.parallelism.pipeline_partition, n_layer, pp);
   });
   if (pp_size_ > 1) mopts.stage = partition_.stage(pp_rank_);
+  // Note [Host memory budget], Note [Host memory plan]: after the data's checks, before the
+  // model and its states are allocated.
+  host_budget_ = start_host_budget(c, shape, whole_options_, world_, tp_size_, launch.local_size);
   model_ = with_config_context(c, "model", [&] { return registry.create(c.model.name, mopts); });
   STRATA_CHECK(
       model_->max_seq_len() == shape.max_seq_len && model_->vocab_size() == shape.vocab_size,

@@ -62,9 +62,11 @@ TEST(HostBudget, HostAllocatorRefusesPastTheBudgetNamingTheCategory) {
   EXPECT_NE(msg.find("parameters 4.0 MiB, activations 6.0 MiB"), std::string::npos) << msg;
   EXPECT_EQ(HostMemoryBudget::in_use(stats), 10 * kMiB);  // the refused block is not charged
   alloc.deallocate(acts);
-  // The freed 6 MiB block is cached, not charged: a new allocation that fits the live bytes
-  // succeeds, the cache given back first.
-  Block grads = alloc.allocate(5 * kMiB, Category::Grad);
+  // The freed 6 MiB block is cached, not charged: a 3 MiB block (4 MiB rounded, so not the cached
+  // one) fits the live bytes, and the cache is given back first, as it would take the process
+  // to 4 + 6 + 4 MiB.
+  EXPECT_EQ(alloc.cached_bytes(), size_t{6} << 20);
+  Block grads = alloc.allocate(3 * kMiB, Category::Grad);
   EXPECT_EQ(alloc.cached_bytes(), 0u);
   alloc.deallocate(grads);
   alloc.deallocate(params);

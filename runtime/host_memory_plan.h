@@ -14,7 +14,8 @@
 // allocator's check (the budget's backstop) catches what the plan cannot see (the rest of the
 // activations, workspaces). On a GPU the model states and activations are on the device, so the
 // plan has nothing to count there (ZeRO-Offload's host states are checked at allocation); with
-// pipeline stages (a rank holds only its stage) it is left to the allocator too.
+// pipeline stages (a rank holds only its stage), or for a model family whose units
+// parallel::unit_sizes cannot compute without building it, it is left to the allocator too.
 #include <cstdint>
 #include <memory>
 #include <string>

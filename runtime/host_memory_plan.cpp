@@ -47,7 +47,10 @@ HostMemoryPlan plan_host_memory(const TrainConfig& c, const models::ModelShape& 
                                               : parallel::StateOptimizer::Sgd;
   const parallel::ModelStateBytes states =
       parallel::padded_model_state_bytes(zc, units, c.zero.stage3_param_persistence_threshold);
-  plan.items.push_back({"parameters", states.params});
+  // offload_param nvme: the partitions are on NVMe (max_in_cpu's are not counted: a lower
+  // bound); cpu: they are host memory as counted.
+  plan.items.push_back(
+      {"parameters", c.zero.offload_param.device == "nvme" ? int64_t{0} : states.params});
   plan.items.push_back({"gradients", states.grads});
   plan.items.push_back({"optimizer states", states.optimizer});
   const int64_t act_bytes = c.run.dtype == "fp32" ? 4 : 2;

@@ -6,7 +6,8 @@
 // Note [Host memory plan]
 // On run.device cpu every model state lives in host memory: the exact parameter, gradient and
 // optimizer-state bytes the engine will allocate (parallel::padded_model_state_bytes, Note [ZeRO
-// padding]). Activations are a lower bound, not an estimate: whatever the model does, backward
+// padding]); with zero_optimization.offload_param on nvme the parameters count 0 (they are on
+// NVMe). Activations are a lower bound, not an estimate: whatever the model does, backward
 // needs each block's input, kept for every block of the micro-batch (under activation
 // checkpointing these are the checkpoints), and the logits over the (padded, per tp rank)
 // vocabulary, micro_batch_size x seq_len x (n_layer x n_embd + vocabulary) values of the

@@ -112,6 +112,17 @@ TEST(HostMemoryBudget, PlanCountsTheExactModelStatesAndNamesTheCategoryThatCross
   }
   EXPECT_EQ(error_of([&] { check_host_memory_plan(plan, in_use, in_use + plan.total(), "b", c); }),
             "");
+  // offload_param (ZeRO-Infinity, stage 3): on nvme the parameters are not host memory.
+  TrainConfig z3 = c;
+  z3.zero.stage = 3;
+  z3.zero.offload_param.device = "cpu";
+  const int64_t on_host =
+      plan_host_memory(z3, shape, parallel::unit_sizes(c.model.name, mo, 1), 1, 1).items[0].bytes;
+  EXPECT_GT(on_host, 0);
+  z3.zero.offload_param.device = "nvme";
+  EXPECT_EQ(
+      plan_host_memory(z3, shape, parallel::unit_sizes(c.model.name, mo, 1), 1, 1).items[0].bytes,
+      0);
 }
 
 TEST(HostMemoryBudget, JustBelowTheMeasuredPeakFailsAtAllocationJustAbovePasses) {

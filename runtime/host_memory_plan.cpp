@@ -52,7 +52,9 @@ HostMemoryPlan plan_host_memory(const TrainConfig& c, const models::ModelShape& 
   plan.items.push_back(
       {"parameters", c.zero.offload_param.device == "nvme" ? int64_t{0} : states.params});
   plan.items.push_back({"gradients", states.grads});
-  plan.items.push_back({"optimizer states", states.optimizer});
+  // offload_optimizer nvme: the states are on NVMe, streamed through buffers (a lower bound: 0).
+  plan.items.push_back({"optimizer states",
+                        c.zero.offload_optimizer.device == "nvme" ? int64_t{0} : states.optimizer});
   const int64_t act_bytes = c.run.dtype == "fp32" ? 4 : 2;
   const int64_t vocab = std::max(shape.padded_vocab_size, shape.vocab_size) / std::max(tp, 1);
   const int64_t per_token = shape.n_layer * shape.n_embd + vocab;

@@ -6,17 +6,17 @@
 // Note [Host memory plan]
 // On run.device cpu every model state lives in host memory: the exact parameter, gradient and
 // optimizer-state bytes the engine will allocate (parallel::padded_model_state_bytes, Note [ZeRO
-// padding]); with zero_optimization.offload_param on nvme the parameters count 0 (they are on
-// NVMe). Activations are a lower bound, not an estimate: whatever the model does, backward
-// needs each block's input, kept for every block of the micro-batch (under activation
-// checkpointing these are the checkpoints), and the logits over the (padded, per tp rank)
-// vocabulary, micro_batch_size x seq_len x (n_layer x n_embd + vocabulary) values of the
-// activation dtype. Being a lower bound, the plan never refuses a run that would fit; the
-// allocator's check (the budget's backstop) catches what the plan cannot see (the rest of the
-// activations, workspaces). On a GPU the model states and activations are on the device, so the
-// plan has nothing to count there (ZeRO-Offload's host states are checked at allocation); with
-// pipeline stages (a rank holds only its stage), or for a model family whose units
-// parallel::unit_sizes cannot compute without building it, it is left to the allocator too.
+// padding]); with zero_optimization.offload_param on nvme the parameters, with offload_optimizer
+// on nvme the optimizer states count 0 (they are on NVMe, staged through buffers). Activations are
+// a lower bound, not an estimate: whatever the model does, backward needs each block's input, kept
+// for every block of the micro-batch (under activation checkpointing these are the checkpoints),
+// and the logits over the (padded, per tp rank) vocabulary, micro_batch_size x seq_len x (n_layer x
+// n_embd + vocabulary) values of the activation dtype. Being a lower bound, the plan never refuses
+// a run that would fit; the allocator's check (the budget's backstop) catches what the plan cannot
+// see (the rest of the activations, workspaces). On a GPU the model states and activations are on
+// the device, so the plan has nothing to count there (ZeRO-Offload's host states are checked at
+// allocation); with pipeline stages (a rank holds only its stage), or for a model family whose
+// units parallel::unit_sizes cannot compute without building it, it is left to the allocator too.
 #include <cstdint>
 #include <memory>
 #include <string>

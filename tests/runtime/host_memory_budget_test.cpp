@@ -123,6 +123,13 @@ TEST(HostMemoryBudget, PlanCountsTheExactModelStatesAndNamesTheCategoryThatCross
   EXPECT_EQ(
       plan_host_memory(z3, shape, parallel::unit_sizes(c.model.name, mo, 1), 1, 1).items[0].bytes,
       0);
+  // offload_optimizer on nvme: the optimizer states are not host memory either.
+  TrainConfig nv = c;
+  nv.zero.offload_optimizer.device = "nvme";
+  const HostMemoryPlan on_nvme =
+      plan_host_memory(nv, shape, parallel::unit_sizes(c.model.name, mo, 1), 1, 1);
+  EXPECT_EQ(on_nvme.items[2].bytes, 0);
+  EXPECT_EQ(on_nvme.items[0].bytes, params);
 }
 
 TEST(HostMemoryBudget, JustBelowTheMeasuredPeakFailsAtAllocationJustAbovePasses) {

@@ -8,6 +8,7 @@
 #include "autograd/rng_context.h"
 #include "offload/memory_stats.h"
 #include "offload/pinned_allocator.h"
+#include "tensor/host_tensor.h"
 #include "tensor/storage.h"
 
 namespace strata::autograd {
@@ -18,10 +19,7 @@ std::atomic<bool> g_cpu_checkpointing{false};
 
 // Note [CPU checkpointing]: a pinned host copy of a device tensor, contiguous.
 Tensor to_pinned_host(const Tensor& t) {
-  auto storage = std::make_shared<tensor::Storage>(
-      static_cast<size_t>(t.numel()) * dtype_size(t.dtype()), Device::cpu(),
-      &offload::PinnedAllocator::instance(), offload::Category::Activation);
-  Tensor host(std::move(storage), t.shape(), t.shape().contiguous_strides(), 0, t.dtype());
+  Tensor host = tensor::empty_host(t.shape(), t.dtype(), offload::Category::Activation, true);
   host.copy_(t);
   return host;
 }

@@ -11,23 +11,15 @@
 #include "offload/memory_stats.h"
 #include "offload/pinned_allocator.h"
 #include "tensor/cuda.h"
+#include "tensor/host_tensor.h"
 #include "tensor/storage.h"
 
 namespace strata::optim {
 
 namespace {
 
-// A 1-d host tensor of n elements charged to `category`: pinned (Tier::Pinned) or not
-// (Tier::Host), as host_offload.cpp's.
 tensor::Tensor host_buffer(int64_t n, DType dtype, offload::Category category, bool pinned) {
-  if (!pinned) {
-    offload::CategoryScope scope(category);
-    return tensor::Tensor::empty({n}, dtype);
-  }
-  auto storage =
-      std::make_shared<tensor::Storage>(static_cast<size_t>(n) * dtype_size(dtype), Device::cpu(),
-                                        &offload::PinnedAllocator::instance(), category);
-  return tensor::Tensor(std::move(storage), tensor::Shape{n}, tensor::Shape{1}, 0, dtype);
+  return tensor::empty_host({n}, dtype, category, pinned);
 }
 
 bool flat(const tensor::Tensor& t) {

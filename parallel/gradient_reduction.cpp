@@ -2,6 +2,7 @@
 
 #include "offload/memory_stats.h"
 #include "offload/pinned_allocator.h"
+#include "tensor/host_tensor.h"
 #include "tensor/storage.h"
 
 namespace strata::parallel {
@@ -10,16 +11,7 @@ namespace {
 
 // A zeroed [n] host tensor charged to Category::Grad, from the pinned pool or host memory.
 tensor::Tensor host_partition(int64_t n, DType dtype, bool pinned) {
-  tensor::Tensor t;
-  if (pinned) {
-    auto storage = std::make_shared<tensor::Storage>(
-        static_cast<size_t>(n) * dtype_size(dtype), Device::cpu(),
-        &offload::PinnedAllocator::instance(), offload::Category::Grad);
-    t = tensor::Tensor(std::move(storage), tensor::Shape{n}, tensor::Shape{1}, 0, dtype);
-  } else {
-    offload::CategoryScope scope(offload::Category::Grad);
-    t = tensor::Tensor::empty({n}, dtype);
-  }
+  tensor::Tensor t = tensor::empty_host({n}, dtype, offload::Category::Grad, pinned);
   t.zero_();
   return t;
 }

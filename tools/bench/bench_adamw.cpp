@@ -9,7 +9,7 @@
 // writes a bf16 model copy. The triad a[i] = b[i] + s * c[i] is counted the STREAM way, 12 bytes
 // per element (read b, c; write a); the write-allocate read of `a` that the hardware also does
 // is not counted, as in STREAM. AdamW updates in place, so it has no write-allocate traffic
-// (the model copy, write-only, does). The target is AdamW GB/s >= 0.8 x triad GB/s.
+// (the model copy, write-only, does). The target is AdamW GB/s >= 0.85 x triad GB/s (issue 54).
 #include <fmt/format.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -483,8 +483,8 @@ int run(int argc, char** argv) {
   for (size_t k = 0; k < triads.size(); ++k)
     std::printf(" %s %.2f/%.2f;", triad_name(triads[k]), triad_before[k] * 1e3,
                 triad_after[k] * 1e3);
-  std::printf("\nBest AdamW (no copy) GB/s / triad GB/s = %.2f (target >= 0.80): %s\n", best_ratio,
-              best_ratio >= 0.8 ? "met" : "NOT met");
+  std::printf("\nBest AdamW (no copy) GB/s / triad GB/s = %.2f (target >= 0.85): %s\n", best_ratio,
+              best_ratio >= 0.85 ? "met" : "NOT met");
   if (triads.size() > 1)
     std::printf("Best AdamW (no copy) GB/s / NT-store triad GB/s = %.2f\n", best_ratio_nt);
   return 0;

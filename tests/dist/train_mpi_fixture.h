@@ -109,6 +109,25 @@ class TrainMpiFixture : public ::testing::Test {
     return run_command(argv, std::chrono::seconds(300));
   }
 
+  // Trains run `full` for `steps` steps without a stop, and run `parts` for `stop_at` steps, then
+  // again to `steps` from its checkpoint, all on `np` ranks with `sets`; each must exit 0 and the
+  // second part must say it resumed. Callers wrap it in ASSERT_NO_FATAL_FAILURE and compare what
+  // the two runs left.
+  void train_full_and_resumed(int np, const std::vector<std::string>& sets, int steps, int stop_at,
+                              const std::string& full = "full",
+                              const std::string& parts = "parts") {
+    CommandResult whole = train(np, config(full, steps), sets);
+    ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+    const std::string cfg = config(parts, steps);
+    std::vector<std::string> first = sets;
+    first.push_back("training.steps=" + std::to_string(stop_at));
+    CommandResult a = train(np, cfg, first);
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    CommandResult b = train(np, cfg, sets);
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  }
+
   // The per-step losses run `name` logged, in order.
   std::vector<double> losses(const std::string& name) {
     std::vector<double> out;

@@ -142,16 +142,7 @@ TEST_F(TrainNvmeMpi, FourRanksAtZeroThreeAreBitwiseTheInMemoryRun) {
 // uninterrupted run's bits; the same checkpoint continues bitwise without offload.
 TEST_F(TrainNvmeMpi, CheckpointResumesBitwiseWithTheStatesOnNvmeOrInMemory) {
   const std::vector<std::string> sets = nvme({"zero_optimization.stage=3"});
-  CommandResult full = train(2, config("full", 6), sets);
-  ASSERT_EQ(full.exit_code, 0) << describe(full);
-  const std::string parts = config("parts", 6);
-  std::vector<std::string> first = sets;
-  first.push_back("training.steps=3");
-  CommandResult a = train(2, parts, first);
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
-  CommandResult b = train(2, parts, sets);
-  ASSERT_EQ(b.exit_code, 0) << describe(b);
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, sets, 6, 3));
   const std::vector<double> x = losses("full");
   ASSERT_EQ(x.size(), 6u);
   EXPECT_EQ(losses("parts"), x);
@@ -200,16 +191,7 @@ TEST_F(TrainNvmeMpi, ParametersAndStatesOffloadedTogetherAreBitwiseTheInMemoryRu
 // Both offloaded, two ranks stopped at step 3 and resumed: the uninterrupted run's bits.
 TEST_F(TrainNvmeMpi, ParametersAndStatesOffloadedTogetherResumeBitwise) {
   const std::vector<std::string> sets = both({"zero_optimization.stage=3"}, "nvme");
-  CommandResult full = train(2, config("full", 6), sets);
-  ASSERT_EQ(full.exit_code, 0) << describe(full);
-  const std::string parts = config("parts", 6);
-  std::vector<std::string> first = sets;
-  first.push_back("training.steps=3");
-  CommandResult a = train(2, parts, first);
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
-  CommandResult b = train(2, parts, sets);
-  ASSERT_EQ(b.exit_code, 0) << describe(b);
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, sets, 6, 3));
   const std::vector<double> x = losses("full");
   ASSERT_EQ(x.size(), 6u);
   EXPECT_EQ(losses("parts"), x);

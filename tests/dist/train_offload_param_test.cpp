@@ -113,21 +113,12 @@ TEST_F(TrainOffloadParam, EveryPlacementIsBitwiseTheInMemoryRun) {
 
 TEST_F(TrainOffloadParam, ResumeOnNvmeIsBitwise) {
   std::vector<std::string> sets = placement("nvme");
-  const std::string full = config("full", 6), parts = config("parts", 6);
-  CommandResult a = train(2, full, sets);
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
-  std::vector<std::string> first = sets;
-  first.push_back("training.steps=3");
-  CommandResult b1 = train(2, parts, first);
-  ASSERT_EQ(b1.exit_code, 0) << describe(b1);
-  CommandResult b2 = train(2, parts, sets);
-  ASSERT_EQ(b2.exit_code, 0) << describe(b2);
-  EXPECT_NE(b2.out.find("resumed from"), std::string::npos) << b2.out;
+  ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, sets, 6, 3));
   expect_bitwise("full", "parts", 6);
   // An offloaded checkpoint is an ordinary ZeRO-3 one: the in-memory run resumes it.
   std::vector<std::string> mem = placement("none");
   mem.push_back("training.steps=8");
-  CommandResult c = train(2, parts, mem);
+  CommandResult c = train(2, tmp_ / "parts.yaml", mem);
   ASSERT_EQ(c.exit_code, 0) << describe(c);
   EXPECT_EQ(records("parts").size(), 8u);
 }

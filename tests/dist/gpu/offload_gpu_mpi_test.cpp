@@ -103,16 +103,7 @@ TEST_F(OffloadGpuMpi, TwoGpusGiveTheRunWithoutOffloadBitwise) {
 TEST_F(OffloadGpuMpi, CheckpointResumesBitwiseWithOrWithoutOffloadAndContinuesOnOneGpu) {
   NEED_GPUS(2);
   const std::vector<std::string> sets = {"zero_optimization.stage=2", kOffload};
-  CommandResult full = train(2, config("full", 6), sets);
-  ASSERT_EQ(full.exit_code, 0) << describe(full);
-  const std::string parts = config("parts", 6);
-  std::vector<std::string> first = sets;
-  first.push_back("training.steps=3");
-  CommandResult a = train(2, parts, first);
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
-  CommandResult b = train(2, parts, sets);
-  ASSERT_EQ(b.exit_code, 0) << describe(b);
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, sets, 6, 3));
   const std::vector<double> x = losses("full"), y = losses("parts");
   ASSERT_EQ(x.size(), 6u);
   EXPECT_EQ(x, y);

@@ -93,6 +93,7 @@ void read_training(Reader& r, TrainingSection& c) {
   r.get("top_p", c.top_p);
   r.get("checkpoint_every", c.checkpoint_every);
   r.get("keep_checkpoints", c.keep_checkpoints);
+  r.get("final_checkpoint", c.final_checkpoint);
   r.get("resume", c.resume);
   r.get_enum("progress", c.progress, {"auto", "bar", "lines"});
   r.get("profile_steps", c.profile_steps);

@@ -108,6 +108,7 @@ struct TrainingSection {  // `training`
   double top_p = 1.0;             // nucleus cut after top-k; 1 = none
   int64_t checkpoint_every = 0;   // 0 = only at the end
   int64_t keep_checkpoints = 3;   // 0 = keep all
+  bool final_checkpoint = true;   // false: no checkpoint when the run ends
   std::string resume = "auto";    // auto | never | <checkpoint dir>
   std::string progress = "auto";  // auto | bar | lines
   int64_t profile_steps = 0;      // GPU: time every op over this many steps; 0 = never

@@ -111,6 +111,7 @@ std::string to_yaml(const TrainConfig& c) {
     e("top_p", t.top_p);
     e("checkpoint_every", t.checkpoint_every);
     e("keep_checkpoints", t.keep_checkpoints);
+    e("final_checkpoint", t.final_checkpoint);
     e("resume", t.resume);
     e("progress", t.progress);
     e("profile_steps", t.profile_steps);

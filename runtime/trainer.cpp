@@ -597,7 +597,7 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
     if (t.checkpoint_every > 0 && step_ % t.checkpoint_every == 0) save("periodic");
   }
   console_->finish();
-  save("final");
+  if (t.final_checkpoint) save("final");
   return Outcome::Finished;
 }
 

@@ -175,7 +175,8 @@ TEST_F(TrainConfigTest, ToYamlRoundTripsEveryField) {
   c.batch.seq_len = 16;
   c.optimizer = {"sgd", 1.25e-5, 0.5, 0.75, 1e-6, 0.0, 0.8, true, 0.0};
   c.schedule = {"linear", 3, 1e-7};
-  c.training = {7,       2, 0, 4, 3, 9, "yes\nnull: \"x\"", 0.0, 0, 0.25, 5, 0, "runs/a/step_1",
+  c.training = {7,       2, 0,    4, 3, 9,     "yes\nnull: \"x\"",
+                0.0,     0, 0.25, 5, 0, false, "runs/a/step_1",
                 "lines", 2, 3};
   c.resolve_batch(1);
   std::string saved = write("every.yaml", to_yaml(c));

@@ -8,10 +8,10 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "tests/support/tool_test_util.h"
 #include "data/token_shard.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
+#include "tests/support/tool_test_util.h"
 
 namespace strata::runtime {
 namespace {
@@ -98,6 +98,26 @@ TEST(Trainer, LossFalls) {
   EXPECT_EQ(metric_lines(tmp / "run/metrics.jsonl").size(), 40u);
   EXPECT_TRUE(fs::exists(tmp / "run/config.yaml"));
   EXPECT_FALSE(trainer.last_checkpoint().empty());
+}
+
+// training.final_checkpoint: false leaves no checkpoint behind when the run ends (a periodic one
+// still lands); true, the default, writes one after the last step.
+TEST(Trainer, FinalCheckpointCanBeTurnedOff) {
+  ScratchDir tmp;
+  make_data(tmp / "data");
+  TrainConfig off = write_and_load(tmp / "off.yaml", config_text(tmp / "data", tmp / "off", 3));
+  off.training.final_checkpoint = false;
+  Trainer a(off);
+  ASSERT_EQ(a.run(), Trainer::Outcome::Finished);
+  EXPECT_TRUE(a.last_checkpoint().empty());
+  EXPECT_FALSE(fs::exists(tmp / "off/checkpoints"));
+
+  TrainConfig periodic = write_and_load(tmp / "p.yaml", config_text(tmp / "data", tmp / "p", 3));
+  periodic.training.final_checkpoint = false;
+  periodic.training.checkpoint_every = 2;
+  Trainer b(periodic);
+  ASSERT_EQ(b.run(), Trainer::Outcome::Finished);
+  EXPECT_NE(b.last_checkpoint().find("step_00000002"), std::string::npos) << b.last_checkpoint();
 }
 
 TEST(Trainer, ResumeIsBitwiseIdenticalToAnUninterruptedRun) {

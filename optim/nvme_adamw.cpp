@@ -82,36 +82,14 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
     STRATA_CHECK(s.master.dtype() == DType::F32 && s.master.numel() == s.params.numel(),
                  "nvme slice {}: masters start from an f32 tensor of {} elements, got {}", i,
                  s.params.numel(), s.master.str());
-    // Note [Segments and weight decay]: gaps decay-free, equal neighbours merged.
     const int64_t n = s.params.numel();
-    std::vector<Segment> segs = s.segments;
-    std::sort(segs.begin(), segs.end(),
-              [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
-    std::vector<Run> runs;
-    auto push = [&runs](int64_t offset, int64_t numel, bool decay) {
-      if (numel <= 0) return;
-      if (!runs.empty() && runs.back().decay == decay) {
-        runs.back().numel += numel;
-      } else {
-        runs.push_back({offset, numel, decay});
-      }
-    };
-    int64_t cursor = 0;
-    for (const Segment& seg : segs) {
-      STRATA_USER_CHECK(seg.offset >= cursor && seg.offset + seg.numel <= n,
-                        "nvme slice {}: segment '{}' overlaps another or lies outside the slice", i,
-                        seg.name);
-      push(cursor, seg.offset - cursor, false);
-      push(seg.offset, seg.numel, seg.decay);
-      cursor = seg.offset + seg.numel;
-    }
-    push(cursor, n - cursor, false);
+    const std::vector<DecayRun> runs = decay_runs(s.segments, n, fmt::format("nvme slice {}", i));
     for (int64_t at = 0; at < n; at += options_.sub_group_size) {
       SubGroup sg;
       sg.slice = i;
       sg.offset = at;
       sg.numel = std::min(options_.sub_group_size, n - at);
-      for (const Run& r : runs) {
+      for (const DecayRun& r : runs) {
         const int64_t b = std::max(r.offset, at), e = std::min(r.offset + r.numel, at + sg.numel);
         if (b < e) sg.runs.push_back({b - at, e - b, r.decay});
       }
@@ -247,7 +225,7 @@ void NvmeAdamW::step(double lr) {
       grad = grad_stage_.data<float>();
     }
     auto* lp = mixed_ ? static_cast<char*>(low_precision_.data_ptr()) : nullptr;
-    for (const Run& r : s.runs) {
+    for (const DecayRun& r : s.runs) {
       AdamWBuffers b;
       b.param = master + r.offset;
       b.grad = grad + r.offset;

@@ -115,17 +115,12 @@ class NvmeAdamW final : public Optimizer {
   void finish_writes();
 
  private:
-  struct Run {
-    int64_t offset = 0;  // relative to the sub-group
-    int64_t numel = 0;
-    bool decay = false;
-  };
   struct SubGroup {
     size_t slice = 0;
     int64_t offset = 0;  // in the slice
     int64_t numel = 0;
     offload::Block home;
-    std::vector<Run> runs;
+    std::vector<DecayRun> runs;  // offsets relative to the sub-group
   };
   float* buffer(size_t i) const;  // the state buffer of sub-group i
   void enter_slice(size_t k);     // fence(k, true), then the copies wait for what it enqueued

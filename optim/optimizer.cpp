@@ -23,10 +23,6 @@ void fill_zero(float* p, int64_t n) {
   }
 }
 
-bool is_flat(const tensor::Tensor& t) {
-  return t.defined() && t.ndim() == 1 && t.is_contiguous();
-}
-
 // Note [Optimizer devices]: every tensor of every group on one device, the CPU or one GPU.
 void validate_group(const ParamGroup& g, size_t index, Device device) {
   if (!is_flat(g.param) || g.param.dtype() != DType::F32)
@@ -57,30 +53,53 @@ void validate_group(const ParamGroup& g, size_t index, Device device) {
   check_device(g.param, "param");
   check_device(g.grad, "grad");
   check_device(g.low_precision_copy, "low_precision_copy");
-  const int64_t n = g.param.numel();
-  std::vector<const Segment*> sorted;
-  for (const Segment& s : g.segments) {
-    if (s.offset < 0 || s.numel < 0 || s.offset + s.numel > n)
-      user_error("parameter group {}: segment '{}' [{}, {}) lies outside the {}-element buffer",
-                 index, s.name, s.offset, s.offset + s.numel, n);
-    sorted.push_back(&s);
-  }
-  std::sort(sorted.begin(), sorted.end(),
-            [](const Segment* a, const Segment* b) { return a->offset < b->offset; });
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    const Segment& a = *sorted[i - 1];
-    const Segment& b = *sorted[i];
-    if (a.offset + a.numel > b.offset)
-      user_error("parameter group {}: segments '{}' and '{}' overlap", index, a.name, b.name);
-  }
 }
 
 }  // namespace
 
+bool is_flat(const tensor::Tensor& t) {
+  return t.defined() && t.ndim() == 1 && t.is_contiguous();
+}
+
+std::vector<DecayRun> decay_runs(std::vector<Segment> segments, int64_t numel,
+                                 std::string_view owner) {
+  for (const Segment& s : segments) {
+    if (s.offset < 0 || s.numel < 0 || s.offset + s.numel > numel)
+      user_error("{}: segment '{}' [{}, {}) lies outside the {}-element buffer", owner, s.name,
+                 s.offset, s.offset + s.numel, numel);
+  }
+  std::stable_sort(segments.begin(), segments.end(),
+                   [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
+  std::vector<DecayRun> runs;
+  auto push = [&runs](int64_t offset, int64_t n, bool decay) {
+    if (n == 0) return;
+    if (!runs.empty() && runs.back().decay == decay) {
+      runs.back().numel += n;
+    } else {
+      runs.push_back({offset, n, decay});
+    }
+  };
+  int64_t cursor = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if (s.offset < cursor)
+      user_error("{}: segments '{}' and '{}' overlap", owner, segments[i - 1].name, s.name);
+    push(cursor, s.offset - cursor, false);
+    push(s.offset, s.numel, s.decay);
+    cursor = s.offset + s.numel;
+  }
+  push(cursor, numel - cursor, false);
+  return runs;
+}
+
 Optimizer::Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> state_names)
     : groups_(std::move(groups)), state_names_(std::move(state_names)) {
   if (!groups_.empty() && groups_[0].param.defined()) device_ = groups_[0].param.device();
-  for (size_t g = 0; g < groups_.size(); ++g) validate_group(groups_[g], g, device_);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    validate_group(groups_[g], g, device_);
+    runs_.push_back(decay_runs(groups_[g].segments, groups_[g].param.numel(),
+                               fmt::format("parameter group {}", g)));
+  }
 
   offload::CategoryScope scope(offload::Category::Optimizer);
   for (const ParamGroup& g : groups_) {
@@ -96,28 +115,6 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> st
       bufs.push_back(std::move(t));
     }
     state_.push_back(std::move(bufs));
-
-    // Note [Segments and weight decay]: gaps get decay=false; equal neighbours merge.
-    std::vector<Segment> segs = g.segments;
-    std::sort(segs.begin(), segs.end(),
-              [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
-    std::vector<Run> runs;
-    auto push = [&runs](int64_t offset, int64_t numel, bool decay) {
-      if (numel == 0) return;
-      if (!runs.empty() && runs.back().decay == decay) {
-        runs.back().numel += numel;
-      } else {
-        runs.push_back({offset, numel, decay});
-      }
-    };
-    int64_t cursor = 0;
-    for (const Segment& s : segs) {
-      push(cursor, s.offset - cursor, false);
-      push(s.offset, s.numel, s.decay);
-      cursor = s.offset + s.numel;
-    }
-    push(cursor, n - cursor, false);
-    runs_.push_back(std::move(runs));
   }
 }
 

@@ -67,6 +67,23 @@ struct ParamGroup {
   tensor::Tensor low_precision_copy;
 };
 
+// A maximal stretch of a flat buffer with one decay flag (Note [Segments and weight decay]).
+struct DecayRun {
+  int64_t offset = 0;  // elements from the start of the buffer
+  int64_t numel = 0;
+  bool decay = false;
+};
+
+// The decay runs covering a buffer of `numel` elements cut into `segments` (Note [Segments and
+// weight decay]): ordered by offset, gaps decay-free, equal neighbours merged. A segment outside
+// the buffer or overlapping another is a strata::user_error whose message starts with `owner`
+// ("parameter group 3").
+std::vector<DecayRun> decay_runs(std::vector<Segment> segments, int64_t numel,
+                                 std::string_view owner);
+
+// A defined, 1-d, contiguous tensor: the form of every flat buffer the optimizers take.
+bool is_flat(const tensor::Tensor& t);
+
 struct NamedTensor {
   std::string name;
   tensor::Tensor tensor;
@@ -112,11 +129,7 @@ class Optimizer {
   std::vector<tensor::Tensor> grads() const;
 
  protected:
-  struct Run {
-    int64_t offset = 0;
-    int64_t numel = 0;
-    bool decay = false;
-  };
+  using Run = DecayRun;
 
   // Validates the groups (strata::user_error on a malformed one) and allocates one zeroed state
   // buffer per group for each of `state_names`.

@@ -12,18 +12,6 @@
 
 namespace strata::optim {
 
-namespace {
-
-tensor::Tensor host_buffer(int64_t n, DType dtype, offload::Category category, bool pinned) {
-  return tensor::empty_host({n}, dtype, category, pinned);
-}
-
-bool flat(const tensor::Tensor& t) {
-  return t.defined() && t.ndim() == 1 && t.is_contiguous();
-}
-
-}  // namespace
-
 HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
                          const HostOffloadOptions& options)
     : slices_(std::move(slices)), grads_on_host_(options.grads_on_host) {
@@ -33,7 +21,7 @@ HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
   std::vector<ParamGroup> groups;
   for (size_t i = 0; i < slices_.size(); ++i) {
     OffloadSlice& s = slices_[i];
-    STRATA_CHECK(flat(s.params) && flat(s.grads) && s.grads.numel() == s.params.numel(),
+    STRATA_CHECK(is_flat(s.params) && is_flat(s.grads) && s.grads.numel() == s.params.numel(),
                  "offload slice {}: params {} and grads {} must be 1-d contiguous and alike", i,
                  s.params.str(), s.grads.str());
     const Device grads_on = grads_on_host_ ? Device::cpu() : device_;
@@ -49,17 +37,18 @@ HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
                  s.params.numel(), from.str());
     const int64_t n = s.params.numel();
     ParamGroup g;
-    g.param = host_buffer(n, DType::F32, offload::Category::Optimizer, options.pin_memory);
+    g.param = tensor::empty_host({n}, DType::F32, offload::Category::Optimizer, options.pin_memory);
     g.param.copy_(from);
     if (grads_on_host_ && !options.copy_host_grads) {
       g.grad = s.grads;
     } else {
-      g.grad = host_buffer(n, s.grads.dtype(), offload::Category::Grad, options.pin_memory);
+      g.grad =
+          tensor::empty_host({n}, s.grads.dtype(), offload::Category::Grad, options.pin_memory);
       g.grad.zero_();
     }
     if (mixed_) {
       g.low_precision_copy =
-          host_buffer(n, s.params.dtype(), offload::Category::Param, options.pin_memory);
+          tensor::empty_host({n}, s.params.dtype(), offload::Category::Param, options.pin_memory);
       g.low_precision_copy.copy_(g.param);
     }
     g.segments = s.segments;

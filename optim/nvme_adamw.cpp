@@ -18,14 +18,6 @@ namespace strata::optim {
 
 namespace {
 
-tensor::Tensor host_buffer(int64_t n, DType dtype, offload::Category category, bool pinned) {
-  return tensor::empty_host({n}, dtype, category, pinned);
-}
-
-bool flat(const tensor::Tensor& t) {
-  return t.defined() && t.ndim() == 1 && t.is_contiguous();
-}
-
 char* bytes_at(const tensor::Tensor& t, int64_t element) {
   return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(dtype_size(t.dtype()));
 }
@@ -64,7 +56,7 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
   int64_t max_n = 0;
   for (size_t i = 0; i < slices_.size(); ++i) {
     NvmeSlice& s = slices_[i];
-    STRATA_CHECK(flat(s.params) && flat(s.grads) && s.grads.numel() == s.params.numel(),
+    STRATA_CHECK(is_flat(s.params) && is_flat(s.grads) && s.grads.numel() == s.params.numel(),
                  "nvme slice {}: params {} and grads {} must be 1-d contiguous and alike", i,
                  s.params.str(), s.grads.str());
     STRATA_CHECK(s.params.device() == device && s.grads.device() == device,
@@ -118,11 +110,12 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
   buffer_bytes_ = static_cast<size_t>(per) * 4;
   for (int b = 0; b < std::min<int64_t>(options_.buffer_count, subs_.size()); ++b)
     bufs_.push_back(
-        host_buffer(per, DType::F32, offload::Category::Optimizer, options_.pin_memory));
-  grad_stage_ = host_buffer(max_n, grad_dtype, offload::Category::Grad, options_.pin_memory);
+        tensor::empty_host({per}, DType::F32, offload::Category::Optimizer, options_.pin_memory));
+  grad_stage_ =
+      tensor::empty_host({max_n}, grad_dtype, offload::Category::Grad, options_.pin_memory);
   if (mixed_)
-    low_precision_ = host_buffer(max_n, slices_.front().params.dtype(), offload::Category::Param,
-                                 options_.pin_memory);
+    low_precision_ = tensor::empty_host({max_n}, slices_.front().params.dtype(),
+                                        offload::Category::Param, options_.pin_memory);
 
   // The initial states: the masters from the slices, zero moments.
   for (size_t i = 0; i < subs_.size(); ++i) {
@@ -211,7 +204,8 @@ void NvmeAdamW::step(double lr) {
     const float* grad = nullptr;
     if (sl.grads.dtype() != DType::F32 || scale != 1.f) {
       if (!widened_.defined())
-        widened_ = host_buffer(grad_stage_.numel(), DType::F32, offload::Category::Workspace,
+        widened_ =
+            tensor::empty_host({grad_stage_.numel()}, DType::F32, offload::Category::Workspace,
                                /*pinned=*/false);
       tensor::Tensor dst = widened_.narrow(0, 0, n);
       dst.copy_(grad_stage_.narrow(0, 0, n));

@@ -8,6 +8,9 @@
 //   estimate --table strategies [--nodes N --gpus-per-node G --gpu-mem 32GiB --cpu-mem 1.5TiB
 //                               --nvme 28TiB]   # the largest model per placement
 //   estimate --table offload-models [cluster flags]  # ZeRO-Offload's GPT-2 models
+//   estimate --table strategies --device cpu [--cpu-mem 10GiB --nvme 6GB --hidden 2048 --heads 16
+//            --vocab 256 --seq 128 --micro-batch 1]  # this machine without a GPU, the largest
+//                                                    # GPT-2 of the family per placement
 //   estimate --hardware [--nvme-dir DIR] [--probe-mib N]  # this machine's tiers, measured
 //
 // Prints the bytes of parameters, gradients and optimizer states per device by the formula of
@@ -18,6 +21,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
+
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +36,8 @@
 #include "core/error.h"
 #include "models/registry.h"
 #include "offload/hardware_probe.h"
+#include "offload/host_budget.h"
+#include "parallel/cpu_capacity.h"
 #include "parallel/memory_tables.h"
 #include "parallel/zero_memory.h"
 
@@ -52,6 +59,10 @@ struct Args {
   // The cluster of --table strategies / offload-models; empty: the paper's DGX-2.
   std::string nodes, gpus_per_node, gpu_mem, cpu_mem, nvme;
   bool hardware = false;
+  // --table strategies --device cpu: this machine without a GPU (Note [CPU placement model]).
+  std::string device = "gpu";
+  parallel::CpuFamily family;
+  int64_t max_layers = 4096;
   std::string nvme_dir = "/tmp";
   int64_t probe_mib = 256;
 };
@@ -325,6 +336,35 @@ void print_table_offload_models(const parallel::ClusterSpec& cluster) {
       "one node with which the\nmodel fits, none if no degree does)\n");
 }
 
+// --device cpu: host memory and NVMe given, or measured (MemAvailable; the free space of
+// --nvme-dir), as `train` would find them (run.host_memory_budget auto).
+void print_cpu_strategies(const Args& a) {
+  double host = 0, nvme = 0;
+  std::string host_from, nvme_from;
+  if (!a.cpu_mem.empty()) {
+    host = parallel::parse_bytes(a.cpu_mem, "--cpu-mem");
+    host_from = "--cpu-mem " + a.cpu_mem;
+  } else {
+    host = static_cast<double>(offload::available_host_memory());
+    host_from = "MemAvailable now";
+  }
+  if (!a.nvme.empty()) {
+    nvme = parallel::parse_bytes(a.nvme, "--nvme");
+    nvme_from = "--nvme " + a.nvme;
+  } else {
+    struct statvfs fs {};
+    if (statvfs(a.nvme_dir.c_str(), &fs) != 0)
+      user_error(
+          "--nvme-dir '{}' cannot be measured (statvfs failed); give an existing directory "
+          "or --nvme SIZE",
+          a.nvme_dir);
+    nvme = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+    nvme_from = fmt::format("free in {}", a.nvme_dir);
+  }
+  fmt::print("{}", parallel::cpu_strategies_table(a.family, host, host_from, nvme, nvme_from,
+                                                  a.max_layers));
+}
+
 void print_stage(const ZeroMemoryConfig& config, double psi,
                  const std::optional<std::vector<parallel::UnitSize>>& units,
                  int64_t persistence_threshold) {
@@ -430,6 +470,13 @@ int run(const Args& args) {
     const bool known = args.table == "zero" || args.table == "infinity-memory" ||
                        args.table == "strategies" || args.table == "offload-models";
     if (!known) user_error("--table '{}' is not a known table; use {}", args.table, kTables);
+    if (args.device != "gpu" && args.device != "cpu")
+      user_error(
+          "--device '{}': use gpu (the paper's GPU clusters) or cpu (this machine without "
+          "a GPU, run.device cpu)",
+          args.device);
+    if (args.device == "cpu" && args.table != "strategies")
+      user_error("--device cpu applies to --table strategies only");
     if (!args.model.empty() || !args.params.empty())
       user_error("--table {} takes no --model or --params: the paper's models are fixed",
                  args.table);
@@ -441,6 +488,14 @@ int run(const Args& args) {
           args.table);
     if (args.table == "zero") print_table_zero();
     if (args.table == "infinity-memory") print_table_infinity_memory();
+    if (args.table == "strategies" && args.device == "cpu") {
+      if (!args.nodes.empty() || !args.gpus_per_node.empty() || !args.gpu_mem.empty())
+        user_error(
+            "--device cpu is one machine without a GPU: --nodes, --gpus-per-node and --gpu-mem do "
+            "not apply (give --cpu-mem and --nvme, or let them be measured)");
+      print_cpu_strategies(args);
+      return 0;
+    }
     if (args.table == "strategies") print_table_strategies(parse_cluster(args));
     if (args.table == "offload-models") print_table_offload_models(parse_cluster(args));
     return 0;
@@ -544,9 +599,24 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-mem", a.gpu_mem, "memory per GPU, e.g. 32GiB, 80GB (default 32GiB)");
   app.add_option("--cpu-mem", a.cpu_mem, "CPU memory per node (default 1.5TiB)");
   app.add_option("--nvme", a.nvme, "NVMe per node (default 28TiB)");
+  app.add_option("--device", a.device,
+                 "--table strategies: gpu (the paper's clusters) or cpu (one machine without a "
+                 "GPU, run.device cpu, fp32)")
+      ->capture_default_str();
+  app.add_option("--hidden", a.family.hidden, "--device cpu: the GPT-2 family's hidden size")
+      ->capture_default_str();
+  app.add_option("--heads", a.family.heads, "--device cpu: attention heads")->capture_default_str();
+  app.add_option("--vocab", a.family.vocab, "--device cpu: vocabulary")->capture_default_str();
+  app.add_option("--seq", a.family.seq, "--device cpu: sequence length (= n_positions)")
+      ->capture_default_str();
+  app.add_option("--micro-batch", a.family.micro_batch, "--device cpu: sequences per micro-batch")
+      ->capture_default_str();
+  app.add_option("--max-layers", a.max_layers, "--device cpu: the most layers searched")
+      ->capture_default_str();
   app.add_flag("--hardware", a.hardware,
                "measure this machine's memory tiers: sizes and bandwidths (docs/tables.md)");
-  app.add_option("--nvme-dir", a.nvme_dir, "--hardware: the directory whose drive is measured")
+  app.add_option("--nvme-dir", a.nvme_dir,
+                 "--hardware, --device cpu: the directory whose drive is measured")
       ->capture_default_str();
   app.add_option("--probe-mib", a.probe_mib, "--hardware: MiB written and read per measurement")
       ->capture_default_str();

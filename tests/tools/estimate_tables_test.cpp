@@ -176,6 +176,54 @@ TEST(EstimateTables, HardwareMeasuresEachTierQuickly) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
+// Note [CPU placement model]: the prediction for a machine without a GPU, rows and the terms of
+// each row's model (tests/parallel/cpu_capacity_test.cpp holds the terms themselves).
+TEST(EstimateTables, StrategiesOnThisMachineWithoutAGpu) {
+  const CommandResult r = estimate(
+      {"--table", "strategies", "--device", "cpu", "--cpu-mem", "8GiB", "--nvme", "5.4GiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("family: GPT-2, hidden 2048, 16 heads, vocabulary 256, sequence "
+                               "128 (= n_positions), micro-batch 1"));
+  EXPECT_THAT(r.out, HasSubstr("host memory 8.00 GiB (--cpu-mem 8GiB), NVMe 5.40 GiB"));
+  // The first row of each placement: its name in 16 columns, then the words after it.
+  auto placement_rows = [](const std::string& out) {
+    std::map<std::string, std::vector<std::string>> rows;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (line.size() > 18 && line.rfind("  ", 0) == 0) {
+        std::string name = line.substr(2, 16);
+        name.erase(name.find_last_not_of(' ') + 1);
+        if (rows.count(name) == 0) rows.emplace(name, words(line.substr(18)));
+      }
+    return rows;
+  };
+  auto rows = placement_rows(r.out);
+  // layers, parameters, host GiB, NVMe GiB, limit.
+  ASSERT_EQ(rows.count("in memory"), 1u) << r.out;
+  EXPECT_EQ(rows["in memory"][0], "10");
+  EXPECT_EQ(rows["in memory"][1], "504.37M");
+  EXPECT_EQ(rows["in memory"][2], "7.82");
+  EXPECT_EQ(rows["in memory"][4], "host");
+  EXPECT_EQ(rows["ZeRO-Inf-CPU"][0], "9");
+  EXPECT_EQ(rows["ZeRO-Inf-CPU"][1], "454.01M");
+  EXPECT_EQ(rows["ZeRO-Inf-NVMe"][0], "7");
+  EXPECT_EQ(rows["ZeRO-Inf-NVMe"][1], "353.30M");
+  EXPECT_EQ(rows["ZeRO-Inf-NVMe"][4], "NVMe");
+  EXPECT_EQ(rows["ZeRO-Offload"][0], "-");
+  EXPECT_THAT(r.out, HasSubstr("no GPU: run.device cpu has no device memory to offload from"));
+  // A smaller family through the flags: hidden 64 is 49,984 parameters a block.
+  const CommandResult small =
+      estimate({"--table", "strategies", "--device", "cpu", "--cpu-mem", "1GiB", "--nvme", "0",
+                "--hidden", "64", "--heads", "4", "--seq", "32", "--max-layers", "3"});
+  ASSERT_EQ(small.exit_code, 0) << small.err;
+  auto small_rows = placement_rows(small.out);
+  EXPECT_EQ(small_rows["in memory"][0], "3");
+  EXPECT_EQ(small_rows["in memory"][1], "0.17M");
+  EXPECT_EQ(small_rows["in memory"][4], "--max-layers");
+  EXPECT_EQ(small_rows["ZeRO-Inf-NVMe"][0], "0");  // no disk: not one block fits
+  EXPECT_EQ(small_rows["ZeRO-Inf-NVMe"][4], "NVMe");
+}
+
 TEST(EstimateTables, BadInputExitsOneWithAMessage) {
   struct Case {
     std::vector<std::string> args;
@@ -196,6 +244,12 @@ TEST(EstimateTables, BadInputExitsOneWithAMessage) {
       {{"--hardware", "--nvme-dir", "/nonexistent/dir"}, "--nvme-dir '/nonexistent/dir'"},
       {{"--hardware", "--probe-mib", "0"}, "--probe-mib 0"},
       {{"--hardware", "--table", "zero"}, "--hardware measures this machine"},
+      {{"--table", "strategies", "--device", "tpu"}, "--device 'tpu'"},
+      {{"--table", "zero", "--device", "cpu"}, "--table strategies only"},
+      {{"--table", "strategies", "--device", "cpu", "--gpu-mem", "32GiB"}, "--device cpu is one"},
+      {{"--table", "strategies", "--device", "cpu", "--heads", "3"}, "not divisible by --heads"},
+      {{"--table", "strategies", "--device", "cpu", "--nvme-dir", "/nonexistent/dir"},
+       "--nvme-dir '/nonexistent/dir'"},
   };
   for (const Case& c : cases) {
     const CommandResult r = estimate(c.args);

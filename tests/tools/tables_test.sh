@@ -2,7 +2,8 @@
 # tools/tables.sh on a tiny family (hidden 64, a 12 MiB host budget): the dry run prints the
 # prediction and the first probes without training; the search trains real probes and ends, for
 # every placement, with a success and a failure one block apart; ZeRO-Offload is skipped with
-# its reason; nothing is left in --nvme-dir; bad arguments are refused.
+# its reason; tools/plot_tables.sh draws the table; nothing is left in --nvme-dir; bad arguments
+# are refused.
 #   bash tests/tools/tables_test.sh REPO_ROOT BUILD_DIR
 set -uo pipefail
 root=$1 build=$2
@@ -50,6 +51,9 @@ for name in "in memory" "ZeRO-Inf-CPU" "ZeRO-Inf-NVMe"; do
   check "$name: the failure is a probe" grep -Eq "^$name +$((largest + 1)) +[0-9.]+M  failed " "$tmp/table.txt"
 done
 check "ZeRO-Offload skipped with its reason" grep -q '^ZeRO-Offload .*no GPU' "$tmp/table.txt"
+bash "$root/tools/plot_tables.sh" "$tmp/table.txt" "$tmp/table.svg" > /dev/null
+check "plot_tables.sh draws a bar per placement that ran" test "$(grep -c '<rect ' "$tmp/table.svg")" -eq 3
+check "and names ZeRO-Offload's reason" grep -q 'no GPU' "$tmp/table.svg"
 check "nothing left in --nvme-dir" test -z "$(ls -A "$tmp/nvme")"
 
 bash "$tables" "$build" --placements disk > /dev/null 2> "$tmp/bad.err"

@@ -15,7 +15,10 @@
 #
 # usage: tools/tables.sh <build dir> [--data GLOB] [--nvme-dir DIR] [--nvme-cap SIZE]
 #          [--host-mem SIZE] [--hidden N] [--heads N] [--vocab N] [--seq N] [--steps N]
-#          [--max-layers N] [--timeout S] [--placements memory,cpu,nvme] [--out FILE] [--dry-run]
+#          [--max-layers N] [--timeout S] [--placements memory,offload,cpu,nvme]
+#          [--out FILE] [--dry-run]
+#   --placements     which rows (default all four); offload is skipped with its reason (the
+#                    probes train on run.device cpu)
 #   --nvme-cap SIZE  treat SIZE as the whole disk: a filesystem of SIZE is made in a file under
 #                    --nvme-dir and loop-mounted for the NVMe probes (needs root); estimate is
 #                    given the free bytes it has
@@ -24,16 +27,19 @@
 #   --dry-run        print the prediction and the probes the search starts with; train nothing
 set -euo pipefail
 
-usage() { sed -n '16,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { awk '/^# usage:/ { p = 1 } p && !/^#/ { exit } p { sub(/^# ?/, ""); print }' "$0" >&2; exit 2; }
 build=${1:-}
 [[ -z "$build" || "$build" == -* ]] && usage
 shift
-data='datasets/fortunes/train_*.bin'
+# Paths given are relative to where the script is run; the default data is the README's, in the
+# repository this script belongs to.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+data="$root/datasets/fortunes/train_*.bin"
 nvme_dir=/tmp
 nvme_cap=""
 host_mem=""
 hidden=2048 heads=16 vocab=256 seq=128 steps=2 max_layers=64 timeout_s=1800
-placements=memory,cpu,nvme
+placements=memory,offload,cpu,nvme
 out=""
 dry=0
 while [[ $# -gt 0 ]]; do
@@ -68,6 +74,8 @@ for b in "$train" "$estimate"; do
   [[ -x "$b" ]] || { echo "tables.sh: $b not found; build it first (README: ninja -C $build train estimate)" >&2; exit 2; }
 done
 [[ -d "$nvme_dir" ]] || { echo "tables.sh: --nvme-dir '$nvme_dir' is not a directory" >&2; exit 2; }
+compgen -G "$data" > /dev/null ||
+  { echo "tables.sh: no training data matches --data '$data'; tokenize some as the README shows (build/bin/tokenize ... --output datasets/fortunes)" >&2; exit 2; }
 say() { echo "tables: $*" >&2; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/strata-tables.XXXXXX")
@@ -203,8 +211,13 @@ rows=()
 for p in ${placements//,/ }; do
   name=$(placement_name "$p")
   if [[ $p == offload ]]; then
-    rows+=("$(printf '%-15s %7s %10s %9s %7s  %s' "$name" - - - - "no GPU: run.device cpu has no device memory to offload from")")
-    say "$name: skipped, no GPU (run.device cpu has no device memory to offload from)"
+    if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
+      why="not measured: a GPU is here, but these probes train on run.device cpu"
+    else
+      why="no GPU: run.device cpu has no device memory to offload from"
+    fi
+    rows+=("$(printf '%-15s %7s %10s %9s %7s  %s' "$name" - - - - "$why")")
+    say "$name: skipped ($why)"
     continue
   fi
   read -r pl pparams <<< "$(predicted "$name")"

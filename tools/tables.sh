@@ -95,6 +95,9 @@ trap 'exit 130' INT TERM
 swap_dir="$nvme_dir/strata-tables-swap.$$"
 if [[ -n "$nvme_cap" && $dry -eq 0 && ",$placements," == *,nvme,* ]]; then
   [[ $(id -u) -eq 0 ]] || { echo "tables.sh: --nvme-cap loop-mounts a filesystem of that size and needs root; run without it to use the whole of --nvme-dir" >&2; exit 2; }
+  for tool in truncate mkfs.ext4 mount umount mountpoint; do
+    command -v "$tool" > /dev/null || { echo "tables.sh: --nvme-cap needs $tool (e2fsprogs, util-linux)" >&2; exit 2; }
+  done
   cap_img="$nvme_dir/strata-tables-disk.$$.img"
   truncate -s "$nvme_cap" "$cap_img"
   mkfs.ext4 -q -m 0 -F "$cap_img"

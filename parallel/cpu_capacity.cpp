@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,12 @@ constexpr double kF32 = 4;
 // (runtime/train_config.h).
 constexpr double kParamBuffers = 5;
 constexpr double kOptimizerBuffers = 4;
+// offload::NvmeConfig::block_bytes: each swap extent is a whole number of blocks.
+constexpr double kNvmeBlock = 1048576;
+
+double whole_blocks(double bytes) {
+  return std::ceil(bytes / kNvmeBlock) * kNvmeBlock;
+}
 
 models::ModelOptions family_options(const CpuFamily& f, int64_t layers) {
   models::ModelOptions o;
@@ -109,7 +116,12 @@ CpuRunBytes cpu_run_bytes(CpuPlacement p, const CpuFamily& f, int64_t layers) {
     // NvmeAdamW keeps an fp32 master beside m and v (12 bytes per element): the parameters
     // it updates live on their own tier.
     r.host_states = grads;
-    r.nvme = params + 1.5 * optimizer;
+    // One extent per unit's partition and one per sub-group (a unit: sub_group_size is 10^9
+    // elements by default), each rounded up to whole blocks.
+    for (const UnitSize& u : units) {
+      const double n = static_cast<double>(padded_unit_size(u.size, zc.stage, 1));
+      r.nvme += whole_blocks(kF32 * n) + whole_blocks(3 * kF32 * n);
+    }
     r.offload_buffers = kF32 * unit * ((kParamBuffers + 1) + 3 * kOptimizerBuffers + 1);
     const double start = 8 * static_cast<double>(r.params);
     if (start > r.steady_host()) r.start = start;

@@ -14,7 +14,9 @@
 //                 padding]): 4 (parameters) + 4 (gradients) + 8 (m, v) per padded element,
 //                 on the host, or on NVMe where the placement puts them there; with
 //                 offload_optimizer nvme the optimizer keeps an fp32 master beside m and v, 12
-//                 bytes per element, as the parameters it updates are on their own tier.
+//                 bytes per element, as the parameters it updates are on their own tier; on
+//                 NVMe each unit's partition and each sub-group (a unit) is a swap extent of
+//                 whole 1 MiB blocks (offload::NvmeConfig::block_bytes).
 //   activations   micro x seq x layers x (16·hd + 2·heads·seq) fp32 values (the per-token
 //                 count of Note [ZeRO-Infinity memory model]), plus the logits and their
 //                 gradient, 2 x micro x seq x padded vocabulary values.

@@ -43,8 +43,12 @@ TEST(CpuCapacity, ZeroInfCpuAddsThreeGatheredUnits) {
 TEST(CpuCapacity, ZeroInfNvmeKeepsGradientsAndBuffersOnTheHost) {
   const CpuRunBytes b = cpu_run_bytes(CpuPlacement::ZeroInfNvme, CpuFamily{}, 2);
   EXPECT_DOUBLE_EQ(b.host_states, 4 * kPsi2);  // the gradients
-  // Parameters (4) and the optimizer's master, m and v (12) on NVMe.
-  EXPECT_DOUBLE_EQ(b.nvme, 16 * kPsi2);
+  // Parameters (4) and the optimizer's master, m and v (12) on NVMe, each unit's extent in whole
+  // MiB: the embeddings (786,432 elements: 3 + 9 MiB), two blocks (192.1 -> 193 and 576.3 ->
+  // 577 MiB each) and the final norm (4,096 elements: 1 + 1 MiB).
+  constexpr double kMiB = 1048576;
+  EXPECT_DOUBLE_EQ(b.nvme, (3 + 9 + 2 * (193 + 577) + 1 + 1) * kMiB);
+  EXPECT_GT(b.nvme, 16 * kPsi2);
   // 5 parameter buffers + 1 partition being loaded, 4 sub-group buffers of 12 bytes per
   // element, 1 gradient staging buffer, each of one block.
   EXPECT_DOUBLE_EQ(b.offload_buffers, 4 * kBlock * (6 + 12 + 1));

@@ -113,11 +113,11 @@ CpuRunBytes cpu_run_bytes(CpuPlacement p, const CpuFamily& f, int64_t layers) {
   const double grads = static_cast<double>(states.grads);
   const double optimizer = static_cast<double>(states.optimizer);
   if (p == CpuPlacement::ZeroInfNvme) {
-    // NvmeAdamW keeps an fp32 master beside m and v (12 bytes per element): the parameters
-    // it updates live on their own tier.
     r.host_states = grads;
-    // One extent per unit's partition and one per sub-group (a unit: sub_group_size is 10^9
-    // elements by default), each rounded up to whole blocks.
+    // One extent per unit's partition (4 bytes per element) and one per optimizer sub-group (a
+    // unit: sub_group_size is 10^9 elements by default; NvmeAdamW keeps an fp32 master beside m
+    // and v, 12 bytes per element, as the parameters it updates live on their own tier), each
+    // rounded up to whole blocks.
     for (const UnitSize& u : units) {
       const double n = static_cast<double>(padded_unit_size(u.size, zc.stage, 1));
       r.nvme += whole_blocks(kF32 * n) + whole_blocks(3 * kF32 * n);

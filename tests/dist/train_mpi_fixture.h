@@ -109,23 +109,30 @@ class TrainMpiFixture : public ::testing::Test {
     return run_command(argv, std::chrono::seconds(300));
   }
 
+  // What train_full_and_resumed's three commands printed.
+  struct ResumedRuns {
+    CommandResult whole, first, second;
+  };
+
   // Trains run `full` for `steps` steps without a stop, and run `parts` for `stop_at` steps, then
   // again to `steps` from its checkpoint, all on `np` ranks with `sets`; each must exit 0 and the
   // second part must say it resumed. Callers wrap it in ASSERT_NO_FATAL_FAILURE and compare what
-  // the two runs left.
+  // the two runs left (and what they printed, through `runs` when given).
   void train_full_and_resumed(int np, const std::vector<std::string>& sets, int steps, int stop_at,
-                              const std::string& full = "full",
-                              const std::string& parts = "parts") {
-    CommandResult whole = train(np, config(full, steps), sets);
-    ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+                              const std::string& full = "full", const std::string& parts = "parts",
+                              ResumedRuns* runs = nullptr) {
+    ResumedRuns local;
+    ResumedRuns& r = runs != nullptr ? *runs : local;
+    r.whole = train(np, config(full, steps), sets);
+    ASSERT_EQ(r.whole.exit_code, 0) << describe(r.whole);
     const std::string cfg = config(parts, steps);
     std::vector<std::string> first = sets;
     first.push_back("training.steps=" + std::to_string(stop_at));
-    CommandResult a = train(np, cfg, first);
-    ASSERT_EQ(a.exit_code, 0) << describe(a);
-    CommandResult b = train(np, cfg, sets);
-    ASSERT_EQ(b.exit_code, 0) << describe(b);
-    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    r.first = train(np, cfg, first);
+    ASSERT_EQ(r.first.exit_code, 0) << describe(r.first);
+    r.second = train(np, cfg, sets);
+    ASSERT_EQ(r.second.exit_code, 0) << describe(r.second);
+    EXPECT_NE(r.second.out.find("resumed from"), std::string::npos) << r.second.out;
   }
 
   // The per-step losses run `name` logged, in order.

@@ -136,23 +136,13 @@ TEST_F(OffloadGpuMpi, DelayedUpdateTrainsAndResumesBitwiseOnTwoGpus) {
       "training.checkpoint_every=3"};
   CommandResult plain = train(2, config("undelayed", 6), {"zero_optimization.stage=2", kOffload});
   ASSERT_EQ(plain.exit_code, 0) << describe(plain);
-  CommandResult full = train(2, config("dpu", 6), sets);
-  ASSERT_EQ(full.exit_code, 0) << describe(full);
+  ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, sets, 6, 3, "dpu", "dpu_parts"));
   const std::vector<double> u = losses("undelayed"), x = losses("dpu");
   ASSERT_EQ(x.size(), 6u);
   EXPECT_EQ(x[0], u[0]);
   EXPECT_EQ(x[1], u[1]);  // step 2 still sees step 1's update
   EXPECT_NE(x[2], u[2]);  // step 3 does not see step 2's
   EXPECT_LT(x.back(), x.front()) << "the delayed run did not train";
-
-  const std::string parts = config("dpu_parts", 6);
-  std::vector<std::string> first = sets;
-  first.push_back("training.steps=3");
-  CommandResult a = train(2, parts, first);
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
-  CommandResult b = train(2, parts, sets);
-  ASSERT_EQ(b.exit_code, 0) << describe(b);
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
   EXPECT_EQ(losses("dpu_parts"), x);
   expect_same_models("dpu_parts", "dpu", 6);
 }

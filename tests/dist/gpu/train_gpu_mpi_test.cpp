@@ -175,18 +175,10 @@ TEST_F(TrainGpuMpi, PipelineWithDataAndTensorParallelOnFourGpusReproducesOneGpuA
 // checkpoint and 3 resumed steps give the uninterrupted run's losses bit for bit.
 TEST_F(TrainGpuMpi, Bf16PipelineResumesBitwiseOnTwoGpus) {
   NEED_GPUS(2);
-  const std::vector<std::string> pp2 = {"parallelism.pipeline_parallel_size=2"};
-  CommandResult full = train(2, config("pp_full", 6), pp2);
-  ASSERT_EQ(full.exit_code, 0) << describe(full);
-  EXPECT_NE(full.out.find("pp 2 (1f1b) x tp 1 x dp 1"), std::string::npos) << full.out;
-  const std::string parts = config("pp_parts", 6);
-  std::vector<std::string> first = pp2;
-  first.push_back("training.steps=3");
-  CommandResult a = train(2, parts, first);
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
-  CommandResult b = train(2, parts, pp2);
-  ASSERT_EQ(b.exit_code, 0) << describe(b);
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  ResumedRuns runs;
+  ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, {"parallelism.pipeline_parallel_size=2"}, 6, 3,
+                                                 "pp_full", "pp_parts", &runs));
+  EXPECT_NE(runs.whole.out.find("pp 2 (1f1b) x tp 1 x dp 1"), std::string::npos) << runs.whole.out;
   const std::vector<double> x = losses("pp_full"), y = losses("pp_parts");
   ASSERT_EQ(x.size(), 6u);
   ASSERT_EQ(y.size(), 6u);
@@ -196,19 +188,11 @@ TEST_F(TrainGpuMpi, Bf16PipelineResumesBitwiseOnTwoGpus) {
 // bf16 (the GPU default): ZeRO-3's shards hold the bf16 parameters beside the fp32 masters.
 TEST_F(TrainGpuMpi, Bf16ZeroThreeResumesBitwiseOnTwoGpusAndMovesToOneGpuAndTheCpu) {
   NEED_GPUS(2);
-  const std::vector<std::string> z3 = {"zero_optimization.stage=3"};
-  CommandResult full = train(2, config("full", 6), z3);
-  ASSERT_EQ(full.exit_code, 0) << describe(full);
-  const std::string parts = config("parts", 6);
-  std::vector<std::string> first = z3;
-  first.push_back("training.steps=3");
-  CommandResult a = train(2, parts, first);
-  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  ResumedRuns runs;
+  ASSERT_NO_FATAL_FAILURE(
+      train_full_and_resumed(2, {"zero_optimization.stage=3"}, 6, 3, "full", "parts", &runs));
   const std::string ckpt3 = tmp_ / "parts/checkpoints/step_00000003";
-  ASSERT_TRUE(fs::exists(ckpt3 + "/model.rank00001-of-00002.safetensors")) << describe(a);
-  CommandResult b = train(2, parts, z3);
-  ASSERT_EQ(b.exit_code, 0) << describe(b);
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  ASSERT_TRUE(fs::exists(ckpt3 + "/model.rank00001-of-00002.safetensors")) << describe(runs.first);
 
   const std::vector<double> x = losses("full"), y = losses("parts");
   ASSERT_EQ(x.size(), 6u);

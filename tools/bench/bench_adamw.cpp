@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "optim/adamw_kernel.h"
 #include "tensor/cuda.h"
 #include "tensor/tensor.h"
+#include "tools/bench/bench_cli.h"
 
 namespace {
 
@@ -354,28 +356,22 @@ int run_table(const std::vector<double>& sizes, int reps) {
 int run(int argc, char** argv) {
   int64_t n = int64_t{64} << 20;
   int reps = 10;
-  bool table = false, reps_given = false;
+  bool table = false;
   std::string sizes = "1,2,4,8,10";
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--table") {
-      table = true;
-    } else if (arg == "--sizes" && i + 1 < argc) {
-      sizes = argv[++i];
-    } else if (arg == "--params" && i + 1 < argc) {
-      n = std::atoll(argv[++i]);
-    } else if (arg == "--reps" && i + 1 < argc) {
-      reps = std::atoi(argv[++i]);
-      reps_given = true;
-    } else {
-      strata::user_error(
-          "unknown argument '{}'; usage: bench_adamw [--params N] [--reps R] | --table "
-          "[--sizes 1,2,4,8,10] [--reps R]",
-          arg);
-    }
-  }
-  if (n <= 0 || reps <= 0) strata::user_error("--params and --reps must be positive");
-  if (table) return run_table(parse_sizes(sizes), reps_given ? reps : 3);
+  // Note [Bench command line].
+  CLI::App app{
+      "AdamW's GB/s per ISA against a STREAM triad over the same buffers; --table: "
+      "ZeRO-Offload's CPU-Adam table (Note [CPU-Adam table])",
+      "bench_adamw"};
+  strata::bench::count_option(app, "--params", n, "parameters of the kernel comparison");
+  CLI::Option* reps_given =
+      app.add_option("--reps", reps, "timed repetitions (default 10; with --table 3)")
+          ->check(strata::bench::at_least(1));
+  app.add_flag("--table", table, "ZeRO-Offload's CPU-Adam table instead");
+  strata::bench::value_option(app, "--sizes", sizes,
+                              "with --table: model sizes in billions of parameters");
+  if (const std::optional<int> status = strata::bench::parse_args(app, argc, argv)) return *status;
+  if (table) return run_table(parse_sizes(sizes), reps_given->count() > 0 ? reps : 3);
 
   using strata::tensor::Tensor;
   Tensor p = Tensor::empty({n}), g = Tensor::empty({n});

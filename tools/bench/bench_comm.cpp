@@ -17,12 +17,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "comm/world.h"
+#include "core/error.h"
 #include "tensor/tensor.h"
+#include "tools/bench/bench_cli.h"
 
 #if STRATA_HAVE_MPI
 #include <mpi.h>
@@ -38,20 +40,12 @@ struct Args {
   int reps = 20;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--max-mib" && i + 1 < argc) {
-      a.max_mib = std::atoll(argv[++i]);
-    } else if (k == "--reps" && i + 1 < argc) {
-      a.reps = std::atoi(argv[++i]);
-    } else {
-      strata::user_error("unknown argument '{}'; usage: bench_comm [--max-mib M] [--reps R]", k);
-    }
-  }
-  STRATA_USER_CHECK(a.max_mib >= 1 && a.reps >= 1, "--max-mib and --reps must be positive");
-  return a;
+// Note [Bench command line]; nullopt: run.
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  CLI::App app{"Collectives' bus bandwidth against the raw MPI calls", "bench_comm"};
+  strata::bench::count_option(app, "--max-mib", a.max_mib, "largest message, MiB");
+  strata::bench::count_option(app, "--reps", a.reps, "timed repetitions (median)");
+  return strata::bench::parse_args(app, argc, argv);
 }
 
 // Seconds of `op` on the slowest rank, after a barrier, median over `reps` (plus one warm-up).
@@ -77,10 +71,10 @@ std::string size_str(int64_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args args;
+  if (const std::optional<int> status = parse(argc, argv, args)) return *status;
   try {
-    const Args args = parse(argc, argv);
-    auto world =
-        strata::comm::init_world("mpi", strata::Device::cpu(), std::chrono::minutes(5));
+    auto world = strata::comm::init_world("mpi", strata::Device::cpu(), std::chrono::minutes(5));
     const int n = world->size(), rank = world->rank();
     int multiple = 0;
     MPI_Query_thread(&multiple);

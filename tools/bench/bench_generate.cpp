@@ -24,12 +24,12 @@
 // causal attention, and one row's matmuls instead of prompt + i rows'.
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,8 +37,9 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/registry.h"
-#include "tensor/cuda.h"
 #include "sampling/sampler.h"
+#include "tensor/cuda.h"
+#include "tools/bench/bench_cli.h"
 
 namespace strata {
 namespace {
@@ -138,7 +139,8 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   strata::Options o;
-  CLI::App app{"KV-cached sampling against whole-window sampling, tokens per second."};
+  CLI::App app{"KV-cached sampling against whole-window sampling, tokens per second.",
+               "bench_generate"};
   app.add_option("--models", o.models, "comma-separated registry names")->capture_default_str();
   app.add_option("--device", o.device, "where the model runs")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -154,7 +156,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", o.temperature, "0 = greedy")->capture_default_str();
   app.add_option("--top-k", o.top_k, "0 = no cut")->capture_default_str();
   app.add_option("--top-p", o.top_p, "1 = no cut")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> status = strata::bench::parse_args(app, argc, argv)) return *status;
   try {
     return strata::run(o);
   } catch (const strata::Error& e) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,13 +18,22 @@
 #include "core/timer.h"
 #include "models/registry.h"
 #include "tensor/ops.h"
+#include "tools/bench/bench_cli.h"
 
 using namespace strata;
 int main(int argc, char** argv) {
-  std::string model_name = argc > 1 ? argv[1] : "gpt2";
-  int64_t B = argc > 2 ? std::atoll(argv[2]) : 1;
-  int64_t T = argc > 3 ? std::atoll(argv[3]) : 256;
-  int steps = argc > 4 ? std::atoi(argv[4]) : 3;
+  std::string model_name = "gpt2";
+  int64_t B = 1;
+  int64_t T = 256;
+  int steps = 3;
+  // Note [Bench command line]; positional, as tools/bench/run_gpt2_cpu.sh passes them.
+  CLI::App app{"GPT-2 forward + backward tokens/s and GFLOP/s on the CPU against one large GEMM",
+               "bench_gpt2_cpu"};
+  bench::value_option(app, "model", model_name, "registry name");
+  bench::count_option(app, "B", B, "sequences per step");
+  bench::count_option(app, "T", T, "tokens per sequence");
+  bench::count_option(app, "steps", steps, "timed steps");
+  if (const std::optional<int> status = bench::parse_args(app, argc, argv)) return *status;
 
   const auto& registry = models::ModelRegistry::global();
   models::ModelOptions opts;

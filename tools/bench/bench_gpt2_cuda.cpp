@@ -69,11 +69,11 @@
 // prints the same columns; tools/bench/run_gpt2_cuda.sh runs both and prints the ratios.
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -94,6 +94,7 @@
 #include "runtime/trainer.h"
 #include "tensor/cuda.h"
 #include "tensor/storage.h"
+#include "tools/bench/bench_cli.h"
 
 #if defined(STRATA_CUDA_EMULATION)
 #include "cuda_emu/control.h"
@@ -466,7 +467,8 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{
       "Times the GPU training step of `train` (registry model, Engine, bf16 mixed precision, "
-      "fused AdamW, grad clipping) for GPT-2 124M-1558M and prints a markdown table."};
+      "fused AdamW, grad clipping) for GPT-2 124M-1558M and prints a markdown table.",
+      "bench_gpt2_cuda"};
   app.add_option("--dtype", o.dtype, "bf16 (bf16 params/grads, fp32 masters) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
@@ -525,7 +527,7 @@ int main(int argc, char** argv) {
                  "gpt2-tiny --T 64 --B 2)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> status = strata::bench::parse_args(app, argc, argv)) return *status;
   o.on_cpu = device == "cpu";
 
   try {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "core/cpu_features.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/ops.h"
+#include "tools/bench/bench_cli.h"
 
 #if defined(STRATA_HAVE_ONEDNN)
 #include <dnnl.hpp>
@@ -103,21 +105,14 @@ int main(int argc, char** argv) {
   int reps = 7;
   bool quick = false, eigen = false;
   int64_t vocab = 50304 / 4;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--quick") {
-      quick = true;
-    } else if (a == "--eigen") {
-      eigen = true;
-    } else if (a == "--vocab" && i + 1 < argc) {
-      vocab = std::atoll(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--quick] [--vocab N] [--eigen]\n", argv[0]);
-      return 2;
-    }
-  }
+  // Note [Bench command line].
+  CLI::App app{"Strata's matmul against oneDNN called directly, GPT-2 small's linear layers",
+               "bench_matmul"};
+  strata::bench::count_option(app, "--reps", reps, "timed runs per case (median)");
+  app.add_flag("--quick", quick, "fewer token counts and linear layers");
+  strata::bench::count_option(app, "--vocab", vocab, "the head's vocabulary (50304: GPT-2's)");
+  app.add_flag("--eigen", eigen, "a column for Strata's Eigen engine");
+  if (const std::optional<int> status = strata::bench::parse_args(app, argc, argv)) return *status;
 
   // GPT-2 small (C = 768) linear layers at B*T tokens; vocab defaults to 50304 / 4 to keep the
   // run short (--vocab 50304 for the real head).

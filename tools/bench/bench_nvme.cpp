@@ -35,6 +35,7 @@
 #include "core/error.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_allocator.h"
+#include "tools/bench/bench_cli.h"
 
 namespace {
 
@@ -57,36 +58,29 @@ struct Args {
   std::string fio_hugetlbfs = "auto";  // auto: the first hugetlbfs in /proc/mounts; off: none
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (i + 1 >= argc) strata::user_error("bench_nvme: {} needs a value", k);
-    std::string v = argv[++i];
-    if (k == "--dir")
-      a.dir = v;
-    else if (k == "--size-mib")
-      a.size_mib = std::stoul(v);
-    else if (k == "--block-size")
-      a.block_size = std::stoul(v);
-    else if (k == "--queue-depth")
-      a.queue_depth = std::stoi(v);
-    else if (k == "--reps")
-      a.reps = std::max(1, std::stoi(v));
-    else if (k == "--fixed-buffers")
-      a.fixed_buffers = v != "0" && v != "false" && v != "off";
-    else if (k == "--fio-hugetlbfs")
-      a.fio_hugetlbfs = v;
-    else if (k == "--threads")
-      a.threads = std::stoi(v);
-    else if (k == "--engine")
-      a.engine = v == "io_uring" ? IoEngineKind::IoUring
-                 : v == "libaio" ? IoEngineKind::Libaio
-                                 : IoEngineKind::Auto;
-    else
-      strata::user_error("bench_nvme: unknown option {}", k);
-  }
-  return a;
+// Note [Bench command line]; nullopt: run.
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  CLI::App app{"NVMe store read/write GB/s against fio on the same directory, blocks and depth",
+               "bench_nvme"};
+  strata::bench::value_option(app, "--dir", a.dir, "directory the files go to");
+  strata::bench::value_option(app, "--size-mib", a.size_mib, "MiB written then read per round");
+  strata::bench::value_option(app, "--block-size", a.block_size, "aio block size, bytes");
+  strata::bench::value_option(app, "--queue-depth", a.queue_depth, "aio queue depth");
+  strata::bench::value_option(app, "--threads", a.threads, "aio threads");
+  std::string engine = "auto";
+  strata::bench::value_option(app, "--engine", engine, "I/O engine")
+      ->check(CLI::IsMember({"auto", "io_uring", "libaio"}));
+  strata::bench::count_option(app, "--reps", a.reps, "interleaved Strata/fio rounds (medians)");
+  strata::bench::value_option(app, "--fixed-buffers", a.fixed_buffers,
+                              "register the pinned pool's buffers with io_uring (0 or 1)");
+  strata::bench::value_option(app, "--fio-hugetlbfs", a.fio_hugetlbfs,
+                              "fio's huge-page buffers: auto (the first hugetlbfs mounted), off, "
+                              "or a hugetlbfs directory");
+  if (std::optional<int> status = strata::bench::parse_args(app, argc, argv)) return status;
+  a.engine = engine == "io_uring" ? IoEngineKind::IoUring
+             : engine == "libaio" ? IoEngineKind::Libaio
+                                  : IoEngineKind::Auto;
+  return std::nullopt;
 }
 
 struct Rates {
@@ -327,8 +321,9 @@ double raw_cost_us(size_t bytes, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
+  if (const std::optional<int> status = parse(argc, argv, a)) return *status;
   try {
-    const Args a = parse(argc, argv);
     // A shared or virtual disk drifts by 2x from one second to the next, so one pass of each
     // says little: rounds interleave Strata (checksum on, off) and fio (malloc, huge pages), and
     // medians are compared.

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "models/registry.h"
 #include "optim/adamw.h"
 #include "parallel/engine.h"
+#include "tools/bench/bench_cli.h"
 
 namespace {
 
@@ -44,37 +46,19 @@ struct Args {
   std::string dtype = "bf16";
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const bool has = i + 1 < argc;
-    if (k == "--model" && has) {
-      a.model = argv[++i];
-    } else if (k == "--embd" && has) {
-      a.embd = std::atoll(argv[++i]);
-    } else if (k == "--layers" && has) {
-      a.layers = std::atoll(argv[++i]);
-    } else if (k == "--seq" && has) {
-      a.seq = std::atoll(argv[++i]);
-    } else if (k == "--micro" && has) {
-      a.micro = std::atoll(argv[++i]);
-    } else if (k == "--steps" && has) {
-      a.steps = std::atoi(argv[++i]);
-    } else if (k == "--dtype" && has) {
-      a.dtype = argv[++i];
-    } else {
-      user_error(
-          "unknown argument '{}'; usage: bench_offload_dp [--model NAME] [--embd E] [--layers L] "
-          "[--seq T] [--micro B] [--steps S] [--dtype bf16|fp32]",
-          k);
-    }
-  }
-  STRATA_USER_CHECK(a.embd >= 1 && a.layers >= 1 && a.seq >= 1 && a.micro >= 1 && a.steps >= 1,
-                    "--embd, --layers, --seq, --micro and --steps must be positive");
-  STRATA_USER_CHECK(a.dtype == "bf16" || a.dtype == "fp32",
-                    "--dtype must be bf16 or fp32, got '{}'", a.dtype);
-  return a;
+// Note [Bench command line]; nullopt: run.
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  CLI::App app{"ZeRO-Offload's CPU step against the data-parallel degree, on CPU ranks",
+               "bench_offload_dp"};
+  bench::value_option(app, "--model", a.model, "registry name");
+  bench::count_option(app, "--embd", a.embd, "width (n_embd)");
+  bench::count_option(app, "--layers", a.layers, "transformer blocks (n_layer)");
+  bench::count_option(app, "--seq", a.seq, "tokens per sequence (n_positions)");
+  bench::count_option(app, "--micro", a.micro, "sequences per micro-batch");
+  bench::count_option(app, "--steps", a.steps, "timed steps per degree (median)");
+  bench::value_option(app, "--dtype", a.dtype, "parameter and gradient dtype")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  return bench::parse_args(app, argc, argv);
 }
 
 double median(std::vector<double> v) {
@@ -159,8 +143,9 @@ Times run(const Args& a, const models::ModelOptions& options, std::shared_ptr<co
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args args;
+  if (const std::optional<int> status = parse(argc, argv, args)) return *status;
   try {
-    const Args args = parse(argc, argv);
     auto world = comm::init_world("mpi", Device::cpu(), std::chrono::minutes(5));
     const int p = world->size(), rank = world->rank();
     models::ModelOptions options;

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@
 #include "optim/nvme_adamw.h"
 #include "parallel/engine.h"
 #include "tensor/ops.h"
+#include "tools/bench/bench_cli.h"
 
 using namespace strata;
 
@@ -54,43 +56,21 @@ struct Args {
   int queue_depth = 8;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) user_error("{} needs a value", k);
-    const std::string v = argv[++i];
-    if (k == "--dir")
-      a.dir = v;
-    else if (k == "--params")
-      a.params = std::atoll(v.c_str());
-    else if (k == "--sub-group")
-      a.sub_group = std::atoll(v.c_str());
-    else if (k == "--buffers")
-      a.buffers = std::atoi(v.c_str());
-    else if (k == "--reps")
-      a.reps = std::atoi(v.c_str());
-    else if (k == "--layers")
-      a.layers = std::atoll(v.c_str());
-    else if (k == "--embd")
-      a.embd = std::atoll(v.c_str());
-    else if (k == "--steps")
-      a.steps = std::atoi(v.c_str());
-    else if (k == "--aio-threads")
-      a.aio_threads = std::atoi(v.c_str());
-    else if (k == "--queue-depth")
-      a.queue_depth = std::atoi(v.c_str());
-    else
-      user_error(
-          "unknown argument '{}'; usage: bench_offload_step [--dir D] [--params N] "
-          "[--sub-group S] [--buffers B] [--reps R] [--layers L] [--embd C] [--steps K] "
-          "[--aio-threads T] [--queue-depth Q]",
-          k);
-  }
-  STRATA_USER_CHECK(a.params > 0 && a.sub_group > 0 && a.buffers > 0 && a.reps > 0 &&
-                        a.layers > 0 && a.embd > 0 && a.steps > 0,
-                    "every size and count must be positive");
-  return a;
+// Note [Bench command line]; nullopt: run.
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  CLI::App app{"ZeRO-Infinity's optimizer step with the states on NVMe against ZeRO-Offload's",
+               "bench_offload_step"};
+  bench::value_option(app, "--dir", a.dir, "directory of the swap file");
+  bench::count_option(app, "--params", a.params, "fp32 parameters of the optimizer step (part 1)");
+  bench::count_option(app, "--sub-group", a.sub_group, "sub_group_size, elements");
+  bench::count_option(app, "--buffers", a.buffers, "offload_optimizer.buffer_count");
+  bench::count_option(app, "--reps", a.reps, "rounds (medians reported)");
+  bench::count_option(app, "--layers", a.layers, "GPT-2 blocks of the training steps (part 2)");
+  bench::count_option(app, "--embd", a.embd, "GPT-2 width (part 2)");
+  bench::count_option(app, "--steps", a.steps, "training steps per round (part 2)");
+  bench::value_option(app, "--aio-threads", a.aio_threads, "aio.thread_count");
+  bench::value_option(app, "--queue-depth", a.queue_depth, "aio.queue_depth");
+  return bench::parse_args(app, argc, argv);
 }
 
 double median(std::vector<double> v) {
@@ -246,8 +226,9 @@ void train_steps(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
+  if (const std::optional<int> status = parse(argc, argv, a)) return *status;
   try {
-    const Args a = parse(argc, argv);
     fmt::print("swap directory {} on {}\n", a.dir, fs_type(a.dir));
     optimizer_step(a);
     train_steps(a);

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
 #include "parallel/rank_sum.h"
+#include "tools/bench/bench_cli.h"
 
 namespace {
 
@@ -42,31 +44,17 @@ struct Args {
   int steps = 5;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const bool has = i + 1 < argc;
-    if (k == "--model" && has) {
-      a.model = argv[++i];
-    } else if (k == "--layers" && has) {
-      a.layers = std::atoll(argv[++i]);
-    } else if (k == "--micro" && has) {
-      a.micro = std::atoll(argv[++i]);
-    } else if (k == "--seq" && has) {
-      a.seq = std::atoll(argv[++i]);
-    } else if (k == "--steps" && has) {
-      a.steps = std::atoi(argv[++i]);
-    } else {
-      user_error(
-          "unknown argument '{}'; usage: bench_pipeline [--model NAME] [--layers L] [--micro M] "
-          "[--seq T] [--steps S]",
-          k);
-    }
-  }
-  STRATA_USER_CHECK(a.micro >= 1 && a.seq >= 1 && a.steps >= 1 && a.layers >= 0,
-                    "--micro, --seq and --steps must be positive, --layers >= 0");
-  return a;
+// Note [Bench command line]; nullopt: run.
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  CLI::App app{"GPipe's and 1F1B's bubble and speed-up on CPU ranks against one process",
+               "bench_pipeline"};
+  bench::value_option(app, "--model", a.model, "registry name");
+  bench::value_option(app, "--layers", a.layers, "transformer blocks (n_layer); 0: 2 per stage")
+      ->check(bench::at_least(0));
+  bench::count_option(app, "--micro", a.micro, "sequences per micro-batch");
+  bench::count_option(app, "--seq", a.seq, "tokens per sequence (n_positions)");
+  bench::count_option(app, "--steps", a.steps, "timed steps (median)");
+  return bench::parse_args(app, argc, argv);
 }
 
 parallel::Engine::OptimizerFactory adamw() {
@@ -107,8 +95,9 @@ double max_over(comm::Communicator& c, double x) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args args;
+  if (const std::optional<int> status = parse(argc, argv, args)) return *status;
   try {
-    const Args args = parse(argc, argv);
     auto world = comm::init_world("mpi", Device::cpu(), std::chrono::minutes(5));
     const int p = world->size(), rank = world->rank();
     models::ModelOptions options;

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "offload/checksum.h"
 #include "tensor/safetensors.h"
 #include "tensor/tensor.h"
+#include "tools/bench/bench_cli.h"
 
 namespace {
 
@@ -62,25 +64,16 @@ int main(int argc, char** argv) {
   int rounds = 5;
   const char* tmp = std::getenv("TMPDIR");
   std::string dir = tmp && *tmp ? tmp : "/tmp";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--mib")
-      mib = std::atoll(argv[i + 1]);
-    else if (k == "--tensors")
-      count = std::atoll(argv[i + 1]);
-    else if (k == "--rounds")
-      rounds = std::atoi(argv[i + 1]);
-    else if (k == "--dir")
-      dir = argv[i + 1];
-    else {
-      std::fprintf(stderr, "bench_safetensors: unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
-  if (mib <= 0 || count <= 0 || rounds <= 0) {
-    std::fprintf(stderr, "bench_safetensors: --mib, --tensors and --rounds must be positive\n");
-    return 2;
-  }
+  // Note [Bench command line].
+  CLI::App app{
+      "What the safetensors digests cost a checkpoint's files, against the same bytes "
+      "without them",
+      "bench_safetensors"};
+  strata::bench::count_option(app, "--mib", mib, "MiB of f32 tensors written and read");
+  strata::bench::count_option(app, "--tensors", count, "tensors they are cut into");
+  strata::bench::count_option(app, "--rounds", rounds, "interleaved rounds (medians)");
+  strata::bench::value_option(app, "--dir", dir, "directory of the files ($TMPDIR or /tmp)");
+  if (const std::optional<int> status = strata::bench::parse_args(app, argc, argv)) return *status;
   try {
     const int64_t per = mib * (int64_t{1} << 20) / 4 / count;
     std::vector<std::pair<std::string, Tensor>> tensors;

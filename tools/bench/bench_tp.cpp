@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "core/error.h"
 #include "models/gpt2/block.h"
 #include "tensor/ops.h"
+#include "tools/bench/bench_cli.h"
 
 namespace {
 
@@ -111,36 +113,16 @@ struct Args {
   bool sp = false;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&] {
-      STRATA_USER_CHECK(i + 1 < argc, "{} needs a value", k);
-      return std::atoll(argv[++i]);
-    };
-    if (k == "--embd") {
-      a.embd = next();
-    } else if (k == "--heads") {
-      a.heads = next();
-    } else if (k == "--batch") {
-      a.batch = next();
-    } else if (k == "--seq") {
-      a.seq = next();
-    } else if (k == "--reps") {
-      a.reps = static_cast<int>(next());
-    } else if (k == "--sp") {
-      a.sp = true;
-    } else {
-      strata::user_error(
-          "unknown argument '{}'; usage: bench_tp [--embd C] [--heads H] [--batch B] [--seq T] "
-          "[--reps R] [--sp]",
-          k);
-    }
-  }
-  STRATA_USER_CHECK(a.embd > 0 && a.heads > 0 && a.batch > 0 && a.seq > 0 && a.reps > 0,
-                    "sizes and --reps must be positive");
-  return a;
+// Note [Bench command line]; nullopt: run.
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  CLI::App app{"Tensor parallelism's communication per GPT-2 layer on CPU ranks", "bench_tp"};
+  strata::bench::count_option(app, "--embd", a.embd, "width (n_embd)");
+  strata::bench::count_option(app, "--heads", a.heads, "attention heads (divisible by the ranks)");
+  strata::bench::count_option(app, "--batch", a.batch, "sequences");
+  strata::bench::count_option(app, "--seq", a.seq, "tokens per sequence");
+  strata::bench::count_option(app, "--reps", a.reps, "timed repetitions (median)");
+  app.add_flag("--sp", a.sp, "sequence parallelism (--seq divisible by the ranks)");
+  return strata::bench::parse_args(app, argc, argv);
 }
 
 // Median seconds of one forward + backward of `block` on `x` (after one warm-up), the slowest
@@ -203,8 +185,9 @@ void report(const Args& a, int tp, const CountingCommunicator& counter, double t
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
+  if (const std::optional<int> status = parse(argc, argv, a)) return *status;
   try {
-    const Args a = parse(argc, argv);
     std::shared_ptr<Communicator> world =
         strata::comm::init_world("auto", strata::Device::cpu(), std::chrono::minutes(5));
     const int tp = world->size();

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
 #include "parallel/engine.h"
+#include "tools/bench/bench_cli.h"
 
 namespace {
 
@@ -48,43 +50,21 @@ struct Args {
   int64_t buffer_count = 5;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const bool has = i + 1 < argc;
-    if (k == "--model" && has) {
-      a.model = argv[++i];
-    } else if (k == "--layers" && has) {
-      a.layers = std::atoll(argv[++i]);
-    } else if (k == "--embd" && has) {
-      a.embd = std::atoll(argv[++i]);
-    } else if (k == "--micro" && has) {
-      a.micro = std::atoll(argv[++i]);
-    } else if (k == "--seq" && has) {
-      a.seq = std::atoll(argv[++i]);
-    } else if (k == "--steps" && has) {
-      a.steps = std::atoi(argv[++i]);
-    } else if (k == "--rounds" && has) {
-      a.rounds = std::atoi(argv[++i]);
-    } else if (k == "--nvme-path" && has) {
-      a.nvme_path = argv[++i];
-    } else if (k == "--buffer-count" && has) {
-      a.buffer_count = std::atoll(argv[++i]);
-    } else {
-      user_error(
-          "bench_zero_infinity: unknown or incomplete argument '{}'; usage: bench_zero_infinity "
-          "[--model NAME] [--layers L] [--embd E] [--micro M] [--seq T] [--steps S] "
-          "[--rounds R] [--nvme-path DIR] [--buffer-count N]",
-          k);
-    }
-  }
-  if (a.layers < 1 || a.embd < 1 || a.micro < 1 || a.seq < 1 || a.steps < 1 || a.rounds < 1 ||
-      a.buffer_count < 1)
-    user_error(
-        "bench_zero_infinity: --layers, --embd, --micro, --seq, --steps, --rounds and "
-        "--buffer-count must be positive");
-  return a;
+// Note [Bench command line]; nullopt: run.
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  CLI::App app{"ZeRO-3 step time with the parameter partitions in memory, on the host or on NVMe",
+               "bench_zero_infinity"};
+  bench::value_option(app, "--model", a.model, "registry name");
+  bench::count_option(app, "--layers", a.layers, "transformer blocks (n_layer)");
+  bench::count_option(app, "--embd", a.embd, "width (n_embd)");
+  bench::count_option(app, "--micro", a.micro, "sequences per micro-batch");
+  bench::count_option(app, "--seq", a.seq, "tokens per sequence (n_positions)");
+  bench::count_option(app, "--steps", a.steps, "timed steps per placement (median)");
+  bench::count_option(app, "--rounds", a.rounds, "rounds over the placements (fastest kept)");
+  bench::value_option(app, "--nvme-path", a.nvme_path, "directory of the NVMe swap files");
+  bench::count_option(app, "--buffer-count", a.buffer_count,
+                      "offload_param.buffer_count (partitions resident at once)");
+  return bench::parse_args(app, argc, argv);
 }
 
 struct Placement {
@@ -153,8 +133,9 @@ Result run(const Args& a, const Placement& p, const models::ModelOptions& option
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
+  if (const std::optional<int> status = parse(argc, argv, a)) return *status;
   try {
-    const Args a = parse(argc, argv);
     models::ModelOptions options;
     options.overrides["n_layer"] = std::to_string(a.layers);
     options.overrides["n_embd"] = std::to_string(a.embd);

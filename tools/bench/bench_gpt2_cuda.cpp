@@ -76,7 +76,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "autograd/functions.h"
@@ -95,14 +94,19 @@
 #include "tensor/cuda.h"
 #include "tensor/storage.h"
 #include "tools/bench/bench_cli.h"
-
-#if defined(STRATA_CUDA_EMULATION)
-#include "cuda_emu/control.h"
-#endif
+#include "tools/bench/emulator_stats.h"
 
 using namespace strata;
 
 namespace {
+
+using bench::device_counts;
+using bench::DeviceCounts;
+using bench::dry_run;
+using bench::print_launches;
+using bench::read_sites;
+using bench::reset_sites;
+using bench::SiteRow;
 
 constexpr double kLr = 6e-4;
 constexpr double kGradClip = 1.0;
@@ -141,62 +145,6 @@ int64_t default_batch(const std::string& model) {
   if (model == "gpt2-large") return 4;
   if (model == "gpt2-xl") return 2;
   return 8;
-}
-
-// Note [Emulator dry run]: the device does no work; steps time the host alone.
-bool dry_run() {
-#if defined(STRATA_CUDA_EMULATION)
-  return strata::cuda_emu::dry_run();
-#else
-  return false;
-#endif
-}
-
-// What the emulator counts (zeros on a GPU): totals since the process started.
-struct DeviceCounts {
-  uint64_t launches = 0, matmuls = 0, graph_runs = 0, idle_waits = 0;
-};
-
-DeviceCounts device_counts() {
-  DeviceCounts c;
-#if defined(STRATA_CUDA_EMULATION)
-  const strata::cuda_emu::Stats s = strata::cuda_emu::stats();
-  c.launches = s.launches;
-  c.matmuls = s.matmuls;
-  c.graph_runs = s.graph_runs;
-  c.idle_waits = s.idle_waits;
-#endif
-  return c;
-}
-
-// Note [Launch sites] (cuda_emu/control.h): the emulator's count of every kernel launch
-// by where it is written, with its grid; empty on a GPU.
-#if defined(STRATA_CUDA_EMULATION)
-constexpr int kSiteMultiprocessors = strata::cuda_emu::kMultiprocessors;
-#else
-constexpr int kSiteMultiprocessors = 0;  // --launches is refused
-#endif
-
-struct SiteRow {
-  std::string kernel, where;
-  uint64_t launches = 0, blocks = 0, min_blocks = 0, max_blocks = 0, under_sms = 0;
-  uint32_t min_threads = 0, max_threads = 0;
-};
-
-void reset_sites() {
-#if defined(STRATA_CUDA_EMULATION)
-  strata::cuda_emu::reset_launch_sites();
-#endif
-}
-
-std::vector<SiteRow> read_sites() {
-  std::vector<SiteRow> rows;
-#if defined(STRATA_CUDA_EMULATION)
-  for (const strata::cuda_emu::LaunchSite& s : strata::cuda_emu::launch_sites())
-    rows.push_back({s.kernel, fmt::format("{}:{}", s.file, s.line), s.launches, s.blocks,
-                    s.min_blocks, s.max_blocks, s.under_sms, s.min_threads, s.max_threads});
-#endif
-  return rows;
 }
 
 bool is_oom(const UserError& e) {
@@ -413,54 +361,6 @@ void print_profile(const std::string& name, const Row& r, const Options& o,
         100.0 * model_flops_per_step / (bound * 1e-3 * o.peak_tflops * 1e12));
 }
 
-// "min-max", or one number when they agree.
-std::string span(uint64_t lo, uint64_t hi) {
-  return lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
-}
-
-// --launches: a step's kernel launches by site (Note [Launch sites]), those that leave
-// multiprocessors idle first.
-void print_launches(const std::string& name, const Row& r, const Options& o) {
-  std::vector<SiteRow> sites = r.sites;
-  // Paths from the directory all sites share (the repository's root when they span it).
-  std::string prefix = sites.empty() ? std::string() : sites.front().where;
-  for (const SiteRow& s : sites) {
-    size_t k = 0;
-    while (k < prefix.size() && k < s.where.size() && prefix[k] == s.where[k]) ++k;
-    prefix.resize(k);
-  }
-  prefix.resize(prefix.rfind('/') == std::string::npos ? 0 : prefix.rfind('/') + 1);
-  std::sort(sites.begin(), sites.end(), [](const SiteRow& a, const SiteRow& b) {
-    return std::tie(b.under_sms, b.launches, a.where) < std::tie(a.under_sms, a.launches, b.where);
-  });
-  const auto steps = static_cast<uint64_t>(o.steps);
-  uint64_t launches = 0, under = 0, under_sites = 0;
-  for (const SiteRow& s : sites) {
-    launches += s.launches;
-    under += s.under_sms;
-    under_sites += s.under_sms > 0 ? 1 : 0;
-  }
-  fmt::print(
-      "\nKernel launches per step by site, {} at B = {}, T = {}, {} ({} timed steps; the grids "
-      "a GPU gets, on an emulated device of {} multiprocessors)\n\n",
-      name, r.batch, o.seq_len, o.dtype_label(), o.steps, kSiteMultiprocessors);
-  fmt::print(
-      "| kernel | launched at | launches/step | blocks per launch | mean blocks | threads per "
-      "block | launches/step under {} blocks |\n|---|---|---|---|---|---|---|\n",
-      kSiteMultiprocessors);
-  for (const SiteRow& s : sites)
-    fmt::print("| `{}` | {} | {:.4g} | {} | {:.0f} | {} | {:.4g} |\n", s.kernel,
-               s.where.substr(prefix.size()), static_cast<double>(s.launches) / steps,
-               span(s.min_blocks, s.max_blocks),
-               static_cast<double>(s.blocks) / static_cast<double>(s.launches),
-               span(s.min_threads, s.max_threads), static_cast<double>(s.under_sms) / steps);
-  fmt::print(
-      "\n{:.4g} of {:.4g} kernel launches per step ({} of {} sites) have fewer blocks than the "
-      "{} multiprocessors: those leave some idle while they run.\n",
-      static_cast<double>(under) / steps, static_cast<double>(launches) / steps, under_sites,
-      sites.size(), kSiteMultiprocessors);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -629,7 +529,7 @@ int main(int argc, char** argv) {
         print_profile(name, r, o,
                       runtime::training_flops_per_token(shape, o.seq_len) *
                           static_cast<double>(r.batch * o.seq_len));
-      if (o.launches) print_launches(name, r, o);
+      if (o.launches) print_launches(name, r.sites, r.batch, o.seq_len, o.dtype_label(), o.steps);
     }
     comm::finalize_world();
   } catch (const Error& e) {

@@ -77,15 +77,7 @@ TEST_F(TrainMpi, ResumeOnTheSameRanksIsBitwise) {
            {"z2", {"zero_optimization.stage=2"}},
            {"z3bf16", {"zero_optimization.stage=3", "run.dtype=bf16"}}}) {
     SCOPED_TRACE(tag);
-    const std::string full = config(tag + "full", 6), parts = config(tag + "parts", 6);
-    CommandResult a = train(2, full, sets);
-    ASSERT_EQ(a.exit_code, 0) << describe(a);
-    std::vector<std::string> first = sets;
-    first.push_back("training.steps=3");
-    CommandResult b1 = train(2, parts, first);
-    ASSERT_EQ(b1.exit_code, 0) << describe(b1);
-    CommandResult b2 = train(2, parts, sets);
-    ASSERT_EQ(b2.exit_code, 0) << describe(b2);
+    ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, sets, 6, 3, tag + "full", tag + "parts"));
     const std::vector<double> x = losses(tag + "full"), y = losses(tag + "parts");
     ASSERT_EQ(x.size(), 6u);
     ASSERT_EQ(y.size(), 6u);

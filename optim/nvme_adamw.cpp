@@ -52,20 +52,26 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
   const Device device = slices_.front().params.device();
   cuda_ = device.is_cuda();
   mixed_ = slices_.front().params.dtype() != DType::F32;
-  const DType grad_dtype = slices_.front().grads.dtype();
+  const bool on_nvme = options_.grads_on_nvme;  // Note [Gradients on NVMe]
+  const DType grad_dtype = on_nvme ? options_.grad_dtype : slices_.front().grads.dtype();
   int64_t max_n = 0;
   for (size_t i = 0; i < slices_.size(); ++i) {
     NvmeSlice& s = slices_[i];
-    STRATA_CHECK(is_flat(s.params) && is_flat(s.grads) && s.grads.numel() == s.params.numel(),
-                 "nvme slice {}: params {} and grads {} must be 1-d contiguous and alike", i,
-                 s.params.str(), s.grads.str());
-    STRATA_CHECK(s.params.device() == device && s.grads.device() == device,
+    STRATA_CHECK(
+        on_nvme ? !s.grads.defined() : is_flat(s.grads) && s.grads.numel() == s.params.numel(),
+        "nvme slice {}: grads {} must be {}", i, s.grads.defined() ? s.grads.str() : "undefined",
+        on_nvme ? "undefined (they live on NVMe)" : "1-d contiguous and like the params");
+    STRATA_CHECK(is_flat(s.params), "nvme slice {}: params {} must be 1-d contiguous", i,
+                 s.params.str());
+    const tensor::Tensor& g = on_nvme ? s.params : s.grads;
+    STRATA_CHECK(s.params.device() == device && g.device() == device,
                  "nvme slice {}: params on {}, grads on {}, expected {}", i,
-                 s.params.device().str(), s.grads.device().str(), device.str());
-    STRATA_CHECK((s.params.dtype() != DType::F32) == mixed_ && s.grads.dtype() == grad_dtype,
+                 s.params.device().str(), g.device().str(), device.str());
+    STRATA_CHECK((s.params.dtype() != DType::F32) == mixed_ && (on_nvme || g.dtype() == grad_dtype),
                  "nvme slice {} is {} / {}, slice 0 {} / {}", i, dtype_name(s.params.dtype()),
-                 dtype_name(s.grads.dtype()), dtype_name(slices_.front().params.dtype()),
+                 dtype_name(g.dtype()), dtype_name(slices_.front().params.dtype()),
                  dtype_name(grad_dtype));
+    slice_first_.push_back(subs_.size());
     if (!s.master.defined()) {
       STRATA_CHECK(!s.params.storage()->is_released(),
                    "nvme slice {}: the parameters are released, so the masters must be given", i);
@@ -89,6 +95,7 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
       subs_.push_back(std::move(sg));
     }
   }
+  slice_first_.push_back(subs_.size());
 
   // The store checks nvme_path (exists, writable, O_DIRECT) before the lock is taken in it.
   offload::NvmeConfig nc;
@@ -105,6 +112,10 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
   // Every home reserved now: a full disk fails here, not in the middle of a step.
   for (SubGroup& s : subs_)
     s.home = store_->allocate(static_cast<size_t>(s.numel) * 12, offload::Category::Optimizer);
+  if (on_nvme)
+    for (SubGroup& s : subs_)
+      s.grad_home = store_->allocate(static_cast<size_t>(s.numel) * dtype_size(grad_dtype),
+                                     offload::Category::Grad);
 
   const int64_t per = ((max_n * 12 + 4095) / 4096) * 4096 / 4;  // floats per state buffer
   buffer_bytes_ = static_cast<size_t>(per) * 4;
@@ -113,6 +124,12 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
         tensor::empty_host({per}, DType::F32, offload::Category::Optimizer, options_.pin_memory));
   grad_stage_ =
       tensor::empty_host({max_n}, grad_dtype, offload::Category::Grad, options_.pin_memory);
+  if (on_nvme) {
+    grad_bufs_.push_back(grad_stage_);
+    while (grad_bufs_.size() < bufs_.size())
+      grad_bufs_.push_back(
+          tensor::empty_host({max_n}, grad_dtype, offload::Category::Grad, options_.pin_memory));
+  }
   if (mixed_)
     low_precision_ = tensor::empty_host({max_n}, slices_.front().params.dtype(),
                                         offload::Category::Param, options_.pin_memory);
@@ -138,6 +155,41 @@ NvmeAdamW::~NvmeAdamW() {
 
 float* NvmeAdamW::buffer(size_t i) const {
   return bufs_[i % bufs_.size()].data<float>();
+}
+
+tensor::Tensor NvmeAdamW::grad_buffer(size_t i) const {
+  return grad_bufs_.empty() ? grad_stage_ : grad_bufs_[i % grad_bufs_.size()];
+}
+
+std::pair<size_t, size_t> NvmeAdamW::slice_subs(size_t k) const {
+  STRATA_CHECK(k + 1 < slice_first_.size(), "slice {} of {}", k, slices_.size());
+  return {slice_first_[k], slice_first_[k + 1]};
+}
+
+// Note [Gradients on NVMe]
+std::vector<offload::IoHandle> NvmeAdamW::write_grads(size_t k, const void* src) {
+  STRATA_CHECK(grads_on_nvme(), "write_grads without grads_on_nvme");
+  const auto [first, last] = slice_subs(k);
+  const size_t es = dtype_size(options_.grad_dtype);
+  std::vector<offload::IoHandle> io;
+  for (size_t i = first; i < last; ++i)
+    io.push_back(
+        store_->write(subs_[i].grad_home,
+                      static_cast<const char*>(src) + subs_[i].offset * static_cast<int64_t>(es),
+                      static_cast<size_t>(subs_[i].numel) * es));
+  return io;
+}
+
+void NvmeAdamW::read_grads(size_t k, void* dst) {
+  STRATA_CHECK(grads_on_nvme(), "read_grads without grads_on_nvme");
+  const auto [first, last] = slice_subs(k);
+  const size_t es = dtype_size(options_.grad_dtype);
+  std::vector<offload::IoHandle> io;
+  for (size_t i = first; i < last; ++i)
+    io.push_back(store_->read(subs_[i].grad_home,
+                              static_cast<char*>(dst) + subs_[i].offset * static_cast<int64_t>(es),
+                              static_cast<size_t>(subs_[i].numel) * es));
+  for (offload::IoHandle& h : io) h.wait();
 }
 
 void NvmeAdamW::finish_writes() {
@@ -178,18 +230,30 @@ void NvmeAdamW::step(double lr) {
 
   const size_t S = subs_.size(), B = bufs_.size();
   const size_t depth = !options_.pipeline_read ? 0 : B >= 3 ? B - 2 : B - 1;
-  std::vector<offload::IoHandle> reads(S), writes(S);
+  const bool grads_on_nvme = options_.grads_on_nvme;
+  const size_t grad_size = dtype_size(grad_stage_.dtype());
+  std::vector<offload::IoHandle> reads(S), writes(S), grad_reads(S);
   size_t next_read = 0;
   for (size_t i = 0; i < S; ++i) {
     while (next_read < S && next_read <= i + depth) {
       const size_t j = next_read++;
       if (j >= B) writes[j - B].wait();  // its buffer is free once that write is done
       reads[j] = store_->read(subs_[j].home, buffer(j), static_cast<size_t>(subs_[j].numel) * 12);
+      // Note [Gradients on NVMe]: gradient buffer j % B is free: sub-group j - B has stepped.
+      if (grads_on_nvme)
+        grad_reads[j] = store_->read(subs_[j].grad_home, grad_buffer(j).data_ptr(),
+                                     static_cast<size_t>(subs_[j].numel) * grad_size);
     }
+    bool waited = false;
     if (!reads[i].poll()) {
-      ++read_waits_;
+      waited = true;
       reads[i].wait();
     }
+    if (grads_on_nvme && !grad_reads[i].poll()) {
+      waited = true;
+      grad_reads[i].wait();
+    }
+    if (waited) ++read_waits_;
     const SubGroup& s = subs_[i];
     const NvmeSlice& sl = slices_[s.slice];
     const int64_t n = s.numel;
@@ -198,17 +262,20 @@ void NvmeAdamW::step(double lr) {
     float* m = master + n;
     float* v = master + 2 * n;
     // The gradient, widened as AdamW::step widens it (Note [Mixed precision], engine.h).
-    copies_->to_host(grad_stage_.data_ptr(), bytes_at(sl.grads, s.offset),
-                     static_cast<size_t>(n) * dtype_size(sl.grads.dtype()));
-    copies_->synchronize();
+    const tensor::Tensor staged = grad_buffer(i);
+    if (!grads_on_nvme) {
+      copies_->to_host(staged.data_ptr(), bytes_at(sl.grads, s.offset),
+                       static_cast<size_t>(n) * grad_size);
+      copies_->synchronize();
+    }
     const float* grad = nullptr;
-    if (sl.grads.dtype() != DType::F32 || scale != 1.f) {
+    if (staged.dtype() != DType::F32 || scale != 1.f) {
       if (!widened_.defined())
         widened_ =
             tensor::empty_host({grad_stage_.numel()}, DType::F32, offload::Category::Workspace,
                                /*pinned=*/false);
       tensor::Tensor dst = widened_.narrow(0, 0, n);
-      dst.copy_(grad_stage_.narrow(0, 0, n));
+      dst.copy_(staged.narrow(0, 0, n));
       float* d = dst.data<float>();
       if (scale != 1.f) {
 #pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
@@ -216,7 +283,7 @@ void NvmeAdamW::step(double lr) {
       }
       grad = d;
     } else {
-      grad = grad_stage_.data<float>();
+      grad = staged.data<float>();
     }
     auto* lp = mixed_ ? static_cast<char*>(low_precision_.data_ptr()) : nullptr;
     for (const DecayRun& r : s.runs) {

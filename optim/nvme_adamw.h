@@ -46,6 +46,17 @@
 // device parameters and fence(k, false) once its last sub-group's have been copied, so only the
 // slice being written must be resident (ZeRO-Infinity's offloaded partitions). The states'
 // reads and writes do not touch the parameters and run ahead and behind as before.
+//
+// Note [Gradients on NVMe]
+// With `grads_on_nvme` the slices carry no gradient tensor: the gradients live in the store as
+// well, one extent per sub-group (Category::Grad, grad_dtype, reserved with the states' homes, so
+// a full disk is an error at start). Whoever reduces them writes a slice's gradient whole with
+// write_grads() (and reads it back with read_grads() to accumulate the next micro-batch), from
+// host memory; step() reads sub-group i's gradient into gradient buffer i % buffer_count in the
+// same read-ahead as its states (Note [Sub-group pipeline]), so the gradient reads overlap the
+// update as the state reads do, and widens and scales it as it widens a copied one. Resident
+// gradient bytes are then the buffer_count gradient buffers alone (Category::Grad); without
+// grads_on_nvme, the one staging buffer the device gradient is copied into.
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,7 +71,8 @@ namespace strata::optim {
 
 struct NvmeSlice {        // as OffloadSlice (optim/host_offload.h)
   tensor::Tensor params;  // F32, BF16 or F16 on the device: step() rewrites it
-  tensor::Tensor grads;   // same numel, F32, BF16 or F16 on the device
+  // Same numel, F32, BF16 or F16 on the device; undefined with grads_on_nvme.
+  tensor::Tensor grads;
   tensor::Tensor master;  // F32 initial values (any device); undefined: params (then F32)
   std::vector<Segment> segments;
 };
@@ -76,6 +88,9 @@ struct NvmeAdamWOptions {  // zero_optimization.offload_optimizer with device: n
   offload::AioConfig aio;
   // Checksums of every block (Note [Checksums and alignment]); tests may turn them off.
   bool checksum = true;
+  // Note [Gradients on NVMe]: the gradients' home is the store (NvmeSlice::grads undefined).
+  bool grads_on_nvme = false;
+  DType grad_dtype = DType::F32;  // with grads_on_nvme
   // Raises a UserError naming the bad key.
   void validate() const;
 };
@@ -114,16 +129,31 @@ class NvmeAdamW final : public Optimizer {
   // Waits for the last step's writes (they complete in the background; raises their error).
   void finish_writes();
 
+  // Note [Gradients on NVMe] (grads_on_nvme only). write_grads starts writing slice k's gradient,
+  // params(k).numel() elements of grad_dtype at `src` in host memory, which must stay unchanged
+  // until every returned handle completed; read_grads reads it back into `dst` and waits. A failed
+  // transfer raises a UserError naming the swap file.
+  bool grads_on_nvme() const { return options_.grads_on_nvme; }
+  std::vector<offload::IoHandle> write_grads(size_t k, const void* src);
+  void read_grads(size_t k, void* dst);
+  // Bytes of one gradient buffer (grads_on_nvme: buffer_count of them; else one staging buffer).
+  size_t grad_buffer_bytes() const { return static_cast<size_t>(grad_stage_.nbytes()); }
+
  private:
   struct SubGroup {
     size_t slice = 0;
     int64_t offset = 0;  // in the slice
     int64_t numel = 0;
     offload::Block home;
+    offload::Block grad_home;    // Note [Gradients on NVMe]
     std::vector<DecayRun> runs;  // offsets relative to the sub-group
   };
   float* buffer(size_t i) const;  // the state buffer of sub-group i
-  void enter_slice(size_t k);     // fence(k, true), then the copies wait for what it enqueued
+  // Sub-group i's gradient: gradient buffer i % B with grads_on_nvme, else the staging buffer.
+  tensor::Tensor grad_buffer(size_t i) const;
+  // The sub-groups [first, last) of slice k.
+  std::pair<size_t, size_t> slice_subs(size_t k) const;
+  void enter_slice(size_t k);  // fence(k, true), then the copies wait for what it enqueued
   void write_params(const SubGroup& s, const float* master, const void* low_precision);
   void stage() const;
   void drop_staged() const;
@@ -139,10 +169,12 @@ class NvmeAdamW final : public Optimizer {
   std::unique_ptr<offload::CopyStream> copies_;
   std::vector<SubGroup> subs_;
   size_t buffer_bytes_ = 0;
-  std::vector<tensor::Tensor> bufs_;  // state buffers (f32, 3 x the largest sub-group each)
-  tensor::Tensor grad_stage_;         // the device gradient dtype
-  tensor::Tensor widened_;            // f32
-  tensor::Tensor low_precision_;      // the model copy, under mixed precision
+  std::vector<tensor::Tensor> bufs_;       // state buffers (f32, 3 x the largest sub-group each)
+  tensor::Tensor grad_stage_;              // the device gradient dtype
+  std::vector<tensor::Tensor> grad_bufs_;  // grads_on_nvme: B buffers, grad_stage_ is the first
+  std::vector<size_t> slice_first_;        // [slice]: its first sub-group; [slices]: S
+  tensor::Tensor widened_;                 // f32
+  tensor::Tensor low_precision_;           // the model copy, under mixed precision
   int64_t read_waits_ = 0;
   std::vector<offload::IoHandle> pending_writes_;
   // Note [Staged states]: per slice, master / exp_avg / exp_avg_sq.

@@ -101,10 +101,14 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
   host_grads.enabled =
       zero_.offload_optimizer.enabled && !zero_.offload_optimizer.nvme && zero_.stage == 2;
   host_grads.pinned = zero_.offload_optimizer.pin_memory;
+  // ZeRO-Infinity at stage 3: each unit's reduced partition goes to the NVMe optimizer's store
+  // (Note [Gradients on the NVMe tier] in parallel/grad_buckets.h).
+  host_grads.nvme =
+      zero_.offload_optimizer.enabled && zero_.offload_optimizer.nvme && zero_.stage == 3;
   reduction_ = std::make_unique<GradientReduction>(
       model_, *partitioning_, GradientReduction::for_stage(zero_.stage), *dp_,
       zero_.reduce_bucket_size, zero_.overlap_comm, host_grads);
-  if (reduction_->grads_on_host())
+  if (reduction_->grads_on_host() || reduction_->grads_on_nvme())
     static_cast<HostPlacement&>(*placement_).use_host_grads(*reduction_);
   ParamGatheringOptions gather;
   gather.partition_params = zero_.stage == 3;
@@ -120,6 +124,8 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
     slices.push_back({unit_segments(units[u], partitioning_->owned(u)), gathering_->owned_params(u),
                       reduction_->owned_grad(u)});
   placement_->build(std::move(slices), make_optimizer);
+  if (reduction_->grads_on_nvme())
+    reduction_->use_nvme(*static_cast<HostPlacement&>(*placement_).nvme());
   // Note [Offloaded partitions]: the step loads, updates and stores one partition at a time.
   if (gathering_->tier() != nullptr)
     placement_->set_param_fence(
@@ -133,7 +139,7 @@ void Engine::begin_micro_batch(bool last) {
   STRATA_CHECK(!in_backward_, "begin_micro_batch during backward");
   in_micro_batch_ = true;
   last_micro_batch_ = last;
-  if (last && reduction_->grads_on_host() && !mixed_precision())
+  if (last && (reduction_->grads_on_host() || reduction_->grads_on_nvme()) && !mixed_precision())
     reduction_->set_last_pass_scales(fp32_last_pass_scales(dp_->size(), scaler_));
   reduction_->begin_pass(last);
   gathering_->begin_pass();
@@ -270,6 +276,10 @@ Engine::ModelStateBytes Engine::model_state_bytes() const {
   b.grads = stats.usage(tier, offload::Category::Grad).current;
   b.optimizer = stats.usage(tier, offload::Category::Optimizer).current;
   return b;
+}
+
+bool Engine::grads_on_nvme() const {
+  return reduction_->grads_on_nvme();
 }
 
 void Engine::set_trace(std::function<void(const std::string&)> fn) {

@@ -235,6 +235,9 @@ class Engine {
   int64_t prefetches() const { return gathering_->prefetches(); }
   // offload_param: the partitions' tier (its read statistics, its wait time); null without.
   const ParamTier* param_tier() const { return gathering_->tier(); }
+  // Whether the reduced gradients live on NVMe (Note [Gradients on the NVMe tier] in
+  // parallel/grad_buckets.h).
+  bool grads_on_nvme() const;
   // Receives "reduce <unit> [a, b)", "gather/prefetch/release <unit>", "allgather <unit> ...".
   void set_trace(std::function<void(const std::string&)> fn);
 

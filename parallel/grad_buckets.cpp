@@ -8,9 +8,17 @@
 #include "offload/memory_stats.h"
 #include "optim/grad_clip.h"
 #include "tensor/cuda.h"
+#include "tensor/host_tensor.h"
 #include "tensor/ops.h"
 
 namespace strata::parallel {
+
+namespace {
+
+// Note [Gradients on the NVMe tier]: partitions being written at once, besides the reducing one.
+constexpr size_t kTierWritesInFlight = 2;
+
+}  // namespace
 
 struct GradReducer::State {
   struct Bucket {
@@ -45,9 +53,19 @@ struct GradReducer::State {
   std::vector<double> sum_squares;               // [unit]: of the last pass
   std::vector<float> last_pass_scales;
   bool accumulated = false;  // the host partitions hold earlier micro-batches of this step
+  // Note [Gradients on the NVMe tier]
+  optim::NvmeAdamW* nvme = nullptr;
+  struct TierWrite {
+    tensor::Tensor source;  // host bytes the write reads until it completes
+    std::vector<offload::IoHandle> io;
+  };
+  std::deque<TierWrite> tier_writes;
 
   bool reduces(int u) const { return reducing || setup[u].kind == Reduction::IntoPartition; }
   bool on_host(int u) const { return setup[u].host_partition.defined(); }
+  bool on_nvme(int u) const { return setup[u].on_nvme; }
+  // Its partition lives off the device: a transient device partition while it reduces.
+  bool off_device(int u) const { return on_host(u) || on_nvme(u); }
   void* compute_stream() const { return copies->cuda() ? tensor::cuda_current_stream() : nullptr; }
 
   void ensure_full_grads(int u) {
@@ -92,10 +110,10 @@ struct GradReducer::State {
     if (s.kind == Reduction::IntoOwnedSlice) {
       out = unit.grads.narrow(0, dp->rank() * s.part.shard + r.begin, n);
     } else {
-      out = on_host(u) ? device_range(u, r) : s.partition_grad.narrow(0, r.begin, n);
+      out = off_device(u) ? device_range(u, r) : s.partition_grad.narrow(0, r.begin, n);
       tensor::Tensor own = b.staging.narrow(0, dp->rank() * n, n);
       tensor::axpy_(1.f, out, own);  // accumulate over micro-batches (Note [Transient gradients])
-      b.to_host = on_host(u);
+      b.to_host = off_device(u);
     }
     b.work = dp->reduce_scatter(b.staging, out);
     if (synchronous) {
@@ -114,13 +132,16 @@ struct GradReducer::State {
     const tensor::Tensor& host = setup[u].host_partition;
     if (!dev.defined()) {
       offload::CategoryScope scope(offload::Category::Comm);
-      dev = tensor::Tensor::empty(host.shape(), host.dtype(), (*units)[u].grads.device());
+      dev = tensor::Tensor::empty({setup[u].part.shard}, (*units)[u].grads.dtype(),
+                                  (*units)[u].grads.device());
+      if (accumulated && on_nvme(u)) read_back(u, dev);
     }
     tensor::Tensor out = dev.narrow(0, r.begin, r.size());
     if (!accumulated) {
       out.zero_();
       return out;
     }
+    if (on_nvme(u)) return out;  // read back whole above
     const tensor::Tensor from = host.narrow(0, r.begin, r.size());
     copies->wait_for(compute_stream());  // the buffer's memory may have had earlier uses
     copies->to_device(out.data_ptr(), from.data_ptr(), from.nbytes());
@@ -128,8 +149,50 @@ struct GradReducer::State {
     return out;
   }
 
+  // Note [Gradients on the NVMe tier]: what unit u's partition held after the step's earlier
+  // micro-batches, into the transient `dev`.
+  void read_back(int u, const tensor::Tensor& dev) {
+    STRATA_CHECK(nvme != nullptr, "unit {}: gradients on NVMe without a store", u);
+    if (dev.device().is_cpu()) {
+      nvme->read_grads(static_cast<size_t>(u), dev.data_ptr());
+      return;
+    }
+    const tensor::Tensor host =
+        tensor::empty_host(dev.shape(), dev.dtype(), offload::Category::Comm, /*pinned=*/true);
+    nvme->read_grads(static_cast<size_t>(u), host.data_ptr());
+    copies->wait_for(compute_stream());  // the buffer's memory may have had earlier uses
+    copies->to_device(dev.data_ptr(), host.data_ptr(), host.nbytes());
+    copies->synchronize();  // `host` goes when this returns
+    copies->order_before(compute_stream());
+  }
+
+  // The unit's partition is whole: it goes to NVMe, and its bytes are held until written.
+  void write_out(int u) {
+    tensor::Tensor source = device_partition[u];
+    if (!source.device().is_cpu()) {
+      source = tensor::empty_host(source.shape(), source.dtype(), offload::Category::Comm,
+                                  /*pinned=*/true);
+      copies->wait_for(compute_stream());
+      copies->to_host(source.data_ptr(), device_partition[u].data_ptr(), source.nbytes());
+      copies->synchronize();
+    }
+    while (tier_writes.size() >= kTierWritesInFlight) wait_tier_write();
+    tier_writes.push_back({source, nvme->write_grads(static_cast<size_t>(u), source.data_ptr())});
+  }
+
+  void wait_tier_write() {
+    TierWrite w = std::move(tier_writes.front());
+    tier_writes.pop_front();
+    for (offload::IoHandle& h : w.io) h.wait();
+  }
+
+  void wait_tier_writes() {
+    while (!tier_writes.empty()) wait_tier_write();
+  }
+
   // The bucket's reduction is in: its range goes to the host; the unit's last bucket takes the
-  // sum of squares (last pass) and drops the transient partition.
+  // sum of squares (last pass) and drops the transient partition. NVMe partitions go whole, from
+  // the unit's last bucket (Note [Gradients on the NVMe tier]).
   void copy_out(Bucket& b) {
     b.to_host = false;
     const int u = b.plan.unit;
@@ -137,6 +200,14 @@ struct GradReducer::State {
     tensor::Tensor out = device_partition[u].narrow(0, r.begin, r.size());
     if (reducing)
       for (float f : last_pass_scales) optim::scale_grads({out}, f);
+    if (on_nvme(u)) {
+      if (++buckets_in[u] < unit_buckets[u].size()) return;
+      if (reducing) sum_squares[u] = optim::grad_sum_of_squares({device_partition[u]});
+      write_out(u);
+      if (copies->cuda()) copies->order_before(compute_stream());
+      device_partition[u] = tensor::Tensor();
+      return;
+    }
     const tensor::Tensor to = setup[u].host_partition.narrow(0, r.begin, r.size());
     copies->wait_for(compute_stream());
     copies->to_host(to.data_ptr(), out.data_ptr(), to.nbytes());
@@ -210,6 +281,15 @@ GradReducer::GradReducer(std::vector<models::FlatUnit>& units, std::vector<UnitR
   s.buckets_in.assign(units.size(), 0);
   s.sum_squares.assign(units.size(), 0.0);
   for (size_t u = 0; u < units.size(); ++u) {
+    if (s.on_nvme(static_cast<int>(u))) {
+      STRATA_CHECK(s.setup[u].kind == Reduction::IntoPartition && !s.on_host(static_cast<int>(u)) &&
+                       !s.setup[u].partition_grad.defined(),
+                   "unit '{}': an NVMe partition is an IntoPartition unit's only partition",
+                   units[u].name);
+      if (!s.copies)
+        s.copies = std::make_unique<offload::CopyStream>(units[u].grads.device().is_cuda());
+      continue;
+    }
     if (!s.on_host(static_cast<int>(u))) continue;
     const tensor::Tensor& h = s.setup[u].host_partition;
     STRATA_CHECK(s.setup[u].kind == Reduction::IntoPartition && h.device().is_cpu() &&
@@ -256,6 +336,13 @@ GradReducer::~GradReducer() {
       } catch (...) {  // a failed rank: nothing more to do here (Note [Failed ranks])
       }
     }
+  // NVMe writes read their sources until they complete; their errors were or will not be seen.
+  while (!state_->tier_writes.empty()) {
+    try {
+      state_->wait_tier_write();
+    } catch (...) {
+    }
+  }
 }
 
 void GradReducer::begin_pass(bool reduce) {
@@ -266,6 +353,7 @@ void GradReducer::begin_pass(bool reduce) {
     while (!s.inflight.empty()) s.pop_inflight();
     for (State::Bucket& b : s.buckets) s.wait(b);
     s.staged = 0;
+    s.wait_tier_writes();  // this pass reads them back (Note [Gradients on the NVMe tier])
   }
   s.reducing = reduce;
   for (State::Bucket& b : s.buckets) {
@@ -297,6 +385,7 @@ void GradReducer::wait_all() {
   for (State::Bucket& b : s.buckets) s.wait(b);
   s.staged = 0;
   if (s.copies) s.copies->synchronize();
+  s.wait_tier_writes();  // the step reads them (Note [Gradients on the NVMe tier])
 }
 
 void GradReducer::set_last_pass_scales(std::vector<float> scales) {
@@ -307,8 +396,13 @@ void GradReducer::restart_accumulation() {
   state_->accumulated = false;
 }
 
+void GradReducer::set_nvme(optim::NvmeAdamW* nvme) {
+  STRATA_CHECK(nvme == nullptr || nvme->grads_on_nvme(), "the NVMe optimizer keeps no gradients");
+  state_->nvme = nvme;
+}
+
 double GradReducer::unit_sum_of_squares(int unit) const {
-  STRATA_CHECK(state_->on_host(unit), "unit {} has no host partition", unit);
+  STRATA_CHECK(state_->off_device(unit), "unit {} has no host or NVMe partition", unit);
   return state_->sum_squares[static_cast<size_t>(unit)];
 }
 

@@ -40,6 +40,22 @@
 // (unit_sum_of_squares). Then the transient buffer goes; the compute stream is ordered after the
 // copies first, so its memory is not reused while they read it. wait_all() also waits for the
 // copies, so the host partitions are whole when it returns.
+//
+// Note [Gradients on the NVMe tier]
+// ZeRO-Infinity with the optimizer on NVMe (UnitReduction::on_nvme) keeps no partition at all:
+// its home is the optimizer's store (Note [Gradients on NVMe] in optim/nvme_adamw.h), which
+// reads it sub-group by sub-group at the step. The reductions run as for a host partition, into
+// the unit's transient device partition, with the same last-pass scales and the same sum of
+// squares; only where the partition comes from and goes to differs. It is read back whole from
+// NVMe when the unit's first bucket of a later micro-batch of the step launches (zeros on the
+// step's first: nothing is read), and once the unit's last bucket is reduced the whole partition
+// is written to NVMe (from itself on a CPU device, else through a host staging buffer) and
+// released once the write completes. Reading back rather than accumulating the step's
+// micro-batches in memory keeps the resident gradient bytes at a few units' partitions
+// (Category::Comm: the one reducing, and at most kTierWritesInFlight being written) instead of
+// the whole model's; the read costs one partition of I/O per unit and micro-batch after the
+// first. begin_pass() and wait_all() wait for the writes, so the next read-back and the step's
+// reads see them.
 #include <functional>
 #include <memory>
 #include <string>
@@ -47,6 +63,7 @@
 
 #include "comm/communicator.h"
 #include "models/flat_params.h"
+#include "optim/nvme_adamw.h"
 #include "parallel/partition.h"
 
 namespace strata::parallel {
@@ -60,6 +77,9 @@ struct UnitReduction {
   // IntoPartition, instead of partition_grad: [L] in host memory (pinned for asynchronous copies),
   // Note [Gradients streamed to the host].
   tensor::Tensor host_partition;
+  // IntoPartition, instead of either: the partition's home is NVMe (Note [Gradients on the NVMe
+  // tier]); set_nvme() names the store before the first pass.
+  bool on_nvme = false;
 };
 
 class GradReducer {
@@ -91,9 +111,12 @@ class GradReducer {
   // After the step: the host partitions hold nothing of the next step yet (its first micro-batch
   // adds zeros instead of reading them back).
   void restart_accumulation();
-  // The device sum of squares of unit u's whole partition after the last micro-batch (host
-  // partitions only), valid once wait_all() returned.
+  // The device sum of squares of unit u's whole partition after the last micro-batch (host or
+  // NVMe partitions only), valid once wait_all() returned.
   double unit_sum_of_squares(int unit) const;
+  // Note [Gradients on the NVMe tier]: the store of the on_nvme units' partitions (slice u of
+  // `nvme` is unit u); it must outlive the reducer's passes.
+  void set_nvme(optim::NvmeAdamW* nvme);
   // overlap_comm = false: each launch waits for its reduction before backward goes on.
   void set_synchronous(bool on);
 

@@ -30,7 +30,8 @@ GradientReduction::GradientReduction(models::CausalLM& model, const Partitioning
     : units_(model.flat_units()),
       parts_(parts),
       kind_(kind),
-      grads_on_host_(host.enabled && kind == Reduction::IntoPartition) {
+      grads_on_host_(host.enabled && !host.nvme && kind == Reduction::IntoPartition),
+      grads_on_nvme_(host.nvme && kind == Reduction::IntoPartition) {
   STRATA_CHECK(kind_ == Reduction::Allreduce || parts_.partitioned(),
                "a reduce-scatter into slices needs partitioned units");
   const int n_units = static_cast<int>(units_.size());
@@ -41,6 +42,11 @@ GradientReduction::GradientReduction(models::CausalLM& model, const Partitioning
     s.kind = kind_;
     s.part = parts_.unit(u);
     if (kind_ != Reduction::IntoPartition) continue;
+    if (grads_on_nvme_) {  // Note [Gradients on the NVMe tier]: no partition resident
+      s.on_nvme = true;
+      units_[u].grads.storage()->release();  // Note [Transient gradients]
+      continue;
+    }
     if (grads_on_host_) {
       partition_grads_[u] =
           host_partition(parts_.unit(u).shard, units_[u].grads.dtype(), host.pinned);
@@ -75,8 +81,8 @@ tensor::Tensor GradientReduction::owned_grad(int u) const {
 }
 
 void GradientReduction::zero_grads() {
-  // The host partitions are overwritten by the next step's first micro-batch, not read.
-  if (grads_on_host_) {
+  // The host (or NVMe) partitions are overwritten by the next step's first micro-batch, not read.
+  if (grads_on_host_ || grads_on_nvme_) {
     reducer_->restart_accumulation();
     return;
   }

@@ -15,6 +15,9 @@
 // With `HostGradients::enabled` (ZeRO-Offload at stage 2) the IntoPartition partitions live in
 // host memory and each bucket goes there as soon as it is reduced (Note [Gradients streamed to
 // the host] in parallel/grad_buckets.h): the device keeps no persistent gradient bytes.
+// With `HostGradients::nvme` (ZeRO-Infinity: the optimizer on NVMe) they have no resident
+// partition at all: each unit's goes to the NVMe optimizer's store once reduced (Note [Gradients
+// on the NVMe tier] in parallel/grad_buckets.h), named by use_nvme() before the first pass.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,6 +35,9 @@ namespace strata::parallel {
 struct HostGradients {
   bool enabled = false;  // IntoPartition partitions on the host (other kinds ignore it)
   bool pinned = true;    // in pinned memory, so their copies are asynchronous
+  // IntoPartition partitions on NVMe instead (Note [Gradients on the NVMe tier]); wins over
+  // `enabled`.
+  bool nvme = false;
 };
 
 class GradientReduction {
@@ -56,11 +62,16 @@ class GradientReduction {
   tensor::Tensor owned_grad(int u) const;
   // Whether the owned gradients are host partitions (HostGradients, IntoPartition).
   bool grads_on_host() const { return grads_on_host_; }
-  // grads_on_host(): the device's sum of squares of owned_grad(u) as the step's last micro-batch
-  // left it, after the last-pass scales; the norm's term for unit u.
+  // Whether they live on NVMe (HostGradients::nvme, IntoPartition): then owned_grad() is
+  // undefined and the store must be named by use_nvme() (slice u: unit u) before the first pass.
+  bool grads_on_nvme() const { return grads_on_nvme_; }
+  void use_nvme(optim::NvmeAdamW& nvme) { reducer_->set_nvme(&nvme); }
+  // grads_on_host() or grads_on_nvme(): the device's sum of squares of owned_grad(u) as the step's
+  // last micro-batch left it, after the last-pass scales; the norm's term for unit u.
   double owned_sum_of_squares(int u) const { return reducer_->unit_sum_of_squares(u); }
-  // grads_on_host(): factors applied in order to the owned gradients on the device on the step's
-  // last micro-batch (fp32's 1/dp and 1/loss-scale; Note [Gradients streamed to the host]).
+  // grads_on_host() or grads_on_nvme(): factors applied in order to the owned gradients on the
+  // device on the step's last micro-batch (fp32's 1/dp and 1/loss-scale; Note [Gradients streamed
+  // to the host]).
   void set_last_pass_scales(std::vector<float> scales) {
     reducer_->set_last_pass_scales(std::move(scales));
   }
@@ -80,6 +91,7 @@ class GradientReduction {
   const Partitioning& parts_;
   Reduction kind_;
   bool grads_on_host_ = false;
+  bool grads_on_nvme_ = false;
   std::vector<tensor::Tensor> partition_grads_;  // IntoPartition
   std::unique_ptr<GradReducer> reducer_;
   ModuleHooks hooks_;  // after reducer_: removed before it goes

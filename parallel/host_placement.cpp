@@ -50,7 +50,8 @@ HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const P
 
 void HostPlacement::use_host_grads(const GradientReduction& reduction) {
   STRATA_CHECK(!offload_, "use_host_grads after build()");
-  STRATA_CHECK(reduction.grads_on_host(), "the reduction keeps its gradients on the device");
+  STRATA_CHECK(reduction.grads_on_host() || (reduction.grads_on_nvme() && config_.nvme),
+               "the reduction keeps its gradients on the device");
   host_grads_ = &reduction;
 }
 
@@ -80,6 +81,9 @@ void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory
     initial_masters_.clear();
     optim::NvmeAdamWOptions options = config_.nvme_options;
     options.pin_memory = config_.pin_memory;
+    // Note [Gradients on NVMe] (optim/nvme_adamw.h): the reduction writes them into the store.
+    options.grads_on_nvme = host_grads_ != nullptr && host_grads_->grads_on_nvme();
+    options.grad_dtype = param_dtype_;  // the units' gradients are cast with their parameters
     if (options.lock_tag.empty()) options.lock_tag = fmt::format("optimizer-dp{}", dp_.rank());
     nvme_ = std::make_unique<optim::NvmeAdamW>(std::move(nv), adamw->config(), options);
     return;
@@ -176,7 +180,14 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
     if (!apply) return result;
     if (max_norm > 0) {
       const float coef = optim::clip_coefficient(result.grad_norm, max_norm);
-      if (coef < 1.f) optim::scale_grads(grads, coef);
+      // On NVMe the optimizer multiplies each read sub-group by it: the same f32 product.
+      if (coef < 1.f) {
+        if (nvme_ && nvme_->grads_on_nvme()) {
+          scale = coef;
+        } else {
+          optim::scale_grads(grads, coef);
+        }
+      }
     }
   }
   if (nvme_) {  // Note [Optimizer states on NVMe]: the gradients are read sub-group by sub-group

@@ -29,7 +29,11 @@
 // device would give).
 // With device nvme (ZeRO-Infinity) the masters and moments live in an NVMe swap file instead
 // (optim/nvme_adamw.h, Note [Optimizer states on NVMe]): the same arithmetic up to the update,
-// which streams the states sub-group by sub-group; no delayed update. In fp32 the masters start
+// which streams the states sub-group by sub-group; no delayed update.
+// At stage 3 the owned gradients live on NVMe too (Note [Gradients on the NVMe tier] in
+// parallel/grad_buckets.h): the norm's terms and fp32's scales as with host gradients, and the
+// fp32 clip coefficient folded into the optimizer's gradient scale (one f32 product per element,
+// as scale_grads gives). In fp32 the masters start
 // from the owned parameters themselves when build() makes the optimizer; under mixed precision
 // from a host copy of the fp32 owned slices taken before the cast, dropped once on NVMe.
 // With ZeRO-Infinity's parameter offload as well (`partitions_released`) the masters always start
@@ -81,7 +85,9 @@ class HostPlacement final : public OptimizerPlacement {
                 bool units_released, bool partitions_released = false);
 
   // Before build(), when `reduction` streams the owned gradients to the host
-  // (reduction.grads_on_host()); it must outlive this placement.
+  // (reduction.grads_on_host()) or, with device nvme, to NVMe (reduction.grads_on_nvme(): the
+  // NvmeAdamW reads them from its store, the clip coefficient is folded into its gradient scale);
+  // it must outlive this placement.
   void use_host_grads(const GradientReduction& reduction);
   void build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) override;
   optim::Optimizer& optimizer() override;

@@ -37,6 +37,11 @@ std::string to_json_line(const StepRecord& r) {
     for (const auto& [tier, bytes] : r.param_peak_bytes) pm[tier] = bytes;
     j["param_peak_bytes"] = pm;
   }
+  if (!r.grad_peak_bytes.empty()) {
+    nlohmann::ordered_json gm = nlohmann::ordered_json::object();
+    for (const auto& [tier, bytes] : r.grad_peak_bytes) gm[tier] = bytes;
+    j["grad_peak_bytes"] = gm;
+  }
   return j.dump();
 }
 

@@ -9,10 +9,11 @@
 // share of the step, stage order) and "pipeline_bubble_formula" ((p - 1) / (m + p - 1)), and with
 // zero_optimization.offload_param "param_wait_ms" (how long this rank's step waited for parameter
 // reads) and "param_peak_bytes": {tier: bytes} (the peak of Category::Param per tier since the
-// first step: what the parameters occupied where). Floats are written in their shortest
-// round-trip form, so two runs can be compared bitwise from their files. On resume the file is
-// cut back to the records of steps the checkpoint covers (rewritten atomically), so it always
-// describes one consistent run.
+// first step: what the parameters occupied where); with the gradients on NVMe (ZeRO-3 with
+// offload_optimizer.device nvme) "grad_peak_bytes", the same for Category::Grad. Floats are written
+// in their shortest round-trip form, so two runs can be compared bitwise from their files. On
+// resume the file is cut back to the records of steps the checkpoint covers (rewritten atomically),
+// so it always describes one consistent run.
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -37,6 +38,7 @@ struct StepRecord {
   double pipeline_bubble_formula = 0.0;
   std::optional<double> param_wait_ms;                            // offload_param only
   std::vector<std::pair<std::string, int64_t>> param_peak_bytes;  // offload_param only
+  std::vector<std::pair<std::string, int64_t>> grad_peak_bytes;   // gradients on NVMe only
 };
 
 std::string to_json_line(const StepRecord& record);

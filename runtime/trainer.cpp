@@ -519,6 +519,14 @@ void Trainer::train_step(StepRecord& record) {
       if (peak > 0) record.param_peak_bytes.emplace_back(std::string(offload::tier_name(at)), peak);
     }
   }
+  if (engine_->grads_on_nvme()) {  // Note [Gradients on the NVMe tier]
+    const auto& stats = offload::MemoryStats::global();
+    for (int t = 0; t < offload::kNumTiers; ++t) {
+      const auto at = static_cast<offload::Tier>(t);
+      const int64_t peak = stats.usage(at, offload::Category::Grad).peak;
+      if (peak > 0) record.grad_peak_bytes.emplace_back(std::string(offload::tier_name(at)), peak);
+    }
+  }
   if (result.skipped)
     console_->event(
         fmt::format("step {}: gradient norm is {}; the update was skipped on every "
@@ -548,9 +556,11 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
                                 step_, t.steps));
     return Outcome::Finished;
   }
-  // offload_param: the model was built whole before ZeRO-3 partitioned it onto the tier; the
-  // peaks (metrics' peak_bytes and param_peak_bytes) count from here, the training's own.
-  if (config_.zero.offload_param.enabled()) offload::MemoryStats::global().reset_peaks();
+  // offload_param: the model was built whole before ZeRO-3 partitioned it onto the tier (and its
+  // gradients before they went to NVMe); the peaks (metrics' peak_bytes, param_peak_bytes and
+  // grad_peak_bytes) count from here, the training's own.
+  if (config_.zero.offload_param.enabled() || engine_->grads_on_nvme())
+    offload::MemoryStats::global().reset_peaks();
   while (step_ < t.steps) {
     if (agree_to_stop(stop_requested() || (stop_at >= 0 && step_ >= stop_at))) {
       console_->finish();

@@ -87,6 +87,15 @@ void Trainer::report_memory() {
                      stats.usage(Tier::Host, Category::Optimizer).peak),
         format_bytes(stats.usage(Tier::Pinned, Category::Optimizer).peak),
         format_bytes(stats.usage(Tier::Host, Category::Optimizer).peak)));
+    if (engine_->grads_on_nvme())  // Note [Gradients on the NVMe tier]
+      console_->event(fmt::format(
+          "  ZeRO-Infinity gradients (rank 0): reduced partitions on NVMe {}; resident gradient "
+          "buffers {} (peak {}), not the model's",
+          format_bytes(stats.usage(Tier::Nvme, Category::Grad).current),
+          format_bytes(stats.usage(Tier::Pinned, Category::Grad).current +
+                       stats.usage(Tier::Host, Category::Grad).current),
+          format_bytes(stats.usage(Tier::Pinned, Category::Grad).peak +
+                       stats.usage(Tier::Host, Category::Grad).peak)));
     // What the aio section configured, as the engine runs it.
     if (auto* nvme = dynamic_cast<optim::NvmeAdamW*>(&engine_->optimizer())) {
       const offload::AioEngine& io = nvme->store().engine();

@@ -3,8 +3,9 @@
 // steps bitwise the in-memory run at ZeRO-1, 2 and 3 (losses, final parameters and moments), a
 // checkpoint resumed bitwise with the states on NVMe and without, and the faults at start: a
 // missing nvme_path, a full disk, a swap directory another live run holds; with the parameter
-// partitions offloaded too (ZeRO-Infinity whole), 20 steps and a resume bitwise. Swap files and
-// locks are gone after every run, failed or not.
+// partitions offloaded too (ZeRO-Infinity whole), 20 steps and a resume bitwise. At ZeRO-3 the
+// gradients live on NVMe as well (one micro-batch per step, and several). Swap files and locks
+// are gone after every run, failed or not.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CommandResult;
 using testing::describe;
+using testing::read_text;
 
 const std::string kBin = STRATA_BINARY_DIR;
 
@@ -118,6 +121,55 @@ TEST_F(TrainNvmeMpi, TwentyStepsBitwiseTheInMemoryRunAtEveryStageAndDp) {
       EXPECT_EQ(got, want);
       EXPECT_LT(want.back(), want.front()) << "the run did not train";
       expect_same_states(off, plain, kSteps);
+      expect_swap_empty();
+    }
+  }
+}
+
+// Note [Gradients on the NVMe tier]: at ZeRO-3 the reduced gradient partitions go to NVMe as
+// each unit's reduction completes, and the step reads them back from there. With one
+// micro-batch per step (nothing is read back), at dp 1 and 2, 20 steps give the in-memory ZeRO-3
+// run's bits; the runs above at stage 3 accumulate four micro-batches at dp 1 and two at dp 2
+// (each later micro-batch adds to what it reads back). The memory report and the metrics show
+// the gradients on NVMe and only the gradient buffers resident.
+TEST_F(TrainNvmeMpi, GradientsOnNvmeAtZeroThreeAreBitwiseTheInMemoryRunWithOneMicroBatch) {
+  const int kSteps = 20;
+  for (int np : {0, 2}) {
+    SCOPED_TRACE(fmt::format("np {}", np));
+    {
+      // micro_batch_size 2 x dp: one micro-batch per step.
+      const std::vector<std::string> sets = {
+          "zero_optimization.stage=3",
+          fmt::format("batch.global_batch_size={}", 2 * (np == 0 ? 1 : np))};
+      const std::string plain = fmt::format("plain_{}", np);
+      const std::string off = fmt::format("grads_{}", np);
+      CommandResult a = train(np, config(plain, kSteps), sets);
+      ASSERT_EQ(a.exit_code, 0) << describe(a);
+      CommandResult b = train(np, config(off, kSteps), nvme(sets));
+      ASSERT_EQ(b.exit_code, 0) << describe(b);
+      EXPECT_NE(b.out.find("ZeRO-Infinity gradients (rank 0): reduced partitions on NVMe "),
+                std::string::npos)
+          << b.out;
+      // Resident: the three gradient buffers of 3000 f32 elements (sub_group_size), not the
+      // model's gradients.
+      EXPECT_NE(b.out.find("grads 0 B, optimizer"), std::string::npos) << b.out;
+      const std::vector<double> want = losses(plain);
+      ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+      EXPECT_LT(want.back(), want.front()) << "the run did not train";
+      EXPECT_EQ(losses(off), want);
+      expect_same_states(off, plain, kSteps);
+      std::istringstream lines(read_text(tmp_ / (off + "/metrics.jsonl")));
+      std::string line, last_line;
+      while (std::getline(lines, line))
+        if (!line.empty()) last_line = line;
+      const nlohmann::json last = nlohmann::json::parse(last_line);
+      ASSERT_TRUE(last.contains("grad_peak_bytes")) << last.dump();
+      int64_t resident = 0;
+      for (const auto& [tier, bytes] : last["grad_peak_bytes"].items())
+        if (tier != "nvme") resident += bytes.get<int64_t>();
+      EXPECT_GT(resident, 0) << last.dump();
+      EXPECT_LE(resident, 3 * 3000 * 4) << last.dump();
+      EXPECT_GT(last["grad_peak_bytes"].value("nvme", int64_t{0}), 0) << last.dump();
       expect_swap_empty();
     }
   }

@@ -3,7 +3,9 @@
 // sub-group. The run is bitwise the in-memory run at ZeRO-1/2/3, fp32 and bf16, whatever the
 // sub-group size, buffer count and pipelining (Note [Optimizer states on NVMe]); resident
 // optimizer memory stays within the sub-group buffers; I/O errors, damaged blocks, a held swap
-// directory and a bad nvme_path are clear errors; swap files are gone when the engine is.
+// directory and a bad nvme_path are clear errors; swap files are gone when the engine is. At
+// ZeRO-3 the gradients live on NVMe too: resident gradient bytes stay within the optimizer's
+// gradient buffers, and their I/O errors name the swap file.
 // dp 2 and 4 are in offload_mpi_test.cpp, `train` end to end in tests/dist.
 #include <gtest/gtest.h>
 
@@ -14,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -166,6 +169,95 @@ TEST(NvmeOffload, ResidentOptimizerStatesStayWithinTheSubGroupBuffers) {
   // The states the model would hold in memory: far more than the buffers.
   EXPECT_GT(12 * elements, 5 * bound);
   EXPECT_GE(stats.usage(Tier::Nvme, Category::Optimizer).current - nvme_before, 12 * elements);
+}
+
+// Note [Gradients on the NVMe tier]: at ZeRO-3 the reduced gradient partitions live in the
+// optimizer's store (4 bytes per owned element on NVMe); resident Category::Grad bytes are the
+// optimizer's gradient buffers alone, where the in-memory run keeps 4 bytes per element. What the
+// transient partitions add to the communication buffers (Category::Comm, over the in-memory
+// run's) is a few units' partitions: the same at three and six layers (same unit sizes).
+TEST(NvmeOffload, ResidentGradientsAtZeroThreeStayWithinTheGradientBuffers) {
+  using offload::Category;
+  using offload::Tier;
+  auto& stats = offload::MemoryStats::global();
+  testing::TempDir dir;
+  std::vector<int64_t> grad_peaks, comm_extra;
+  for (int64_t layers : {3, 6}) {
+    SCOPED_TRACE(fmt::format("{} layers", layers));
+    TrainSpec s;
+    s.steps = 2;
+    s.accum = 2;  // the second micro-batch reads the first's partitions back
+    s.n_layer = layers;
+    int64_t elements = 0, largest = 0, comm_in_memory = 0;
+    {
+      models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+      for (const models::FlatUnit& u : model.flat_units()) {
+        elements += u.params.numel();
+        largest = std::max(largest, u.params.numel());
+      }
+      Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"), zero(3, {}),
+                    strata::testing::adamw_factory());
+      stats.reset_peaks();
+      for (int step = 0; step < s.steps; ++step) strata::testing::engine_step(engine, s, step);
+      EXPECT_GE(stats.usage(Tier::Host, Category::Grad).peak, 4 * elements);
+      comm_in_memory = stats.usage(Tier::Host, Category::Comm).peak;
+    }
+    models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+    const int64_t nvme_before = stats.usage(Tier::Nvme, Category::Grad).current;
+    Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"),
+                  zero(3, {dir.path(), 2048, 3, true}), strata::testing::adamw_factory());
+    auto* nvme = dynamic_cast<optim::NvmeAdamW*>(&engine.optimizer());
+    ASSERT_NE(nvme, nullptr);
+    ASSERT_TRUE(nvme->grads_on_nvme());
+    ASSERT_TRUE(engine.grads_on_nvme());
+    EXPECT_EQ(nvme->grad_buffer_bytes(), 2048u * 4);
+    const int64_t bound = nvme->buffer_count() * static_cast<int64_t>(nvme->grad_buffer_bytes());
+    EXPECT_GE(stats.usage(Tier::Nvme, Category::Grad).current - nvme_before, 4 * elements);
+    stats.reset_peaks();
+    for (int step = 0; step < s.steps; ++step) strata::testing::engine_step(engine, s, step);
+    const int64_t grad_peak = stats.usage(Tier::Pinned, Category::Grad).peak +
+                              stats.usage(Tier::Host, Category::Grad).peak;
+    EXPECT_LE(grad_peak, bound);
+    EXPECT_GT(stats.usage(Tier::Pinned, Category::Grad).peak, 0);
+    EXPECT_GT(4 * elements, 4 * bound) << "the model is too small to show the bound";
+    const int64_t extra = stats.usage(Tier::Host, Category::Comm).peak - comm_in_memory;
+    // The partition reducing and the kTierWritesInFlight (2) being written, at most.
+    EXPECT_LE(extra, 3 * 4 * largest);
+    grad_peaks.push_back(grad_peak);
+    comm_extra.push_back(extra);
+  }
+  EXPECT_EQ(grad_peaks[0], grad_peaks[1]);
+  EXPECT_EQ(comm_extra[0], comm_extra[1]);
+  EXPECT_TRUE(swap_files(dir.path()).empty());
+}
+
+// At ZeRO-3 a failed gradient write (the partitions going out) or read (read back for the second
+// micro-batch, and by the step) stops the step with an error naming the swap file.
+TEST(NvmeOffload, GradientWriteAndReadErrorsAtZeroThreeNameTheSwapFile) {
+  TrainSpec s;
+  s.accum = 2;
+  testing::TempDir dir;
+  for (bool write : {true, false}) {
+    SCOPED_TRACE(write ? "write error" : "read error");
+    {
+      models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+      Engine engine(model, std::make_shared<comm::SelfCommunicator>("dp"),
+                    zero(3, {dir.path(), 4096, 2, true}), strata::testing::adamw_factory());
+      auto* nvme = dynamic_cast<optim::NvmeAdamW*>(&engine.optimizer());
+      ASSERT_NE(nvme, nullptr);
+      ASSERT_TRUE(nvme->grads_on_nvme());
+      strata::testing::engine_step(engine, s, 0);
+      nvme->finish_writes();
+      const std::string file = nvme->store().files().at(0);
+      nvme->store().engine().set_fault_injector(
+          [write](const offload::IoOp& op, long res) { return op.write == write ? -EIO : res; });
+      const std::string what = user_error_of([&] { strata::testing::engine_step(engine, s, 1); });
+      EXPECT_NE(what.find(file), std::string::npos) << what;
+      EXPECT_NE(what.find("Input/output error"), std::string::npos) << what;
+      nvme->store().engine().set_fault_injector(nullptr);
+    }
+    EXPECT_TRUE(swap_files(dir.path()).empty());
+  }
 }
 
 // An I/O error or a damaged block stops the step with an error naming the swap file; the swap

@@ -113,16 +113,22 @@ CpuRunBytes cpu_run_bytes(CpuPlacement p, const CpuFamily& f, int64_t layers) {
   const double grads = static_cast<double>(states.grads);
   const double optimizer = static_cast<double>(states.optimizer);
   if (p == CpuPlacement::ZeroInfNvme) {
-    r.host_states = grads;
-    // One extent per unit's partition (4 bytes per element) and one per optimizer sub-group (a
+    // The gradients are on NVMe too (Note [Gradients on the NVMe tier] in
+    // parallel/grad_buckets.h): nothing of the model states stays on the host.
+    r.host_states = 0;
+    // One extent per unit's partition (4 bytes per element), one per optimizer sub-group (a
     // unit: sub_group_size is 10^9 elements by default; NvmeAdamW keeps an fp32 master beside m
-    // and v, 12 bytes per element, as the parameters it updates live on their own tier), each
-    // rounded up to whole blocks.
+    // and v, 12 bytes per element, as the parameters it updates live on their own tier) and one
+    // per sub-group's gradient (4 bytes per element), each rounded up to whole blocks.
     for (const UnitSize& u : units) {
       const double n = static_cast<double>(padded_unit_size(u.size, zc.stage, 1));
-      r.nvme += whole_blocks(kF32 * n) + whole_blocks(3 * kF32 * n);
+      r.nvme += whole_blocks(kF32 * n) + whole_blocks(3 * kF32 * n) + whole_blocks(kF32 * n);
     }
-    r.offload_buffers = kF32 * unit * ((kParamBuffers + 1) + 3 * kOptimizerBuffers + 1);
+    // Parameter buffers and the partition being loaded; sub-group buffers (12 bytes per
+    // element) and as many gradient buffers; the transient gradient partitions, the one reducing
+    // and two being written.
+    r.offload_buffers =
+        kF32 * unit * ((kParamBuffers + 1) + 3 * kOptimizerBuffers + kOptimizerBuffers + 3);
     const double start = 8 * static_cast<double>(r.params);
     if (start > r.steady_host()) r.start = start;
   } else {

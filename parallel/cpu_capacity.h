@@ -14,9 +14,10 @@
 //                 padding]): 4 (parameters) + 4 (gradients) + 8 (m, v) per padded element,
 //                 on the host, or on NVMe where the placement puts them there; with
 //                 offload_optimizer nvme the optimizer keeps an fp32 master beside m and v, 12
-//                 bytes per element, as the parameters it updates are on their own tier; on
-//                 NVMe each unit's partition and each sub-group (a unit) is a swap extent of
-//                 whole 1 MiB blocks (offload::NvmeConfig::block_bytes).
+//                 bytes per element, as the parameters it updates are on their own tier, and
+//                 the gradients are on NVMe as well (4 bytes per element); on NVMe each unit's
+//                 partition and each sub-group's states and gradient (a sub-group is a unit)
+//                 is a swap extent of whole 1 MiB blocks (offload::NvmeConfig::block_bytes).
 //   activations   micro x seq x layers x (16·hd + 2·heads·seq) fp32 values (the per-token
 //                 count of Note [ZeRO-Infinity memory model]), plus the logits and their
 //                 gradient, 2 x micro x seq x padded vocabulary values.
@@ -28,9 +29,10 @@
 //                 reduce-scatter: 3 x the largest unit.
 //   offload buffers  offload_param nvme: buffer_count (5) buffers of the largest partition,
 //                 one more partition being loaded; offload_optimizer nvme: buffer_count (4)
-//                 sub-group buffers of 12 bytes per element (master, m, v) and one gradient
-//                 staging buffer, each of the largest sub-group (a unit here). The default
-//                 buffer counts of runtime/train_config.h.
+//                 sub-group buffers of 12 bytes per element (master, m, v) and as many
+//                 gradient buffers, each of the largest sub-group (a unit here), and the
+//                 transient gradient partitions (one reducing, two being written). The
+//                 default buffer counts of runtime/train_config.h.
 //   start         with parameters and optimizer on NVMe the model is still built whole in host
 //                 memory and the optimizer takes a host copy of the masters before the swap
 //                 files hold them: 8 bytes per parameter at start, if that exceeds the rest.

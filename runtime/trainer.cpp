@@ -27,6 +27,7 @@
 #include "models/hf_interop.h"
 #include "models/nn/tensor_parallel.h"
 #include "models/registry.h"
+#include "offload/allocator.h"
 #include "offload/host_budget.h"
 #include "offload/memory_stats.h"
 #include "optim/adamw.h"
@@ -559,8 +560,12 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
   // offload_param: the model was built whole before ZeRO-3 partitioned it onto the tier (and its
   // gradients before they went to NVMe); the peaks (metrics' peak_bytes, param_peak_bytes and
   // grad_peak_bytes) count from here, the training's own.
-  if (config_.zero.offload_param.enabled() || engine_->grads_on_nvme())
+  // The whole buffers it freed went to the host block cache (Note [Host block cache]); they go
+  // back to the system here, or the resident set would keep the whole model's size.
+  if (config_.zero.offload_param.enabled() || engine_->grads_on_nvme()) {
+    offload::HostAllocator::instance().release_cache();
     offload::MemoryStats::global().reset_peaks();
+  }
   while (step_ < t.steps) {
     if (agree_to_stop(stop_requested() || (stop_at >= 0 && step_ >= stop_at))) {
       console_->finish();

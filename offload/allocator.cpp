@@ -21,6 +21,23 @@ HostAllocator::~HostAllocator() {
   release_cache();
 }
 
+// Note [Host cache trimming]: a mapping of its own, so unmapping returns it to the kernel.
+void* HostAllocator::map_large(size_t rounded) {
+  const size_t span = rounded + kCacheGranule;
+  void* m = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t aligned = (base + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
+  if (aligned > base) munmap(m, aligned - base);
+  const uintptr_t end = base + span, used = aligned + rounded;
+  if (end > used) munmap(reinterpret_cast<void*>(used), end - used);
+  return reinterpret_cast<void*>(aligned);
+}
+
+void HostAllocator::unmap_large(void* p, size_t rounded) {
+  munmap(p, rounded);
+}
+
 size_t HostAllocator::rounded_size(size_t bytes) const {
   if (cache_large_ && bytes >= kCacheMinBytes)
     return (bytes + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
@@ -38,7 +55,7 @@ Block HostAllocator::allocate(size_t bytes, Category category) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = free_.find(rounded);
     if (it != free_.end()) {
-      p = it->second;
+      p = it->second.ptr;
       free_.erase(it);
       cached_ -= rounded;
     }
@@ -49,11 +66,10 @@ Block HostAllocator::allocate(size_t bytes, Category category) {
     if (cacheable && limit > 0 &&
         HostMemoryBudget::in_use(*stats_) + static_cast<int64_t>(cached_bytes() + rounded) > limit)
       release_cache();
-    const size_t align = cacheable ? std::max(alignment_, kCacheGranule) : alignment_;
-    p = std::aligned_alloc(align, rounded);
+    p = cacheable ? map_large(rounded) : std::aligned_alloc(alignment_, rounded);
     if (p == nullptr && cacheable) {
       release_cache();
-      p = std::aligned_alloc(align, rounded);
+      p = map_large(rounded);
     }
     if (p == nullptr) {
       user_error("out of host memory allocating {:.1f} MiB for {} (current host use {:.1f} MiB)",
@@ -74,7 +90,7 @@ void HostAllocator::deallocate(const Block& block) {
   if (cache_large_ && block.bytes >= kCacheMinBytes) {
     const size_t rounded = rounded_size(block.bytes);
     std::lock_guard<std::mutex> lock(mu_);
-    free_.emplace(rounded, block.ptr);
+    free_.emplace(rounded, Cached{block.ptr, epoch_});
     cached_ += rounded;
     return;
   }
@@ -83,9 +99,26 @@ void HostAllocator::deallocate(const Block& block) {
 
 void HostAllocator::release_cache() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [size, p] : free_) std::free(p);
+  for (auto& [size, c] : free_) unmap_large(c.ptr, size);
   free_.clear();
   cached_ = 0;
+}
+
+size_t HostAllocator::trim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t freed = 0;
+  for (auto it = free_.begin(); it != free_.end();) {
+    if (it->second.epoch < epoch_) {
+      unmap_large(it->second.ptr, it->first);
+      freed += it->first;
+      it = free_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  cached_ -= freed;
+  ++epoch_;
+  return freed;
 }
 
 size_t HostAllocator::cached_bytes() const {

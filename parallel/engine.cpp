@@ -2,6 +2,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/grad_sink.h"
+#include "offload/allocator.h"
 #include "offload/memory_stats.h"
 #include "parallel/device_placement.h"
 #include "parallel/param_groups.h"
@@ -131,6 +132,8 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
     placement_->set_param_fence(
         [this](size_t g, bool before) { gathering_->step_fence(g, before); });
   schedule_ = std::make_unique<AccumulationSchedule>();
+  // Note [Host cache trimming]: construction's copies are not asked for again.
+  offload::HostAllocator::instance().release_cache();
 }
 
 Engine::~Engine() = default;
@@ -244,6 +247,7 @@ StepResult Engine::step(double lr, double max_norm) {
   reduction_->zero_grads();
   grads_zero_ = true;
   last_micro_batch_ = false;
+  offload::HostAllocator::instance().trim();  // Note [Host cache trimming]
   return result;
 }
 

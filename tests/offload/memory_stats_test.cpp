@@ -73,6 +73,29 @@ TEST(HostAllocator, LargeBlocksAreCachedAndReused) {
   EXPECT_EQ(alloc.cached_bytes(), 0u);
 }
 
+// Note [Host cache trimming]: a trim unmaps what no allocation took since the trim before.
+TEST(HostAllocator, TrimReturnsBlocksNotReusedSinceTheLastTrim) {
+  MemoryStats stats;
+  HostAllocator alloc(64, &stats);
+  const size_t mib = size_t{1} << 20;
+  Block kept = alloc.allocate(2 * mib, Category::Activation);
+  Block once = alloc.allocate(6 * mib, Category::Param);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(once.ptr) % HostAllocator::kCacheGranule, 0u);
+  static_cast<char*>(once.ptr)[6 * mib - 1] = 1;
+  alloc.deallocate(kept);
+  alloc.deallocate(once);
+  EXPECT_EQ(alloc.trim(), 0u);  // both freed since the last trim: a step may ask again
+  EXPECT_EQ(alloc.cached_bytes(), 8 * mib);
+  Block again = alloc.allocate(2 * mib, Category::Activation);  // the next "step" reuses one
+  EXPECT_EQ(again.ptr, kept.ptr);
+  alloc.deallocate(again);
+  EXPECT_EQ(alloc.trim(), 6 * mib);  // the other was not asked for: unmapped
+  EXPECT_EQ(alloc.cached_bytes(), 2 * mib);
+  EXPECT_EQ(alloc.trim(), 2 * mib);  // and this one, unused through a whole interval, too
+  EXPECT_EQ(alloc.cached_bytes(), 0u);
+  EXPECT_EQ(stats.tier_usage(Tier::Host).current, 0);
+}
+
 TEST(HostAllocator, SmallBlocksAreNotCached) {
   MemoryStats stats;
   HostAllocator alloc(64, &stats);

@@ -1,7 +1,10 @@
 #include "models/causal_lm.h"
 
+#include <algorithm>
+
 #include "autograd/comm_functions.h"
 #include "autograd/functions.h"
+#include "offload/memory_stats.h"
 
 namespace strata::models {
 
@@ -133,6 +136,29 @@ void CausalLM::flatten(const std::vector<UnitSpec>& units, int64_t align) {
   STRATA_CHECK(flat_units_.empty(), "flatten called twice");
   flat_units_ = flatten_parameters(*this, units, align);
   if (tp_.enabled()) shard_specs_ = nn::collect_shard_specs(*this);
+}
+
+void CausalLM::initialize(uint64_t seed) {
+  STRATA_CHECK(!flat_units_.empty(), "initialize before flatten");
+  init_seed_ = seed;
+  built_deferred_ = nn::DeferredInitScope::active();
+  if (!built_deferred_) reset_parameters(seed);
+}
+
+bool CausalLM::holds_prefix(const FlatUnit& unit, const std::string& prefix) {
+  return std::find(unit.prefixes.begin(), unit.prefixes.end(), prefix) != unit.prefixes.end();
+}
+
+// Note [Deferred initialisation]: reset_parameters restricted to one unit. Module resets draw by
+// name, so resetting the unit's modules alone gives their parameters the bits of a whole reset.
+void CausalLM::init_unit(int u) {
+  STRATA_CHECK(u >= 0 && u < static_cast<int>(flat_units_.size()), "unit {} of {}", u,
+               flat_units_.size());
+  FlatUnit& unit = flat_units_[u];
+  unit.params.storage()->materialize(offload::Category::Param);
+  unit.params.zero_();  // the alignment padding (Note [Flat parameters])
+  for (const std::string& prefix : unit.prefixes) module(prefix).reset_parameters(init_seed_);
+  finish_unit_init(unit);
 }
 
 }  // namespace strata::models

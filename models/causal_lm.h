@@ -114,6 +114,14 @@ class CausalLM : public nn::Module {
   // Zeroes the flat gradient buffers.
   void zero_grad() override;
 
+  // ---- Note [Deferred initialisation] (models/nn/module.h) ----
+  // Built inside a DeferredInitScope: the units' buffers start released and uninitialised.
+  bool built_deferred() const { return built_deferred_; }
+  // Materializes unit u's flat parameters (Category::Param) and gives them the values the
+  // constructor gives outside the scope: zero padding, every module under the unit's prefixes
+  // reset from the seed, then finish_unit_init. The gradient buffer is left alone.
+  void init_unit(int u);
+
  protected:
   // The model's computation, ids -> logits.
   virtual Variable forward_logits(const Tensor& ids) = 0;
@@ -128,6 +136,13 @@ class CausalLM : public nn::Module {
   void set_tensor_parallel(const nn::TensorParallel& tp) { tp_ = tp; }
   // Derived constructors call this once all modules are registered.
   void flatten(const std::vector<UnitSpec>& units, int64_t align = 16);
+  // Derived constructors call this last, after flatten: reset_parameters(seed), or inside a
+  // DeferredInitScope only records the seed for init_unit (Note [Deferred initialisation]).
+  void initialize(uint64_t seed);
+  // What reset_parameters does beyond resetting each module, restricted to `unit`'s parameters
+  // (GPT-2: zeroing the padded vocabulary rows of wte when the unit holds it).
+  virtual void finish_unit_init(const FlatUnit& unit) { (void)unit; }
+  static bool holds_prefix(const FlatUnit& unit, const std::string& prefix);
 
  private:
   Variable forward(const Variable& ids) final { return forward_logits(ids.data()); }
@@ -137,6 +152,8 @@ class CausalLM : public nn::Module {
   int64_t n_layer_ = 0;
   nn::TensorParallel tp_;
   std::map<std::string, nn::ShardSpec> shard_specs_;
+  uint64_t init_seed_ = 0;
+  bool built_deferred_ = false;
 };
 
 }  // namespace strata::models

@@ -23,6 +23,13 @@ int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
+tensor::Tensor make_buffer(int64_t size, DType dtype, Device device, offload::Category category,
+                           bool released) {
+  offload::CategoryScope scope(category);
+  return released ? tensor::Tensor::empty_released({size}, dtype, device)
+                  : tensor::Tensor::empty({size}, dtype, device);
+}
+
 }  // namespace
 
 std::vector<FlatUnit> flatten_parameters(nn::Module& root, const std::vector<UnitSpec>& specs,
@@ -68,24 +75,22 @@ std::vector<FlatUnit> flatten_parameters(nn::Module& root, const std::vector<Uni
       size = round_up(size + v.numel(), align);
     }
     Device device = members.empty() ? Device::cpu() : all[members[0]].second.device();
-    {
-      offload::CategoryScope scope(offload::Category::Param);
-      unit.params = tensor::Tensor::empty({size}, DType::F32, device);
-    }
-    {
-      offload::CategoryScope scope(offload::Category::Grad);
-      unit.grads = tensor::Tensor::empty({size}, DType::F32, device);
-    }
+    // Note [Deferred initialisation]: released buffers, nothing to copy.
+    const bool deferred = nn::DeferredInitScope::active();
+    unit.params = make_buffer(size, DType::F32, device, offload::Category::Param, deferred);
+    unit.grads = make_buffer(size, DType::F32, device, offload::Category::Grad, deferred);
     // Zero first so the alignment padding is zero (Note [Flat parameters]).
-    unit.params.zero_();
-    unit.grads.zero_();
+    if (!deferred) {
+      unit.params.zero_();
+      unit.grads.zero_();
+    }
     for (size_t k = 0; k < unit.variables.size(); ++k) {
       autograd::Variable& v = unit.variables[k];
       tensor::Tensor pview =
           unit.params.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]);
       tensor::Tensor gview =
           unit.grads.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]);
-      pview.copy_(v.data());
+      if (!deferred) pview.copy_(v.data());
       v.set_data(pview);  // the old storage is freed once nothing else holds it
       v.set_grad(gview);
     }
@@ -106,20 +111,18 @@ namespace {
 // parameters]).
 void rebuild_unit(FlatUnit& unit, int64_t size, DType dtype, Device device) {
   const int64_t old_size = unit.size();
-  STRATA_CHECK(!unit.params.storage()->is_released() && !unit.grads.storage()->is_released(),
-               "rebuilding unit '{}' whose buffers are released", unit.name);
-  tensor::Tensor params, grads;
-  {
-    offload::CategoryScope scope(offload::Category::Param);
-    params = tensor::Tensor::empty({size}, dtype, device);
+  // Note [Deferred initialisation]: a unit not initialised yet has both buffers released and
+  // gets released ones of the new layout.
+  const bool released = unit.params.storage()->is_released();
+  STRATA_CHECK(released == unit.grads.storage()->is_released(),
+               "rebuilding unit '{}' with one of its buffers released", unit.name);
+  tensor::Tensor params = make_buffer(size, dtype, device, offload::Category::Param, released);
+  tensor::Tensor grads = make_buffer(size, dtype, device, offload::Category::Grad, released);
+  if (!released) {
+    params.narrow(0, old_size, size - old_size).zero_();
+    grads.narrow(0, old_size, size - old_size).zero_();
   }
-  {
-    offload::CategoryScope scope(offload::Category::Grad);
-    grads = tensor::Tensor::empty({size}, dtype, device);
-  }
-  params.narrow(0, old_size, size - old_size).zero_();
-  grads.narrow(0, old_size, size - old_size).zero_();
-  if (old_size > 0) {
+  if (old_size > 0 && !released) {
     params.narrow(0, 0, old_size).copy_(unit.params);
     grads.narrow(0, 0, old_size).copy_(unit.grads);
   }

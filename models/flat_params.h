@@ -66,7 +66,8 @@ void zero_flat_grads(std::vector<FlatUnit>& units);
 // them (the old buffers are freed once nothing else holds them). The new tail is padding: zero,
 // covered by no view, so it stays zero (Note [Flat parameters]). Call before anything else keeps
 // views of the old buffers (optimizer groups, saved activations). A unit already a multiple is
-// left as it is.
+// left as it is. A unit whose buffers are both released (Note [Deferred initialisation] in
+// models/nn/module.h) gets released ones of the new size.
 void repad_flat_units(std::vector<FlatUnit>& units, int64_t multiple);
 
 // Converts every unit's params and grads to `dtype` (BF16/F16 for mixed precision, F32 back):

@@ -38,7 +38,10 @@ HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
     const int64_t n = s.params.numel();
     ParamGroup g;
     g.param = tensor::empty_host({n}, DType::F32, offload::Category::Optimizer, options.pin_memory);
-    g.param.copy_(from);
+    // Released params without a master (Note [Unit-by-unit construction] in parallel/engine.h):
+    // set_initial_master() fills it.
+    const bool later = !s.master.defined() && s.params.storage()->is_released();
+    if (!later) g.param.copy_(from);
     if (grads_on_host_ && !options.copy_host_grads) {
       g.grad = s.grads;
     } else {
@@ -49,7 +52,7 @@ HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
     if (mixed_) {
       g.low_precision_copy =
           tensor::empty_host({n}, s.params.dtype(), offload::Category::Param, options.pin_memory);
-      g.low_precision_copy.copy_(g.param);
+      if (!later) g.low_precision_copy.copy_(g.param);
     }
     g.segments = s.segments;
     host_grads_.push_back(g.grad);
@@ -137,6 +140,16 @@ void HostOffload::write_back() {
     param_fence_(i, false);
   }
   compute_wait_for_copies();
+}
+
+void HostOffload::set_initial_master(size_t i, const tensor::Tensor& master) {
+  finish();
+  const ParamGroup& g = optimizer_->groups()[i];
+  STRATA_CHECK(master.dtype() == DType::F32 && master.numel() == g.param.numel(),
+               "offload slice {}: masters start from an f32 tensor of {} elements, got {}", i,
+               g.param.numel(), master.str());
+  tensor::Tensor(g.param).copy_(master);
+  if (mixed_) tensor::Tensor(g.low_precision_copy).copy_(g.param);
 }
 
 void HostOffload::params_from_masters() {

@@ -103,6 +103,9 @@ class HostOffload {
   void write_back();
   // Rounds the host model copies from the masters (after a checkpoint load), then write_back().
   void params_from_masters();
+  // Slice i's initial master, for a slice built with released params and no master (Note
+  // [Unit-by-unit construction] in parallel/engine.h).
+  void set_initial_master(size_t i, const tensor::Tensor& master);
   // Note [Write-back through the group fence]; an empty function removes it.
   void set_param_fence(Optimizer::GroupFence fence) { param_fence_ = std::move(fence); }
 

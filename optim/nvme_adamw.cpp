@@ -72,12 +72,16 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
                  dtype_name(g.dtype()), dtype_name(slices_.front().params.dtype()),
                  dtype_name(grad_dtype));
     slice_first_.push_back(subs_.size());
-    if (!s.master.defined()) {
+    master_due_.push_back(!s.master.defined() && s.params.storage()->is_released());
+    if (master_due_.back()) {
+      // set_initial_master() brings it
+    } else if (!s.master.defined()) {
       STRATA_CHECK(!s.params.storage()->is_released(),
                    "nvme slice {}: the parameters are released, so the masters must be given", i);
       s.master = s.params;
     }
-    STRATA_CHECK(s.master.dtype() == DType::F32 && s.master.numel() == s.params.numel(),
+    STRATA_CHECK(master_due_.back() ||
+                     (s.master.dtype() == DType::F32 && s.master.numel() == s.params.numel()),
                  "nvme slice {}: masters start from an f32 tensor of {} elements, got {}", i,
                  s.params.numel(), s.master.str());
     const int64_t n = s.params.numel();
@@ -137,6 +141,7 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
   // The initial states: the masters from the slices, zero moments.
   for (size_t i = 0; i < subs_.size(); ++i) {
     const SubGroup& s = subs_[i];
+    if (master_due_[s.slice]) continue;
     float* buf = buffer(0);
     tensor::Tensor(bufs_[0])
         .narrow(0, 0, s.numel)
@@ -145,6 +150,21 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
     store_->write(s.home, buf, static_cast<size_t>(s.numel) * 12).wait();
   }
   for (NvmeSlice& s : slices_) s.master = tensor::Tensor();  // not kept: the home holds it
+}
+
+void NvmeAdamW::set_initial_master(size_t i, const tensor::Tensor& master) {
+  STRATA_CHECK(i < slices_.size() && master_due_[i], "slice {} has its initial master", i);
+  STRATA_CHECK(master.dtype() == DType::F32 && master.numel() == slices_[i].params.numel(),
+               "nvme slice {}: masters start from an f32 tensor of {} elements, got {}", i,
+               slices_[i].params.numel(), master.str());
+  float* buf = buffer(0);
+  for (const SubGroup& s : subs_) {
+    if (s.slice != i) continue;
+    tensor::Tensor(bufs_[0]).narrow(0, 0, s.numel).copy_(master.narrow(0, s.offset, s.numel));
+    std::memset(buf + s.numel, 0, static_cast<size_t>(s.numel) * 8);
+    store_->write(s.home, buf, static_cast<size_t>(s.numel) * 12).wait();
+  }
+  master_due_[i] = false;
 }
 
 NvmeAdamW::~NvmeAdamW() {
@@ -217,6 +237,8 @@ void NvmeAdamW::write_params(const SubGroup& s, const float* master, const void*
 // Note [Optimizer states on NVMe], Note [Sub-group pipeline].
 void NvmeAdamW::step(double lr) {
   if (!(lr >= 0) || !std::isfinite(lr)) user_error("AdamW: learning rate must be >= 0, got {}", lr);
+  STRATA_CHECK(std::find(master_due_.begin(), master_due_.end(), true) == master_due_.end(),
+               "NvmeAdamW::step before every slice's initial master was set");
   drop_staged();
   finish_writes();  // the last step's writes land before their sub-groups are read again
   ++step_;

@@ -126,6 +126,10 @@ class NvmeAdamW final : public Optimizer {
   offload::NvmeStore& store() { return *store_; }
   // Reads that the step had to wait for (not hidden behind the previous sub-group's update).
   int64_t read_waits() const { return read_waits_; }
+  // A slice built with released params and no master (Note [Unit-by-unit construction] in
+  // parallel/engine.h) gets its initial master here, before the first step: written home with
+  // zero moments.
+  void set_initial_master(size_t i, const tensor::Tensor& master);
   // Waits for the last step's writes (they complete in the background; raises their error).
   void finish_writes();
 
@@ -176,6 +180,7 @@ class NvmeAdamW final : public Optimizer {
   tensor::Tensor widened_;                 // f32
   tensor::Tensor low_precision_;           // the model copy, under mixed precision
   int64_t read_waits_ = 0;
+  std::vector<bool> master_due_;  // per slice: set_initial_master() has yet to write it
   std::vector<offload::IoHandle> pending_writes_;
   // Note [Staged states]: per slice, master / exp_avg / exp_avg_sq.
   mutable std::vector<std::vector<tensor::Tensor>> staged_;

@@ -67,6 +67,21 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
     STRATA_CHECK(u.params.dtype() == DType::F32, "unit '{}' is already {}", u.name,
                  dtype_name(u.params.dtype()));
 
+  // Note [Unit-by-unit construction]: a model built deferred is initialised unit by unit below.
+  const bool deferred = model_.built_deferred();
+  if (deferred) {
+    STRATA_USER_CHECK(zero_.stage == 3 && zero_.offload_param.enabled(),
+                      "a model built with deferred initialisation is built unit by unit into "
+                      "ZeRO-3's offloaded partitions; it needs zero_optimization.stage 3 with "
+                      "offload_param, got stage {} and offload_param.device {}",
+                      zero_.stage, offload_param_device_name(zero_.offload_param.device));
+    STRATA_USER_CHECK(param_dtype_ == DType::F32 && !model_.tensor_parallel().enabled() &&
+                          model_.is_whole() && device.value_or(Device::cpu()).is_cpu() &&
+                          units.front().params.device().is_cpu(),
+                      "unit-by-unit construction runs fp32 on the CPU without tensor or "
+                      "pipeline parallelism; build the model whole for this run");
+  }
+
   // Note [Offload construction]
   device_ = device.value_or(units.front().params.device());
   const bool build_on_host =
@@ -75,7 +90,9 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
 
   // Note [Engine parts], in their order.
   partitioning_ = std::make_unique<Partitioning>(units, zero_.stage >= 1, dp_->size(), dp_->rank());
-  sync_params();  // before anything is partitioned: every unit is whole here
+  // before anything is partitioned: every unit is whole here. A deferred model's values are
+  // drawn on every rank alike from the seed (Note [Name-keyed init]): nothing to broadcast.
+  if (!deferred) sync_params();
   // Note [Mixed precision]: fp32 masters of the owned slices, then the model goes low precision.
   if (zero_.offload_optimizer.enabled) {
     // HostPlacement's norm counts what each rank owns: under tensor parallelism the replicated
@@ -132,8 +149,24 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
     placement_->set_param_fence(
         [this](size_t g, bool before) { gathering_->step_fence(g, before); });
   schedule_ = std::make_unique<AccumulationSchedule>();
+  if (deferred) build_units();
   // Note [Host cache trimming]: construction's copies are not asked for again.
   offload::HostAllocator::instance().release_cache();
+}
+
+// Note [Unit-by-unit construction]
+void Engine::build_units() {
+  std::vector<models::FlatUnit>& units = model_.flat_units();
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    model_.init_unit(u);
+    const Range own = partitioning_->owned(u);
+    const tensor::Tensor slice = units[u].params.narrow(0, own.begin, own.size());
+    placement_->set_initial_master(u, slice);
+    if (!gathering_->managed(u)) continue;  // stays whole (stage3_param_persistence_threshold)
+    gathering_->set_partition(u, slice);
+    units[u].params.storage()->release();
+  }
+  gathering_->partitions_set();
 }
 
 Engine::~Engine() = default;

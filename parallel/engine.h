@@ -74,6 +74,26 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // where the bf16 model's are 2 + 2, the gradients released again at stage 2). The rank-0
 // broadcast before it goes through the device one unit at a time.
 //
+// Note [Unit-by-unit construction]
+// A model whose states exceed host memory must never exist whole, not even while it is built
+// (ZeRO-Infinity's "larger than memory", DeepSpeed's zero.Init). `train` builds it inside a
+// DeferredInitScope when zero_optimization.stage is 3 with offload_param (cpu or nvme), fp32 on
+// the CPU, without tensor or pipeline parallelism or model.init_from (Note [Deferred
+// initialisation] in models/nn/module.h): every unit's flat buffers are released and
+// uninitialised. The engine then lays everything out on released buffers — repadding changes
+// only their sizes, no broadcast (the name-keyed init draws the same values on every rank), the
+// placement defers its masters, the gatherer's partitions start released and the tier reserves
+// their homes, the optimizer reserves its NVMe extents — and last, in build_units(), for one
+// unit at a time: materialize its flat buffer and initialise it (CausalLM::init_unit, the bits
+// of the whole build), hand its owned slice to the placement as the initial fp32 master
+// (NvmeAdamW writes it home with zero moments; HostOffload copies it into its host master) and
+// to the gatherer (copied into the partition, stored on the tier, released), then release the
+// unit. Units below stage3_param_persistence_threshold stay whole, as they would have. So the
+// peak of Category::Param during construction is one unit plus one partition plus the tier's
+// buffers, not the model; what is O(model / dp) in host memory is only what training keeps
+// there anyway (the gradient partitions; HostOffload's masters and moments with
+// offload_optimizer.device cpu).
+//
 // Note [Mixed precision]
 // With a low-precision `param_dtype` (BF16, FP16) the engine keeps DeepSpeed's and the ZeRO
 // paper's layout: the model's flat parameters and gradients are bf16/f16 (2 + 2 bytes per
@@ -243,6 +263,8 @@ class Engine {
 
  private:
   void run_backward(const std::function<void()>& fn);
+  // Note [Unit-by-unit construction]: the last step of construction for a deferred model.
+  void build_units();
   // Every slice this rank holds, as shards; `for_loading`: also whole units on ranks > 0.
   std::vector<Shard> held_shards(bool for_loading);
 

@@ -31,6 +31,11 @@ HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const P
     STRATA_CHECK(units[u].params.dtype() == DType::F32, "masters from a {} unit '{}'",
                  dtype_name(units[u].params.dtype()), units[u].name);
     const Range own = parts.owned(u);
+    // Note [Unit-by-unit construction]: not initialised yet; set_initial_master() brings them.
+    if (units[u].params.storage()->is_released()) {
+      initial_masters_.emplace_back();
+      continue;
+    }
     if (config_.nvme && param_dtype == DType::F32 && !partitions_released) {
       // The owned fp32 parameters are the masters' start: NvmeAdamW takes them from the slices.
       initial_masters_.emplace_back();
@@ -207,6 +212,14 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
     offload_->step(lr, scale);
   }
   return result;
+}
+
+void HostPlacement::set_initial_master(int u, const tensor::Tensor& slice) {
+  if (nvme_) {
+    nvme_->set_initial_master(static_cast<size_t>(u), slice);
+  } else {
+    offload_->set_initial_master(static_cast<size_t>(u), slice);
+  }
 }
 
 void HostPlacement::params_from_masters() {

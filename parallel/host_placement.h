@@ -93,6 +93,7 @@ class HostPlacement final : public OptimizerPlacement {
   optim::Optimizer& optimizer() override;
   StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
   void params_from_masters() override;
+  void set_initial_master(int u, const tensor::Tensor& slice) override;
   bool has_masters() const override { return true; }
   tensor::Tensor master(int u) override;
 

@@ -66,6 +66,14 @@ class OptimizerPlacement {
   virtual bool has_masters() const = 0;
   // Unit u's fp32 master slice, for checkpoints (with has_masters()); a view a load may fill.
   virtual tensor::Tensor master(int u) { return optimizer().groups()[u].param; }
+  // Note [Unit-by-unit construction] (parallel/engine.h): after build(), unit u's owned slice of
+  // fp32 parameters as initialised, for masters that could not be taken at construction (the
+  // units' buffers were released then). A placement whose optimizer steps the owned parameters
+  // themselves (fp32 on the device) has nothing to take.
+  virtual void set_initial_master(int u, const tensor::Tensor& slice) {
+    (void)u;
+    (void)slice;
+  }
   // Completes an update still running (ZeRO-Offload's delayed update) and writes the owned
   // slices; true when there was one, and then the caller makes the units whole again.
   virtual bool finish_pending() { return false; }

@@ -47,6 +47,9 @@ class ParamGathering {
   bool params_partitioned() const { return gatherer_ != nullptr; }
   // Unit u keeps only its owned slice between uses.
   bool managed(int u) const { return gatherer_ && gatherer_->managed(u); }
+  // Note [Unit-by-unit construction] (parallel/engine.h): see ParamGatherer.
+  void set_partition(int u, const tensor::Tensor& owned) { gatherer_->set_partition(u, owned); }
+  void partitions_set() { gatherer_->partitions_set(); }
   // This rank's slice of unit u's parameters, in the model's dtype: the persistent partition of a
   // managed unit, else a view of the owned slice of the unit's buffer.
   tensor::Tensor owned_params(int u) const;

@@ -25,10 +25,19 @@ ParamGatherer::ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<b
     const UnitPartition& p = parts_[u];
     STRATA_CHECK(units[u].size() == p.padded, "unit '{}' is not padded for its partition",
                  units[u].name);
+    const bool deferred = units[u].params.storage()->is_released();
     {
       offload::CategoryScope scope(offload::Category::Param);
-      partition_[u] =
-          tensor::Tensor::empty({p.shard}, units[u].params.dtype(), units[u].params.device());
+      partition_[u] = deferred ? tensor::Tensor::empty_released({p.shard}, units[u].params.dtype(),
+                                                                units[u].params.device())
+                               : tensor::Tensor::empty({p.shard}, units[u].params.dtype(),
+                                                       units[u].params.device());
+    }
+    if (deferred) {  // set_partition() fills it
+      ++deferred_;
+      state_[u] = State::Released;
+      if (tier_) step_order_.push_back(static_cast<int>(u));
+      continue;
     }
     partition_[u].copy_(units[u].params.narrow(0, p.owned(dp.rank()).begin, p.shard));
     units[u].params.storage()->release();
@@ -41,6 +50,24 @@ ParamGatherer::ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<b
       step_order_.push_back(static_cast<int>(u));
     }
   }
+  if (tier_) tier_->wait_all();
+}
+
+void ParamGatherer::set_partition(int u, const tensor::Tensor& owned) {
+  STRATA_CHECK(managed_[u] && deferred_ > 0 && partition_[u].storage()->is_released(),
+               "set_partition of unit '{}', which has its partition", (*units_)[u].name);
+  tensor::Storage& s = *partition_[u].storage();
+  s.materialize(offload::Category::Param);
+  partition_[u].copy_(owned);
+  --deferred_;
+  if (!tier_) return;
+  STRATA_CHECK(tier_->holds(u), "the tier does not hold unit '{}'", (*units_)[u].name);
+  tier_->store(u, partition_[u]);
+  s.release();
+}
+
+void ParamGatherer::partitions_set() {
+  STRATA_CHECK(deferred_ == 0, "{} partitions were never set", deferred_);
   if (tier_) tier_->wait_all();
 }
 
@@ -99,6 +126,8 @@ void ParamGatherer::step_fence(size_t g, bool before) {
 }
 
 void ParamGatherer::start(int u) {
+  STRATA_CHECK(deferred_ == 0, "unit '{}' gathered before every partition was set",
+               (*units_)[u].name);
   models::FlatUnit& unit = (*units_)[u];
   load_partition(u);
   unit.params.storage()->materialize(offload::Category::Comm);

@@ -55,7 +55,9 @@ class ParamGatherer {
   // `managed[u]`: unit u is partitioned (its full buffer is released by the constructor after its
   // rank's slice is copied into the partition). `parts[u]` as repad laid it out.
   // `tier` (may be null: partitions stay in memory) takes the managed units' partitions (Note
-  // [Offloaded partitions]); it must hold exactly the managed units.
+  // [Offloaded partitions]); it must hold exactly the managed units. A unit whose buffer is
+  // released already (Note [Deferred initialisation] in models/nn/module.h) gets its partition
+  // later from set_partition().
   ParamGatherer(std::vector<models::FlatUnit>& units, std::vector<bool> managed,
                 std::vector<UnitPartition> parts, comm::Communicator& dp, int64_t prefetch_size,
                 std::unique_ptr<ParamTier> tier = nullptr);
@@ -66,6 +68,12 @@ class ParamGatherer {
   bool managed(int u) const { return managed_[u]; }
   // The rank's slice of a managed unit's parameters ([L]); with a tier, released between uses.
   const tensor::Tensor& partition(int u) const { return partition_[u]; }
+
+  // Note [Unit-by-unit construction] (parallel/engine.h): managed unit u's partition from its
+  // owned slice `owned` (handed to the tier, when there is one); partitions_set() once every
+  // deferred unit's is, before the first gather.
+  void set_partition(int u, const tensor::Tensor& owned);
+  void partitions_set();
 
   // Note [Offloaded partitions]. Without a tier these do nothing.
   ParamTier* tier() const { return tier_.get(); }
@@ -129,6 +137,7 @@ class ParamGatherer {
   std::function<void(const std::string&)> trace_;
   std::unique_ptr<ParamTier> tier_;
   std::vector<int> step_order_;  // the managed units, ascending: the optimizer's order
+  int deferred_ = 0;             // partitions set_partition() has yet to fill
 };
 
 }  // namespace strata::parallel

@@ -300,7 +300,17 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   // Note [Host memory budget], Note [Host memory plan]: after the data's checks, before the
   // model and its states are allocated.
   host_budget_ = start_host_budget(c, shape, whole_options_, world_, tp_size_, launch.local_size);
-  model_ = with_config_context(c, "model", [&] { return registry.create(c.model.name, mopts); });
+  // Note [Unit-by-unit construction] (parallel/engine.h): ZeRO-3 with offloaded parameters on
+  // the CPU never holds the model whole; the engine initialises it unit by unit into its
+  // partitions. init_from loads a whole model, so it keeps the whole build.
+  const bool deferred = c.zero.stage == 3 && c.zero.offload_param.enabled() && device_.is_cpu() &&
+                        param_dtype(c.run.dtype) == DType::F32 && c.model.init_from.empty() &&
+                        tp_size_ == 1 && pp_size_ == 1;
+  model_ = with_config_context(c, "model", [&] {
+    std::optional<models::nn::DeferredInitScope> scope;
+    if (deferred) scope.emplace();
+    return registry.create(c.model.name, mopts);
+  });
   STRATA_CHECK(
       model_->max_seq_len() == shape.max_seq_len && model_->vocab_size() == shape.vocab_size,
       "model '{}' built with context {} and vocabulary {}; its shape said {} and {}", c.model.name,

@@ -128,7 +128,7 @@ void Trainer::report_memory() {
     using offload::Tier;
     console_->event(fmt::format(
         "  ZeRO-Infinity parameters (rank 0): offload_param.device {}; nvme {} (swap files {}), "
-        "pinned {} (peak {}), host {} (peak {}); {} buffers of {}",
+        "pinned {} (peak {}), host {} (peak {}); {} buffers of {}{}",
         config_.zero.offload_param.device,
         format_bytes(stats.usage(Tier::Nvme, Category::Param).current),
         tier->files().empty() ? std::string("none") : tier->files().front(),
@@ -136,7 +136,9 @@ void Trainer::report_memory() {
         format_bytes(stats.usage(Tier::Pinned, Category::Param).peak),
         format_bytes(stats.usage(Tier::Host, Category::Param).current),
         format_bytes(stats.usage(Tier::Host, Category::Param).peak), tier->buffer_count(),
-        format_bytes(tier->buffer_bytes())));
+        format_bytes(tier->buffer_bytes()),
+        // Note [Unit-by-unit construction] in parallel/engine.h
+        model_->built_deferred() ? "; built unit by unit, never whole in host memory" : ""));
   }
   if (autograd::cpu_checkpointing()) {
     // Note [CPU checkpointing]: the checkpoints' bytes moved from the device to pinned memory.

@@ -12,6 +12,12 @@ Storage::Storage(size_t nbytes, Device device, offload::Allocator* allocator,
   data_ = block_.ptr;
 }
 
+Storage::Storage(Released, size_t nbytes, Device device, offload::Allocator* allocator,
+                 offload::Category category)
+    : nbytes_(nbytes), device_(device), allocator_(allocator), released_(true) {
+  block_.category = category;
+}
+
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
     : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
 

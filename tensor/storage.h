@@ -25,6 +25,11 @@ class Storage {
  public:
   // Allocates `nbytes` from `allocator`, charged to `category`.
   Storage(size_t nbytes, Device device, offload::Allocator* allocator, offload::Category category);
+  // Released from the start (Note [Released storage]): no bytes until materialize(), which
+  // charges them to `category`.
+  struct Released {};
+  Storage(Released, size_t nbytes, Device device, offload::Allocator* allocator,
+          offload::Category category);
   // Wraps external memory; `deleter` (may be empty) runs on destruction.
   Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter = {});
   ~Storage();

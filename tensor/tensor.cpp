@@ -29,6 +29,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::move(storage), shape, shape.contiguous_strides(), 0, dtype);
 }
 
+Tensor Tensor::empty_released(const Shape& shape, DType dtype, Device device) {
+  for (int i = 0; i < shape.ndim(); ++i)
+    STRATA_CHECK(shape[i] >= 0, "negative dimension in shape {}", shape.str());
+  size_t nbytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  auto storage = std::make_shared<Storage>(Storage::Released{}, nbytes, device,
+                                           &allocator_for(device), offload::current_category());
+  return Tensor(std::move(storage), shape, shape.contiguous_strides(), 0, dtype);
+}
+
 Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device) {
   size_t nbytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   auto storage = std::make_shared<Storage>(data, nbytes, device);

@@ -27,6 +27,10 @@ class Tensor {
   // A fresh contiguous tensor, uninitialised, charged to the current category
   // (see offload::CategoryScope).
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  // The same, with its storage released (Note [Released storage]): no bytes until the storage is
+  // materialized, then charged to the current category as of this call.
+  static Tensor empty_released(const Shape& shape, DType dtype = DType::F32,
+                               Device device = Device::cpu());
   // Wraps caller-owned memory without copying; the caller keeps it alive.
   static Tensor from_blob(void* data, const Shape& shape, DType dtype,
                           Device device = Device::cpu());

@@ -47,7 +47,11 @@ GPT2::GPT2(const GPT2Config& config, uint64_t seed, const nn::TensorParallel& tp
   }
   if (is_last_stage()) units.push_back({"head", {"ln_f"}});
   flatten(units);
-  reset_parameters(seed);
+  initialize(seed);
+}
+
+void GPT2::finish_unit_init(const FlatUnit& unit) {
+  if (wte_ != nullptr && holds_prefix(unit, "wte")) wte_->zero_rows_from(config_.vocab_size);
 }
 
 void GPT2::reset_parameters(uint64_t seed) {

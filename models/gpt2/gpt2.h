@@ -51,6 +51,7 @@ class GPT2 : public CausalLM {
   Variable forward_stage(const Tensor& ids, const Variable& hidden) override;
 
   void reset_parameters(uint64_t seed) override;
+  void finish_unit_init(const FlatUnit& unit) override;
   // Turns block recomputation on or off after construction.
   void set_activation_checkpointing(bool on);
 

@@ -54,7 +54,13 @@ Llama::Llama(const LlamaConfig& config, uint64_t seed, const nn::TensorParallel&
   else if (norm_)
     units.push_back({"head", {"norm"}});
   flatten(units);
-  reset_parameters(seed);
+  initialize(seed);
+}
+
+void Llama::finish_unit_init(const FlatUnit& unit) {
+  if (embed_tokens_ && holds_prefix(unit, "embed_tokens"))
+    embed_tokens_->zero_rows_from(config_.vocab_size);
+  if (lm_head_ && holds_prefix(unit, "lm_head")) lm_head_->zero_rows_from(config_.vocab_size);
 }
 
 void Llama::reset_parameters(uint64_t seed) {

@@ -36,9 +36,27 @@ Module::~Module() {
 
 // ---- structure ----
 
+namespace {
+thread_local bool g_deferred_init = false;
+}
+
+DeferredInitScope::DeferredInitScope() : saved_(g_deferred_init) {
+  g_deferred_init = true;
+}
+
+DeferredInitScope::~DeferredInitScope() {
+  g_deferred_init = saved_;
+}
+
+bool DeferredInitScope::active() {
+  return g_deferred_init;
+}
+
 Variable Module::register_parameter(const std::string& name, const Shape& shape) {
   offload::CategoryScope scope(offload::Category::Param);
-  return register_parameter(name, Variable(Tensor::empty(shape, DType::F32), true));
+  Tensor data = DeferredInitScope::active() ? Tensor::empty_released(shape, DType::F32)
+                                            : Tensor::empty(shape, DType::F32);
+  return register_parameter(name, Variable(std::move(data), true));
 }
 
 Variable Module::register_parameter(const std::string& name, Variable v) {

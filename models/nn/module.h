@@ -57,6 +57,29 @@ struct HookHandle {
   uint64_t id = 0;
 };
 
+// Note [Deferred initialisation]
+// A model larger than host memory cannot be built whole and partitioned afterwards. As
+// DeepSpeed's zero.Init does, a model constructed inside a DeferredInitScope gets parameters
+// with released storage (Note [Released storage]): register_parameter allocates nothing,
+// flatten_parameters binds the variables to released flat buffers without copying or zeroing,
+// and the constructor records the seed instead of initialising (CausalLM::initialize). The
+// ZeRO-3 engine then calls CausalLM::init_unit(u) for one unit at a time: it materializes the
+// unit's flat buffer and initialises it exactly as the constructor would have (Note [Name-keyed
+// init]: every draw is keyed by the parameter's name, so the bits do not depend on what else
+// exists), and the engine copies the rank's slice into its partition and releases the unit
+// again (Note [Unit-by-unit construction] in parallel/engine.h). Scopes nest; per thread.
+class DeferredInitScope {
+ public:
+  DeferredInitScope();
+  ~DeferredInitScope();
+  DeferredInitScope(const DeferredInitScope&) = delete;
+  DeferredInitScope& operator=(const DeferredInitScope&) = delete;
+  static bool active();
+
+ private:
+  bool saved_;
+};
+
 class Module {
  public:
   Module() = default;
@@ -66,7 +89,7 @@ class Module {
 
   // ---- structure (Note [Module names]) ----
   // Allocates an fp32 parameter of `shape` under Category::Param (contents unspecified until
-  // reset_parameters) and registers it.
+  // reset_parameters) and registers it; released inside a DeferredInitScope.
   Variable register_parameter(const std::string& name, const Shape& shape);
   // Registers an existing variable as a parameter; it is made to require grad.
   Variable register_parameter(const std::string& name, Variable v);

@@ -72,7 +72,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // the placement has taken its masters there and the cast has made them low precision; only then
 // do they move, so the GPU never holds the fp32 parameters and gradients (8 bytes per parameter,
 // where the bf16 model's are 2 + 2, the gradients released again at stage 2). The rank-0
-// broadcast before it goes through the device one unit at a time.
+// broadcast before it goes through the device one unit at a time. A model built deferred never
+// has whole fp32 units to move or broadcast: Note [Unit-by-unit construction].
 //
 // Note [Unit-by-unit construction]
 // A model whose states exceed host memory must never exist whole, not even while it is built

@@ -157,6 +157,10 @@ void CausalLM::init_unit(int u) {
   FlatUnit& unit = flat_units_[u];
   unit.params.storage()->materialize(offload::Category::Param);
   unit.params.zero_();  // the alignment padding (Note [Flat parameters])
+  if (unit_source_) {
+    unit_source_(unit);
+    return;
+  }
   for (const std::string& prefix : unit.prefixes) module(prefix).reset_parameters(init_seed_);
   finish_unit_init(unit);
 }

@@ -25,6 +25,7 @@
 // position are cached as usual. A model that does not call it still gives the right logits:
 // forward_cached keeps the last position of what it returns, at the full cost.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -121,6 +122,11 @@ class CausalLM : public nn::Module {
   // constructor gives outside the scope: zero padding, every module under the unit's prefixes
   // reset from the seed, then finish_unit_init. The gradient buffer is left alone.
   void init_unit(int u);
+  // Instead of the seed, init_unit fills each unit with `fill` (model.init_from:
+  // hf_unit_loader in models/hf_interop.h), after zeroing it.
+  void set_unit_source(std::function<void(const FlatUnit&)> fill) {
+    unit_source_ = std::move(fill);
+  }
 
  protected:
   // The model's computation, ids -> logits.
@@ -153,6 +159,7 @@ class CausalLM : public nn::Module {
   nn::TensorParallel tp_;
   std::map<std::string, nn::ShardSpec> shard_specs_;
   uint64_t init_seed_ = 0;
+  std::function<void(const FlatUnit&)> unit_source_;
   bool built_deferred_ = false;
 };
 

@@ -163,7 +163,57 @@ std::string other_family_hint(const ModelRegistry& registry, const HfMapping& ma
 
 }  // namespace
 
+namespace {
+
+// What load_hf writes, validated: each parameter's tensor in the files and how it converts.
+struct HfLoadPlan {
+  struct Copy {
+    HfFiles::Item item;
+    std::string name;  // the parameter's full name
+    Variable param;
+    HfTensor hf;
+  };
+  HfFiles files;
+  std::vector<Copy> copies;
+  int64_t vocab_size = 0;
+
+  void write(const Copy& c) const {
+    Tensor src = c.item.reader->read(c.item.entry->name);
+    if (c.hf.from_hf) src = c.hf.from_hf(src);
+    Tensor dst = c.param.data();  // a view into the flat buffer: copy in place
+    if (c.hf.vocab_rows && dst.size(0) > vocab_size) {
+      dst.narrow(0, 0, vocab_size).copy_(src);
+      dst.narrow(0, vocab_size, dst.size(0) - vocab_size).zero_();  // Note [Padded vocabulary]
+    } else {
+      dst.copy_(src);
+    }
+  }
+};
+
+std::shared_ptr<HfLoadPlan> plan_hf_load(CausalLM& model, const std::string& path_in,
+                                         const ModelRegistry* registry_in);
+
+}  // namespace
+
 void load_hf(CausalLM& model, const std::string& path_in, const ModelRegistry* registry_in) {
+  const std::shared_ptr<HfLoadPlan> plan = plan_hf_load(model, path_in, registry_in);
+  for (const HfLoadPlan::Copy& c : plan->copies) plan->write(c);
+}
+
+std::function<void(const FlatUnit&)> hf_unit_loader(CausalLM& model, const std::string& path,
+                                                    const ModelRegistry* registry) {
+  std::shared_ptr<const HfLoadPlan> plan = plan_hf_load(model, path, registry);
+  return [plan](const FlatUnit& unit) {
+    const std::set<std::string> names(unit.names.begin(), unit.names.end());
+    for (const HfLoadPlan::Copy& c : plan->copies)
+      if (names.contains(c.name)) plan->write(c);
+  };
+}
+
+namespace {
+
+std::shared_ptr<HfLoadPlan> plan_hf_load(CausalLM& model, const std::string& path_in,
+                                         const ModelRegistry* registry_in) {
   const ModelRegistry& registry = registry_or_global(registry_in);
   const HfMapping& mapping = registry.hf_mapping(model.family(), path_in);
 
@@ -178,7 +228,9 @@ void load_hf(CausalLM& model, const std::string& path_in, const ModelRegistry* r
     mapping.check_config_json(model, config, config_path);
   }
 
-  const HfFiles files = open_hf_files(path_in);
+  auto plan = std::make_shared<HfLoadPlan>();
+  plan->files = open_hf_files(path_in);
+  const HfFiles& files = plan->files;
   const std::string& path = files.path;
   const std::optional<HfTiedHead> tied = mapping.tied_head(model);
   const std::optional<std::string> tied_name =
@@ -219,12 +271,8 @@ void load_hf(CausalLM& model, const std::string& path_in, const ModelRegistry* r
                   mapping.layers_key(), n_layer, mapping.layers_key());
 
   // Validate everything before writing anything.
-  struct Copy {
-    Item item;
-    Variable param;
-    HfTensor hf;
-  };
-  std::vector<Copy> copies;
+  plan->vocab_size = V;
+  std::vector<HfLoadPlan::Copy>& copies = plan->copies;
   std::set<std::string> used;
   for (auto& [name, p] : model.named_parameters()) {
     auto it = by_name.find(name);
@@ -248,7 +296,7 @@ void load_hf(CausalLM& model, const std::string& path_in, const ModelRegistry* r
     if (!is_floating(e.dtype))
       user_error("{}: tensor '{}' is {}; {} weights must be F32, F16 or BF16", file, e.name,
                  dtype_name(e.dtype), mapping.display_name());
-    copies.push_back({it->second, p, std::move(hf)});
+    copies.push_back({it->second, name, p, std::move(hf)});
     used.insert(name);
   }
   for (auto& [name, t] : by_name)
@@ -277,18 +325,10 @@ void load_hf(CausalLM& model, const std::string& path_in, const ModelRegistry* r
   // first write, so damaged bytes are refused with the model untouched.
   for (const auto& r : files.readers)
     if (r->has_digests()) r->verify();
-  for (Copy& c : copies) {
-    Tensor src = c.item.reader->read(c.item.entry->name);
-    if (c.hf.from_hf) src = c.hf.from_hf(src);
-    Tensor dst = c.param.data();  // a view into the flat buffer: copy in place
-    if (c.hf.vocab_rows && dst.size(0) > V) {
-      dst.narrow(0, 0, V).copy_(src);
-      dst.narrow(0, V, dst.size(0) - V).zero_();  // Note [Padded vocabulary]
-    } else {
-      dst.copy_(src);
-    }
-  }
+  return plan;
 }
+
+}  // namespace
 
 void export_hf(const CausalLM& model, const std::string& out_dir,
                const ModelRegistry* registry_in) {

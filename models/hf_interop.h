@@ -1,6 +1,7 @@
 #pragma once
 // Hugging Face checkpoints in and out of any model family that registers an HfMapping
 // (Note [HF mapping] in models/hf_mapping.h): `model.init_from` and `convert --to-hf`.
+#include <functional>
 #include <string>
 
 #include "models/causal_lm.h"
@@ -20,6 +21,11 @@ class ModelRegistry;
 // another family (named when another registered mapping recognises it), a missing or unexpected
 // tensor, a shape that does not match (with the config key that probably differs).
 void load_hf(CausalLM& model, const std::string& path, const ModelRegistry* registry = nullptr);
+// load_hf for a model built deferred (Note [Deferred initialisation] in models/nn/module.h):
+// validates everything as load_hf does, now, and returns the filler CausalLM::set_unit_source
+// takes, which writes one unit's parameters from the files (keeping them open).
+std::function<void(const FlatUnit&)> hf_unit_loader(CausalLM& model, const std::string& path,
+                                                    const ModelRegistry* registry = nullptr);
 
 // Writes out_dir/model.safetensors (fp32, the family's HF names and layouts, no tied head and
 // no vocabulary padding) and out_dir/config.json, so that transformers' from_pretrained(out_dir)

@@ -167,6 +167,7 @@ void Engine::build_units() {
     units[u].params.storage()->release();
   }
   gathering_->partitions_set();
+  model_.set_unit_source({});  // model.init_from's files close
 }
 
 Engine::~Engine() = default;

@@ -79,18 +79,18 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // A model whose states exceed host memory must never exist whole, not even while it is built
 // (ZeRO-Infinity's "larger than memory", DeepSpeed's zero.Init). `train` builds it inside a
 // DeferredInitScope when zero_optimization.stage is 3 with offload_param (cpu or nvme), fp32 on
-// the CPU, without tensor or pipeline parallelism or model.init_from (Note [Deferred
-// initialisation] in models/nn/module.h): every unit's flat buffers are released and
-// uninitialised. The engine then lays everything out on released buffers — repadding changes
-// only their sizes, no broadcast (the name-keyed init draws the same values on every rank), the
-// placement defers its masters, the gatherer's partitions start released and the tier reserves
-// their homes, the optimizer reserves its NVMe extents — and last, in build_units(), for one
-// unit at a time: materialize its flat buffer and initialise it (CausalLM::init_unit, the bits
-// of the whole build), hand its owned slice to the placement as the initial fp32 master
-// (NvmeAdamW writes it home with zero moments; HostOffload copies it into its host master) and
-// to the gatherer (copied into the partition, stored on the tier, released), then release the
-// unit. Units below stage3_param_persistence_threshold stay whole, as they would have. So the
-// peak of Category::Param during construction is one unit plus one partition plus the tier's
+// the CPU, without tensor or pipeline parallelism (Note [Deferred initialisation] in
+// models/nn/module.h): every unit's flat buffers are released and uninitialised. The engine then
+// lays everything out on released buffers — repadding changes only their sizes, no broadcast (the
+// name-keyed init draws the same values on every rank), the placement defers its masters, the
+// gatherer's partitions start released and the tier reserves their homes, the optimizer reserves
+// its NVMe extents — and last, in build_units(), for one unit at a time: materialize its flat
+// buffer and initialise it (CausalLM::init_unit, the bits of the whole build; model.init_from: the
+// unit's tensors from the HF files, hf_unit_loader), hand its owned slice to the placement as the
+// initial fp32 master (NvmeAdamW writes it home with zero moments; HostOffload copies it into its
+// host master) and to the gatherer (copied into the partition, stored on the tier, released), then
+// release the unit. Units below stage3_param_persistence_threshold stay whole, as they would have.
+// So the peak of Category::Param during construction is one unit plus one partition plus the tier's
 // buffers, not the model; what is O(model / dp) in host memory is only what training keeps
 // there anyway (the gradient partitions; HostOffload's masters and moments with
 // offload_optimizer.device cpu).

@@ -301,11 +301,10 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   // model and its states are allocated.
   host_budget_ = start_host_budget(c, shape, whole_options_, world_, tp_size_, launch.local_size);
   // Note [Unit-by-unit construction] (parallel/engine.h): ZeRO-3 with offloaded parameters on
-  // the CPU never holds the model whole; the engine initialises it unit by unit into its
-  // partitions. init_from loads a whole model, so it keeps the whole build.
+  // the CPU never holds the model whole; the engine initialises it (or loads init_from into it)
+  // unit by unit into its partitions.
   const bool deferred = c.zero.stage == 3 && c.zero.offload_param.enabled() && device_.is_cpu() &&
-                        param_dtype(c.run.dtype) == DType::F32 && c.model.init_from.empty() &&
-                        tp_size_ == 1 && pp_size_ == 1;
+                        param_dtype(c.run.dtype) == DType::F32 && tp_size_ == 1 && pp_size_ == 1;
   model_ = with_config_context(c, "model", [&] {
     std::optional<models::nn::DeferredInitScope> scope;
     if (deferred) scope.emplace();
@@ -316,7 +315,10 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
       "model '{}' built with context {} and vocabulary {}; its shape said {} and {}", c.model.name,
       model_->max_seq_len(), model_->vocab_size(), shape.max_seq_len, shape.vocab_size);
   if (!c.model.init_from.empty()) {
-    if (pp_size_ > 1 || tp_size_ > 1) {
+    if (deferred) {
+      // Validated now, written unit by unit as the engine builds them.
+      model_->set_unit_source(models::hf_unit_loader(*model_, c.model.init_from));
+    } else if (pp_size_ > 1 || tp_size_ > 1) {
       // A stage's parameters are the whole model's of the same names (Note [Pipeline stages]),
       // a tensor-parallel rank's their slices (Note [Tensor-parallel shards]): the HF file loads
       // into a whole model, and each rank takes its tensors from it (host memory for one more

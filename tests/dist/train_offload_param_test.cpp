@@ -2,8 +2,9 @@
 // [Parameter tier] in parallel/param_tier.h), on CPU ranks with the host playing the device:
 // every placement (cpu, nvme; dp 1, 2, 4) is bitwise the in-memory ZeRO-3 run over 20 steps,
 // losses and final checkpoint files; an offloaded run stopped and resumed is bitwise the
-// uninterrupted one; the parameters' measured resident bytes are the buffers, not the model; bad
-// settings are clear errors. Label mpi: the tests start mpirun themselves.
+// uninterrupted one; the parameters' measured resident bytes are the buffers, not the model; the
+// model is built unit by unit, from the seed or from model.init_from; bad settings are clear
+// errors. Label mpi: the tests start mpirun themselves.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -160,6 +161,35 @@ TEST_F(TrainOffloadParam, ResidentParametersAreTheBuffersNotTheModel) {
   EXPECT_EQ(four["host"].get<int64_t>(), two["host"].get<int64_t>());
   const int64_t resident = two["pinned"].get<int64_t>() + two["host"].get<int64_t>();
   EXPECT_LT(resident, model * 3 / 4) << "resident " << resident << " of " << model;
+}
+
+// Note [Unit-by-unit construction]: model.init_from on an offloaded run reads each unit's tensors
+// from the HF file as the unit is built; the run is bitwise the in-memory ZeRO-3 run started
+// from the same file (which loads the whole model first), at dp 1 and 2.
+TEST_F(TrainOffloadParam, InitFromLoadsUnitByUnitBitwise) {
+  CommandResult base = train(0, config("base", 3), placement("none"));
+  ASSERT_EQ(base.exit_code, 0) << describe(base);
+  const std::string hf = tmp_ / "hf";
+  CommandResult conv = testing::run_command(
+      {kBin + "/convert", "--checkpoint", tmp_ / "base/checkpoints/step_00000003", "--to-hf", hf});
+  ASSERT_EQ(conv.exit_code, 0) << describe(conv);
+  const int kSteps = 4;
+  for (int dp : {1, 2}) {
+    const std::string mem = fmt::format("mem{}", dp), nvme = fmt::format("nvme{}", dp);
+    std::vector<std::string> a = placement("none"), b = placement("nvme");
+    a.push_back("model.init_from=" + hf);
+    b.push_back("model.init_from=" + hf);
+    CommandResult x = train(dp == 1 ? 0 : dp, config(mem, kSteps), a);
+    ASSERT_EQ(x.exit_code, 0) << describe(x);
+    CommandResult y = train(dp == 1 ? 0 : dp, config(nvme, kSteps), b);
+    ASSERT_EQ(y.exit_code, 0) << describe(y);
+    EXPECT_NE(y.out.find("built unit by unit, never whole in host memory"), std::string::npos)
+        << y.out;
+    expect_bitwise(mem, nvme, kSteps);
+    // The file's weights, not a fresh init: the first loss is below the base run's first.
+    EXPECT_LT(records(nvme).front()["loss"].get<double>(),
+              records("base").front()["loss"].get<double>() - 0.05);
+  }
 }
 
 TEST_F(TrainOffloadParam, BadSettingsAreClearErrors) {

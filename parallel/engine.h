@@ -92,8 +92,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // release the unit. Units below stage3_param_persistence_threshold stay whole, as they would have.
 // So the peak of Category::Param during construction is one unit plus one partition plus the tier's
 // buffers, not the model; what is O(model / dp) in host memory is only what training keeps
-// there anyway (the gradient partitions; HostOffload's masters and moments with
-// offload_optimizer.device cpu).
+// there anyway (the gradient partitions, unless they are on NVMe; HostOffload's masters and
+// moments with offload_optimizer.device cpu).
 //
 // Note [Mixed precision]
 // With a low-precision `param_dtype` (BF16, FP16) the engine keeps DeepSpeed's and the ZeRO

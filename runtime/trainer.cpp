@@ -569,11 +569,11 @@ Trainer::Outcome Trainer::run(int64_t stop_at) {
                                 step_, t.steps));
     return Outcome::Finished;
   }
-  // offload_param: the model was built whole before ZeRO-3 partitioned it onto the tier (and its
-  // gradients before they went to NVMe); the peaks (metrics' peak_bytes, param_peak_bytes and
-  // grad_peak_bytes) count from here, the training's own.
-  // The whole buffers it freed went to the host block cache (Note [Host block cache]); they go
-  // back to the system here, or the resident set would keep the whole model's size.
+  // offload_param: the model was built (whole, or unit by unit: Note [Unit-by-unit construction]
+  // in parallel/engine.h) before ZeRO-3 partitioned it onto the tier (and its gradients before
+  // they went to NVMe); the peaks (metrics' peak_bytes, param_peak_bytes and grad_peak_bytes)
+  // count from here, the training's own. What construction or a resume freed into the host block
+  // cache (Note [Host cache trimming]) goes back to the system here.
   if (config_.zero.offload_param.enabled() || engine_->grads_on_nvme()) {
     offload::HostAllocator::instance().release_cache();
     offload::MemoryStats::global().reset_peaks();

@@ -184,9 +184,13 @@ void NvmeStore::check_files() const {
   }
 }
 
+size_t NvmeStore::blocks_for(size_t bytes, size_t block_bytes) {
+  return std::max<size_t>(1, (bytes + block_bytes - 1) / block_bytes);
+}
+
 Block NvmeStore::allocate(size_t bytes, Category category) {
   const uint64_t bb = config_.block_bytes;
-  const size_t n = std::max<size_t>(1, (bytes + bb - 1) / bb);
+  const size_t n = blocks_for(bytes, bb);
   const size_t nfiles = files_.size();
   auto e = std::make_shared<Extent>();
   e->category = category;

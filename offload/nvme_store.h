@@ -57,8 +57,11 @@ class NvmeStore final : public Allocator {
   NvmeStore(const NvmeStore&) = delete;
   NvmeStore& operator=(const NvmeStore&) = delete;
 
-  // Reserves ceil(bytes / block_bytes) blocks; raises a UserError naming the path when full.
+  // Reserves blocks_for(bytes, block_bytes) blocks; raises a UserError naming the path when full.
   Block allocate(size_t bytes, Category category) override;
+  // The blocks an extent of `bytes` takes: ceil(bytes / block_bytes), at least one. What a plan
+  // of the disk space a run needs counts (runtime/nvme_space_plan.h).
+  static size_t blocks_for(size_t bytes, size_t block_bytes);
   using Allocator::allocate;
   void deallocate(const Block& block) override;  // the block's I/O must have completed
   Tier tier() const override { return Tier::Nvme; }

@@ -95,6 +95,25 @@ struct NvmeAdamWOptions {  // zero_optimization.offload_optimizer with device: n
   void validate() const;
 };
 
+// What an NvmeAdamW over slices of `slice_numel` elements allocates: the constructor allocates
+// exactly this, and the start's plans count it (runtime/host_memory_plan.h,
+// runtime/nvme_space_plan.h). Host bytes are per buffer; `extents` are the sub-groups' NVMe homes.
+struct NvmeAdamWSizes {
+  int64_t max_sub_group = 0;       // elements of the largest sub-group
+  int64_t state_buffer_bytes = 0;  // 12 x max_sub_group, rounded up to 4 KiB
+  int64_t buffer_count = 0;        // min(buffer_count, sub-groups)
+  int64_t grad_stage_bytes = 0;    // the gradient staging buffer (the gradients' dtype)
+  int64_t model_copy_bytes = 0;    // under mixed precision: the model-copy buffer, else 0
+  int64_t widened_bytes = 0;       // the f32 widening buffer when the gradients are not f32
+  std::vector<int64_t> extents;    // 12 x each sub-group's elements
+  int64_t host_bytes() const {
+    return state_buffer_bytes * buffer_count + grad_stage_bytes + model_copy_bytes + widened_bytes;
+  }
+};
+NvmeAdamWSizes nvme_adamw_sizes(const std::vector<int64_t>& slice_numel,
+                                const NvmeAdamWOptions& options, DType param_dtype,
+                                DType grad_dtype);
+
 class NvmeAdamW final : public Optimizer {
  public:
   NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,

@@ -30,6 +30,32 @@ tensor::Tensor host_view(const offload::Block& b, int64_t numel, DType dtype) {
 
 }  // namespace
 
+ParamTierLayout param_tier_layout(const OffloadParamConfig& config,
+                                  const std::vector<int64_t>& numel, DType dtype) {
+  ParamTierLayout out;
+  out.nvme.assign(numel.size(), false);
+  const bool nvme = config.device == OffloadParamConfig::Device::Nvme;
+  // Note [Parameter tier]: max_in_cpu elements stay on the host, the first units that fit.
+  int64_t in_cpu_left = config.max_in_cpu;
+  for (size_t u = 0; u < numel.size(); ++u) {
+    if (numel[u] == 0) continue;
+    const int64_t bytes = numel[u] * static_cast<int64_t>(dtype_size(dtype));
+    out.nvme[u] = nvme && numel[u] > in_cpu_left;
+    if (!out.nvme[u] && nvme) in_cpu_left -= numel[u];
+    if (!out.nvme[u]) {
+      out.host_bytes += bytes;
+      continue;
+    }
+    out.nvme_extents.push_back(bytes);
+    if (bytes > out.buffer_bytes) {
+      out.buffer_bytes = bytes;
+      out.largest_unit = static_cast<int>(u);
+    }
+  }
+  if (out.largest_unit >= 0) out.buffer_count = config.buffer_count;
+  return out;
+}
+
 ParamTier::ParamTier(const OffloadParamConfig& config, const std::vector<int64_t>& numel,
                      const std::vector<std::string>& names, DType dtype)
     : dtype_(dtype), homes_(numel.size()), read_ahead_(config.read_ahead) {
@@ -38,22 +64,12 @@ ParamTier::ParamTier(const OffloadParamConfig& config, const std::vector<int64_t
   host_alloc_ = config.pin_memory
                     ? static_cast<offload::Allocator*>(&offload::PinnedAllocator::instance())
                     : &offload::HostAllocator::instance();
-  const bool nvme = config.device == OffloadParamConfig::Device::Nvme;
-  // Note [Parameter tier]: max_in_cpu elements stay on the host, the first units that fit.
-  int64_t in_cpu_left = config.max_in_cpu;
-  size_t largest = 0;
-  int largest_unit = -1;
+  const ParamTierLayout layout = param_tier_layout(config, numel, dtype);
+  const int largest_unit = layout.largest_unit;
   for (size_t u = 0; u < numel.size(); ++u) {
-    Home& h = homes_[u];
-    h.numel = numel[u];
-    if (h.numel == 0) continue;
-    h.bytes = static_cast<size_t>(h.numel) * dtype_size(dtype);
-    h.nvme = nvme && h.numel > in_cpu_left;
-    if (!h.nvme && nvme) in_cpu_left -= h.numel;
-    if (h.nvme && h.bytes > largest) {
-      largest = h.bytes;
-      largest_unit = static_cast<int>(u);
-    }
+    homes_[u].numel = numel[u];
+    homes_[u].bytes = static_cast<size_t>(numel[u]) * dtype_size(dtype);
+    homes_[u].nvme = layout.nvme[u];
   }
   if (largest_unit >= 0) {
     const int64_t need = homes_[largest_unit].numel;
@@ -70,8 +86,8 @@ ParamTier::ParamTier(const OffloadParamConfig& config, const std::vector<int64_t
     nc.paths = {config.nvme_path};
     nc.aio = config.aio;
     store_ = std::make_unique<offload::NvmeStore>(nc);
-    buffer_bytes_ = largest;
-    buffers_.resize(static_cast<size_t>(config.buffer_count));
+    buffer_bytes_ = static_cast<size_t>(layout.buffer_bytes);
+    buffers_.resize(static_cast<size_t>(layout.buffer_count));
     for (Buffer& b : buffers_)
       b.block = host_alloc_->allocate(buffer_bytes_, offload::Category::Param);
   }

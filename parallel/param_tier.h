@@ -59,6 +59,20 @@ struct OffloadParamConfig {  // zero_optimization.offload_param, DeepSpeed's nam
 
 const char* offload_param_device_name(OffloadParamConfig::Device d);
 
+// Where a ParamTier puts each unit's partition and the buffers it allocates, computed from the
+// config and the partition sizes alone: the constructor allocates exactly this, and the start's
+// plans count it (runtime/host_memory_plan.h, runtime/nvme_space_plan.h).
+struct ParamTierLayout {
+  std::vector<bool> nvme;             // [unit]: its home is an NVMe extent (else a host block)
+  int64_t host_bytes = 0;             // home copies on the host (pinned with pin_memory), all units
+  int64_t buffer_bytes = 0;           // one buffer: the largest partition on NVMe (0: none on NVMe)
+  int64_t buffer_count = 0;           // buffers allocated (0 when nothing is on NVMe)
+  int largest_unit = -1;              // the unit of that partition
+  std::vector<int64_t> nvme_extents;  // bytes of each NVMe home, in unit order
+};
+ParamTierLayout param_tier_layout(const OffloadParamConfig& config,
+                                  const std::vector<int64_t>& numel, DType dtype);
+
 class ParamTier {
  public:
   // numel[u] > 0: unit u's partition (elements of `dtype`) lives here; 0: not managed.

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "offload/host_budget.h"
+#include "runtime/offload_plan.h"
 
 namespace strata::runtime {
 
@@ -47,14 +48,52 @@ HostMemoryPlan plan_host_memory(const TrainConfig& c, const models::ModelShape& 
                                               : parallel::StateOptimizer::Sgd;
   const parallel::ModelStateBytes states =
       parallel::padded_model_state_bytes(zc, units, c.zero.stage3_param_persistence_threshold);
-  // offload_param nvme: the partitions are on NVMe (max_in_cpu's are not counted: a lower
-  // bound); cpu: they are host memory as counted.
-  plan.items.push_back(
-      {"parameters", c.zero.offload_param.device == "nvme" ? int64_t{0} : states.params});
+  const OffloadPlan off = plan_offload(c, units, dp);
+  const int64_t psize = c.run.dtype == "fp32" ? 4 : 2;  // the parameters' (and gradients') dtype
+  // offload_param: the managed units' partitions are the tier's home copies, on the host only
+  // for device cpu and (nvme) the max_in_cpu ones (parallel::param_tier_layout).
+  const int64_t params =
+      off.param_tier ? states.params - off.managed_shard_elements * psize + off.tier.host_bytes
+                     : states.params;
+  plan.items.push_back({"parameters", params});
   plan.items.push_back({"gradients", states.grads});
-  // offload_optimizer nvme: the states are on NVMe, streamed through buffers (a lower bound: 0).
-  plan.items.push_back({"optimizer states",
-                        c.zero.offload_optimizer.device == "nvme" ? int64_t{0} : states.optimizer});
+  // offload_optimizer nvme: the states are on NVMe, streamed through the offload buffers.
+  plan.items.push_back({"optimizer states", off.nvme_optimizer ? int64_t{0} : states.optimizer});
+  if (off.zero3) {
+    // Note [ZeRO-3 gathering]: the unit being run, gathered whole, the units the recorded order
+    // prefetches after it (those that fit stage3_prefetch_bucket_size elements, largest first:
+    // the most the prefetch holds), a unit's whole gradient before its reduce-scatter and one
+    // reduce bucket's staging copy of it (parallel::plan_reduce_scatter_buckets), each at the
+    // largest unit's size.
+    std::vector<int64_t> sizes;
+    int64_t largest_shard = 0;
+    for (size_t u = 0; u < off.padded.size(); ++u)
+      if (off.managed[u]) {
+        sizes.push_back(off.padded[u]);
+        largest_shard = std::max(largest_shard, off.shard[u]);
+      }
+    std::sort(sizes.rbegin(), sizes.rend());
+    const int64_t largest = sizes.empty() ? 0 : sizes.front();
+    int64_t prefetched = 0;
+    for (size_t i = 1; i < sizes.size(); ++i)
+      if (prefetched + sizes[i] <= c.zero.stage3_prefetch_bucket_size) prefetched += sizes[i];
+    const int64_t staging =
+        std::min(std::max<int64_t>(1, c.zero.reduce_bucket_size / dp), largest_shard) * dp;
+    if (largest > 0)
+      plan.items.push_back(
+          {"ZeRO-3 unit buffers", (largest + prefetched + largest + staging) * psize});
+  }
+  if (off.param_tier || off.nvme_optimizer) {
+    // parallel::ParamTier's read and write-back buffers and the partition a gather loads;
+    // optim::NvmeAdamW's sub-group, gradient staging and conversion buffers.
+    int64_t largest_shard = 0;
+    for (size_t u = 0; u < off.shard.size(); ++u)
+      if (off.managed[u]) largest_shard = std::max(largest_shard, off.shard[u]);
+    const int64_t tier =
+        off.param_tier ? off.tier.buffer_count * off.tier.buffer_bytes + largest_shard * psize : 0;
+    plan.items.push_back(
+        {"offload buffers", tier + (off.nvme_optimizer ? off.optimizer.host_bytes() : 0)});
+  }
   const int64_t act_bytes = c.run.dtype == "fp32" ? 4 : 2;
   const int64_t vocab = std::max(shape.padded_vocab_size, shape.vocab_size) / std::max(tp, 1);
   const int64_t per_token = shape.n_layer * shape.n_embd + vocab;
@@ -76,17 +115,30 @@ void check_host_memory_plan(const HostMemoryPlan& plan, int64_t in_use, int64_t 
     items += fmt::format("{}{} {}", items.empty() ? "" : ", ", i.what, mib(i.bytes));
   }
   if (over == nullptr) return;
-  const bool acts = over->what == "activations";
+  std::string advice;
+  if (over->what == "activations")
+    advice = fmt::format(
+        "lower batch.micro_batch_size ({}) or batch.seq_len ({}), or raise run.host_memory_budget",
+        c.batch.micro_batch_size, c.batch.seq_len);
+  else if (over->what == "ZeRO-3 unit buffers")
+    advice = fmt::format(
+        "lower zero_optimization.stage3_prefetch_bucket_size ({}) or reduce_bucket_size ({}), "
+        "use a model with smaller units (layers), or raise run.host_memory_budget",
+        c.zero.stage3_prefetch_bucket_size, c.zero.reduce_bucket_size);
+  else if (over->what == "offload buffers")
+    advice = fmt::format(
+        "lower zero_optimization.offload_param.buffer_count ({}), "
+        "offload_optimizer.buffer_count ({}) or sub_group_size ({}), or raise "
+        "run.host_memory_budget",
+        c.zero.offload_param.buffer_count, c.zero.offload_optimizer.buffer_count,
+        c.zero.sub_group_size);
+  else
+    advice = "use a smaller model, ZeRO over more ranks, or raise run.host_memory_budget";
   user_error(
       "{}: run.host_memory_budget: this run needs at least {} of host memory per rank ({}; "
       "activations counted as one micro-batch's block inputs and logits only), and the {} take it "
       "over the budget of {} ({}); {}",
-      c.source, mib(sum), items, over->what, mib(budget), budget_source,
-      acts ? fmt::format("lower batch.micro_batch_size ({}) or batch.seq_len ({}), or raise "
-                         "run.host_memory_budget",
-                         c.batch.micro_batch_size, c.batch.seq_len)
-           : std::string("use a smaller model, ZeRO over more ranks, or raise "
-                         "run.host_memory_budget"));
+      c.source, mib(sum), items, over->what, mib(budget), budget_source, advice);
 }
 
 int64_t resolve_host_budget(const TrainConfig& c, int ranks_on_node) {

@@ -6,17 +6,30 @@
 // Note [Host memory plan]
 // On run.device cpu every model state lives in host memory: the exact parameter, gradient and
 // optimizer-state bytes the engine will allocate (parallel::padded_model_state_bytes, Note [ZeRO
-// padding]); with zero_optimization.offload_param on nvme the parameters, with offload_optimizer
-// on nvme the optimizer states count 0 (they are on NVMe, staged through buffers). Activations are
-// a lower bound, not an estimate: whatever the model does, backward needs each block's input, kept
-// for every block of the micro-batch (under activation checkpointing these are the checkpoints),
-// and the logits over the (padded, per tp rank) vocabulary, micro_batch_size x seq_len x (n_layer x
-// n_embd + vocabulary) values of the activation dtype. Being a lower bound, the plan never refuses
-// a run that would fit; the allocator's check (the budget's backstop) catches what the plan cannot
-// see (the rest of the activations, workspaces). On a GPU the model states and activations are on
-// the device, so the plan has nothing to count there (ZeRO-Offload's host states are checked at
-// allocation); with pipeline stages (a rank holds only its stage), or for a model family whose
-// units parallel::unit_sizes cannot compute without building it, it is left to the allocator too.
+// padding]); with zero_optimization.offload_param on nvme the gathered units' partitions count
+// only where they stay on the host (max_in_cpu), with offload_optimizer on nvme the optimizer
+// states count 0 (they are on NVMe). What the engines allocate beside them is counted by their
+// own size functions (runtime/offload_plan.h):
+//   ZeRO-3 unit buffers (stage 3; Category::Comm): the unit being run, gathered whole, the units
+//     prefetched after it (those fitting stage3_prefetch_bucket_size, largest first), a unit's
+//     whole gradient before its reduce-scatter and one reduce bucket's staging copy, each at the
+//     largest gathered unit's size;
+//   offload buffers: parallel::ParamTier's buffer_count buffers of the largest partition on NVMe
+//     and the partition a gather loads (Category::Param; parallel::param_tier_layout), and
+//     optim::NvmeAdamW's buffer_count sub-group buffers (Optimizer), gradient staging buffer
+//     (Grad) and, for bf16/fp16, its model-copy and widening buffers (optim::nvme_adamw_sizes).
+// Activations are a lower bound, not an estimate: whatever the model does, backward needs each
+// block's input, kept for every block of the micro-batch (under activation checkpointing these
+// are the checkpoints), and the logits over the (padded, per tp rank) vocabulary,
+// micro_batch_size x seq_len x (n_layer x n_embd + vocabulary) values of the activation dtype.
+// Left out, for the allocator's check (the budget's backstop) to catch: the rest of the
+// activations and the workspaces (operators' working memory, NvmeAdamW's widening buffer when a
+// gradient scale applies), a unit that stays gathered while another user of it waits for its
+// backward (GPT-2's tied embeddings) and a checkpoint's staged copies of offloaded states. On a
+// GPU the model states and activations are on the device, so the plan has nothing to count there
+// (ZeRO-Offload's host states are checked at allocation); with pipeline stages (a rank holds only
+// its stage), or for a model family whose units parallel::unit_sizes cannot compute without
+// building it, it is left to the allocator too.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,7 +43,7 @@
 namespace strata::runtime {
 
 struct HostMemoryItem {
-  std::string what;  // "parameters", "gradients", "optimizer states", "activations"
+  std::string what;  // "parameters", ..., "ZeRO-3 unit buffers", "offload buffers", "activations"
   int64_t bytes = 0;
 };
 

@@ -38,6 +38,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/device_peaks.h"
 #include "runtime/host_memory_plan.h"
+#include "runtime/offload_plan.h"
 #include "runtime/op_profile.h"
 #include "runtime/tp_checkpoint.h"
 #include "sampling/sampler.h"
@@ -305,6 +306,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   // unit by unit into its partitions.
   const bool deferred = c.zero.stage == 3 && c.zero.offload_param.enabled() && device_.is_cpu() &&
                         param_dtype(c.run.dtype) == DType::F32 && tp_size_ == 1 && pp_size_ == 1;
+  // Note [NVMe space plan]: the swap files' bytes against their disks' free space.
+  check_nvme_space_at_start(c, whole_options_, world_, tp_size_, launch.local_size);
   model_ = with_config_context(c, "model", [&] {
     std::optional<models::nn::DeferredInitScope> scope;
     if (deferred) scope.emplace();

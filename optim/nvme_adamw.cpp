@@ -42,16 +42,16 @@ NvmeAdamWSizes nvme_adamw_sizes(const std::vector<int64_t>& slice_numel,
                                 DType grad_dtype) {
   // Note [Optimizer states on NVMe]: sub-groups of at most sub_group_size, each in one slice.
   NvmeAdamWSizes out;
-  for (const int64_t n : slice_numel)
-    for (int64_t at = 0; at < n; at += options.sub_group_size) {
-      const int64_t k = std::min(options.sub_group_size, n - at);
-      out.extents.push_back(k * 12);
-      out.max_sub_group = std::max(out.max_sub_group, k);
-    }
+  const int64_t g = options.sub_group_size;
+  for (const int64_t n : slice_numel) {
+    if (n / g > 0) out.extents.push_back({n / g, g * 12});
+    if (n % g > 0) out.extents.push_back({1, (n % g) * 12});
+    out.sub_groups += (n + g - 1) / g;
+    out.max_sub_group = std::max(out.max_sub_group, std::min(n, g));
+  }
   const int64_t max_n = out.max_sub_group;
   out.state_buffer_bytes = ((max_n * 12 + 4095) / 4096) * 4096;
-  out.buffer_count =
-      std::min<int64_t>(options.buffer_count, static_cast<int64_t>(out.extents.size()));
+  out.buffer_count = std::min<int64_t>(options.buffer_count, out.sub_groups);
   out.grad_stage_bytes = max_n * static_cast<int64_t>(dtype_size(grad_dtype));
   if (param_dtype != DType::F32)
     out.model_copy_bytes = max_n * static_cast<int64_t>(dtype_size(param_dtype));
@@ -147,10 +147,11 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
   for (const NvmeSlice& s : slices_) numels.push_back(s.params.numel());
   const NvmeAdamWSizes sizes =
       nvme_adamw_sizes(numels, options_, slices_.front().params.dtype(), grad_dtype);
-  STRATA_CHECK(sizes.max_sub_group == max_n && sizes.extents.size() == subs_.size(),
-               "nvme_adamw_sizes: {} sub-groups of at most {} elements, the slices cut into {} of "
-               "at most {}",
-               sizes.extents.size(), sizes.max_sub_group, subs_.size(), max_n);
+  STRATA_CHECK(
+      sizes.max_sub_group == max_n && sizes.sub_groups == static_cast<int64_t>(subs_.size()),
+      "nvme_adamw_sizes: {} sub-groups of at most {} elements, the slices cut into {} of "
+      "at most {}",
+      sizes.sub_groups, sizes.max_sub_group, subs_.size(), max_n);
   const int64_t per = sizes.state_buffer_bytes / 4;  // floats per state buffer
   buffer_bytes_ = static_cast<size_t>(sizes.state_buffer_bytes);
   for (int b = 0; b < sizes.buffer_count; ++b)

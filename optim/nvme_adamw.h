@@ -105,7 +105,12 @@ struct NvmeAdamWSizes {
   int64_t grad_stage_bytes = 0;    // the gradient staging buffer (the gradients' dtype)
   int64_t model_copy_bytes = 0;    // under mixed precision: the model-copy buffer, else 0
   int64_t widened_bytes = 0;       // the f32 widening buffer when the gradients are not f32
-  std::vector<int64_t> extents;    // 12 x each sub-group's elements
+  int64_t sub_groups = 0;
+  struct Extents {  // `count` sub-groups whose homes have `bytes` (12 x their elements) each
+    int64_t count = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<Extents> extents;  // per slice: its full sub-groups, then its last partial one
   int64_t host_bytes() const {
     return state_buffer_bytes * buffer_count + grad_stage_bytes + model_copy_bytes + widened_bytes;
   }

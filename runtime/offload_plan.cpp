@@ -99,7 +99,8 @@ std::vector<NvmeSpaceNeed> plan_nvme_space(const TrainConfig& c, const OffloadPl
   }
   if (plan.nvme_optimizer && !plan.optimizer.extents.empty()) {
     Kind k{c.zero.offload_optimizer.nvme_path};
-    for (const int64_t e : plan.optimizer.extents) k.optimizer += ranks * on_disk(e);
+    for (const optim::NvmeAdamWSizes::Extents& e : plan.optimizer.extents)
+      k.optimizer += ranks * e.count * on_disk(e.bytes);
     kinds.push_back(k);
   }
   // Per filesystem: directories that cannot be examined are left to the stores' checks.

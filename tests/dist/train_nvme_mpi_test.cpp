@@ -311,5 +311,21 @@ TEST_F(TrainNvmeMpi, AMissingOrFullOrHeldSwapDirectoryIsAClearErrorAtStart) {
   }
 }
 
+// Note [NVMe space plan]: optimizer states larger than the swap directory's disk (an 805B-parameter
+// model: 12 bytes per parameter on NVMe, terabytes) are refused at start, by the real free space
+// (statvfs), before the model is built or the run directory created.
+TEST_F(TrainNvmeMpi, StatesLargerThanTheSwapDiskAreRefusedAtStart) {
+  std::vector<std::string> sets = nvme({"zero_optimization.stage=2", "model.config.n_layer=1000",
+                                        "model.config.n_embd=8192", "run.host_memory_budget=none"});
+  CommandResult r = train(0, config("huge", 2), sets);
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_NE(r.err.find("NVMe swap space"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("'" + swap() + "'"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("optimizer states"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find(" free"), std::string::npos) << describe(r);
+  EXPECT_FALSE(fs::exists(tmp_ / "huge")) << "no run directory for a run that cannot start";
+  expect_swap_empty();
+}
+
 }  // namespace
 }  // namespace strata::tools

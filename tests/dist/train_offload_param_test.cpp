@@ -215,5 +215,22 @@ TEST_F(TrainOffloadParam, BadSettingsAreClearErrors) {
   EXPECT_NE(dir.err.find("no/such"), std::string::npos) << describe(dir);
 }
 
+// Note [NVMe space plan]: parameter partitions larger than the swap directory's disk (an
+// 805B-parameter model, 4 bytes per parameter on NVMe) are refused at start, by the real free
+// space, before the model is built or the run directory created.
+TEST_F(TrainOffloadParam, PartitionsLargerThanTheSwapDiskAreRefusedAtStart) {
+  std::vector<std::string> sets = placement("nvme");
+  for (const char* s :
+       {"model.config.n_layer=1000", "model.config.n_embd=8192", "run.host_memory_budget=none"})
+    sets.push_back(s);
+  CommandResult r = train(0, config("huge", 2), sets);
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_NE(r.err.find("NVMe swap space"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("'" + std::string(tmp_ / "nvme") + "'"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("parameters"), std::string::npos) << describe(r);
+  EXPECT_FALSE(fs::exists(tmp_ / "huge")) << "no run directory for a run that cannot start";
+  EXPECT_TRUE(fs::is_empty(tmp_ / "nvme")) << "no swap file for a run that cannot start";
+}
+
 }  // namespace
 }  // namespace strata::tools

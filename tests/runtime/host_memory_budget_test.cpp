@@ -284,9 +284,9 @@ TEST(NvmeSpacePlan, SwapFilesThatDoNotFitAreRefusedNamingTheDirectoryAndTheBytes
   const OffloadPlan off = plan_offload(c, units, 1);
   const int64_t mib = 1 << 20;
   const int64_t params = static_cast<int64_t>(off.tier.nvme_extents.size()) * mib;
-  const int64_t optimizer = static_cast<int64_t>(off.optimizer.extents.size()) * mib;
+  const int64_t optimizer = off.optimizer.sub_groups * mib;
   ASSERT_EQ(off.tier.nvme_extents.size(), units.size());
-  ASSERT_EQ(off.optimizer.extents.size(), 15u);  // 34688 elements in sub-groups of <= 3000
+  ASSERT_EQ(off.optimizer.sub_groups, 15);  // 34688 elements in sub-groups of <= 3000
   const std::vector<NvmeSpaceNeed> need = plan_nvme_space(c, off, 1);
   ASSERT_EQ(need.size(), 1u);  // one directory for both kinds
   EXPECT_EQ(need[0].params, params);

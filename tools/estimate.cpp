@@ -22,8 +22,6 @@
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -35,11 +33,10 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "models/registry.h"
-#include "offload/hardware_probe.h"
-#include "offload/host_budget.h"
 #include "parallel/cpu_capacity.h"
 #include "parallel/memory_tables.h"
 #include "parallel/zero_memory.h"
+#include "tools/estimate/machine_tables.h"
 
 namespace strata::tools {
 namespace {
@@ -336,35 +333,6 @@ void print_table_offload_models(const parallel::ClusterSpec& cluster) {
       "one node with which the\nmodel fits, none if no degree does)\n");
 }
 
-// --device cpu: host memory and NVMe given, or measured (MemAvailable; the free space of
-// --nvme-dir), as `train` would find them (run.host_memory_budget auto).
-void print_cpu_strategies(const Args& a) {
-  double host = 0, nvme = 0;
-  std::string host_from, nvme_from;
-  if (!a.cpu_mem.empty()) {
-    host = parallel::parse_bytes(a.cpu_mem, "--cpu-mem");
-    host_from = "--cpu-mem " + a.cpu_mem;
-  } else {
-    host = static_cast<double>(offload::available_host_memory());
-    host_from = "MemAvailable now";
-  }
-  if (!a.nvme.empty()) {
-    nvme = parallel::parse_bytes(a.nvme, "--nvme");
-    nvme_from = "--nvme " + a.nvme;
-  } else {
-    struct statvfs fs {};
-    if (statvfs(a.nvme_dir.c_str(), &fs) != 0)
-      user_error(
-          "--nvme-dir '{}' cannot be measured (statvfs failed); give an existing directory "
-          "or --nvme SIZE",
-          a.nvme_dir);
-    nvme = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
-    nvme_from = fmt::format("free in {}", a.nvme_dir);
-  }
-  fmt::print("{}", parallel::cpu_strategies_table(a.family, host, host_from, nvme, nvme_from,
-                                                  a.max_layers));
-}
-
 void print_stage(const ZeroMemoryConfig& config, double psi,
                  const std::optional<std::vector<parallel::UnitSize>>& units,
                  int64_t persistence_threshold) {
@@ -408,49 +376,6 @@ void print_stage(const ZeroMemoryConfig& config, double psi,
   }
 }
 
-void print_hardware(const Args& args) {
-  if (args.probe_mib < 1) user_error("--probe-mib {} must be 1 or more", args.probe_mib);
-  offload::ProbeOptions o;
-  o.nvme_dir = args.nvme_dir;
-  o.nvme_bytes = static_cast<size_t>(args.probe_mib) << 20;
-  o.gpu_bytes = o.nvme_bytes;
-  o.triad_bytes = std::max<size_t>(o.nvme_bytes, size_t{96} << 20);
-  const offload::HardwareProbe h = offload::probe_hardware(o);
-  auto tb = [](double bytes) { return fmt::format("{:.3f}", bytes / parallel::kTiB); };
-  fmt::print(
-      "This machine's row of ZeRO-Infinity's Figure 2b (arXiv:2104.07857), measured (Note "
-      "[Hardware probe] in offload/hardware_probe.h):\n"
-      "memory in TiB, bandwidth in GB/s (1e9 bytes/s). The paper's DGX-2 node: 16 GPUs, 0.5 / "
-      "1.5 / 28.0 TB of GPU / CPU / NVMe memory,\n600-900 GB/s GPU memory, 3.0 GB/s CPU and 1.6 "
-      "GB/s NVMe per GPU when all 16 read at once (12.0 and 12.0 for one GPU alone).\n\n");
-  fmt::print("{:>6}{:>6}{:>10}{:>10}{:>10}{:>12}{:>12}{:>12}{:>12}\n", "nodes", "GPUs", "GPU mem",
-             "CPU mem", "NVMe", "GPU mem bw", "CPU triad", "NVMe read", "NVMe write");
-  const std::string gpu_mem = h.gpu ? tb(h.gpu->memory_bytes * h.gpu->count) : "-";
-  const std::string gpu_bw = h.gpu ? fmt::format("{:.1f}", h.gpu->device_gbs) : "-";
-  fmt::print("{:>6}{:>6}{:>10}{:>10}{:>10}{:>12}{:>12.2f}{:>12.2f}{:>12.2f}\n", 1,
-             h.gpu ? h.gpu->count : 0, gpu_mem, tb(h.cpu_memory_bytes), tb(h.nvme_bytes), gpu_bw,
-             h.triad_gbs, h.nvme_read_gbs, h.nvme_write_gbs);
-  fmt::print(
-      "\nCPU: {} hardware threads, {:.1f} GiB memory ({:.1f} GiB available); STREAM "
-      "triad over {} MiB on every thread: {:.2f} GB/s\n",
-      h.cpu_threads, h.cpu_memory_bytes / parallel::kGiB, h.cpu_available_bytes / parallel::kGiB,
-      h.triad_bytes >> 20, h.triad_gbs);
-  fmt::print(
-      "NVMe: '{}' ({:.1f} GiB, {:.1f} GiB free), {} MiB through the NVMe store ({}, {}, "
-      "1 MiB blocks, queue depth 8): write {:.2f} GB/s, read {:.2f} GB/s\n",
-      h.nvme_dir, h.nvme_bytes / parallel::kGiB, h.nvme_free_bytes / parallel::kGiB,
-      h.nvme_io_bytes >> 20, h.nvme_engine, h.nvme_direct ? "O_DIRECT" : "page cache",
-      h.nvme_write_gbs, h.nvme_read_gbs);
-  if (h.gpu)
-    fmt::print(
-        "GPU: {} x {}, {:.1f} GiB each; host-to-device {:.1f} GB/s, device-to-host {:.1f} "
-        "GB/s (pinned), device memory {:.1f} GB/s (copy, read + write)\n",
-        h.gpu->count, h.gpu->name, h.gpu->memory_bytes / parallel::kGiB, h.gpu->h2d_gbs,
-        h.gpu->d2h_gbs, h.gpu->device_gbs);
-  else
-    fmt::print("GPU: {}\n", h.no_gpu_reason);
-}
-
 int run(const Args& args) {
   const bool cluster_given = !args.nodes.empty() || !args.gpus_per_node.empty() ||
                              !args.gpu_mem.empty() || !args.cpu_mem.empty() || !args.nvme.empty();
@@ -459,7 +384,7 @@ int run(const Args& args) {
       user_error(
           "--hardware measures this machine and takes only --nvme-dir and --probe-mib; run "
           "--table, --model or --params separately");
-    print_hardware(args);
+    print_hardware(args.nvme_dir, args.probe_mib);
     return 0;
   }
   if (!args.table.empty()) {
@@ -493,7 +418,7 @@ int run(const Args& args) {
         user_error(
             "--device cpu is one machine without a GPU: --nodes, --gpus-per-node and --gpu-mem do "
             "not apply (give --cpu-mem and --nvme, or let them be measured)");
-      print_cpu_strategies(args);
+      print_cpu_strategies(args.family, args.cpu_mem, args.nvme, args.nvme_dir, args.max_layers);
       return 0;
     }
     if (args.table == "strategies") print_table_strategies(parse_cluster(args));

@@ -260,6 +260,32 @@ TEST(NvmeOffload, GradientWriteAndReadErrorsAtZeroThreeNameTheSwapFile) {
   }
 }
 
+// optim::nvme_adamw_sizes, what the start's plans count (runtime/offload_plan.h): sub-groups
+// of at most sub_group_size inside each slice, their homes as runs of equal extents, and the
+// buffers by the model's and the gradients' dtypes.
+TEST(NvmeOffload, SizesCutTheSlicesAsTheOptimizerDoes) {
+  optim::NvmeAdamWOptions o;
+  o.sub_group_size = 3000;
+  o.buffer_count = 8;
+  const optim::NvmeAdamWSizes f = optim::nvme_adamw_sizes({7000, 2500}, o, DType::F32, DType::F32);
+  EXPECT_EQ(f.sub_groups, 4);  // 3000, 3000, 1000 | 2500
+  EXPECT_EQ(f.max_sub_group, 3000);
+  ASSERT_EQ(f.extents.size(), 3u);
+  EXPECT_EQ(f.extents[0].count, 2);
+  EXPECT_EQ(f.extents[0].bytes, 3000 * 12);
+  EXPECT_EQ(f.extents[1].count, 1);
+  EXPECT_EQ(f.extents[1].bytes, 1000 * 12);
+  EXPECT_EQ(f.extents[2].bytes, 2500 * 12);
+  EXPECT_EQ(f.buffer_count, 4);            // no more buffers than sub-groups
+  EXPECT_EQ(f.state_buffer_bytes, 36864);  // 36000 rounded up to 4 KiB
+  EXPECT_EQ(f.host_bytes(), 4 * 36864 + 3000 * 4);
+  const optim::NvmeAdamWSizes b =
+      optim::nvme_adamw_sizes({7000, 2500}, o, DType::BF16, DType::BF16);
+  EXPECT_EQ(b.grad_stage_bytes, 3000 * 2);
+  EXPECT_EQ(b.model_copy_bytes, 3000 * 2);
+  EXPECT_EQ(b.widened_bytes, 3000 * 4);
+}
+
 // An I/O error or a damaged block stops the step with an error naming the swap file; the swap
 // files and the lock go with the engine, error or not.
 TEST(NvmeOffload, IoErrorsAndDamagedBlocksNameTheSwapFile) {

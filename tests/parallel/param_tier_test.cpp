@@ -1,6 +1,7 @@
 // ParamTier (parallel/param_tier.h, Note [Parameter tier], Note [Parameter read-ahead]): the
 // partitions' home on the host or NVMe, loads and stores bit for bit, read-ahead served from the
-// buffers, a store making a read-ahead copy stale, max_in_cpu, and the buffer_size error.
+// buffers, a store making a read-ahead copy stale, max_in_cpu, the layout the start's plans count
+// (param_tier_layout) and the buffer_size error.
 #include "parallel/param_tier.h"
 
 #include <gtest/gtest.h>
@@ -96,6 +97,35 @@ TEST_F(ParamTierTest, MaxInCpuKeepsTheFirstUnitsThatFitOnTheHost) {
   tier.load(0, dst);
   EXPECT_TRUE(same(dst, values(3000, 2.f)));
   EXPECT_EQ(tier.reads(), 0);
+}
+
+// param_tier_layout (what the start's plans count) is what a built tier allocates.
+TEST_F(ParamTierTest, LayoutIsWhatTheTierAllocates) {
+  OffloadParamConfig c = nvme(3);
+  c.max_in_cpu = 3500;
+  const ParamTierLayout l = param_tier_layout(c, kNumel, DType::F32);
+  EXPECT_EQ(l.nvme, (std::vector<bool>{false, true, false, true}));
+  EXPECT_EQ(l.host_bytes, 3000 * 4);
+  EXPECT_EQ(l.nvme_extents, (std::vector<int64_t>{5000 * 4, 4000 * 4}));
+  EXPECT_EQ(l.largest_unit, 1);
+  auto& stats = offload::MemoryStats::global();
+  const int64_t pinned = stats.usage(offload::Tier::Pinned, offload::Category::Param).current;
+  const int64_t on_nvme = stats.usage(offload::Tier::Nvme, offload::Category::Param).current;
+  ParamTier tier(c, kNumel, kNames, DType::F32);
+  EXPECT_EQ(tier.buffer_bytes(), l.buffer_bytes);
+  EXPECT_EQ(tier.buffer_count(), l.buffer_count);
+  EXPECT_EQ(tier.nvme_bytes(), l.nvme_extents[0] + l.nvme_extents[1]);
+  EXPECT_EQ(stats.usage(offload::Tier::Pinned, offload::Category::Param).current - pinned,
+            l.host_bytes + l.buffer_count * l.buffer_bytes);
+  EXPECT_EQ(stats.usage(offload::Tier::Nvme, offload::Category::Param).current - on_nvme,
+            tier.nvme_bytes());
+  // Nothing on NVMe (device cpu): no buffers.
+  OffloadParamConfig cpu = c;
+  cpu.device = OffloadParamConfig::Device::Cpu;
+  const ParamTierLayout h = param_tier_layout(cpu, kNumel, DType::BF16);
+  EXPECT_EQ(h.host_bytes, (3000 + 5000 + 4000) * 2);
+  EXPECT_EQ(h.buffer_count, 0);
+  EXPECT_TRUE(h.nvme_extents.empty());
 }
 
 TEST_F(ParamTierTest, CpuTierHoldsThePartitionsInPinnedMemory) {

@@ -29,9 +29,23 @@ UnitPartition whole_unit(int64_t numel) {
   return p;
 }
 
-std::vector<Range> split_range(int64_t n, int64_t max_size, int64_t align) {
+namespace {
+
+// split_range's range length.
+int64_t split_step(int64_t max_size, int64_t align) {
   STRATA_CHECK(max_size >= 1, "bucket size {} must be positive", max_size);
-  const int64_t step = max_size >= align ? max_size / align * align : max_size;
+  return max_size >= align ? max_size / align * align : max_size;
+}
+
+// Elements per rank of a ZeRO bucket of `bucket_size` elements in all.
+int64_t per_rank_bucket(int64_t bucket_size, int dp) {
+  return std::max<int64_t>(1, bucket_size / dp);
+}
+
+}  // namespace
+
+std::vector<Range> split_range(int64_t n, int64_t max_size, int64_t align) {
+  const int64_t step = split_step(max_size, align);
   std::vector<Range> out;
   for (int64_t b = 0; b < n; b += step) out.push_back({b, std::min(n, b + step)});
   return out;
@@ -74,7 +88,7 @@ std::vector<BucketPlan> plan_reduce_scatter_buckets(const models::FlatUnit& unit
                                                     int64_t bucket_size) {
   STRATA_CHECK(unit.size() == part.padded, "unit '{}' has {} elements, its partition {}", unit.name,
                unit.size(), part.padded);
-  const int64_t per_rank = std::max<int64_t>(1, bucket_size / part.dp);
+  const int64_t per_rank = per_rank_bucket(bucket_size, part.dp);
   std::vector<BucketPlan> plans;
   for (Range r : split_range(part.shard, per_rank)) {
     BucketPlan b;
@@ -86,6 +100,11 @@ std::vector<BucketPlan> plan_reduce_scatter_buckets(const models::FlatUnit& unit
     plans.push_back(std::move(b));
   }
   return plans;
+}
+
+int64_t largest_reduce_scatter_bucket(int64_t shard, int dp, int64_t bucket_size) {
+  // split_range's first range is its longest.
+  return std::min(shard, split_step(per_rank_bucket(bucket_size, dp), kPartitionAlign)) * dp;
 }
 
 }  // namespace strata::parallel

@@ -82,5 +82,8 @@ std::vector<BucketPlan> plan_allreduce_buckets(const models::FlatUnit& unit, int
 // ZeRO buckets of `unit` partitioned as `part` (unit.size() == part.padded).
 std::vector<BucketPlan> plan_reduce_scatter_buckets(const models::FlatUnit& unit, int unit_index,
                                                     const UnitPartition& part, int64_t bucket_size);
+// Elements of the largest of those buckets over all ranks (its staging copy), for a unit of
+// `shard` elements per rank over `dp` ranks.
+int64_t largest_reduce_scatter_bucket(int64_t shard, int dp, int64_t bucket_size);
 
 }  // namespace strata::parallel

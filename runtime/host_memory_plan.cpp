@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "offload/host_budget.h"
+#include "parallel/partition.h"
 #include "runtime/offload_plan.h"
 
 namespace strata::runtime {
@@ -78,7 +79,7 @@ HostMemoryPlan plan_host_memory(const TrainConfig& c, const models::ModelShape& 
     for (size_t i = 1; i < sizes.size(); ++i)
       if (prefetched + sizes[i] <= c.zero.stage3_prefetch_bucket_size) prefetched += sizes[i];
     const int64_t staging =
-        std::min(std::max<int64_t>(1, c.zero.reduce_bucket_size / dp), largest_shard) * dp;
+        parallel::largest_reduce_scatter_bucket(largest_shard, dp, c.zero.reduce_bucket_size);
     if (largest > 0)
       plan.items.push_back(
           {"ZeRO-3 unit buffers", (largest + prefetched + largest + staging) * psize});

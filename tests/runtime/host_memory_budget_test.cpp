@@ -323,6 +323,14 @@ TEST(NvmeSpacePlan, SwapFilesThatDoNotFitAreRefusedNamingTheDirectoryAndTheBytes
   const std::string stale = check(params + optimizer - 2 * mib - 1, 1);
   EXPECT_NE(stale.find("2.0 MiB (2097152 bytes) in a dead run's swap files"), std::string::npos)
       << stale;
+  // Two directories on one filesystem share its free space: one need naming both.
+  fs::create_directories(tmp / "swap2");
+  TrainConfig two = c;
+  two.zero.offload_optimizer.nvme_path = tmp / "swap2";
+  const std::vector<NvmeSpaceNeed> shared = plan_nvme_space(two, off, 1);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_EQ(shared[0].dirs, (std::vector<std::string>{tmp / "swap", tmp / "swap2"}));
+  EXPECT_EQ(shared[0].needed(), params + optimizer);
   // A live holder's files are not counted.
   std::ofstream(tmp / "swap/strata-optimizer-rank0.lock") << ::getpid() << "\n";
   EXPECT_EQ(stale_swap_bytes(tmp / "swap", 1), 0);

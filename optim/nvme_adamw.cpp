@@ -46,6 +46,9 @@ NvmeAdamWSizes nvme_adamw_sizes(const std::vector<int64_t>& slice_numel,
   for (const int64_t n : slice_numel) {
     if (n / g > 0) out.extents.push_back({n / g, g * 12});
     if (n % g > 0) out.extents.push_back({1, (n % g) * 12});
+    const int64_t gs = static_cast<int64_t>(dtype_size(grad_dtype));
+    if (options.grads_on_nvme && n / g > 0) out.grad_extents.push_back({n / g, g * gs});
+    if (options.grads_on_nvme && n % g > 0) out.grad_extents.push_back({1, (n % g) * gs});
     out.sub_groups += (n + g - 1) / g;
     out.max_sub_group = std::max(out.max_sub_group, std::min(n, g));
   }
@@ -53,6 +56,7 @@ NvmeAdamWSizes nvme_adamw_sizes(const std::vector<int64_t>& slice_numel,
   out.state_buffer_bytes = ((max_n * 12 + 4095) / 4096) * 4096;
   out.buffer_count = std::min<int64_t>(options.buffer_count, out.sub_groups);
   out.grad_stage_bytes = max_n * static_cast<int64_t>(dtype_size(grad_dtype));
+  if (options.grads_on_nvme) out.grad_buffer_count = std::max<int64_t>(1, out.buffer_count);
   if (param_dtype != DType::F32)
     out.model_copy_bytes = max_n * static_cast<int64_t>(dtype_size(param_dtype));
   if (grad_dtype != DType::F32) out.widened_bytes = max_n * 4;
@@ -161,7 +165,7 @@ NvmeAdamW::NvmeAdamW(std::vector<NvmeSlice> slices, const AdamWConfig& config,
       tensor::empty_host({max_n}, grad_dtype, offload::Category::Grad, options_.pin_memory);
   if (on_nvme) {
     grad_bufs_.push_back(grad_stage_);
-    while (grad_bufs_.size() < bufs_.size())
+    while (static_cast<int64_t>(grad_bufs_.size()) < sizes.grad_buffer_count)
       grad_bufs_.push_back(
           tensor::empty_host({max_n}, grad_dtype, offload::Category::Grad, options_.pin_memory));
   }

@@ -102,19 +102,25 @@ struct NvmeAdamWSizes {
   int64_t max_sub_group = 0;       // elements of the largest sub-group
   int64_t state_buffer_bytes = 0;  // 12 x max_sub_group, rounded up to 4 KiB
   int64_t buffer_count = 0;        // min(buffer_count, sub-groups)
-  int64_t grad_stage_bytes = 0;    // the gradient staging buffer (the gradients' dtype)
+  int64_t grad_stage_bytes = 0;    // one gradient buffer (the gradients' dtype)
+  int64_t grad_buffer_count = 1;   // grads_on_nvme: one per state buffer (at least 1), else 1
   int64_t model_copy_bytes = 0;    // under mixed precision: the model-copy buffer, else 0
   int64_t widened_bytes = 0;       // the f32 widening buffer when the gradients are not f32
   int64_t sub_groups = 0;
-  struct Extents {  // `count` sub-groups whose homes have `bytes` (12 x their elements) each
+  struct Extents {  // `count` sub-groups whose homes have `bytes` each
     int64_t count = 0;
     int64_t bytes = 0;
   };
-  std::vector<Extents> extents;  // per slice: its full sub-groups, then its last partial one
+  // Per slice: its full sub-groups, then its last partial one; 12 bytes per element (master,
+  // exp_avg, exp_avg_sq), and with grads_on_nvme the gradients' homes of the same sub-groups.
+  std::vector<Extents> extents;
+  std::vector<Extents> grad_extents;
   int64_t host_bytes() const {
-    return state_buffer_bytes * buffer_count + grad_stage_bytes + model_copy_bytes + widened_bytes;
+    return state_buffer_bytes * buffer_count + grad_stage_bytes * grad_buffer_count +
+           model_copy_bytes + widened_bytes;
   }
 };
+// `grad_dtype`: the gradients' (options.grad_dtype with options.grads_on_nvme).
 NvmeAdamWSizes nvme_adamw_sizes(const std::vector<int64_t>& slice_numel,
                                 const NvmeAdamWOptions& options, DType param_dtype,
                                 DType grad_dtype);

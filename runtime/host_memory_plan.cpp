@@ -57,7 +57,9 @@ HostMemoryPlan plan_host_memory(const TrainConfig& c, const models::ModelShape& 
       off.param_tier ? states.params - off.managed_shard_elements * psize + off.tier.host_bytes
                      : states.params;
   plan.items.push_back({"parameters", params});
-  plan.items.push_back({"gradients", states.grads});
+  // ZeRO-3 with offload_optimizer nvme: the reduced partitions' home is the optimizer's store
+  // (Note [Gradients on the NVMe tier] in parallel/grad_buckets.h).
+  plan.items.push_back({"gradients", off.grads_on_nvme ? int64_t{0} : states.grads});
   // offload_optimizer nvme: the states are on NVMe, streamed through the offload buffers.
   plan.items.push_back({"optimizer states", off.nvme_optimizer ? int64_t{0} : states.optimizer});
   if (off.zero3) {
@@ -80,9 +82,12 @@ HostMemoryPlan plan_host_memory(const TrainConfig& c, const models::ModelShape& 
       if (prefetched + sizes[i] <= c.zero.stage3_prefetch_bucket_size) prefetched += sizes[i];
     const int64_t staging =
         parallel::largest_reduce_scatter_bucket(largest_shard, dp, c.zero.reduce_bucket_size);
+    // With the gradients on NVMe, the unit's transient partition its buckets reduce into.
+    const int64_t transient =
+        off.grads_on_nvme ? *std::max_element(off.shard.begin(), off.shard.end()) : 0;
     if (largest > 0)
       plan.items.push_back(
-          {"ZeRO-3 unit buffers", (largest + prefetched + largest + staging) * psize});
+          {"ZeRO-3 unit buffers", (largest + prefetched + largest + staging + transient) * psize});
   }
   if (off.param_tier || off.nvme_optimizer) {
     // parallel::ParamTier's read and write-back buffers and the partition a gather loads;

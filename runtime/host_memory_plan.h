@@ -8,16 +8,18 @@
 // optimizer-state bytes the engine will allocate (parallel::padded_model_state_bytes, Note [ZeRO
 // padding]); with zero_optimization.offload_param on nvme the gathered units' partitions count
 // only where they stay on the host (max_in_cpu), with offload_optimizer on nvme the optimizer
-// states count 0 (they are on NVMe). What the engines allocate beside them is counted by their
+// states count 0 (they are on NVMe), and at stage 3 the gradients too (Note [Gradients on the
+// NVMe tier] in parallel/grad_buckets.h). What the engines allocate beside them is counted by their
 // own size functions (runtime/offload_plan.h):
 //   ZeRO-3 unit buffers (stage 3; Category::Comm): the unit being run, gathered whole, the units
 //     prefetched after it (those fitting stage3_prefetch_bucket_size, largest first), a unit's
 //     whole gradient before its reduce-scatter and one reduce bucket's staging copy, each at the
-//     largest gathered unit's size;
+//     largest gathered unit's size, and with the gradients on NVMe the partition being reduced;
 //   offload buffers: parallel::ParamTier's buffer_count buffers of the largest partition on NVMe
 //     and the partition a gather loads (Category::Param; parallel::param_tier_layout), and
-//     optim::NvmeAdamW's buffer_count sub-group buffers (Optimizer), gradient staging buffer
-//     (Grad) and, for bf16/fp16, its model-copy and widening buffers (optim::nvme_adamw_sizes).
+//     optim::NvmeAdamW's buffer_count sub-group buffers (Optimizer), gradient buffers (Grad: one,
+//     or one per sub-group buffer with the gradients on NVMe) and, for bf16/fp16, its model-copy
+//     and widening buffers (optim::nvme_adamw_sizes).
 // Activations are a lower bound, not an estimate: whatever the model does, backward needs each
 // block's input, kept for every block of the micro-batch (under activation checkpointing these
 // are the checkpoints), and the logits over the (padded, per tp rank) vocabulary,
@@ -25,11 +27,11 @@
 // Left out, for the allocator's check (the budget's backstop) to catch: the rest of the
 // activations and the workspaces (operators' working memory, NvmeAdamW's widening buffer when a
 // gradient scale applies), a unit that stays gathered while another user of it waits for its
-// backward (GPT-2's tied embeddings) and a checkpoint's staged copies of offloaded states. On a
-// GPU the model states and activations are on the device, so the plan has nothing to count there
-// (ZeRO-Offload's host states are checked at allocation); with pipeline stages (a rank holds only
-// its stage), or for a model family whose units parallel::unit_sizes cannot compute without
-// building it, it is left to the allocator too.
+// backward (GPT-2's tied embeddings), gradient partitions whose NVMe writes are in flight and a
+// checkpoint's staged copies of offloaded states. On a GPU the model states and activations are
+// on the device, so the plan has nothing to count there (ZeRO-Offload's host states are checked
+// at allocation); with pipeline stages (a rank holds only its stage), or for a model family whose
+// units parallel::unit_sizes cannot compute without building it, it is left to the allocator too.
 #include <cstdint>
 #include <memory>
 #include <string>

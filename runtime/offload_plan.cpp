@@ -78,7 +78,10 @@ OffloadPlan plan_offload(const TrainConfig& c, const std::vector<parallel::UnitS
     optim::NvmeAdamWOptions o;
     o.sub_group_size = c.zero.sub_group_size;
     o.buffer_count = static_cast<int>(c.zero.offload_optimizer.buffer_count);
-    // The engine's gradients have the parameters' dtype.
+    // parallel::Engine: at stage 3 the reduced partitions go to the optimizer's store.
+    p.grads_on_nvme = p.zero3;
+    o.grads_on_nvme = p.grads_on_nvme;
+    o.grad_dtype = dtype;  // the units' gradients have their parameters' dtype
     p.optimizer = optim::nvme_adamw_sizes(p.shard, o, dtype, dtype);
   }
   return p;
@@ -88,7 +91,7 @@ std::vector<NvmeSpaceNeed> plan_nvme_space(const TrainConfig& c, const OffloadPl
                                            int ranks_on_node) {
   struct Kind {
     std::string dir;
-    int64_t params = 0, optimizer = 0;
+    int64_t params = 0, optimizer = 0, grads = 0;
   };
   std::vector<Kind> kinds;
   const int64_t ranks = std::max(ranks_on_node, 1);
@@ -101,6 +104,8 @@ std::vector<NvmeSpaceNeed> plan_nvme_space(const TrainConfig& c, const OffloadPl
     Kind k{c.zero.offload_optimizer.nvme_path};
     for (const optim::NvmeAdamWSizes::Extents& e : plan.optimizer.extents)
       k.optimizer += ranks * e.count * on_disk(e.bytes);
+    for (const optim::NvmeAdamWSizes::Extents& e : plan.optimizer.grad_extents)
+      k.grads += ranks * e.count * on_disk(e.bytes);
     kinds.push_back(k);
   }
   // Per filesystem: directories that cannot be examined are left to the stores' checks.
@@ -114,6 +119,7 @@ std::vector<NvmeSpaceNeed> plan_nvme_space(const TrainConfig& c, const OffloadPl
     if (std::find(n.dirs.begin(), n.dirs.end(), k.dir) == n.dirs.end()) n.dirs.push_back(k.dir);
     n.params += k.params;
     n.optimizer += k.optimizer;
+    n.grads += k.grads;
   }
   std::vector<NvmeSpaceNeed> out;
   for (const dev_t d : order) out.push_back(by_fs[d]);
@@ -161,6 +167,8 @@ void check_nvme_space(const TrainConfig& c, const std::vector<parallel::UnitSize
     if (n.params > 0) kinds += fmt::format("parameters {}", sized(n.params));
     if (n.optimizer > 0)
       kinds += fmt::format("{}optimizer states {}", kinds.empty() ? "" : ", ", sized(n.optimizer));
+    if (n.grads > 0)
+      kinds += fmt::format("{}gradients {}", kinds.empty() ? "" : ", ", sized(n.grads));
     user_error(
         "{}: NVMe swap space: this run's swap files need {} on the filesystem of {} ({}; {} "
         "rank(s) on this node, whole {} blocks per extent), and it has {} free{}; free space "

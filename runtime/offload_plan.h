@@ -9,7 +9,8 @@
 // blocks_for; the block is NvmeConfig's 1 MiB, not aio.block_size): with offload_param nvme, one
 // extent per ZeRO-3 partition on NVMe (parallel::param_tier_layout: past max_in_cpu); with
 // offload_optimizer nvme, one extent of 12 bytes per element per sub-group (optim::
-// nvme_adamw_sizes). The ranks on a node share its directories, so a directory needs
+// nvme_adamw_sizes), and at stage 3 one more per sub-group for its gradients (Note [Gradients on
+// NVMe]). The ranks on a node share its directories, so a directory needs
 // ranks_on_node times one rank's bytes (every rank's partitions have the same padded size, Note
 // [ZeRO padding]). Directories on one filesystem share its free space, so the check sums them
 // per filesystem (st_dev). Free is statvfs's f_bavail x f_frsize plus the swap files
@@ -40,6 +41,7 @@ struct OffloadPlan {
   bool param_tier = false;             // offload_param cpu|nvme at stage 3
   parallel::ParamTierLayout tier;      // when param_tier
   bool nvme_optimizer = false;         // offload_optimizer nvme
+  bool grads_on_nvme = false;          // and stage 3: the gradients' home is its store
   optim::NvmeAdamWSizes optimizer;     // when nvme_optimizer
 };
 
@@ -52,7 +54,8 @@ struct NvmeSpaceNeed {
   std::vector<std::string> dirs;  // the configured directories on it
   int64_t params = 0;             // bytes, whole blocks, all ranks on the node
   int64_t optimizer = 0;
-  int64_t needed() const { return params + optimizer; }
+  int64_t grads = 0;  // ZeRO-3 with offload_optimizer nvme (Note [Gradients on NVMe])
+  int64_t needed() const { return params + optimizer + grads; }
 };
 std::vector<NvmeSpaceNeed> plan_nvme_space(const TrainConfig& config, const OffloadPlan& plan,
                                            int ranks_on_node);

@@ -284,6 +284,19 @@ TEST(NvmeOffload, SizesCutTheSlicesAsTheOptimizerDoes) {
   EXPECT_EQ(b.grad_stage_bytes, 3000 * 2);
   EXPECT_EQ(b.model_copy_bytes, 3000 * 2);
   EXPECT_EQ(b.widened_bytes, 3000 * 4);
+  EXPECT_TRUE(b.grad_extents.empty());
+  EXPECT_EQ(b.grad_buffer_count, 1);  // the one staging buffer
+  // Note [Gradients on NVMe]: a gradient home per sub-group, a gradient buffer per state buffer.
+  o.grads_on_nvme = true;
+  o.grad_dtype = DType::BF16;
+  const optim::NvmeAdamWSizes n =
+      optim::nvme_adamw_sizes({7000, 2500}, o, DType::BF16, DType::BF16);
+  ASSERT_EQ(n.grad_extents.size(), 3u);
+  EXPECT_EQ(n.grad_extents[0].count, 2);
+  EXPECT_EQ(n.grad_extents[0].bytes, 3000 * 2);
+  EXPECT_EQ(n.grad_extents[1].bytes, 1000 * 2);
+  EXPECT_EQ(n.grad_extents[2].bytes, 2500 * 2);
+  EXPECT_EQ(n.grad_buffer_count, 4);
 }
 
 // An I/O error or a damaged block stops the step with an error naming the swap file; the swap

@@ -217,21 +217,28 @@ TEST(HostMemoryBudget, OffloadedPlanEqualsTheMeasuredPeaksOfItsCategories) {
   EXPECT_EQ(off.optimizer.buffer_count, 4);
   EXPECT_EQ(off.optimizer.state_buffer_bytes, (3000 * 12 + 4095) / 4096 * 4096);
   EXPECT_EQ(item("offload buffers"), tier + off.optimizer.host_bytes());
+  // At stage 3 the gradients live on NVMe (Note [Gradients on NVMe]): one gradient buffer per
+  // sub-group buffer.
+  EXPECT_TRUE(off.grads_on_nvme);
+  EXPECT_EQ(off.optimizer.grad_buffer_count, 4);
   EXPECT_EQ(off.optimizer.host_bytes(),
-            4 * off.optimizer.state_buffer_bytes + off.optimizer.grad_stage_bytes);
+            4 * off.optimizer.state_buffer_bytes + 4 * off.optimizer.grad_stage_bytes);
   EXPECT_EQ(item("parameters"), 0);  // every partition on NVMe
   EXPECT_EQ(host_peak(offload::Category::Param), tier);
-  EXPECT_EQ(host_peak(offload::Category::Grad), item("gradients") + off.optimizer.grad_stage_bytes);
+  EXPECT_EQ(item("gradients"), 0);
+  EXPECT_EQ(host_peak(offload::Category::Grad),
+            off.optimizer.grad_buffer_count * off.optimizer.grad_stage_bytes);
   EXPECT_EQ(item("optimizer states"), 0);
   EXPECT_EQ(host_peak(offload::Category::Optimizer),
             off.optimizer.buffer_count * off.optimizer.state_buffer_bytes);
-  // ZeRO-3's unit buffers (Category::Comm): the gathered, prefetched, gradient and staging units
-  // planned, and beyond them at most one more unit: GPT-2's tied embeddings stay gathered while
-  // the head's backward waits for theirs (what the plan leaves out).
+  // ZeRO-3's unit buffers (Category::Comm): the gathered, prefetched, gradient, staging and
+  // transient reduced units planned, and beyond them what the plan leaves out: a unit kept
+  // gathered (GPT-2's tied embeddings wait for the head's backward) and the partitions whose
+  // NVMe writes are in flight (at most 2, parallel/grad_buckets.cpp), each at most a block.
   const int64_t comm = host_peak(offload::Category::Comm);
-  EXPECT_EQ(item("ZeRO-3 unit buffers"), 4 * block * 4);
+  EXPECT_EQ(item("ZeRO-3 unit buffers"), 5 * block * 4);
   EXPECT_GE(comm, item("ZeRO-3 unit buffers"));
-  EXPECT_LE(comm, item("ZeRO-3 unit buffers") + block * 4);
+  EXPECT_LE(comm, item("ZeRO-3 unit buffers") + 3 * block * 4);
   // Activations: a lower bound.
   EXPECT_GE(host_peak(offload::Category::Activation), item("activations"));
 }
@@ -285,32 +292,37 @@ TEST(NvmeSpacePlan, SwapFilesThatDoNotFitAreRefusedNamingTheDirectoryAndTheBytes
   const int64_t mib = 1 << 20;
   const int64_t params = static_cast<int64_t>(off.tier.nvme_extents.size()) * mib;
   const int64_t optimizer = off.optimizer.sub_groups * mib;
+  // At stage 3 the gradients' homes are in the optimizer's store too: one extent per sub-group.
+  const int64_t grads = off.optimizer.sub_groups * mib;
+  const int64_t all = params + optimizer + grads;
   ASSERT_EQ(off.tier.nvme_extents.size(), units.size());
   ASSERT_EQ(off.optimizer.sub_groups, 15);  // 34688 elements in sub-groups of <= 3000
   const std::vector<NvmeSpaceNeed> need = plan_nvme_space(c, off, 1);
   ASSERT_EQ(need.size(), 1u);  // one directory for both kinds
   EXPECT_EQ(need[0].params, params);
   EXPECT_EQ(need[0].optimizer, optimizer);
+  EXPECT_EQ(need[0].grads, grads);
   auto free_is = [](int64_t bytes) {
     return [bytes](const std::string&) { return std::optional<int64_t>(bytes); };
   };
   auto check = [&](int64_t free, int ranks) {
     return error_of([&] { check_nvme_space(c, units, 1, 1, ranks, free_is(free)); });
   };
-  EXPECT_EQ(check(params + optimizer, 1), "");
-  const std::string msg = check(params + optimizer - 1, 1);
+  EXPECT_EQ(check(all, 1), "");
+  const std::string msg = check(all - 1, 1);
   EXPECT_NE(msg.find(std::string(tmp / "swap")), std::string::npos) << msg;
   EXPECT_NE(msg.find(fmt::format("parameters 4.0 MiB ({} bytes)", params)), std::string::npos)
       << msg;
   EXPECT_NE(msg.find(fmt::format("optimizer states 15.0 MiB ({} bytes)", optimizer)),
             std::string::npos)
       << msg;
-  EXPECT_NE(msg.find(fmt::format("({} bytes) free", params + optimizer - 1)), std::string::npos)
+  EXPECT_NE(msg.find(fmt::format("({} bytes) free", all - 1)), std::string::npos) << msg;
+  EXPECT_NE(msg.find(fmt::format("gradients 15.0 MiB ({} bytes)", grads)), std::string::npos)
       << msg;
   EXPECT_NE(msg.find("nvme_path at a larger drive"), std::string::npos) << msg;
   // Two ranks on the node share the directory: twice the bytes.
-  EXPECT_NE(check(params + optimizer, 2).find("2 rank(s) on this node"), std::string::npos);
-  EXPECT_EQ(check(2 * (params + optimizer), 2), "");
+  EXPECT_NE(check(all, 2).find("2 rank(s) on this node"), std::string::npos);
+  EXPECT_EQ(check(2 * (all), 2), "");
   // A dead run's lock and its 2 MiB swap file: removed at start, so counted as free.
   const pid_t dead = ::fork();
   if (dead == 0) ::_exit(0);
@@ -319,8 +331,8 @@ TEST(NvmeSpacePlan, SwapFilesThatDoNotFitAreRefusedNamingTheDirectoryAndTheBytes
   std::ofstream(tmp / fmt::format("swap/strata-swap-{}-0-0.bin", dead))
       << std::string(static_cast<size_t>(2 * mib), 'x');
   EXPECT_EQ(stale_swap_bytes(tmp / "swap", 1), 2 * mib);
-  EXPECT_EQ(check(params + optimizer - 2 * mib, 1), "");
-  const std::string stale = check(params + optimizer - 2 * mib - 1, 1);
+  EXPECT_EQ(check(all - 2 * mib, 1), "");
+  const std::string stale = check(all - 2 * mib - 1, 1);
   EXPECT_NE(stale.find("2.0 MiB (2097152 bytes) in a dead run's swap files"), std::string::npos)
       << stale;
   // Two directories on one filesystem share its free space: one need naming both.
@@ -330,7 +342,7 @@ TEST(NvmeSpacePlan, SwapFilesThatDoNotFitAreRefusedNamingTheDirectoryAndTheBytes
   const std::vector<NvmeSpaceNeed> shared = plan_nvme_space(two, off, 1);
   ASSERT_EQ(shared.size(), 1u);
   EXPECT_EQ(shared[0].dirs, (std::vector<std::string>{tmp / "swap", tmp / "swap2"}));
-  EXPECT_EQ(shared[0].needed(), params + optimizer);
+  EXPECT_EQ(shared[0].needed(), all);
   // A live holder's files are not counted.
   std::ofstream(tmp / "swap/strata-optimizer-rank0.lock") << ::getpid() << "\n";
   EXPECT_EQ(stale_swap_bytes(tmp / "swap", 1), 0);

@@ -41,6 +41,22 @@ void AtomicFile::write(const void* data, size_t n) {
   }
 }
 
+void AtomicFile::write_at(uint64_t offset, const void* data, size_t n) {
+  STRATA_CHECK(fd_ >= 0 && !committed_, "write to a committed AtomicFile {}", path_);
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      user_error("{}: write failed ({}){}", tmp_, w < 0 ? std::strerror(errno) : "no progress",
+                 w < 0 && (errno == ENOSPC || errno == EDQUOT) ? "; free space on that disk" : "");
+    }
+    p += w;
+    offset += static_cast<uint64_t>(w);
+    n -= static_cast<size_t>(w);
+  }
+}
+
 void AtomicFile::commit() {
   STRATA_CHECK(fd_ >= 0 && !committed_, "AtomicFile {} committed twice", path_);
   if (::fsync(fd_) != 0) user_error("{}: fsync failed ({})", tmp_, std::strerror(errno));

@@ -10,6 +10,7 @@
 // leaves the previous file untouched and nothing half-written. Errors are strata::user_error
 // naming the path and the system's reason.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -24,6 +25,9 @@ class AtomicFile {
 
   void write(const void* data, size_t n);
   void write(std::string_view bytes) { write(bytes.data(), bytes.size()); }
+  // Writes at byte `offset` of the file (pwrite): a writer that knows the layout up front fills
+  // it in any order (tensor::SafetensorsWriter). Does not move write()'s position.
+  void write_at(uint64_t offset, const void* data, size_t n);
   // fsync, rename into place, fsync the directory.
   void commit();
 

@@ -330,49 +330,134 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
   return out;
 }
 
-namespace {}  // namespace
+struct SafetensorsWriter::Impl {
+  explicit Impl(const std::string& path) : file(path) {}
+  AtomicFile file;  // Note [Atomic files]
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::string> meta;  // without the digests
+  std::vector<uint64_t> written;
+  std::vector<BlockDigest> digests;
+  uint64_t data_start = 0;
+  size_t header_size = 0;
+  bool committed = false;
+
+  // The header's text, padded so the data section starts 8-byte aligned as the reference writer
+  // does; `final`: with the digests, else with placeholders of the same length.
+  std::string header(bool final) {
+    json h = json::object();
+    std::map<std::string, std::string> m = meta;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const SafetensorsEntry& e = entries[i];
+      json shape = json::array();
+      for (int64_t d : e.shape) shape.push_back(d);
+      h[e.name] = {{"dtype", std::string(st_dtype_name(e.dtype))},
+                   {"shape", shape},
+                   {"data_offsets", {e.begin, e.end}}};
+      m[std::string(kDigestPrefix) + e.name] = hex_digest(final ? *entries[i].digest : 0);
+    }
+    std::vector<const SafetensorsEntry*> ptrs;
+    for (const SafetensorsEntry& e : entries) ptrs.push_back(&e);
+    m[std::string(kHeaderDigestKey)] = hex_digest(final ? header_digest(ptrs, m) : 0);
+    h["__metadata__"] = m;
+    std::string text = h.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    return text;
+  }
+};
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, bool> seen;
+  for (const SafetensorsSpec& t : tensors)
+    STRATA_USER_CHECK(t.name != "__metadata__" && seen.emplace(t.name, true).second,
+                      "{}: tensor name '{}' is reserved or repeated", path, t.name);
+  impl_ = std::make_unique<Impl>(path);
+  // Note [Safetensors digests]: the caller's digest entries (a file read and written again) are
+  // replaced by this file's.
+  for (const auto& [k, v] : metadata)
+    if (!is_digest_key(k)) impl_->meta[k] = v;
+  uint64_t offset = 0;
+  for (SafetensorsSpec& t : tensors) {
+    const uint64_t n = static_cast<uint64_t>(t.shape.numel()) * dtype_size(t.dtype);
+    impl_->entries.push_back({std::move(t.name), t.dtype, t.shape, offset, offset + n, 0});
+    offset += n;
+  }
+  impl_->written.assign(impl_->entries.size(), 0);
+  impl_->digests.resize(impl_->entries.size());
+  const std::string text = impl_->header(/*final=*/false);
+  impl_->header_size = text.size();
+  impl_->data_start = 8 + text.size();
+  const uint64_t len = text.size();
+  impl_->file.write(&len, 8);
+  impl_->file.write(text.data(), text.size());  // the placeholder; commit() writes the real one
+}
+
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+const std::string& SafetensorsWriter::path() const {
+  return impl_->file.path();
+}
+
+size_t SafetensorsWriter::tensors() const {
+  return impl_->entries.size();
+}
+
+uint64_t SafetensorsWriter::bytes(size_t i) const {
+  return impl_->entries.at(i).end - impl_->entries.at(i).begin;
+}
+
+uint64_t SafetensorsWriter::written(size_t i) const {
+  return impl_->written.at(i);
+}
+
+void SafetensorsWriter::append(size_t i, const void* data, size_t n) {
+  STRATA_CHECK(i < impl_->entries.size() && !impl_->committed, "{}: append to tensor {} of {}",
+               path(), i, impl_->entries.size());
+  const SafetensorsEntry& e = impl_->entries[i];
+  uint64_t& at = impl_->written[i];
+  STRATA_CHECK(at + n <= e.end - e.begin, "{}: tensor '{}' has {} bytes, {} appended after {}",
+               path(), e.name, e.end - e.begin, n, at);
+  if (n == 0) return;
+  impl_->file.write_at(impl_->data_start + e.begin + at, data, n);
+  impl_->digests[i].feed(data, n);
+  at += n;
+}
+
+void SafetensorsWriter::append(size_t i, const Tensor& piece) {
+  STRATA_CHECK(i < impl_->entries.size(), "{}: append to tensor {} of {}", path(), i,
+               impl_->entries.size());
+  STRATA_CHECK(piece.dtype() == impl_->entries[i].dtype, "{}: a {} piece of {} tensor '{}'",
+               path(), dtype_name(piece.dtype()), dtype_name(impl_->entries[i].dtype),
+               impl_->entries[i].name);
+  const Tensor h = piece.to(Device::cpu()).contiguous();
+  append(i, h.data_ptr(), h.nbytes());
+}
+
+void SafetensorsWriter::commit() {
+  STRATA_CHECK(!impl_->committed, "{}: committed twice", path());
+  for (size_t i = 0; i < impl_->entries.size(); ++i) {
+    SafetensorsEntry& e = impl_->entries[i];
+    STRATA_CHECK(impl_->written[i] == e.end - e.begin,
+                 "{}: tensor '{}' is incomplete ({} of {} bytes) at commit", path(), e.name,
+                 impl_->written[i], e.end - e.begin);
+    e.digest = impl_->digests[i].finish();
+  }
+  const std::string text = impl_->header(/*final=*/true);
+  STRATA_CHECK(text.size() == impl_->header_size, "{}: the header grew from {} to {} bytes",
+               path(), impl_->header_size, text.size());
+  impl_->file.write_at(8, text.data(), text.size());
+  impl_->file.commit();
+  impl_->committed = true;
+}
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  std::vector<Tensor> host;
-  std::vector<SafetensorsEntry> entries;
-  // Note [Safetensors digests]: the caller's digest entries (a file read and written again) are
-  // replaced by this file's.
-  std::map<std::string, std::string> meta;
-  for (const auto& [k, v] : metadata)
-    if (!is_digest_key(k)) meta[k] = v;
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    STRATA_USER_CHECK(name != "__metadata__" && !header.contains(name),
-                      "{}: tensor name '{}' is reserved or repeated", path, name);
-    Tensor h = t.to(Device::cpu()).contiguous();
-    json shape = json::array();
-    for (int64_t d : h.shape()) shape.push_back(d);
-    header[name] = {{"dtype", std::string(st_dtype_name(h.dtype()))},
-                    {"shape", shape},
-                    {"data_offsets", {offset, offset + h.nbytes()}}};
-    entries.push_back({name, h.dtype(), h.shape(), offset, offset + h.nbytes(), std::nullopt});
-    meta[std::string(kDigestPrefix) + name] = hex_digest(tensor_digest(h.data_ptr(), h.nbytes()));
-    offset += h.nbytes();
-    host.push_back(std::move(h));
-  }
-  std::vector<const SafetensorsEntry*> ptrs;
-  for (const SafetensorsEntry& e : entries) ptrs.push_back(&e);
-  meta[std::string(kHeaderDigestKey)] = hex_digest(header_digest(ptrs, meta));
-  header["__metadata__"] = meta;
-  std::string text = header.dump();
-  // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
-  text.append((8 - text.size() % 8) % 8, ' ');
-  const uint64_t len = text.size();
-
-  AtomicFile file(path);  // Note [Atomic files]
-  file.write(&len, 8);
-  file.write(text.data(), text.size());
-  for (const Tensor& h : host)
-    if (h.nbytes() > 0) file.write(h.data_ptr(), h.nbytes());
-  file.commit();
+  std::vector<SafetensorsSpec> specs;
+  for (const auto& [name, t] : tensors) specs.push_back({name, t.dtype(), t.shape()});
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (size_t i = 0; i < tensors.size(); ++i) writer.append(i, tensors[i].second);
+  writer.commit();
 }
 
 }  // namespace strata::tensor

@@ -32,8 +32,20 @@
 // (checkpoints: Note [Checkpoint digests]). A file with tensor digests but no header digest, or a
 // header digest and a tensor without one, is refused: that is what a damaged key name looks like.
 // Hugging Face's libraries ignore metadata they do not know, so exported files keep loading there.
+//
+// Note [Streamed safetensors]
+// A checkpoint of a model larger than host memory cannot hold its tensors at once, so files are
+// written by SafetensorsWriter: the tensors' names, dtypes and shapes are given up front, which
+// fixes the header's length and every tensor's offsets; then each tensor's bytes are appended as
+// they are produced, in order within the tensor, tensors in any interleaving (the writer places
+// them with pwrite). The digests are fed as the bytes arrive; they are 16 hex digits each, so
+// the header is written last, at commit(), over a placeholder of the same length. The file is an
+// AtomicFile (Note [Atomic files]): a writer destroyed before commit() — a producer that threw —
+// leaves nothing under the final name. save_safetensors is this writer given whole tensors, so
+// both write the same bytes for the same tensors.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -81,6 +93,39 @@ class SafetensorsReader {
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
   bool has_digests_ = false;
+};
+
+struct SafetensorsSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+};
+
+// Note [Streamed safetensors].
+class SafetensorsWriter {
+ public:
+  // The file's tensors in file order, and its metadata (digest entries in it are replaced).
+  // strata::user_error for a reserved or repeated name.
+  SafetensorsWriter(std::string path, std::vector<SafetensorsSpec> tensors,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();  // without commit(): the temporary goes, the final name is untouched
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  const std::string& path() const;
+  size_t tensors() const;
+  uint64_t bytes(size_t i) const;    // tensor i's size
+  uint64_t written(size_t i) const;  // its bytes appended so far
+  // The next `n` bytes of tensor i (little-endian, its dtype).
+  void append(size_t i, const void* data, size_t n);
+  // The next piece.numel() elements of tensor i: a tensor of its dtype, any layout and device.
+  void append(size_t i, const Tensor& piece);
+  // Every tensor must be complete: writes the header, fsyncs and renames into place.
+  void commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Every tensor of a file, by name.

@@ -449,13 +449,54 @@ void NvmeAdamW::load_state_dict(const OptimizerState& state) {
 }
 
 void NvmeAdamW::commit_staged() {
+  rewrite(nullptr);
+}
+
+// Note [Streamed states]
+void NvmeAdamW::read_states(const SubGroupFn& fn) {
+  finish_writes();
+  const size_t S = subs_.size(), B = bufs_.size();
+  std::vector<offload::IoHandle> reads(S);
+  size_t next = 0;
+  try {
+    for (size_t i = 0; i < S; ++i) {
+      // Sub-group i's buffer is free again once fn returned for i - B.
+      for (; next < S && next < i + B; ++next)
+        reads[next] = store_->read(subs_[next].home, buffer(next),
+                                   static_cast<size_t>(subs_[next].numel) * 12);
+      reads[i].wait();
+      const SubGroup& s = subs_[i];
+      const tensor::Tensor& buf = bufs_[i % B];
+      fn(s.slice, s.offset, buf.narrow(0, 0, s.numel), buf.narrow(0, s.numel, s.numel),
+         buf.narrow(0, 2 * s.numel, s.numel));
+    }
+  } catch (...) {
+    for (size_t j = 0; j < next; ++j) try {
+        reads[j].wait();
+      } catch (...) {  // the first error is the one raised
+      }
+    throw;
+  }
+}
+
+void NvmeAdamW::write_states(const SubGroupFn& fill) {
+  drop_staged();
+  rewrite(&fill);
+}
+
+void NvmeAdamW::rewrite(const SubGroupFn* fill) {
   finish_writes();
   if (copies_->cuda()) copies_->wait_for(tensor::cuda_current_stream());
   for (size_t i = 0; i < subs_.size(); ++i) {
     const SubGroup& s = subs_[i];
     float* buf = buffer(0);
     const size_t bytes = static_cast<size_t>(s.numel) * 12;
-    if (staged_.empty()) {
+    if (fill != nullptr) {
+      const tensor::Tensor& b = bufs_[0];
+      (*fill)(s.slice, s.offset, b.narrow(0, 0, s.numel), b.narrow(0, s.numel, s.numel),
+              b.narrow(0, 2 * s.numel, s.numel));
+      store_->write(s.home, buf, bytes).wait();
+    } else if (staged_.empty()) {
       store_->read(s.home, buf, bytes).wait();
     } else {
       for (int k = 0; k < 3; ++k)

@@ -33,13 +33,19 @@
 // of sub-group i completes in the background; without it the step waits for it.
 //
 // Note [Staged states]
-// Checkpoints read and write states through state_dict() and master(), which hold views of
-// resident buffers elsewhere. Here state_dict() stages the whole state in host memory (read from
-// NVMe; Category::Optimizer) and returns views of the staged copies; a checkpoint load fills
+// The Optimizer interface reads and writes states through state_dict() and master(), which hold
+// views of resident buffers elsewhere. Here state_dict() stages the whole state in host memory
+// (read from NVMe; Category::Optimizer) and returns views of the staged copies; a load fills
 // them and then commit_staged() (through params_from_masters() or load_state_dict()) writes them
-// home and rewrites the device parameters. The next step() drops staged copies (a save has
-// written them out by then). So resident optimizer memory is bounded by the buffers except
-// while a checkpoint is written or read.
+// home and rewrites the device parameters. The next step() drops staged copies. Checkpoints do
+// not stage: they stream (Note [Streamed states]).
+//
+// Note [Streamed states]
+// A checkpoint of states larger than host memory goes sub-group by sub-group through the state
+// buffers: read_states() reads each sub-group home (the next ones ahead, into the other buffers)
+// and hands fn views of its master, exp_avg and exp_avg_sq, valid during the call; write_states()
+// hands fill such views of a buffer to fill, writes the sub-group home and rewrites its device
+// parameters from the master, as commit_staged() does. Neither holds more than the buffers.
 //
 // Group fence: slice k is group k of Note [Group fence] (optim/optimizer.h). With a fence set,
 // step() and commit_staged() call fence(k, true) before the first sub-group of slice k writes the
@@ -57,6 +63,7 @@
 // update as the state reads do, and widens and scales it as it widens a copied one. Resident
 // gradient bytes are then the buffer_count gradient buffers alone (Category::Grad); without
 // grads_on_nvme, the one staging buffer the device gradient is copied into.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -147,6 +154,14 @@ class NvmeAdamW final : public Optimizer {
   // parameters from the masters on NVMe.
   void commit_staged();
 
+  // Note [Streamed states]: (slice, offset in the slice, master, exp_avg, exp_avg_sq), each
+  // sub-group once, in slice and offset order.
+  using SubGroupFn =
+      std::function<void(size_t slice, int64_t offset, const tensor::Tensor& master,
+                         const tensor::Tensor& exp_avg, const tensor::Tensor& exp_avg_sq)>;
+  void read_states(const SubGroupFn& fn);
+  void write_states(const SubGroupFn& fill);
+
   size_t slices() const { return slices_.size(); }
   size_t sub_groups() const { return subs_.size(); }
   // Bytes of one state buffer (12 x the largest sub-group, rounded to 4 KiB).
@@ -191,6 +206,8 @@ class NvmeAdamW final : public Optimizer {
   void write_params(const SubGroup& s, const float* master, const void* low_precision);
   void stage() const;
   void drop_staged() const;
+  // commit_staged() (fill null), or write_states(*fill).
+  void rewrite(const SubGroupFn* fill);
 
   std::vector<NvmeSlice> slices_;
   AdamWConfig config_;

@@ -44,6 +44,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/error.h"
 #include "tensor/tensor.h"
 
 namespace strata::optim {
@@ -125,6 +126,12 @@ class Optimizer {
   // Where every group and state buffer lives (Note [Optimizer devices]); CPU with no groups.
   Device device() const { return device_; }
   int64_t step_count() const { return step_; }
+  // A checkpoint load that filled the states in place (Note [Streamed states] in
+  // optim/nvme_adamw.h) sets the step count alone.
+  void set_step_count(int64_t step) {
+    STRATA_USER_CHECK(step >= 0, "{} state has a negative step count ({})", name(), step);
+    step_ = step;
+  }
   // The gradient buffer of every group, e.g. for clip_grad_norm.
   std::vector<tensor::Tensor> grads() const;
 

@@ -234,9 +234,38 @@ class Engine {
   // checkpoint_written() once they are written to let them go before the next step.
   std::vector<Shard> shards();
   void checkpoint_written() { gathering_->drop_partitions(); }
+
+  // Note [Streamed shards]
+  // A checkpoint of a run whose states live on NVMe (or whose partitions live on a tier) cannot
+  // take views of them all at once: it would bring the whole state into host memory. So a save
+  // asks shard_layout() what this rank writes (shards() without their data) and has
+  // stream_shards() hand it the data in pieces: the optimizer states on NVMe one sub-group at a
+  // time through the optimizer's state buffers (Note [Streamed states] in optim/nvme_adamw.h),
+  // offloaded parameter partitions one unit at a time, resident states as whole views. A load
+  // (load_shards) fills the same pieces and writes each back before the next: a sub-group goes
+  // home to NVMe, a partition to its tier. Host memory during either: the buffers the run has
+  // anyway plus one partition, not the model.
+  struct ShardInfo {
+    std::string unit;
+    std::string key;
+    int64_t unit_numel = 0;
+    int64_t begin = 0;  // flat coordinates, as Shard
+    int64_t numel = 0;
+    DType dtype = DType::F32;
+    int unit_index = 0;
+    int64_t slice_offset = 0;  // where `begin` is in the owned slice
+  };
+  // What shards() would return (for_loading: what load_shards fills), without reading anything.
+  std::vector<ShardInfo> shard_layout(bool for_loading = false);
+  // emit(i, piece): the next piece.numel() elements of shard_layout()[i], each shard's pieces in
+  // order, shards interleaved; a piece is valid during the call only. `params`: the "param"
+  // shards, else the others.
+  void stream_shards(bool params,
+                     const std::function<void(size_t shard, const tensor::Tensor& piece)>& emit);
   // For each shard this rank holds in the current layout (stage 0: every rank, whole units),
   // fill(unit, key, begin, dst) must fill dst from [begin, begin + dst.numel()) of the saved
-  // flat coordinates. Stage 3 parameters included. Collective at stage 3.
+  // flat coordinates; dst is the whole shard, or a piece of it (Note [Streamed shards]). Stage 3
+  // parameters included. Collective at stage 3.
   void load_shards(const std::function<void(const std::string& unit, const std::string& key,
                                             int64_t begin, tensor::Tensor dst)>& fill);
   // Stages 0-2, after loading whole parameters into the model on every rank: broadcasts rank
@@ -268,6 +297,10 @@ class Engine {
   void build_units();
   // Every slice this rank holds, as shards; `for_loading`: also whole units on ranks > 0.
   std::vector<Shard> held_shards(bool for_loading);
+  // Every (unit, key, slice numel, dtype) this rank holds, in file order, reading nothing.
+  void for_each_held_slice(
+      bool for_loading,
+      const std::function<void(int unit, const std::string& key, int64_t numel, DType)>& fn);
 
   models::CausalLM& model_;
   std::shared_ptr<comm::Communicator> dp_;

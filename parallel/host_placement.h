@@ -101,7 +101,7 @@ class HostPlacement final : public OptimizerPlacement {
   void set_param_fence(optim::Optimizer::GroupFence fence) override;
   int64_t delayed_steps() const { return delayed_steps_; }
   // The NVMe optimizer with device nvme, else null.
-  optim::NvmeAdamW* nvme() { return nvme_.get(); }
+  optim::NvmeAdamW* nvme() override { return nvme_.get(); }
 
  private:
   bool mixed_precision() const { return param_dtype_ != DType::F32; }

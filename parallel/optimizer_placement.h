@@ -30,6 +30,10 @@
 #include "optim/optimizer.h"
 #include "parallel/rank_sum.h"
 
+namespace strata::optim {
+class NvmeAdamW;
+}
+
 namespace strata::parallel {
 
 using OptimizerFactory =
@@ -74,6 +78,9 @@ class OptimizerPlacement {
     (void)u;
     (void)slice;
   }
+  // The optimizer when its states live on NVMe (ZeRO-Infinity): checkpoints stream them (Note
+  // [Streamed states] in optim/nvme_adamw.h) instead of reading state_dict() and master().
+  virtual optim::NvmeAdamW* nvme() { return nullptr; }
   // Completes an update still running (ZeRO-Offload's delayed update) and writes the owned
   // slices; true when there was one, and then the caller makes the units whole again.
   virtual bool finish_pending() { return false; }

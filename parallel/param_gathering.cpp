@@ -56,6 +56,15 @@ tensor::Tensor ParamGathering::owned_params(int u) const {
   return units_[u].params.narrow(0, own.begin, own.size());
 }
 
+void ParamGathering::with_owned_params(int u, bool store,
+                                       const std::function<void(const tensor::Tensor&)>& fn) {
+  if (managed(u)) {
+    gatherer_->with_partition(u, store, fn);
+  } else {
+    fn(owned_params(u));
+  }
+}
+
 void ParamGathering::begin_pass() {
   if (gatherer_) gatherer_->begin_pass(/*record=*/true);
 }

@@ -53,6 +53,10 @@ class ParamGathering {
   // This rank's slice of unit u's parameters, in the model's dtype: the persistent partition of a
   // managed unit, else a view of the owned slice of the unit's buffer.
   tensor::Tensor owned_params(int u) const;
+  // fn(owned_params(u)), the partition of an offloaded unit resident only during the call
+  // (Note [Streamed shards] in parallel/engine.h); `store`: fn changed it, it goes back to its
+  // tier.
+  void with_owned_params(int u, bool store, const std::function<void(const tensor::Tensor&)>& fn);
 
   // Around each micro-batch (forward and backward) and its backward: a recomputing forward
   // inside backward (activation checkpointing) must not release its unit.

@@ -110,6 +110,25 @@ void ParamGatherer::drop_partitions() {
     if (state_[u] == State::Released) partition_[u].storage()->release();
 }
 
+void ParamGatherer::with_partition(int u, bool store,
+                                   const std::function<void(const tensor::Tensor&)>& fn) {
+  tensor::Storage& s = *partition_[u].storage();
+  const bool from_tier = tier_ && s.is_released();
+  if (from_tier) {
+    const auto at = std::find(step_order_.begin(), step_order_.end(), u);
+    tier_->read_ahead(step_order_, static_cast<size_t>(at - step_order_.begin()));
+    load_partition(u);
+  }
+  try {
+    fn(partition_[u]);
+  } catch (...) {
+    if (from_tier) s.release();  // the tier still holds what it held
+    throw;
+  }
+  if (tier_ && store) tier_->store(u, partition_[u]);
+  if (from_tier) s.release();
+}
+
 // Note [Offloaded partitions]: one unit at a time, the next ones read ahead.
 void ParamGatherer::step_fence(size_t g, bool before) {
   const int u = static_cast<int>(g);

@@ -85,6 +85,9 @@ class ParamGatherer {
   // Releases the partitions load_partitions() made resident and nothing changed since (the tier
   // holds the same bytes), except those of units being gathered.
   void drop_partitions();
+  // fn(partition(u)) with the partition resident; one the tier held goes again after the call,
+  // written back first when `store` (a checkpoint reads or fills one unit at a time).
+  void with_partition(int u, bool store, const std::function<void(const tensor::Tensor&)>& fn);
   // The optimizer's group fence (group g = unit g).
   void step_fence(size_t g, bool before);
 

@@ -33,7 +33,8 @@
 // without them was replaced), and their headers are checked when opened. load_checkpoint streams
 // every tensor through its digest before it touches the model (one more read of the files);
 // a Trainer's resume (open_checkpoint, then FlatShardIndex::fill on each rank) checks each tensor
-// as it reads it, so a rank reads only the files it loads from. Checkpoints written before digests
+// as it reads it (one read in parts, streamed once before its first part is used), so a rank
+// reads only the files it loads from. Checkpoints written before digests
 // (no "digest" in trainer_state.json) load unchecked. config.yaml and `latest` carry none:
 // a resume runs the config it is given, and `latest` only names a directory.
 #include <cstdint>
@@ -42,9 +43,9 @@
 #include <string>
 #include <string_view>
 
+#include "comm/communicator.h"
 #include "models/causal_lm.h"
 #include "optim/optimizer.h"
-#include "comm/communicator.h"
 #include "runtime/checkpoint_shards.h"
 
 namespace strata::runtime {
@@ -130,7 +131,11 @@ struct CheckpointParts {
   bool write_model = false;
   std::vector<FlatShard> param_shards;      // ZeRO-3: this rank's slices of the parameters
   std::vector<FlatShard> optimizer_shards;  // this rank's slices of the optimizer state
-  std::string optimizer_name;               // Optimizer::name(), stored in the metadata
+  // The same, streamed (Note [Streamed shards] in parallel/engine.h): used when the vector
+  // beside it is empty.
+  FlatShardStream param_stream;
+  FlatShardStream optimizer_stream;
+  std::string optimizer_name;  // Optimizer::name(), stored in the metadata
   int64_t optimizer_step = 0;
 };
 

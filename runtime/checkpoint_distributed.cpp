@@ -114,15 +114,20 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointParts& p
             {"rank", std::to_string(rank)},
             {"world", std::to_string(size)}};
         STRATA_CHECK(parts.model != nullptr, "CheckpointParts without a model");
+        const std::string model_file = join(tmp, rank_file("model", rank, size));
         if (!parts.param_shards.empty())
-          save_flat_shards(join(tmp, rank_file("model", rank, size)), *parts.model,
-                           parts.param_shards, meta);
-        if (!parts.optimizer_shards.empty()) {
+          save_flat_shards(model_file, *parts.model, parts.param_shards, meta);
+        else if (!parts.param_stream.empty())
+          save_flat_shards(model_file, *parts.model, parts.param_stream, meta);
+        if (!parts.optimizer_shards.empty() || !parts.optimizer_stream.empty()) {
           meta["optimizer"] = parts.optimizer_name;
           meta["step"] = std::to_string(parts.optimizer_step);
-          save_flat_shards(join(tmp, size == 1 ? std::string(kOptimizerFile)
-                                               : rank_file("optimizer", rank, size)),
-                           *parts.model, parts.optimizer_shards, meta);
+          const std::string file = join(
+              tmp, size == 1 ? std::string(kOptimizerFile) : rank_file("optimizer", rank, size));
+          if (!parts.optimizer_shards.empty())
+            save_flat_shards(file, *parts.model, parts.optimizer_shards, meta);
+          else
+            save_flat_shards(file, *parts.model, parts.optimizer_stream, meta);
         }
         if (rank == 0) {
           if (parts.write_model) {

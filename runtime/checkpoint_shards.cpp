@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "parallel/engine.h"
 #include "tensor/safetensors.h"
 
 namespace strata::runtime {
@@ -23,32 +24,74 @@ int64_t unit_extent(const models::FlatUnit& u) {
   return u.names.empty() ? 0 : u.offsets.back() + u.numels.back();
 }
 
+FlatShardStream engine_shard_stream(parallel::Engine& engine, bool params) {
+  FlatShardStream stream;
+  const std::vector<parallel::Engine::ShardInfo> layout = engine.shard_layout();
+  std::vector<size_t> local(layout.size(), 0);  // layout index -> index in the stream
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const parallel::Engine::ShardInfo& sh = layout[i];
+    if ((sh.key == "param") != params) continue;
+    local[i] = stream.shards.size();
+    stream.shards.push_back({sh.unit, sh.key, sh.begin, sh.numel, sh.dtype});
+  }
+  stream.produce = [&engine, params, local](const FlatShardStream::Emit& emit) {
+    engine.stream_shards(params,
+                         [&](size_t i, const tensor::Tensor& piece) { emit(local[i], piece); });
+  };
+  return stream;
+}
+
 void save_flat_shards(const std::string& path, const models::CausalLM& model,
                       const std::vector<FlatShard>& shards,
                       const std::map<std::string, std::string>& metadata) {
+  FlatShardStream stream;
+  for (const FlatShard& s : shards)
+    stream.shards.push_back({s.unit, s.key, s.begin, s.data.numel(), s.data.dtype()});
+  stream.produce = [&](const FlatShardStream::Emit& emit) {
+    for (size_t i = 0; i < shards.size(); ++i) emit(i, shards[i].data);
+  };
+  save_flat_shards(path, model, stream, metadata);
+}
+
+void save_flat_shards(const std::string& path, const models::CausalLM& model,
+                      const FlatShardStream& stream,
+                      const std::map<std::string, std::string>& metadata) {
   std::map<std::string, int64_t> extent;
   for (const models::FlatUnit& u : model.flat_units()) extent[u.name] = unit_extent(u);
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::vector<tensor::SafetensorsSpec> specs;
+  std::vector<int64_t> keep(stream.shards.size(), 0);  // elements written of each shard
+  std::vector<size_t> tensor_of(stream.shards.size(), 0);
   json index = json::object();
-  for (const FlatShard& s : shards) {
+  for (size_t i = 0; i < stream.shards.size(); ++i) {
+    const FlatShardInfo& s = stream.shards[i];
     // Optimizer states and masters are f32; a mixed-precision run's ZeRO-3 "param" shards are its
     // bf16/f16 parameters, which FlatShardIndex accepts back (Note [Mixed precision]).
-    const bool low_param =
-        s.key == "param" && (s.data.dtype() == DType::BF16 || s.data.dtype() == DType::F16);
-    STRATA_CHECK((s.data.dtype() == DType::F32 || low_param) && s.data.ndim() == 1,
-                 "shard {} of unit {} is {}", s.key, s.unit, s.data.str());
+    const bool low_param = s.key == "param" && (s.dtype == DType::BF16 || s.dtype == DType::F16);
+    STRATA_CHECK(s.dtype == DType::F32 || low_param, "shard {} of unit {} is {}", s.key, s.unit,
+                 dtype_name(s.dtype));
     auto e = extent.find(s.unit);
     STRATA_CHECK(e != extent.end(), "shard of unknown unit {}", s.unit);
-    const int64_t keep = std::min<int64_t>(s.data.numel(), e->second - s.begin);
-    if (keep <= 0) continue;  // all padding
+    keep[i] = std::min<int64_t>(s.numel, e->second - s.begin);
+    if (keep[i] <= 0) continue;  // all padding
     std::string name = fmt::format("{}/{}@{}", s.unit, s.key, s.begin);
-    tensors.emplace_back(name, s.data.narrow(0, 0, keep));
+    tensor_of[i] = specs.size();
+    specs.push_back({name, s.dtype, tensor::Shape{keep[i]}});
     index[name] = {{"unit", s.unit}, {"key", s.key}, {"extent", e->second}, {"begin", s.begin}};
   }
   std::map<std::string, std::string> meta = metadata;
   meta["format"] = "strata-flat-shards";
   meta["shards"] = index.dump();
-  tensor::save_safetensors(path, tensors, meta);
+  tensor::SafetensorsWriter writer(path, std::move(specs), meta);
+  std::vector<int64_t> at(stream.shards.size(), 0);  // elements produced of each shard
+  stream.produce([&](size_t i, const Tensor& piece) {
+    STRATA_CHECK(
+        i < at.size() && piece.ndim() == 1 && at[i] + piece.numel() <= stream.shards[i].numel,
+        "shard piece {} of {} elements after {}", i, piece.numel(), i < at.size() ? at[i] : 0);
+    const int64_t n = std::min(piece.numel(), keep[i] - at[i]);  // the rest is padding
+    if (n > 0) writer.append(tensor_of[i], piece.narrow(0, 0, n));
+    at[i] += piece.numel();
+  });
+  writer.commit();  // checks that every shard came whole
 }
 
 FlatShardIndex::FlatShardIndex(const models::CausalLM& model,
@@ -193,14 +236,24 @@ void FlatShardIndex::fill(const std::string& unit, const std::string& key, int64
   auto it = pieces_.find({unit, key});
   if (it == pieces_.end()) return;  // covered only by padding
   const int64_t end = begin + dst.numel();
-  std::map<int, SafetensorsReader> readers;
   for (const Piece& p : it->second) {
     const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.begin + p.numel);
     if (lo >= hi || p.file < 0) continue;
-    auto r = readers.find(p.file);
-    if (r == readers.end()) r = readers.emplace(p.file, SafetensorsReader(files_[p.file])).first;
-    Tensor src = r->second.read(p.name).flatten();
-    dst.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - p.begin, hi - lo));
+    // Opened once per file: a streamed load fills many pieces from each.
+    auto r = readers_.find(p.file);
+    if (r == readers_.end()) r = readers_.emplace(p.file, SafetensorsReader(files_[p.file])).first;
+    const SafetensorsReader& reader = r->second;
+    Tensor part = dst.narrow(0, lo - begin, hi - lo);
+    // Another dtype converts (Note [Mixed precision]); a device destination takes a host copy.
+    if (reader.entry(p.name).dtype != dst.dtype() || !dst.device().is_cpu()) {
+      part.copy_(reader.read(p.name).flatten().narrow(0, lo - p.begin, hi - lo));
+      continue;
+    }
+    // Note [Streamed shards]: straight into dst, a piece at a time; a tensor read in parts is
+    // checked against its digest once, streamed, before its first part is used.
+    if (hi - lo != p.numel && reader.has_digests() && verified_.emplace(p.file, p.name).second)
+      reader.verify(p.name);
+    reader.read_into(p.name, part, static_cast<uint64_t>(lo - p.begin));
   }
 }
 

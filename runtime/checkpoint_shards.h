@@ -17,13 +17,19 @@
 // beyond the extent, and fails naming the files when part of the range is covered by no piece. So
 // any checkpoint — one process, plain DP, any ZeRO stage, any dp size — loads into any layout.
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "models/causal_lm.h"
 #include "tensor/safetensors.h"
 #include "tensor/tensor.h"
+
+namespace strata::parallel {
+class Engine;
+}
 
 namespace strata::runtime {
 
@@ -37,10 +43,36 @@ struct FlatShard {
 // The end of the unit's last parameter (Note [Flat shards]).
 int64_t unit_extent(const models::FlatUnit& unit);
 
+// Shards known by their place and size, their data produced in pieces (Note [Streamed shards]
+// in parallel/engine.h): produce(emit) calls emit(i, piece) with the next piece.numel() elements
+// of shards[i], each shard's pieces in order and all of them, shards interleaved as they come.
+struct FlatShardInfo {
+  std::string unit;
+  std::string key;
+  int64_t begin = 0;
+  int64_t numel = 0;  // may run past the extent
+  DType dtype = DType::F32;
+};
+struct FlatShardStream {
+  using Emit = std::function<void(size_t shard, const tensor::Tensor& piece)>;
+  std::vector<FlatShardInfo> shards;
+  std::function<void(const Emit&)> produce;
+  bool empty() const { return shards.empty(); }
+};
+
+// The engine's shards of this rank as a stream: its "param" shards (`params`) or the others
+// (Note [Streamed shards] in parallel/engine.h); empty when it writes none.
+FlatShardStream engine_shard_stream(parallel::Engine& engine, bool params);
+
 // Writes `shards` of `model`'s units to `path` as a shard file (Note [Flat shards]); `metadata`
 // is added to the file's metadata. Elements past a unit's extent (padding) are not written.
 void save_flat_shards(const std::string& path, const models::CausalLM& model,
                       const std::vector<FlatShard>& shards,
+                      const std::map<std::string, std::string>& metadata);
+// The same file from a stream, written as its pieces come (Note [Streamed safetensors]): host
+// memory holds a piece at a time, whatever the shards' size.
+void save_flat_shards(const std::string& path, const models::CausalLM& model,
+                      const FlatShardStream& stream,
                       const std::map<std::string, std::string>& metadata);
 
 class FlatShardIndex {
@@ -73,6 +105,10 @@ class FlatShardIndex {
                         const models::CausalLM& model);
 
   std::vector<std::string> files_;
+  // fill()'s: each file's header (read and checked once), and the (file, tensor)s checked
+  // against their digests before a read of part of them.
+  mutable std::map<int, tensor::SafetensorsReader> readers_;
+  mutable std::set<std::pair<int, std::string>> verified_;
   std::map<std::string, int64_t> unit_numel_;
   std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces_;
   std::string description_;

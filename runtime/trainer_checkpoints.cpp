@@ -53,17 +53,15 @@ void Trainer::save(const char* why) {
   parts.write_model = rank_ == 0 && !partitioned_params;
   parts.optimizer_name = std::string(engine_->optimizer().name());
   parts.optimizer_step = engine_->optimizer().step_count();
+  // Note [Streamed shards]: the files are written as the engine reads its states, a sub-group
+  // or a unit at a time.
   if (rank_ == 0 || engine_->config().stage >= 1) {
-    for (parallel::Engine::Shard& sh : engine_->shards()) {
-      FlatShard f{sh.unit, sh.key, sh.begin, sh.data};
-      (sh.key == "param" ? parts.param_shards : parts.optimizer_shards).push_back(std::move(f));
-    }
+    if (partitioned_params) parts.param_stream = engine_shard_stream(*engine_, /*params=*/true);
+    parts.optimizer_stream = engine_shard_stream(*engine_, /*params=*/false);
   }
-  if (!partitioned_params) parts.param_shards.clear();
   last_checkpoint_ = save_checkpoint(config_.run.dir, parts, st, config_yaml_,
                                      config_.training.keep_checkpoints, *dp_, device_);
   parts = {};
-  engine_->checkpoint_written();  // offload_param: the partitions go back to their tier
   last_saved_step_ = step_;
   console_->event(
       fmt::format("checkpoint ({}): {} [{:.2f} s]", why, last_checkpoint_, watch.seconds()));
@@ -121,24 +119,23 @@ void Trainer::resume(const std::string& dir) {
       ck.index->fill(unit, src, begin, dst);
   };
   // Validate coverage of everything this rank will load before touching anything.
-  std::vector<parallel::Engine::Shard> owned = engine_->shards();
-  std::vector<parallel::Engine::Shard> needed;  // in the checkpoint's (whole) coordinates
-  if (whole) {
-    for (const parallel::Engine::Shard& sh : owned)
-      for (const models::FlatUnit& wu : whole->flat_units())
-        if (wu.name == sh.unit)
-          needed.push_back(
-              {sh.unit, sh.key, wu.size(), 0, tensor::Tensor::empty({unit_extent(wu)})});
-  } else {
-    needed = owned;
+  // Note [Streamed shards]: by their place and size, nothing read.
+  std::vector<parallel::Engine::ShardInfo> needed;  // in the checkpoint's (whole) coordinates
+  for (const parallel::Engine::ShardInfo& sh : engine_->shard_layout()) {
+    if (!whole) {
+      needed.push_back(sh);
+      continue;
+    }
+    for (const models::FlatUnit& wu : whole->flat_units())
+      if (wu.name == sh.unit) needed.push_back({sh.unit, sh.key, wu.size(), 0, unit_extent(wu)});
   }
-  for (const parallel::Engine::Shard& sh : needed)
-    if (!ck.index->covers(sh.unit, source_key(sh.unit, sh.key, sh.begin, sh.data.numel()), sh.begin,
-                          sh.data.numel()))
+  for (const parallel::Engine::ShardInfo& sh : needed)
+    if (!ck.index->covers(sh.unit, source_key(sh.unit, sh.key, sh.begin, sh.numel), sh.begin,
+                          sh.numel))
       user_error(
           "checkpoint {}: has no '{}' state for elements [{}, {}) of unit '{}'; it was "
           "written by a different optimizer or model, or some of its files are missing",
-          dir, sh.key, sh.begin, sh.begin + sh.data.numel(), sh.unit);
+          dir, sh.key, sh.begin, sh.begin + sh.numel, sh.unit);
   if (engine_->config().stage < 3) {
     for (const models::FlatUnit& u : model_->flat_units()) read(u.name, "param", 0, u.params);
     engine_->sync_params();
@@ -152,9 +149,7 @@ void Trainer::resume(const std::string& dir) {
     ls.hysteresis_left = ck.state.loss_scale_hysteresis_left;
     scaler_->load_state(ls);
   }
-  optim::OptimizerState counter = opt.state_dict();
-  counter.step = ck.optimizer_step;
-  opt.load_state_dict(counter);  // the live buffers again: sets the step count only
+  opt.set_step_count(ck.optimizer_step);  // the states were filled in place
   step_ = ck.state.step;
   samples_consumed_ = ck.state.samples_consumed;
   generator_.set_state(ck.state.rng_seed, ck.state.rng_offset);

@@ -304,23 +304,53 @@ Tensor SafetensorsReader::read(std::string_view name) const {
   return t;
 }
 
+void SafetensorsReader::read_into(std::string_view name, Tensor dst, uint64_t element_begin) const {
+  const SafetensorsEntry& e = entry(name);
+  STRATA_CHECK(dst.device().is_cpu() && dst.is_contiguous() && dst.dtype() == e.dtype,
+               "{}: read '{}' ({}) into {}", path_, name, dtype_name(e.dtype), dst.str());
+  const uint64_t size = dtype_size(e.dtype);
+  const uint64_t begin = e.begin + element_begin * size;
+  const uint64_t bytes = static_cast<uint64_t>(dst.numel()) * size;
+  STRATA_CHECK(begin + bytes <= e.end, "{}: elements [{}, {}) of '{}' ({} elements)", path_,
+               element_begin, element_begin + dst.numel(), name, (e.end - e.begin) / size);
+  if (bytes == 0) return;
+  std::ifstream in(path_, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(data_start_ + begin));
+  in.read(static_cast<char*>(dst.data_ptr()), static_cast<std::streamsize>(bytes));
+  if (!in) user_error("{}: could not read the data of '{}' (file truncated?)", path_, name);
+  if (e.digest && bytes == e.end - e.begin && tensor_digest(dst.data_ptr(), bytes) != *e.digest)
+    damaged(path_, fmt::format("tensor '{}'", name));
+}
+
+void SafetensorsReader::verify_entry(std::ifstream& in, std::string& buf,
+                                     const SafetensorsEntry& e) const {
+  if (!e.digest) return;
+  in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  BlockDigest d;
+  for (uint64_t left = e.end - e.begin; left > 0;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
+    in.read(buf.data(), static_cast<std::streamsize>(n));
+    if (!in) user_error("{}: could not read the data of '{}' (file truncated?)", path_, e.name);
+    d.feed(buf.data(), n);
+    left -= n;
+  }
+  if (d.finish() != *e.digest) damaged(path_, fmt::format("tensor '{}'", e.name));
+}
+
 void SafetensorsReader::verify() const {
   std::ifstream in(path_, std::ios::binary);
   if (!in) user_error("{}: cannot open for reading ({})", path_, std::strerror(errno));
   std::string buf(64 * kDigestBlock, '\0');  // 64 blocks per read, summed in parallel
-  for (const SafetensorsEntry& e : entries_) {
-    if (!e.digest) continue;
-    in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
-    BlockDigest d;
-    for (uint64_t left = e.end - e.begin; left > 0;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
-      in.read(buf.data(), static_cast<std::streamsize>(n));
-      if (!in) user_error("{}: could not read the data of '{}' (file truncated?)", path_, e.name);
-      d.feed(buf.data(), n);
-      left -= n;
-    }
-    if (d.finish() != *e.digest) damaged(path_, fmt::format("tensor '{}'", e.name));
-  }
+  for (const SafetensorsEntry& e : entries_) verify_entry(in, buf, e);
+}
+
+void SafetensorsReader::verify(std::string_view name) const {
+  const SafetensorsEntry& e = entry(name);
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) user_error("{}: cannot open for reading ({})", path_, std::strerror(errno));
+  std::string buf(static_cast<size_t>(std::min<uint64_t>(64 * kDigestBlock, e.end - e.begin)),
+                  '\0');
+  verify_entry(in, buf, e);
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path) {
@@ -426,8 +456,8 @@ void SafetensorsWriter::append(size_t i, const void* data, size_t n) {
 void SafetensorsWriter::append(size_t i, const Tensor& piece) {
   STRATA_CHECK(i < impl_->entries.size(), "{}: append to tensor {} of {}", path(), i,
                impl_->entries.size());
-  STRATA_CHECK(piece.dtype() == impl_->entries[i].dtype, "{}: a {} piece of {} tensor '{}'",
-               path(), dtype_name(piece.dtype()), dtype_name(impl_->entries[i].dtype),
+  STRATA_CHECK(piece.dtype() == impl_->entries[i].dtype, "{}: a {} piece of {} tensor '{}'", path(),
+               dtype_name(piece.dtype()), dtype_name(impl_->entries[i].dtype),
                impl_->entries[i].name);
   const Tensor h = piece.to(Device::cpu()).contiguous();
   append(i, h.data_ptr(), h.nbytes());
@@ -443,8 +473,8 @@ void SafetensorsWriter::commit() {
     e.digest = impl_->digests[i].finish();
   }
   const std::string text = impl_->header(/*final=*/true);
-  STRATA_CHECK(text.size() == impl_->header_size, "{}: the header grew from {} to {} bytes",
-               path(), impl_->header_size, text.size());
+  STRATA_CHECK(text.size() == impl_->header_size, "{}: the header grew from {} to {} bytes", path(),
+               impl_->header_size, text.size());
   impl_->file.write_at(8, text.data(), text.size());
   impl_->file.commit();
   impl_->committed = true;

@@ -44,6 +44,7 @@
 // leaves nothing under the final name. save_safetensors is this writer given whole tensors, so
 // both write the same bytes for the same tensors.
 #include <cstdint>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -80,14 +81,24 @@ class SafetensorsReader {
   // file has one (a strata::user_error naming the file and tensor on a mismatch).
   Tensor read(std::string_view name) const;
 
+  // Reads elements [element_begin, element_begin + dst.numel()) of the tensor into dst (CPU,
+  // contiguous, the tensor's dtype) without allocating. The digest is checked when that is the
+  // whole tensor (dst then holds the damaged bytes when it fails); a part is read unchecked:
+  // verify(name) checks it.
+  void read_into(std::string_view name, Tensor dst, uint64_t element_begin = 0) const;
+
   // Whether the file carries digests (Note [Safetensors digests]); its header digest was checked
   // when it was opened.
   bool has_digests() const { return has_digests_; }
   // Reads every tensor with a digest in a stream of 1 MiB blocks and checks it, holding nothing
   // (a strata::user_error naming the file and tensor on a mismatch).
   void verify() const;
+  // The same for one tensor.
+  void verify(std::string_view name) const;
 
  private:
+  void verify_entry(std::ifstream& in, std::string& buf, const SafetensorsEntry& e) const;
+
   std::string path_;
   uint64_t data_start_ = 0;  // 8 + header length
   std::vector<SafetensorsEntry> entries_;

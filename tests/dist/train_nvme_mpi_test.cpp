@@ -240,7 +240,10 @@ TEST_F(TrainNvmeMpi, ParametersAndStatesOffloadedTogetherAreBitwiseTheInMemoryRu
   }
 }
 
-// Both offloaded, two ranks stopped at step 3 and resumed: the uninterrupted run's bits.
+// Both offloaded, two ranks stopped at step 3 and resumed: the uninterrupted run's bits. The
+// checkpoint is written and read a sub-group and a unit at a time (Note [Streamed shards] in
+// parallel/engine.h). One process resumes it too, both on NVMe: re-partitioned, so each of its
+// sub-groups reads parts of the two ranks' pieces (each checked against its digest first).
 TEST_F(TrainNvmeMpi, ParametersAndStatesOffloadedTogetherResumeBitwise) {
   const std::vector<std::string> sets = both({"zero_optimization.stage=3"}, "nvme");
   ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, sets, 6, 3));
@@ -248,6 +251,14 @@ TEST_F(TrainNvmeMpi, ParametersAndStatesOffloadedTogetherResumeBitwise) {
   ASSERT_EQ(x.size(), 6u);
   EXPECT_EQ(losses("parts"), x);
   expect_same_states("parts", "full", 6);
+  expect_swap_empty();
+
+  std::vector<std::string> one = sets;
+  one.push_back("training.resume=" + tmp_ / "parts/checkpoints/step_00000003");
+  CommandResult r = train(0, config("one", 6), one);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  testing::expect_close(losses("one"), std::vector<double>(x.begin() + 3, x.end()), 1e-5,
+                        "2 ranks -> 1 process, both on NVMe");
   expect_swap_empty();
 }
 

@@ -189,9 +189,16 @@ void ParamTier::load(int u, tensor::Tensor& dst) {
   Stopwatch waited;
   int i = find(u, BufState::Landed);
   if (i < 0) i = find(u, BufState::Reading);
+  double* charged = nullptr;
   if (i >= 0) {
     ++ahead_hits_;
+    if (buffers_[i].state == BufState::Reading) {
+      ++waits_.late;
+      charged = &waits_.late_s;
+    }
   } else {
+    ++waits_.misses;
+    charged = &waits_.miss_s;
     const int w = find(u, BufState::Writing);  // the read must not overtake the write
     if (w >= 0) finish_write(buffers_[w]);
     i = take_buffer();
@@ -199,7 +206,9 @@ void ParamTier::load(int u, tensor::Tensor& dst) {
   }
   Buffer& b = buffers_[i];
   if (b.state == BufState::Reading) b.io.wait();
-  wait_s_ += waited.seconds();
+  const double w = waited.seconds();
+  wait_s_ += w;
+  if (charged != nullptr) *charged += w;
   b.io = {};
   dst.copy_(host_view(b.block, h.numel, dtype_));  // synchronous: the buffer is free after it
   b.state = BufState::Free;
@@ -218,9 +227,12 @@ void ParamTier::store(int u, const tensor::Tensor& src) {
   // A read-ahead copy of this unit holds the bytes before the update: stale now.
   for (int s : {find(u, BufState::Landed), find(u, BufState::Reading)})
     if (s >= 0) drop(s);
+  Stopwatch waited;
   const int w = find(u, BufState::Writing);
   if (w >= 0) finish_write(buffers_[w]);  // writes of one unit land in order
   const int i = take_buffer();
+  wait_s_ += waited.seconds();
+  waits_.store_s += waited.seconds();
   Buffer& b = buffers_[i];
   host_view(b.block, h.numel, dtype_).copy_(src);  // synchronous (a D2H copy waits)
   b.io = store_->write(h.block, b.block.ptr, h.bytes);

@@ -91,7 +91,16 @@ class ParamTier {
   // Completes every read and write in flight (raising the first failure).
   void wait_all();
 
+  // Where the waits went (Note [Parameter read-ahead]); wait_seconds() is their sum.
+  struct Waits {
+    double late_s = 0;   // loads that found their unit's read (or write) still in flight
+    double miss_s = 0;   // loads that found no copy: a buffer, then a read on demand
+    double store_s = 0;  // stores waiting for a buffer (a write in flight)
+    int64_t late = 0;
+    int64_t misses = 0;
+  };
   double wait_seconds() const { return wait_s_; }
+  const Waits& waits() const { return waits_; }
   int64_t reads() const { return reads_; }            // NVMe reads issued
   int64_t ahead_hits() const { return ahead_hits_; }  // loads served by a read-ahead
   int64_t buffer_bytes() const { return static_cast<int64_t>(buffer_bytes_); }
@@ -130,6 +139,7 @@ class ParamTier {
   size_t buffer_bytes_ = 0;
   bool read_ahead_ = true;
   double wait_s_ = 0;
+  Waits waits_;
   int64_t reads_ = 0;
   int64_t ahead_hits_ = 0;
 };

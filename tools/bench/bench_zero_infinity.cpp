@@ -76,7 +76,9 @@ struct Placement {
 struct Result {
   double step_s = 1e30;
   double wait_ms = 0;
-  int64_t resident = 0;  // Category::Param peak, host + pinned
+  parallel::ParamTier::Waits waits;  // over the timed steps
+  double reads = 0;                  // NVMe reads per step
+  int64_t resident = 0;              // Category::Param peak, host + pinned
   int64_t nvme = 0;
 };
 
@@ -115,6 +117,8 @@ Result run(const Args& a, const Placement& p, const models::ModelOptions& option
   stats.reset_peaks();
   const parallel::ParamTier* tier = engine.param_tier();
   const double wait0 = tier ? tier->wait_seconds() : 0.0;
+  const parallel::ParamTier::Waits waits0 = tier ? tier->waits() : parallel::ParamTier::Waits{};
+  const int64_t reads0 = tier ? tier->reads() : 0;
   std::vector<double> times;
   for (int s = 0; s < a.steps; ++s) {
     Stopwatch w;
@@ -124,6 +128,15 @@ Result run(const Args& a, const Placement& p, const models::ModelOptions& option
   Result r;
   r.step_s = median(times);
   r.wait_ms = tier ? (tier->wait_seconds() - wait0) * 1e3 / a.steps : 0.0;
+  if (tier != nullptr) {
+    const parallel::ParamTier::Waits& w = tier->waits();
+    r.waits.late_s = (w.late_s - waits0.late_s) / a.steps;
+    r.waits.miss_s = (w.miss_s - waits0.miss_s) / a.steps;
+    r.waits.store_s = (w.store_s - waits0.store_s) / a.steps;
+    r.waits.late = (w.late - waits0.late) / a.steps;
+    r.waits.misses = (w.misses - waits0.misses) / a.steps;
+    r.reads = static_cast<double>(tier->reads() - reads0) / a.steps;
+  }
   r.resident = stats.usage(offload::Tier::Host, offload::Category::Param).peak +
                stats.usage(offload::Tier::Pinned, offload::Category::Param).peak;
   r.nvme = stats.usage(offload::Tier::Nvme, offload::Category::Param).peak;
@@ -173,6 +186,18 @@ int main(int argc, char** argv) {
                   best[i].step_s * 1e3, best[i].step_s / ref, best[i].wait_ms,
                   static_cast<double>(best[i].resident) / 1024.0,
                   static_cast<double>(best[i].nvme) / 1024.0);
+    // Where param_wait went (Note [Parameter read-ahead]), per step of the rows above.
+    std::printf(
+        "\n| params | NVMe reads/step | late reads: loads, ms | misses: loads, ms | stores "
+        "waiting ms |\n");
+    std::printf("|---|---|---|---|---|\n");
+    for (size_t i = 0; i < placements.size(); ++i) {
+      if (placements[i].device != Device::Nvme) continue;
+      const parallel::ParamTier::Waits& w = best[i].waits;
+      std::printf("| %s | %.1f | %lld, %.1f | %lld, %.1f | %.1f |\n", placements[i].name,
+                  best[i].reads, static_cast<long long>(w.late), w.late_s * 1e3,
+                  static_cast<long long>(w.misses), w.miss_s * 1e3, w.store_s * 1e3);
+    }
     return 0;
   } catch (const UserError& e) {
     std::fprintf(stderr, "%s\n", e.what());

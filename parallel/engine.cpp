@@ -179,7 +179,7 @@ void Engine::begin_micro_batch(bool last) {
   if (last && (reduction_->grads_on_host() || reduction_->grads_on_nvme()) && !mixed_precision())
     reduction_->set_last_pass_scales(fp32_last_pass_scales(dp_->size(), scaler_));
   reduction_->begin_pass(last);
-  gathering_->begin_pass();
+  gathering_->begin_pass(last);
 }
 
 void Engine::backward(const autograd::Variable& loss) {

@@ -65,8 +65,8 @@ void ParamGathering::with_owned_params(int u, bool store,
   }
 }
 
-void ParamGathering::begin_pass() {
-  if (gatherer_) gatherer_->begin_pass(/*record=*/true);
+void ParamGathering::begin_pass(bool last) {
+  if (gatherer_) gatherer_->begin_pass(/*record=*/true, last);
 }
 
 void ParamGathering::end_pass() {

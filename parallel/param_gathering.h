@@ -60,7 +60,7 @@ class ParamGathering {
 
   // Around each micro-batch (forward and backward) and its backward: a recomputing forward
   // inside backward (activation checkpointing) must not release its unit.
-  void begin_pass();
+  void begin_pass(bool last);
   void end_pass();
   void set_in_backward(bool on) { in_backward_ = on; }
   // Before the optimizer step: nothing stays gathered.

@@ -52,6 +52,12 @@ ParamTierLayout param_tier_layout(const OffloadParamConfig& config,
       out.largest_unit = static_cast<int>(u);
     }
   }
+  // A pinned buffer of at least one huge page is rounded up to whole ones, so that the pinned
+  // pool maps it on huge pages (Note [Pinned buffers on huge pages]): reads into it take a
+  // fraction of the CPU that 4 KiB pages take, and this CPU is the compute's.
+  constexpr int64_t kHuge = static_cast<int64_t>(offload::PinnedAllocator::kHugePage);
+  if (config.pin_memory && out.buffer_bytes >= kHuge)
+    out.buffer_bytes = (out.buffer_bytes + kHuge - 1) / kHuge * kHuge;
   if (out.largest_unit >= 0) out.buffer_count = config.buffer_count;
   return out;
 }
@@ -118,26 +124,28 @@ ParamTier::~ParamTier() {
   for (Buffer& b : buffers_) host_alloc_->deallocate(b.block);
 }
 
-int ParamTier::find(int u, BufState s) const {
+int ParamTier::find_any(int u) const {
   for (size_t i = 0; i < buffers_.size(); ++i)
-    if (buffers_[i].unit == u && buffers_[i].state == s) return static_cast<int>(i);
+    if (buffers_[i].unit == u && buffers_[i].state != BufState::Free) return static_cast<int>(i);
   return -1;
 }
 
+// Note [Parameter read-ahead]: a finished write leaves the buffer holding the unit's home bytes.
 void ParamTier::finish_write(Buffer& b) {
   b.io.wait();
   b.io = {};
-  b.state = BufState::Free;
-  b.unit = -1;
+  b.state = BufState::Landed;
+  b.ahead = false;
 }
 
-void ParamTier::poll_writes() {
-  for (Buffer& b : buffers_)
-    if (b.state == BufState::Writing && b.io.poll()) {
+void ParamTier::poll() {
+  for (Buffer& b : buffers_) {
+    if ((b.state == BufState::Writing || b.state == BufState::Reading) && b.io.poll()) {
+      if (b.state == BufState::Writing) b.ahead = false;
       b.io = {};
-      b.state = BufState::Free;
-      b.unit = -1;
+      b.state = BufState::Landed;
     }
+  }
 }
 
 void ParamTier::drop(int i) {
@@ -149,24 +157,30 @@ void ParamTier::drop(int i) {
   b.ahead = false;
 }
 
-int ParamTier::take_buffer() {
-  poll_writes();
+int ParamTier::free_or_spare() const {
   for (size_t i = 0; i < buffers_.size(); ++i)
     if (buffers_[i].state == BufState::Free) return static_cast<int>(i);
-  // Note [Parameter read-ahead]: read-ahead leaves a buffer for this, so writes hold it.
   for (size_t i = 0; i < buffers_.size(); ++i)
-    if (buffers_[i].state == BufState::Writing) {
-      finish_write(buffers_[i]);
-      return static_cast<int>(i);
-    }
-  // buffer_count 1 with a read-ahead copy, or read-ahead outrunning: drop one.
-  for (size_t i = 0; i < buffers_.size(); ++i)
-    if (buffers_[i].ahead) {
-      drop(static_cast<int>(i));
-      return static_cast<int>(i);
-    }
-  STRATA_CHECK(false, "no parameter buffer can be freed ({} buffers)", buffers_.size());
+    if (buffers_[i].state == BufState::Landed && !buffers_[i].ahead) return static_cast<int>(i);
   return -1;
+}
+
+int ParamTier::take_buffer() {
+  poll();
+  int i = free_or_spare();
+  if (i < 0) {
+    // Note [Parameter read-ahead]: read-ahead leaves a buffer for this, so writes hold it.
+    for (size_t k = 0; k < buffers_.size() && i < 0; ++k)
+      if (buffers_[k].state == BufState::Writing) i = static_cast<int>(k);
+  }
+  // Then a read ahead that left the window, and last a copy in the window (buffer_count 1, or
+  // every other buffer written to): dropping it costs a read again, never a wrong byte.
+  for (size_t k = 0; k < buffers_.size() && i < 0; ++k)
+    if (!buffers_[k].ahead) i = static_cast<int>(k);
+  if (i < 0 && !buffers_.empty()) i = 0;
+  STRATA_CHECK(i >= 0, "no parameter buffer can be freed ({} buffers)", buffers_.size());
+  drop(i);
+  return i;
 }
 
 void ParamTier::start_read(int i, int u, bool ahead) {
@@ -187,33 +201,32 @@ void ParamTier::load(int u, tensor::Tensor& dst) {
     return;
   }
   Stopwatch waited;
-  int i = find(u, BufState::Landed);
-  if (i < 0) i = find(u, BufState::Reading);
+  poll();
+  int i = find_any(u);
   double* charged = nullptr;
   if (i >= 0) {
     ++ahead_hits_;
-    if (buffers_[i].state == BufState::Reading) {
+    if (buffers_[i].state != BufState::Landed) {
       ++waits_.late;
       charged = &waits_.late_s;
     }
   } else {
     ++waits_.misses;
     charged = &waits_.miss_s;
-    const int w = find(u, BufState::Writing);  // the read must not overtake the write
-    if (w >= 0) finish_write(buffers_[w]);
     i = take_buffer();
     start_read(i, u, false);
   }
   Buffer& b = buffers_[i];
-  if (b.state == BufState::Reading) b.io.wait();
+  // A read in flight lands; a write in flight (the read would overtake it) completes, and its
+  // buffer holds the bytes.
+  if (b.state == BufState::Reading || b.state == BufState::Writing) b.io.wait();
+  b.io = {};
+  b.state = BufState::Landed;
+  b.ahead = false;
   const double w = waited.seconds();
   wait_s_ += w;
   if (charged != nullptr) *charged += w;
-  b.io = {};
-  dst.copy_(host_view(b.block, h.numel, dtype_));  // synchronous: the buffer is free after it
-  b.state = BufState::Free;
-  b.unit = -1;
-  b.ahead = false;
+  dst.copy_(host_view(b.block, h.numel, dtype_));  // synchronous; the buffer keeps its copy
 }
 
 void ParamTier::store(int u, const tensor::Tensor& src) {
@@ -224,15 +237,19 @@ void ParamTier::store(int u, const tensor::Tensor& src) {
     host_view(h.block, h.numel, dtype_).copy_(src);
     return;
   }
-  // A read-ahead copy of this unit holds the bytes before the update: stale now.
-  for (int s : {find(u, BufState::Landed), find(u, BufState::Reading)})
-    if (s >= 0) drop(s);
   Stopwatch waited;
-  const int w = find(u, BufState::Writing);
-  if (w >= 0) finish_write(buffers_[w]);  // writes of one unit land in order
-  const int i = take_buffer();
-  wait_s_ += waited.seconds();
-  waits_.store_s += waited.seconds();
+  // A copy of this unit (read ahead, or kept from a load) holds the bytes before the update:
+  // stale now. Its buffer takes the write; a write of the unit in flight completes first, so
+  // writes of one unit land in order.
+  int i = find_any(u);
+  if (i >= 0) {
+    drop(i);
+  } else {
+    i = take_buffer();
+  }
+  const double w = waited.seconds();
+  wait_s_ += w;
+  waits_.store_s += w;
   Buffer& b = buffers_[i];
   host_view(b.block, h.numel, dtype_).copy_(src);  // synchronous (a D2H copy waits)
   b.io = store_->write(h.block, b.block.ptr, h.bytes);
@@ -243,28 +260,27 @@ void ParamTier::store(int u, const tensor::Tensor& src) {
 
 void ParamTier::read_ahead(const std::vector<int>& order, size_t from) {
   if (!read_ahead_ || buffers_.size() < 2) return;
-  poll_writes();
-  size_t ahead = 0;
-  for (const Buffer& b : buffers_)
-    if (b.ahead) ++ahead;
-  for (size_t k = from; k < order.size() && ahead + 1 < buffers_.size(); ++k) {
+  poll();
+  // The window: the next buffer_count - 1 distinct units on NVMe. Copies of units outside it
+  // become spare (the first a demand load or a read takes); one buffer is always spare or
+  // writing, for a demand load or a write-back.
+  std::vector<int> window;
+  for (size_t k = from; k < order.size() && window.size() + 1 < buffers_.size(); ++k) {
     const int u = order[k];
     if (!holds(u) || !homes_[u].nvme) continue;
-    if (find(u, BufState::Reading) >= 0 || find(u, BufState::Landed) >= 0) continue;
-    if (find(u, BufState::Writing) >= 0) break;  // would overtake the write: later
-    int free = -1;
-    for (size_t i = 0; i < buffers_.size(); ++i)
-      if (buffers_[i].state == BufState::Free) {
-        free = static_cast<int>(i);
-        break;
-      }
-    if (free < 0) break;
-    start_read(free, u, true);
-    ++ahead;
+    if (std::find(window.begin(), window.end(), u) != window.end()) continue;
+    window.push_back(u);
   }
-  // Reads that landed are marked so, without waiting.
   for (Buffer& b : buffers_)
-    if (b.state == BufState::Reading && b.io.poll()) b.state = BufState::Landed;
+    if (b.state == BufState::Landed || b.state == BufState::Reading)
+      b.ahead = std::find(window.begin(), window.end(), b.unit) != window.end();
+  for (const int u : window) {
+    if (find_any(u) >= 0) continue;  // read or landed; a write in flight lands as its copy
+    const int i = free_or_spare();
+    if (i < 0) break;
+    drop(i);
+    start_read(i, u, true);
+  }
 }
 
 void ParamTier::wait_all() {
@@ -272,6 +288,7 @@ void ParamTier::wait_all() {
     if (b.state == BufState::Writing) finish_write(b);
     if (b.state == BufState::Reading) {
       b.io.wait();
+      b.io = {};
       b.state = BufState::Landed;
     }
   }

@@ -12,22 +12,29 @@
 //   - device nvme: an extent of an NvmeStore under nvme_path (Category::Param on Tier::Nvme);
 //     each rank has its own store and reads only its own slice (bandwidth-centric partitioning:
 //     the ranks read in parallel, then allgather), through a pool of buffer_count host buffers
-//     (pinned when pin_memory) of the largest partition's bytes, at most buffer_size elements.
+//     (pinned when pin_memory) of the largest partition's bytes, at most buffer_size elements
+//     (pinned buffers of at least 2 MiB are rounded up to whole 2 MiB pages: Note [Pinned buffers
+//     on huge pages]).
 // load(u, dst) fills a materialized partition from the home copy (NVMe -> buffer -> device;
 // on a CPU run the host plays the device and the last step is a memcpy); store(u, src) writes
 // one back (after the optimizer updated it, and once at construction). Data moves bit for bit,
 // so an offloaded run is bitwise the in-memory one.
 //
 // Note [Parameter read-ahead]
-// read_ahead(order, from) starts NVMe reads of the units named in order[from...] into free
-// buffers, so that by the time load() asks for one its bytes have landed. ParamGatherer passes
-// the gather order it recorded in the first micro-batch (forward and backward), and the step's
-// order (the optimizer's groups, ascending). Read-ahead takes at most buffer_count - 1 buffers:
-// one is always left for a demand load or a write-back, which otherwise waits only for writes in
-// flight (they always finish), so the pool never deadlocks. A unit with a write in flight is
-// not read ahead (the read could overtake the write); store() drops a read-ahead copy of its
-// unit, which the update made stale. wait_seconds() is how long load() blocked for reads and
-// buffers: the time compute waited for parameter data.
+// Each buffer is free, reading a unit, writing one, or holding a copy of one: the bytes of its
+// home, landed from a read or left by a finished write. A load takes the copy of its unit if a
+// buffer has one (waiting if its read or write is in flight), else reads on demand; the buffer
+// keeps the copy afterwards, so a unit used again soon (backward after forward, the step after
+// backward) is not read twice. store() replaces the unit's copy, which the update made stale,
+// with the write. read_ahead(order, from) names the window: the first buffer_count - 1 distinct
+// units on NVMe of order[from...]. Their copies are kept, and units of the window without one are
+// read into free buffers or buffers whose copy is outside the window, never waiting. Copies
+// outside the window give way first when a load or store needs a buffer, then writes in flight
+// (they always finish), so the pool never deadlocks; one buffer is always outside the window.
+// ParamGatherer passes the units it will load next: the gather order recorded in the first
+// micro-batch (forward and backward), then the step's order (the optimizer's groups, ascending),
+// then the next pass's. wait_seconds() is how long load() and store() blocked for reads,
+// writes and buffers: the time compute waited for parameter data; waits() splits it.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -102,7 +109,7 @@ class ParamTier {
   double wait_seconds() const { return wait_s_; }
   const Waits& waits() const { return waits_; }
   int64_t reads() const { return reads_; }            // NVMe reads issued
-  int64_t ahead_hits() const { return ahead_hits_; }  // loads served by a read-ahead
+  int64_t ahead_hits() const { return ahead_hits_; }  // loads served by a copy in a buffer
   int64_t buffer_bytes() const { return static_cast<int64_t>(buffer_bytes_); }
   int buffer_count() const { return static_cast<int>(buffers_.size()); }
   int64_t nvme_bytes() const;  // partition bytes on NVMe
@@ -124,10 +131,11 @@ class ParamTier {
     offload::IoHandle io;
   };
 
-  int find(int u, BufState s) const;  // buffer index or -1
-  void poll_writes();
+  int find_any(int u) const;  // a buffer reading, holding or writing unit u, or -1
+  void poll();                // reads and writes that completed become Landed
   void finish_write(Buffer& b);
-  int take_buffer();  // a free buffer, waiting for writes if needed
+  int free_or_spare() const;  // a free buffer, or one holding a copy outside the window; or -1
+  int take_buffer();          // a free buffer, waiting for a write if needed
   void start_read(int b, int u, bool ahead);
   void drop(int b);
 

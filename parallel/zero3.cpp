@@ -133,15 +133,47 @@ void ParamGatherer::with_partition(int u, bool store,
 void ParamGatherer::step_fence(size_t g, bool before) {
   const int u = static_cast<int>(g);
   if (!tier_ || !managed_[u]) return;
+  const size_t at = static_cast<size_t>(std::find(step_order_.begin(), step_order_.end(), u) -
+                                        step_order_.begin());
   if (before) {
-    const auto at = std::find(step_order_.begin(), step_order_.end(), u);
-    tier_->read_ahead(step_order_, static_cast<size_t>(at - step_order_.begin()));
+    read_ahead(step_order_, at);
     load_partition(u);
     return;
   }
   tier_->store(u, partition_[u]);
   partition_[u].storage()->release();
-  if (u == step_order_.back()) tier_->read_ahead(order_, 0);  // the next step's first units
+  read_ahead(step_order_, at + 1);  // after the last unit: the next pass's first units
+}
+
+// Note [Parameter read-ahead]: the units to come are those of `seq` from `pos` on, then what
+// follows it: after a pass, the step when it was the step's last micro-batch (else the next
+// pass); after the step, the next pass. A unit gathered now is loaded again only for its use
+// after the one it is gathered for.
+void ParamGatherer::read_ahead(const std::vector<int>& seq, size_t pos) {
+  if (!tier_ || tier_->buffer_count() < 2) return;
+  const bool in_step = &seq == &step_order_;
+  const std::vector<int>* parts[3] = {&seq, nullptr, nullptr};
+  if (recorded_) {
+    parts[1] = in_step ? &order_ : (last_pass_ ? &step_order_ : &order_);
+    if (!in_step && last_pass_) parts[2] = &order_;
+  }
+  std::vector<int> next;
+  std::vector<bool> in_use(state_.size());  // gathered (or in flight) for its next occurrence
+  for (size_t w = 0; w < state_.size(); ++w) in_use[w] = state_[w] != State::Released;
+  const size_t want = static_cast<size_t>(tier_->buffer_count());
+  for (const std::vector<int>* p : parts) {
+    if (p == nullptr) break;
+    for (size_t k = (p == parts[0] ? pos : 0); k < p->size() && next.size() < want; ++k) {
+      const int w = (*p)[k];
+      if (!tier_->on_nvme(w)) continue;
+      if (in_use[w]) {  // its partition was loaded for this use; the next one loads it again
+        in_use[w] = false;
+        continue;
+      }
+      if (std::find(next.begin(), next.end(), w) == next.end()) next.push_back(w);
+    }
+  }
+  tier_->read_ahead(next, 0);
 }
 
 void ParamGatherer::start(int u) {
@@ -190,7 +222,7 @@ void ParamGatherer::request(int u) {
   if (tier_) {
     for (size_t w = 0; w < state_.size(); ++w)
       if (state_[w] == State::InFlight && work_[w]->done()) finish(static_cast<int>(w));
-    if (pos < order_.size()) tier_->read_ahead(order_, pos);  // this unit's read first
+    if (pos < order_.size()) read_ahead(order_, pos);  // this unit's read first
   }
   gather(u);
   if (pos == order_.size()) return;
@@ -202,6 +234,7 @@ void ParamGatherer::prefetch_after(size_t pos, int current) {
   // Units ahead that are already gathered or in flight count against the budget too, so the
   // look-ahead stays about stage3_prefetch_bucket_size elements however far the cursor moved.
   int64_t budget = prefetch_size_;
+  bool nvme_prefetched = false;
   std::vector<bool> seen(state_.size(), false);
   seen[current] = true;
   for (size_t i = pos; i < order_.size() && budget > 0; ++i) {
@@ -212,6 +245,11 @@ void ParamGatherer::prefetch_after(size_t pos, int current) {
     if (n > budget) break;
     budget -= n;
     if (state_[w] != State::Released) continue;
+    // Note [Prefetch and the tier]: at most one unit whose partition comes from NVMe.
+    if (tier_ && tier_->on_nvme(w) && partition_[w].storage()->is_released()) {
+      if (nvme_prefetched) break;
+      nvme_prefetched = true;
+    }
     if (trace_) trace_("prefetch " + (*units_)[w].name);
     ++prefetches_;
     start(w);
@@ -232,10 +270,11 @@ void ParamGatherer::release_all() {
   for (size_t u = 0; u < state_.size(); ++u) release(static_cast<int>(u));
 }
 
-void ParamGatherer::begin_pass(bool record) {
+void ParamGatherer::begin_pass(bool record, bool last) {
   in_pass_ = true;
+  last_pass_ = last;
   cursor_ = 0;
-  if (tier_ && recorded_) tier_->read_ahead(order_, 0);
+  if (recorded_) read_ahead(order_, 0);
   if (record && !recorded_) {
     order_.clear();
     recording_ = true;

@@ -36,7 +36,16 @@
 // next units ahead. So between uses only the tier holds the parameters; resident are the
 // gathered units and the partitions being loaded, updated or allgathered. The tier reads ahead
 // (Note [Parameter read-ahead]) by the recorded gather order, from each request's position in
-// it, and from the order's start when a pass begins.
+// it and from the order's start when a pass begins, continued by the step's order after the
+// step's last micro-batch, and by the next pass's after the step.
+//
+// Note [Prefetch and the tier]
+// A prefetched allgather first loads its partition, which blocks the host until the NVMe read
+// has landed. So the prefetch starts at most one unit whose partition comes from NVMe (the
+// next one), whatever stage3_prefetch_bucket_size allows: the read-ahead brings the units
+// after it, while compute runs. Whether a read has landed must not decide it, since every rank
+// issues the same allgathers in the same order (Note [Collective order]) and reads land when
+// they land.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -100,8 +109,9 @@ class ParamGatherer {
   void release_all();
   bool gathered(int u) const { return state_[u] != State::Released; }
 
-  // A new micro-batch: rewinds the prefetch cursor; `record` records its gathers.
-  void begin_pass(bool record);
+  // A new micro-batch: rewinds the prefetch cursor; `record` records its gathers; `last`: the
+  // step follows it (the tier reads the step's units ahead after this pass's).
+  void begin_pass(bool record, bool last = true);
   // Its backward is over: the recording (if any) is complete and prefetch may use it.
   void end_pass();
   const std::vector<int>& order() const { return order_; }
@@ -119,7 +129,8 @@ class ParamGatherer {
   void start(int u);   // materialise + async allgather
   void finish(int u);  // wait for it
   void prefetch_after(size_t pos, int current);
-  void load_partition(int u);  // materialize + load, when released
+  void load_partition(int u);                                // materialize + load, when released
+  void read_ahead(const std::vector<int>& seq, size_t pos);  // Note [Parameter read-ahead]
 
   std::vector<models::FlatUnit>* units_;
   std::vector<bool> managed_;
@@ -133,6 +144,7 @@ class ParamGatherer {
   bool recording_ = false;
   bool recorded_ = false;
   bool in_pass_ = false;
+  bool last_pass_ = true;
   size_t cursor_ = 0;
   int64_t gathered_bytes_ = 0;
   int64_t gathered_peak_ = 0;

@@ -1,7 +1,7 @@
 // ParamTier (parallel/param_tier.h, Note [Parameter tier], Note [Parameter read-ahead]): the
-// partitions' home on the host or NVMe, loads and stores bit for bit, read-ahead served from the
-// buffers, a store making a read-ahead copy stale, max_in_cpu, the layout the start's plans count
-// (param_tier_layout) and the buffer_size error.
+// partitions' home on the host or NVMe, loads and stores bit for bit, loads served from the copies
+// the buffers keep and from reads ahead, one buffer, a store making a copy stale, max_in_cpu, the
+// layout the start's plans count (param_tier_layout) and the buffer_size error.
 #include "parallel/param_tier.h"
 
 #include <gtest/gtest.h>
@@ -53,36 +53,67 @@ const std::vector<std::string> kNames = {"wte", "h.0", "ln_f", "h.1"};
 const std::vector<int64_t> kNumel = {3000, 5000, 0, 4000};  // ln_f is not managed
 
 TEST_F(ParamTierTest, NvmeLoadsWhatWasStoredAndReadsAhead) {
-  ParamTier tier(nvme(3), kNumel, kNames, DType::F32);
+  ParamTier tier(nvme(2), kNumel, kNames, DType::F32);
   EXPECT_FALSE(tier.holds(2));
   EXPECT_EQ(tier.nvme_bytes(), (3000 + 5000 + 4000) * 4);
   EXPECT_EQ(tier.buffer_bytes(), 5000 * 4);  // the largest partition
-  for (int u : {0, 1, 3}) tier.store(u, values(kNumel[u], 100.f * u));
-  tier.wait_all();
-  // Read ahead of h.0 and h.1 (buffer_count - 1 = 2 buffers), then load all three.
-  tier.read_ahead({0, 1, 3}, 1);
-  const int64_t reads = tier.reads();
-  EXPECT_EQ(reads, 2);
+  for (int u : {0, 1, 3}) {
+    tier.store(u, values(kNumel[u], 100.f * u));
+    tier.wait_all();
+  }
+  // Note [Parameter read-ahead]: the two buffers keep the last two written, h.0 and h.1 (in
+  // wte's buffer). The window (buffer_count - 1 = 1 unit) is wte: it takes the first buffer
+  // holding a copy outside it, h.1's.
+  tier.read_ahead({0, 1, 3}, 0);
+  EXPECT_EQ(tier.reads(), 1);
   for (int u : {0, 1, 3}) {
     Tensor dst = Tensor::empty({kNumel[u]});
     tier.load(u, dst);
     EXPECT_TRUE(same(dst, values(kNumel[u], 100.f * u))) << kNames[u];
   }
-  EXPECT_EQ(tier.ahead_hits(), 2);
-  EXPECT_EQ(tier.reads(), 3);  // wte was read on demand
+  EXPECT_EQ(tier.ahead_hits(), 2);  // wte read ahead, h.0's copy kept from its write
+  EXPECT_EQ(tier.reads(), 2);       // h.1 was read on demand (into wte's buffer)
+  EXPECT_EQ(tier.waits().misses, 1);
+  // A copy kept from a load serves the next load of the unit.
+  Tensor again = Tensor::empty({4000});
+  tier.load(3, again);
+  EXPECT_TRUE(same(again, values(4000, 300.f)));
+  EXPECT_EQ(tier.reads(), 2);
   EXPECT_EQ(tier.files().size(), 1u);
   EXPECT_EQ(tier.files().front().rfind(dir_.string(), 0), 0u);
 }
 
+TEST_F(ParamTierTest, OneBufferServesLoadsAndStoresInTurn) {
+  ParamTier tier(nvme(1), kNumel, kNames, DType::F32);
+  for (int round = 0; round < 3; ++round)
+    for (int u : {0, 1, 3}) {
+      tier.read_ahead({0, 1, 3}, 0);  // no buffer to spare: nothing read ahead
+      if (round > 0) {
+        Tensor dst = Tensor::empty({kNumel[u]});
+        tier.load(u, dst);
+        EXPECT_TRUE(same(dst, values(kNumel[u], 10.f * round + u))) << round << kNames[u];
+      }
+      tier.store(u, values(kNumel[u], 10.f * (round + 1) + u));
+    }
+  EXPECT_EQ(tier.waits().late + tier.waits().misses, 6);
+}
+
 TEST_F(ParamTierTest, AStoreMakesAReadAheadCopyStale) {
   ParamTier tier(nvme(2), kNumel, kNames, DType::F32);
-  tier.store(1, values(5000, 1.f));
-  tier.wait_all();
-  tier.read_ahead({1}, 0);
-  tier.store(1, values(5000, 7.f));  // the update
-  Tensor dst = Tensor::empty({5000});
-  tier.load(1, dst);
-  EXPECT_TRUE(same(dst, values(5000, 7.f)));
+  for (int u : {0, 1, 3}) {
+    tier.store(u, values(kNumel[u], 1.f));
+    tier.wait_all();
+  }
+  tier.read_ahead({0}, 0);  // wte's copy was given up for h.1's: read again
+  EXPECT_EQ(tier.reads(), 1);
+  tier.store(0, values(3000, 7.f));  // the update
+  Tensor dst = Tensor::empty({3000});
+  tier.load(0, dst);
+  EXPECT_TRUE(same(dst, values(3000, 7.f)));
+  // A copy kept from a load goes stale the same way.
+  tier.store(0, values(3000, 8.f));
+  tier.load(0, dst);
+  EXPECT_TRUE(same(dst, values(3000, 8.f)));
 }
 
 TEST_F(ParamTierTest, MaxInCpuKeepsTheFirstUnitsThatFitOnTheHost) {
@@ -126,6 +157,17 @@ TEST_F(ParamTierTest, LayoutIsWhatTheTierAllocates) {
   EXPECT_EQ(h.host_bytes, (3000 + 5000 + 4000) * 2);
   EXPECT_EQ(h.buffer_count, 0);
   EXPECT_TRUE(h.nvme_extents.empty());
+}
+
+// Note [Parameter tier]: pinned buffers of 2 MiB or more are whole 2 MiB pages; smaller ones and
+// pageable ones are the largest partition's bytes.
+TEST_F(ParamTierTest, PinnedBuffersOfAHugePageOrMoreAreWholeHugePages) {
+  OffloadParamConfig c = nvme(2);
+  const std::vector<int64_t> big = {800'000, 0, 300'000};  // 3.2 MB, 1.2 MB of fp32
+  EXPECT_EQ(param_tier_layout(c, big, DType::F32).buffer_bytes, int64_t{4} << 20);
+  EXPECT_EQ(param_tier_layout(c, {300'000}, DType::F32).buffer_bytes, 1'200'000);
+  c.pin_memory = false;
+  EXPECT_EQ(param_tier_layout(c, big, DType::F32).buffer_bytes, 3'200'000);
 }
 
 TEST_F(ParamTierTest, CpuTierHoldsThePartitionsInPinnedMemory) {

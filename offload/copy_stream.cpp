@@ -1,6 +1,7 @@
 #include "offload/copy_stream.h"
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -96,6 +97,52 @@ void CopyStream::synchronize() {
 #ifdef STRATA_HAVE_CUDA
   if (stream_ != nullptr) check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize");
 #endif
+}
+
+CopyMark::~CopyMark() {
+#ifdef STRATA_HAVE_CUDA
+  if (event_ != nullptr) {
+    // A destructor must not throw: a failure here is reported by the next CUDA call anyway.
+    if (pending_) cudaEventSynchronize(as_event(event_));
+    cudaEventDestroy(as_event(event_));
+  }
+#endif
+}
+
+CopyMark::CopyMark(CopyMark&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)),
+      pending_(std::exchange(other.pending_, false)) {}
+
+CopyMark& CopyMark::operator=(CopyMark&& other) noexcept {
+  if (this != &other) {
+    CopyMark gone(std::move(*this));
+    event_ = std::exchange(other.event_, nullptr);
+    pending_ = std::exchange(other.pending_, false);
+  }
+  return *this;
+}
+
+void CopyMark::record(CopyStream& s) {
+#ifdef STRATA_HAVE_CUDA
+  if (!s.cuda()) return;
+  if (event_ == nullptr) {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    event_ = e;
+  }
+  check(cudaEventRecord(as_event(event_), as_stream(s.stream())), "cudaEventRecord");
+  pending_ = true;
+#else
+  (void)s;
+#endif
+}
+
+void CopyMark::wait() {
+  if (!pending_) return;
+#ifdef STRATA_HAVE_CUDA
+  check(cudaEventSynchronize(as_event(event_)), "cudaEventSynchronize");
+#endif
+  pending_ = false;
 }
 
 }  // namespace strata::offload

@@ -14,6 +14,8 @@
 //   - synchronize(): the host waits for every copy (before the CPU optimizer reads gradients).
 // Host buffers must be pinned for the copies to be asynchronous (offload/pinned_allocator.h);
 // from pageable memory the runtime copies synchronously, which is correct but does not overlap.
+//   - a CopyMark recorded after some copies lets the host wait for those alone (a pinned buffer
+//     is written again only after the copies that read it are done).
 // A CopyStream made for the host (cuda = false: the "device" is the CPU, as in CPU-only runs of
 // the same code) copies with memcpy at once and its ordering calls do nothing.
 // Not thread-safe: one thread enqueues.
@@ -43,6 +45,27 @@ class CopyStream {
  private:
   void* stream_ = nullptr;
   void* event_ = nullptr;
+};
+
+// A point in a CopyStream's order (Note [Copy stream]).
+class CopyMark {
+ public:
+  CopyMark() = default;
+  ~CopyMark();
+  CopyMark(CopyMark&& other) noexcept;
+  CopyMark& operator=(CopyMark&& other) noexcept;
+  CopyMark(const CopyMark&) = delete;
+  CopyMark& operator=(const CopyMark&) = delete;
+
+  // After the copies enqueued on `s` so far (on a host stream they are done already).
+  void record(CopyStream& s);
+  // The host waits until they are done; returns at once when nothing is pending.
+  void wait();
+  bool pending() const { return pending_; }
+
+ private:
+  void* event_ = nullptr;
+  bool pending_ = false;
 };
 
 }  // namespace strata::offload

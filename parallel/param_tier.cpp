@@ -7,6 +7,7 @@
 #include "offload/memory_stats.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_allocator.h"
+#include "tensor/cuda.h"
 
 namespace strata::parallel {
 
@@ -21,14 +22,6 @@ const char* offload_param_device_name(OffloadParamConfig::Device d) {
   }
   return "?";
 }
-
-namespace {
-
-tensor::Tensor host_view(const offload::Block& b, int64_t numel, DType dtype) {
-  return tensor::Tensor::from_blob(b.ptr, {numel}, dtype, Device::cpu());
-}
-
-}  // namespace
 
 ParamTierLayout param_tier_layout(const OffloadParamConfig& config,
                                   const std::vector<int64_t>& numel, DType dtype) {
@@ -105,6 +98,12 @@ ParamTier::ParamTier(const OffloadParamConfig& config, const std::vector<int64_t
 }
 
 ParamTier::~ParamTier() {
+  if (copies_) {
+    try {
+      copies_->synchronize();  // nothing may still read a buffer or home that goes now
+    } catch (...) {            // a device error was raised to the caller already
+    }
+  }
   for (Buffer& b : buffers_) {
     if (b.io.valid()) {
       try {
@@ -183,8 +182,39 @@ int ParamTier::take_buffer() {
   return i;
 }
 
+offload::CopyStream& ParamTier::copies(const Device& device) {
+  if (!copies_) copies_ = std::make_unique<offload::CopyStream>(device.is_cuda());
+  STRATA_CHECK(copies_->cuda() == device.is_cuda(), "a parameter tier serves one device, not {}",
+               device.str());
+  return *copies_;
+}
+
+// Note [Tier copies]: the copy stream waits for the compute stream first, since dst may be
+// memory the compute stream used until now (the caching allocator hands it on in stream order).
+void ParamTier::to_device(tensor::Tensor& dst, const void* host, size_t bytes) {
+  STRATA_CHECK(dst.is_contiguous(), "loading a partition into {}", dst.str());
+  offload::CopyStream& c = copies(dst.device());
+  if (c.cuda()) c.wait_for(tensor::cuda_current_stream());
+  c.to_device(dst.data_ptr(), host, bytes);
+}
+
+// The device bytes are the result of the compute stream's work (the update): the copy waits for
+// it; the host waits for the copy, since its caller writes the bytes or releases src next.
+void ParamTier::to_host(void* host, const tensor::Tensor& src, size_t bytes) {
+  STRATA_CHECK(src.is_contiguous(), "storing a partition from {}", src.str());
+  offload::CopyStream& c = copies(src.device());
+  if (c.cuda()) c.wait_for(tensor::cuda_current_stream());
+  c.to_host(host, src.data_ptr(), bytes);
+  c.synchronize();
+}
+
+void ParamTier::order_before_compute() {
+  if (async_copies()) copies_->order_before(tensor::cuda_current_stream());
+}
+
 void ParamTier::start_read(int i, int u, bool ahead) {
   Buffer& b = buffers_[i];
+  b.copied.wait();  // a copy to the device still reads the buffer
   b.io = store_->read(homes_[u].block, b.block.ptr, homes_[u].bytes);
   b.state = BufState::Reading;
   b.unit = u;
@@ -197,7 +227,7 @@ void ParamTier::load(int u, tensor::Tensor& dst) {
   STRATA_CHECK(h.numel > 0 && dst.numel() == h.numel && dst.dtype() == dtype_,
                "loading unit {}'s partition ({} elements) into {}", u, h.numel, dst.str());
   if (!h.nvme) {
-    dst.copy_(host_view(h.block, h.numel, dtype_));
+    to_device(dst, h.block.ptr, h.bytes);  // a store of the home is ordered after it
     return;
   }
   Stopwatch waited;
@@ -226,7 +256,8 @@ void ParamTier::load(int u, tensor::Tensor& dst) {
   const double w = waited.seconds();
   wait_s_ += w;
   if (charged != nullptr) *charged += w;
-  dst.copy_(host_view(b.block, h.numel, dtype_));  // synchronous; the buffer keeps its copy
+  to_device(dst, b.block.ptr, h.bytes);  // the buffer keeps its copy
+  b.copied.record(*copies_);
 }
 
 void ParamTier::store(int u, const tensor::Tensor& src) {
@@ -234,7 +265,7 @@ void ParamTier::store(int u, const tensor::Tensor& src) {
   STRATA_CHECK(h.numel > 0 && src.numel() == h.numel && src.dtype() == dtype_,
                "storing {} as unit {}'s partition ({} elements)", src.str(), u, h.numel);
   if (!h.nvme) {
-    host_view(h.block, h.numel, dtype_).copy_(src);
+    to_host(h.block.ptr, src, h.bytes);
     return;
   }
   Stopwatch waited;
@@ -251,7 +282,8 @@ void ParamTier::store(int u, const tensor::Tensor& src) {
   wait_s_ += w;
   waits_.store_s += w;
   Buffer& b = buffers_[i];
-  host_view(b.block, h.numel, dtype_).copy_(src);  // synchronous (a D2H copy waits)
+  b.copied.wait();
+  to_host(b.block.ptr, src, h.bytes);
   b.io = store_->write(h.block, b.block.ptr, h.bytes);
   b.state = BufState::Writing;
   b.unit = u;

@@ -35,6 +35,21 @@
 // micro-batch (forward and backward), then the step's order (the optimizer's groups, ascending),
 // then the next pass's. wait_seconds() is how long load() and store() blocked for reads,
 // writes and buffers: the time compute waited for parameter data; waits() splits it.
+//
+// Note [Tier copies]
+// Partitions move between the buffers (or host homes) and the device on a CopyStream of the
+// tier's own (offload/copy_stream.h), made on the first load or store for the device they go to:
+// on a CPU run it copies at once with memcpy, on a GPU it is a CUDA stream of its own. A load
+// waits for the NVMe read on the host, then enqueues the host-to-device copy after the compute
+// stream's work so far (dst may be memory that work used) and returns without waiting for it;
+// the buffer's CopyMark tells a later read or store into the buffer to wait for that copy.
+// order_before_compute() makes the compute stream's later work wait for every copy enqueued so
+// far: ParamGatherer calls it before a unit's allgather and after the step's loads. On a GPU
+// the gatherer also stages the unit after the prefetched ones (its copy is enqueued at the
+// request before, and ordered before compute only when its allgather starts), so the copy of
+// unit k + 1 runs beside the compute of unit k. A store copies device-to-host on the same
+// stream after the compute stream's work (the update) and waits for it: the NVMe write, or the
+// release of the partition, comes next. Copies move bytes, so a run is bitwise the in-memory run.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,6 +58,7 @@
 #include "core/dtype.h"
 #include "offload/aio_engine.h"
 #include "offload/allocator.h"
+#include "offload/copy_stream.h"
 #include "tensor/tensor.h"
 
 namespace strata::offload {
@@ -91,9 +107,17 @@ class ParamTier {
 
   bool holds(int u) const { return homes_[u].numel > 0; }
   bool on_nvme(int u) const { return homes_[u].nvme; }
-  // dst: materialized, numel[u] elements of the dtype, on the run's device.
+  // dst: materialized, contiguous, numel[u] elements of the dtype, on the run's device; all
+  // loads and stores on one device. Note [Tier copies]: on a GPU, load() only enqueues the copy
+  // and order_before_compute() orders the compute stream after it; store() returns once the
+  // bytes are on the host.
   void load(int u, tensor::Tensor& dst);
   void store(int u, const tensor::Tensor& src);
+  void order_before_compute();
+  // The host <-> device copies run on a CUDA stream of their own (the first load or store on a
+  // GPU made it); null before, and on a CPU run.
+  const offload::CopyStream* copy_stream() const { return copies_.get(); }
+  bool async_copies() const { return copies_ != nullptr && copies_->cuda(); }
   void read_ahead(const std::vector<int>& order, size_t from);
   // Completes every read and write in flight (raising the first failure).
   void wait_all();
@@ -125,6 +149,7 @@ class ParamTier {
   enum class BufState { Free, Reading, Landed, Writing };
   struct Buffer {
     offload::Block block;
+    offload::CopyMark copied;  // after the host-to-device copies that read it
     BufState state = BufState::Free;
     int unit = -1;
     bool ahead = false;
@@ -138,12 +163,16 @@ class ParamTier {
   int take_buffer();          // a free buffer, waiting for a write if needed
   void start_read(int b, int u, bool ahead);
   void drop(int b);
+  offload::CopyStream& copies(const Device& device);  // made on first use
+  void to_device(tensor::Tensor& dst, const void* host, size_t bytes);
+  void to_host(void* host, const tensor::Tensor& src, size_t bytes);
 
   DType dtype_;
   std::vector<Home> homes_;
   offload::Allocator* host_alloc_;
   std::unique_ptr<offload::NvmeStore> store_;
   std::vector<Buffer> buffers_;
+  std::unique_ptr<offload::CopyStream> copies_;  // Note [Tier copies]
   size_t buffer_bytes_ = 0;
   bool read_ahead_ = true;
   double wait_s_ = 0;

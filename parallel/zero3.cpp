@@ -81,11 +81,12 @@ ParamGatherer::~ParamGatherer() {
     }
 }
 
-void ParamGatherer::load_partition(int u) {
+void ParamGatherer::load_partition(int u, bool order) {
   tensor::Storage& s = *partition_[u].storage();
   if (!tier_ || !s.is_released()) return;
   s.materialize(offload::Category::Param);
   tier_->load(u, partition_[u]);
+  if (order) tier_->order_before_compute();
 }
 
 void ParamGatherer::load_partitions() {
@@ -181,6 +182,7 @@ void ParamGatherer::start(int u) {
                (*units_)[u].name);
   models::FlatUnit& unit = (*units_)[u];
   load_partition(u);
+  if (tier_) tier_->order_before_compute();  // a partition staged ahead arrived before this
   unit.params.storage()->materialize(offload::Category::Comm);
   gathered_bytes_ += static_cast<int64_t>(unit.params.nbytes());
   gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
@@ -234,7 +236,7 @@ void ParamGatherer::prefetch_after(size_t pos, int current) {
   // Units ahead that are already gathered or in flight count against the budget too, so the
   // look-ahead stays about stage3_prefetch_bucket_size elements however far the cursor moved.
   int64_t budget = prefetch_size_;
-  bool nvme_prefetched = false;
+  bool loading = false;
   std::vector<bool> seen(state_.size(), false);
   seen[current] = true;
   for (size_t i = pos; i < order_.size() && budget > 0; ++i) {
@@ -245,14 +247,30 @@ void ParamGatherer::prefetch_after(size_t pos, int current) {
     if (n > budget) break;
     budget -= n;
     if (state_[w] != State::Released) continue;
-    // Note [Prefetch and the tier]: at most one unit whose partition comes from NVMe.
-    if (tier_ && tier_->on_nvme(w) && partition_[w].storage()->is_released()) {
-      if (nvme_prefetched) break;
-      nvme_prefetched = true;
+    // Note [Prefetch and the tier]: at most one unit whose partition comes from the tier.
+    if (tier_ && partition_[w].storage()->is_released()) {
+      if (loading) break;
+      loading = true;
     }
     if (trace_) trace_("prefetch " + (*units_)[w].name);
     ++prefetches_;
     start(w);
+  }
+  if (tier_ && tier_->async_copies()) stage_after(pos, current);
+}
+
+// Note [Tier copies]: the next unit to be loaded after those the prefetch started is copied to
+// the device now, and the compute stream is ordered after the copy only when the unit's
+// allgather starts (start()), so the copy runs beside the compute enqueued until then.
+void ParamGatherer::stage_after(size_t pos, int current) {
+  for (size_t i = pos; i < order_.size(); ++i) {
+    const int w = order_[i];
+    if (w == current || state_[w] != State::Released) continue;
+    if (partition_[w].storage()->is_released()) {
+      if (trace_) trace_("stage " + (*units_)[w].name);
+      load_partition(w, /*order=*/false);
+    }
+    return;
   }
 }
 

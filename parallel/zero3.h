@@ -40,12 +40,13 @@
 // step's last micro-batch, and by the next pass's after the step.
 //
 // Note [Prefetch and the tier]
-// A prefetched allgather first loads its partition, which blocks the host until the NVMe read
-// has landed. So the prefetch starts at most one unit whose partition comes from NVMe (the
-// next one), whatever stage3_prefetch_bucket_size allows: the read-ahead brings the units
-// after it, while compute runs. Whether a read has landed must not decide it, since every rank
-// issues the same allgathers in the same order (Note [Collective order]) and reads land when
-// they land.
+// A prefetched allgather first loads its partition from the tier, which blocks the host until
+// an NVMe read has landed, and on a GPU orders the compute stream after the partition's copy.
+// So the prefetch starts at most one unit whose partition comes from the tier (the next one),
+// whatever stage3_prefetch_bucket_size allows: the read-ahead brings the units after it from
+// NVMe, and on a GPU the unit after it is staged (Note [Tier copies] in parallel/param_tier.h),
+// while compute runs. Whether a read has landed must not decide it, since every rank issues the
+// same allgathers in the same order (Note [Collective order]) and reads land when they land.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -121,7 +122,8 @@ class ParamGatherer {
   void reset_gathered_peak() { gathered_peak_ = gathered_bytes_; }
   int64_t prefetches() const { return prefetches_; }
 
-  // Called with "gather <unit>", "prefetch <unit>", "release <unit>".
+  // Called with "gather <unit>", "prefetch <unit>", "stage <unit>" (Note [Tier copies]),
+  // "release <unit>".
   void set_trace(std::function<void(const std::string&)> fn) { trace_ = std::move(fn); }
 
  private:
@@ -129,7 +131,8 @@ class ParamGatherer {
   void start(int u);   // materialise + async allgather
   void finish(int u);  // wait for it
   void prefetch_after(size_t pos, int current);
-  void load_partition(int u);                                // materialize + load, when released
+  void load_partition(int u, bool order = true);             // materialize + load, when released
+  void stage_after(size_t pos, int current);                 // Note [Tier copies]
   void read_ahead(const std::vector<int>& seq, size_t pos);  // Note [Parameter read-ahead]
 
   std::vector<models::FlatUnit>* units_;

@@ -9,9 +9,11 @@
 // Each placement builds the same model (same seed) and takes --steps training steps after one
 // warm-up step (the first records the gather order the read-ahead follows); the table gives the
 // median step time, its ratio to the in-memory step (the faster of the in-memory rows with and
-// without allgather prefetch), how long each step waited for parameter
-// reads (param_wait, the tier's measurement), and the parameters' resident peak (Category::Param
-// on the host and pinned tiers) beside the bytes on NVMe. The placements run in turn, --rounds
+// without allgather prefetch), how long each step waited for parameter reads, writes and
+// buffers (param_wait, the tier's measurement), and the parameters' resident peak (Category::Param
+// on the host and pinned tiers) beside the bytes on NVMe; a second table splits the NVMe rows'
+// wait (ParamTier::waits(): reads still in flight, demand reads, stores waiting for a buffer) and
+// counts their reads per step. The placements run in turn, --rounds
 // times (A B C D A B C D ...), and each keeps its fastest median, so a noisy neighbour hurts one
 // placement less. On a CPU run set OMP_WAIT_POLICY=passive: OpenMP threads spinning between
 // parallel regions take the cores the NVMe engine's threads need (docs/offload.md). Issue 55's

@@ -88,7 +88,7 @@ const char* offload_param_device_name(OffloadParamConfig::Device d);
 struct ParamTierLayout {
   std::vector<bool> nvme;             // [unit]: its home is an NVMe extent (else a host block)
   int64_t host_bytes = 0;             // home copies on the host (pinned with pin_memory), all units
-  int64_t buffer_bytes = 0;           // one buffer: the largest partition on NVMe (0: none on NVMe)
+  int64_t buffer_bytes = 0;           // one buffer (Note [Parameter tier]); 0: none on NVMe
   int64_t buffer_count = 0;           // buffers allocated (0 when nothing is on NVMe)
   int largest_unit = -1;              // the unit of that partition
   std::vector<int64_t> nvme_extents;  // bytes of each NVMe home, in unit order

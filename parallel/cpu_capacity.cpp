@@ -129,8 +129,9 @@ CpuRunBytes cpu_run_bytes(CpuPlacement p, const CpuFamily& f, int64_t layers) {
     // and two being written.
     r.offload_buffers =
         kF32 * unit * ((kParamBuffers + 1) + 3 * kOptimizerBuffers + kOptimizerBuffers + 3);
-    const double start = 8 * static_cast<double>(r.params);
-    if (start > r.steady_host()) r.start = start;
+    // No start term: with offload_param a CPU fp32 run builds the model unit by unit into its
+    // partitions (Note [Unit-by-unit construction] in parallel/engine.h), whose peak, one unit
+    // and its partition beside the tier's buffers, is below the steady state counted here.
   } else {
     r.host_states = params + grads + optimizer;
   }

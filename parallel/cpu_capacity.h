@@ -33,9 +33,10 @@
 //                 gradient buffers, each of the largest sub-group (a unit here), and the
 //                 transient gradient partitions (one reducing, two being written). The
 //                 default buffer counts of runtime/train_config.h.
-//   start         with parameters and optimizer on NVMe the model is still built whole in host
-//                 memory and the optimizer takes a host copy of the masters before the swap
-//                 files hold them: 8 bytes per parameter at start, if that exceeds the rest.
+//   start         the start's peak where it exceeds the steady state: none of the placements
+//                 here has one (the in-memory run builds what it keeps; ZeRO-3 with offloaded
+//                 parameters builds the model unit by unit into its partitions, Note
+//                 [Unit-by-unit construction] in parallel/engine.h).
 // The host bytes are held to the host memory given (on a real run: run.host_memory_budget,
 // which the allocators enforce), the NVMe bytes to the NVMe capacity. Each term is the sum of
 // category peaks, not their simultaneous peak, so the prediction errs towards a smaller model.

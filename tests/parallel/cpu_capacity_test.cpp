@@ -54,15 +54,18 @@ TEST(CpuCapacity, ZeroInfNvmeKeepsOnlyBuffersOnTheHost) {
   // element, 4 gradient buffers, 3 transient gradient partitions, each of one block.
   EXPECT_DOUBLE_EQ(b.offload_buffers, 4 * kBlock * (6 + 12 + 4 + 3));
   EXPECT_DOUBLE_EQ(b.offload_buffers, 5'035'827'200);
-  EXPECT_DOUBLE_EQ(b.start, 0);  // 8Ψ at start is below the steady state here
+  EXPECT_DOUBLE_EQ(b.start, 0);
   EXPECT_DOUBLE_EQ(b.host(), kAct2 + kOpWm + 4 * 3 * kBlock + 5'035'827'200);
 }
 
-TEST(CpuCapacity, ZeroInfNvmeStartWhenTheModelOutgrowsTheBuffers) {
-  const CpuRunBytes b = cpu_run_bytes(CpuPlacement::ZeroInfNvme, CpuFamily{}, 40);
-  EXPECT_DOUBLE_EQ(b.start, 8 * static_cast<double>(b.params));
-  EXPECT_GT(b.start, b.steady_host());
-  EXPECT_DOUBLE_EQ(b.host(), b.start);
+// The model is built unit by unit into its partitions, so no term grows with the model but the
+// activations: 40 blocks need the host bytes of 2 blocks plus 38 blocks' activations.
+TEST(CpuCapacity, ZeroInfNvmeHostBytesDoNotGrowWithTheModel) {
+  const CpuRunBytes small = cpu_run_bytes(CpuPlacement::ZeroInfNvme, CpuFamily{}, 2);
+  const CpuRunBytes big = cpu_run_bytes(CpuPlacement::ZeroInfNvme, CpuFamily{}, 40);
+  EXPECT_DOUBLE_EQ(big.start, 0);
+  EXPECT_GT(big.params, 19 * small.params);
+  EXPECT_DOUBLE_EQ(big.host() - big.activations, small.host() - small.activations);
 }
 
 TEST(CpuCapacity, LargestMemberIsTheLastThatFits) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <charconv>
@@ -91,6 +92,15 @@ int64_t available_host_memory() {
     if (key == "MemAvailable:") return value * 1024;  // the kernel prints kB (KiB)
   }
   return 0;
+}
+
+int64_t auto_host_budget_reserve(int64_t available) {
+  return std::max<int64_t>(int64_t{1} << 30, available / 16);
+}
+
+int64_t auto_host_budget() {
+  const int64_t available = available_host_memory();
+  return std::max<int64_t>(0, available - auto_host_budget_reserve(available));
 }
 
 int64_t parse_host_budget(std::string_view text, std::string_view key) {

@@ -55,6 +55,18 @@ class HostBudgetScope {
 // MemAvailable from /proc/meminfo, in bytes; 0 when it cannot be read.
 int64_t available_host_memory();
 
+// Note [Auto budget reserve]
+// What run.host_memory_budget auto gives the allocators: MemAvailable less a reserve for the
+// memory a process uses outside them (the runtime and its libraries, glibc's heap, the data
+// loader's index and mapped shards, thread stacks) and for the kernel's own estimate being an
+// estimate: max(1 GiB, MemAvailable / 16). Without it a run whose allocators stay just under
+// MemAvailable is ended by the OOM killer instead of the budget's error (tools/tables.sh found
+// a 30-block in-memory GPT-2 and a 29-block ZeRO-Inf-CPU one killed, status 137, at a budget of
+// MemAvailable on the 23.5 GiB VM).
+int64_t auto_host_budget_reserve(int64_t available);
+// available_host_memory() less auto_host_budget_reserve(); 0 when that leaves nothing.
+int64_t auto_host_budget();
+
 // "auto" -> -1; "none" -> 0; "1073741824", "512MiB", "20GiB", "1.5TiB", "64GB": bytes (binary
 // KiB..TiB, decimal KB..TB, a bare number is bytes, DeepSpeed's convention for sizes).
 // strata::user_error (prefixed by `key` unless empty) for anything else, or for under 1 MiB.

@@ -151,7 +151,7 @@ int64_t resolve_host_budget(const TrainConfig& c, int ranks_on_node) {
   const int64_t parsed =
       offload::parse_host_budget(c.run.host_memory_budget, "run.host_memory_budget");
   if (parsed >= 0) return parsed;
-  return offload::available_host_memory() / std::max(ranks_on_node, 1);
+  return offload::auto_host_budget() / std::max(ranks_on_node, 1);
 }
 
 std::unique_ptr<offload::HostBudgetScope> start_host_budget(const TrainConfig& c,
@@ -161,8 +161,10 @@ std::unique_ptr<offload::HostBudgetScope> start_host_budget(const TrainConfig& c
   const int64_t budget = resolve_host_budget(c, ranks_on_node);
   const std::string source =
       c.run.host_memory_budget == "auto"
-          ? fmt::format("run.host_memory_budget auto: MemAvailable / {} rank(s) on this node",
-                        std::max(ranks_on_node, 1))
+          ? fmt::format(
+                "run.host_memory_budget auto: MemAvailable less its reserve (max(1 GiB, "
+                "1/16), Note [Auto budget reserve]) / {} rank(s) on this node",
+                std::max(ranks_on_node, 1))
           : fmt::format("run.host_memory_budget {} in {}", c.run.host_memory_budget, c.source);
   auto scope = std::make_unique<offload::HostBudgetScope>(budget, source);
   if (c.run.device != "cpu" || c.parallelism.pipeline_parallel_size > 1) return scope;

@@ -48,6 +48,17 @@ TEST(HostBudget, AvailableMemoryIsRead) {
   EXPECT_GT(available_host_memory(), 0);
 }
 
+// Note [Auto budget reserve]: 1 GiB up to 16 GiB available, 1/16 above; auto never exceeds what
+// is available less 1 GiB.
+TEST(HostBudget, AutoBudgetKeepsAReserveOutsideTheAllocators) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  EXPECT_EQ(auto_host_budget_reserve(4 * kGiB), kGiB);
+  EXPECT_EQ(auto_host_budget_reserve(16 * kGiB), kGiB);
+  EXPECT_EQ(auto_host_budget_reserve(32 * kGiB), 2 * kGiB);
+  EXPECT_EQ(auto_host_budget_reserve(23 * kGiB), 23 * kGiB / 16);
+  EXPECT_LE(auto_host_budget(), std::max<int64_t>(0, available_host_memory() - kGiB));
+}
+
 TEST(HostBudget, HostAllocatorRefusesPastTheBudgetNamingTheCategory) {
   MemoryStats stats;
   HostAllocator alloc(64, &stats);

@@ -23,8 +23,8 @@ void print_cpu_strategies(const parallel::CpuFamily& family, const std::string& 
     host = parallel::parse_bytes(cpu_mem, "--cpu-mem");
     host_from = "--cpu-mem " + cpu_mem;
   } else {
-    host = static_cast<double>(offload::available_host_memory());
-    host_from = "MemAvailable now";
+    host = static_cast<double>(offload::auto_host_budget());
+    host_from = "MemAvailable now less train's auto reserve";
   }
   if (!nvme_size.empty()) {
     nvme = parallel::parse_bytes(nvme_size, "--nvme");

@@ -210,10 +210,10 @@ TEST_F(TrainNvmeMpi, CheckpointResumesBitwiseWithTheStatesOnNvmeOrInMemory) {
 // ZeRO-Infinity whole: the parameter partitions on NVMe (or in host memory) as well as the
 // states, in the same swap directory. The optimizer writes each owned partition between the
 // group fence's calls (Note [Group fence] in optim/optimizer.h), several sub-groups of 3000 per
-// partition: 20 steps bitwise the in-memory ZeRO-3 run at dp 1 and 2.
+// partition: 20 steps bitwise the in-memory ZeRO-3 run at dp 1, 2 and 4.
 TEST_F(TrainNvmeMpi, ParametersAndStatesOffloadedTogetherAreBitwiseTheInMemoryRun) {
   const int kSteps = 20;
-  for (int np : {0, 2}) {
+  for (int np : {0, 2, 4}) {
     const std::vector<std::string> sets = {"zero_optimization.stage=3"};
     const std::string plain = fmt::format("plain_{}", np);
     CommandResult a = train(np, config(plain, kSteps), sets);
@@ -222,7 +222,7 @@ TEST_F(TrainNvmeMpi, ParametersAndStatesOffloadedTogetherAreBitwiseTheInMemoryRu
     ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
     EXPECT_LT(want.back(), want.front()) << "the run did not train";
     for (const std::string device : {"nvme", "cpu"}) {
-      if (np == 2 && device == "cpu") continue;  // dp 2 on NVMe covers the partitioned fence
+      if (np > 0 && device == "cpu") continue;  // dp 2 and 4 on NVMe cover the partitioned fence
       SCOPED_TRACE(fmt::format("np {} offload_param {}", np, device));
       const std::string off = fmt::format("both_{}_{}", np, device);
       CommandResult b = train(np, config(off, kSteps), both(sets, device));

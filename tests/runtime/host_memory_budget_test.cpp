@@ -172,18 +172,24 @@ int64_t host_peak(offload::Category cat) {
 // A tiny ZeRO-Inf-NVMe run (stage 3, every unit gathered, parameters and optimizer states on
 // NVMe, one unit prefetched): each plan item against the measured peak of the categories it
 // claims over two steps (Note [Host memory plan]).
+// ZeRO-3 with every partition managed, parameters and optimizer states (and so the gradients)
+// in swap files under `dir`, sub-groups of 3000 elements.
+void all_on_nvme(TrainConfig& c, const std::string& dir) {
+  c.zero.stage = 3;
+  c.zero.stage3_param_persistence_threshold = 0;
+  c.zero.offload_param.device = "nvme";
+  c.zero.offload_param.nvme_path = dir;
+  c.zero.offload_optimizer.device = "nvme";
+  c.zero.offload_optimizer.nvme_path = dir;
+  c.zero.sub_group_size = 3000;
+}
+
 TEST(HostMemoryBudget, OffloadedPlanEqualsTheMeasuredPeaksOfItsCategories) {
   ScratchDir tmp;
   fs::create_directories(tmp / "swap");
   TrainConfig c = tiny_config(tmp, "off", 2, "none");
-  c.training.final_checkpoint = false;  // a checkpoint stages every state (not planned)
-  c.zero.stage = 3;
-  c.zero.stage3_param_persistence_threshold = 0;
-  c.zero.offload_param.device = "nvme";
-  c.zero.offload_param.nvme_path = tmp / "swap";
-  c.zero.offload_optimizer.device = "nvme";
-  c.zero.offload_optimizer.nvme_path = tmp / "swap";
-  c.zero.sub_group_size = 3000;
+  c.training.final_checkpoint = false;  // checkpoints are not part of the plan
+  all_on_nvme(c, tmp / "swap");
   models::ModelOptions mo;
   mo.seed = 7;
   mo.overrides = c.model.config;
@@ -277,13 +283,7 @@ TEST(NvmeSpacePlan, SwapFilesThatDoNotFitAreRefusedNamingTheDirectoryAndTheBytes
   ScratchDir tmp;
   fs::create_directories(tmp / "swap");
   TrainConfig c = tiny_config(tmp, "space", 2, "none");
-  c.zero.stage = 3;
-  c.zero.stage3_param_persistence_threshold = 0;
-  c.zero.offload_param.device = "nvme";
-  c.zero.offload_param.nvme_path = tmp / "swap";
-  c.zero.offload_optimizer.device = "nvme";
-  c.zero.offload_optimizer.nvme_path = tmp / "swap";
-  c.zero.sub_group_size = 3000;
+  all_on_nvme(c, tmp / "swap");
   models::ModelOptions mo;
   mo.overrides = c.model.config;
   const auto units = parallel::unit_sizes(c.model.name, mo, 1);

@@ -97,23 +97,41 @@ Variable CausalLM::loss(const Tensor& ids, const Tensor& targets, int64_t ignore
 }
 
 void CausalLM::set_stage(const StageLayers& stage, int64_t n_layer) {
-  const int64_t end = stage.end < 0 ? n_layer : stage.end;
+  const int64_t end = stage.end < 0 && stage.chunks == 1 ? n_layer : stage.end;
   STRATA_USER_CHECK(stage.begin >= 0 && stage.begin < end && end <= n_layer,
                     "pipeline stage layers [{}, {}) are not a non-empty range of the model's {} "
                     "layers",
                     stage.begin, end, n_layer);
-  stage_ = {stage.begin, end};
+  StageLayers s = stage;
+  s.end = end;
+  if (s.chunks > 1) {
+    // Note [Virtual pipeline stages]: equal chunks that neither overlap nor pass the stack.
+    STRATA_USER_CHECK(s.stride >= end - s.begin && s.chunk_end(s.chunks - 1) <= n_layer,
+                      "pipeline chunks of layers [{}, {}) every {} layers, {} of them, do not fit "
+                      "the model's {} layers without overlapping",
+                      s.begin, end, s.stride, s.chunks, n_layer);
+  } else {
+    STRATA_USER_CHECK(s.chunks == 1, "a pipeline stage holds {} chunks", s.chunks);
+    s.stride = 0;
+  }
+  stage_ = s;
   n_layer_ = n_layer;
 }
 
-Variable CausalLM::forward_stage(const Tensor&, const Variable&) {
+std::pair<size_t, size_t> CausalLM::chunk_slots(int c) const {
+  STRATA_CHECK(c >= 0 && c < num_chunks(), "chunk {} of {}", c, num_chunks());
+  const auto n = static_cast<size_t>(stage_.end - stage_.begin);
+  return {static_cast<size_t>(c) * n, static_cast<size_t>(c + 1) * n};
+}
+
+Variable CausalLM::forward_stage(const Tensor&, const Variable&, int) {
   user_error("model family '{}' cannot run as a pipeline stage", family());
 }
 
 Variable CausalLM::stage_loss(const Tensor& ids, const Variable& hidden, const Tensor& targets,
                               int64_t ignore_index) {
   STRATA_CHECK(is_last_stage(), "stage_loss on a stage without the head");
-  Variable logits = forward_stage(ids, hidden);
+  Variable logits = forward_stage(ids, hidden, num_chunks() - 1);
   STRATA_USER_CHECK(
       logits.data().ndim() == 3 && targets.ndim() == 2 &&
           logits.data().size(0) == targets.size(0) && logits.data().size(1) == targets.size(1),

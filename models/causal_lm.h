@@ -28,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/flat_params.h"
@@ -52,9 +53,23 @@ using tensor::Tensor;
 // Megatron does, so both copies stay equal (parallel/pipeline_schedule.h). forward_stage runs
 // the stage: token ids on the first stage, else the previous stage's hidden states [B, T, C]; it
 // returns the hidden states [B, T, C] to send on, or the logits on the last stage.
+//
+// Note [Virtual pipeline stages]
+// Under the interleaved schedule (parallel/pipeline_schedule.h) the L layers form p x v
+// contiguous chunks of L / (p v) layers and rank r holds chunks r, r + p, ..., r + (v - 1) p:
+// v non-adjacent *chunks*, chunk c being layers [begin + c stride, end + c stride) with stride
+// = L / v. One model (so one Engine and one set of flat units, named as in the whole model)
+// holds them all; forward_stage(ids, hidden, c) runs chunk c alone. The embeddings go with
+// chunk 0 when begin is 0 (rank 0), the final norm and head with chunk v - 1 when it ends the
+// stack (rank p - 1); a tied head's copy of the embeddings is built there as above.
 struct StageLayers {
   int64_t begin = 0;
-  int64_t end = -1;  // one past the stage's last layer; -1: through the last layer
+  int64_t end = -1;    // one past the stage's last layer; -1: through the last layer
+  int64_t chunks = 1;  // Note [Virtual pipeline stages]: more chunks, every `stride` layers
+  int64_t stride = 0;
+
+  int64_t chunk_begin(int64_t c) const { return begin + c * stride; }
+  int64_t chunk_end(int64_t c) const { return end + c * stride; }
 };
 
 class CausalLM : public nn::Module {
@@ -88,17 +103,24 @@ class CausalLM : public nn::Module {
   // This model's layers [begin, end) (the whole stack unless built as a stage).
   const StageLayers& stage_layers() const { return stage_; }
   int64_t num_layers() const { return n_layer_; }
+  // Chunks this model holds (Note [Virtual pipeline stages]); 1 unless interleaved.
+  int num_chunks() const { return static_cast<int>(stage_.chunks); }
   bool is_first_stage() const { return stage_.begin == 0; }
-  bool is_last_stage() const { return stage_.end == n_layer_; }
-  bool is_whole() const { return is_first_stage() && is_last_stage(); }
+  bool is_last_stage() const { return stage_.chunk_end(stage_.chunks - 1) == n_layer_; }
+  bool is_whole() const { return is_first_stage() && is_last_stage() && stage_.chunks == 1; }
+  // Whether chunk c takes the token ids (the embeddings) / computes the logits (the head).
+  bool chunk_is_first(int c) const { return c == 0 && is_first_stage(); }
+  bool chunk_is_last(int c) const { return c == num_chunks() - 1 && is_last_stage(); }
   // Width of the hidden states between stages (C).
   virtual int64_t hidden_size() const { return 0; }
   // Whether the head reads the embedding matrix (its gradient is summed between the stages).
   virtual bool ties_embeddings() const { return false; }
   // ids [B, T] on the first stage (hidden undefined), else hidden [B, T, C] from the previous
   // stage (ids may be undefined) -> hidden [B, T, C], or logits [B, T, padded_vocab] on the last.
-  virtual Variable forward_stage(const Tensor& ids, const Variable& hidden);
-  // The last stage's mean cross entropy, as loss() (Note [Padded vocabulary]).
+  // `chunk`: which of this model's chunks runs (Note [Virtual pipeline stages]).
+  virtual Variable forward_stage(const Tensor& ids, const Variable& hidden, int chunk = 0);
+  // The last stage's mean cross entropy, as loss() (Note [Padded vocabulary]); runs the last
+  // chunk.
   Variable stage_loss(const Tensor& ids, const Variable& hidden, const Tensor& targets,
                       int64_t ignore_index = -100);
   // The tensor-parallel group the model was built for (size 1 without one).
@@ -136,8 +158,11 @@ class CausalLM : public nn::Module {
   // only (Note [Last-position logits]).
   static Variable positions_for_logits(const Variable& x);
   // Derived constructors call this before building modules: the layers [begin, end) of
-  // n_layer. strata::user_error for a range that is empty or outside the stack.
+  // n_layer (and the further chunks: Note [Virtual pipeline stages]). strata::user_error for a
+  // range that is empty, outside the stack, or chunks that overlap.
   void set_stage(const StageLayers& stage, int64_t n_layer);
+  // The positions of chunk c's layers among this model's layers (its modules in build order).
+  std::pair<size_t, size_t> chunk_slots(int c) const;
   // Derived constructors call this before building layers that read it.
   void set_tensor_parallel(const nn::TensorParallel& tp) { tp_ = tp; }
   // Derived constructors call this once all modules are registered.

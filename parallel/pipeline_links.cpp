@@ -17,7 +17,8 @@ int link_color(int stage, int stages, int parity) {
 
 }  // namespace
 
-PipelineLinks::PipelineLinks(comm::Communicator& pp) : stage_(pp.rank()), stages_(pp.size()) {
+PipelineLinks::PipelineLinks(comm::Communicator& pp, bool wrap)
+    : stage_(pp.rank()), stages_(pp.size()) {
   if (stages_ == 1) return;
   std::unique_ptr<comm::Communicator> act[2], grad[2];
   for (int parity = 0; parity < 2; ++parity) {
@@ -36,6 +37,18 @@ PipelineLinks::PipelineLinks(comm::Communicator& pp) : stage_(pp.rank()), stages
   }
   STRATA_CHECK(last() || (act_next_ && act_next_->size() == 2), "no link to the next stage");
   STRATA_CHECK(first() || (act_prev_ && act_prev_->size() == 2), "no link to the previous stage");
+  if (wrap) {
+    const int color = first() || last() ? 0 : -1;
+    act_wrap_ = pp.split(color, stage_, "pp-act-wrap");
+    grad_wrap_ = pp.split(color, stage_, "pp-grad-wrap");
+    if (color < 0) {
+      act_wrap_.reset();
+      grad_wrap_.reset();
+    } else {
+      STRATA_CHECK(act_wrap_ && act_wrap_->size() == 2 && grad_wrap_ && grad_wrap_->size() == 2,
+                   "no wrap-around link between the last stage and the first");
+    }
+  }
 }
 
 comm::WorkHandle PipelineLinks::send_forward(tensor::Tensor t) {
@@ -56,6 +69,26 @@ comm::WorkHandle PipelineLinks::send_backward(tensor::Tensor t) {
 comm::WorkHandle PipelineLinks::recv_backward(tensor::Tensor t) {
   STRATA_CHECK(!last(), "the last stage receives no gradient");
   return grad_next_->recv(std::move(t), 1);
+}
+
+comm::WorkHandle PipelineLinks::send_forward_wrap(tensor::Tensor t) {
+  STRATA_CHECK(last() && act_wrap_, "only the last stage sends on the wrap-around link");
+  return act_wrap_->send(std::move(t), 0);
+}
+
+comm::WorkHandle PipelineLinks::recv_forward_wrap(tensor::Tensor t) {
+  STRATA_CHECK(first() && act_wrap_, "only the first stage receives on the wrap-around link");
+  return act_wrap_->recv(std::move(t), 1);
+}
+
+comm::WorkHandle PipelineLinks::send_backward_wrap(tensor::Tensor t) {
+  STRATA_CHECK(first() && grad_wrap_, "only the first stage sends gradients around");
+  return grad_wrap_->send(std::move(t), 1);
+}
+
+comm::WorkHandle PipelineLinks::recv_backward_wrap(tensor::Tensor t) {
+  STRATA_CHECK(last() && grad_wrap_, "only the last stage receives gradients around");
+  return grad_wrap_->recv(std::move(t), 0);
 }
 
 void PipelineLinks::wait_recv(const comm::WorkHandle& work) {

@@ -14,6 +14,12 @@
 // and odd links, per direction), collective over it. Every op is asynchronous (WorkHandle);
 // the schedule waits on a receive only when its compute needs the data, and records how long it
 // waited (the pipeline bubble).
+//
+// The interleaved schedule (Note [Virtual pipeline stages] in models/causal_lm.h) also needs the
+// wrap-around link: chunk c of the last stage feeds chunk c + 1 of the first. With `wrap` that
+// link gets its two communicators as well (one more split per direction, stage 0 and stage
+// p - 1 in it): "activations" carries only p - 1 -> 0, "gradients" only 0 -> p - 1, so the
+// argument above holds for it too (at p = 2 it is a second pair between the same two ranks).
 #include <chrono>
 #include <memory>
 
@@ -23,8 +29,9 @@ namespace strata::parallel {
 
 class PipelineLinks {
  public:
-  // Collective over `pp` (rank = stage). pp of one rank: no links.
-  explicit PipelineLinks(comm::Communicator& pp);
+  // Collective over `pp` (rank = stage). pp of one rank: no links. `wrap`: the wrap-around
+  // link between the last stage and the first as well (Note [Pipeline channels]).
+  explicit PipelineLinks(comm::Communicator& pp, bool wrap = false);
 
   int stage() const { return stage_; }
   int stages() const { return stages_; }
@@ -37,6 +44,13 @@ class PipelineLinks {
   // To the previous stage / from the next one (gradients of the activations).
   comm::WorkHandle send_backward(tensor::Tensor t);
   comm::WorkHandle recv_backward(tensor::Tensor t);
+  // The wrap-around link: the last stage's activations to the first stage, and their
+  // gradients from the first stage back to the last.
+  bool wraps() const { return act_wrap_ != nullptr; }
+  comm::WorkHandle send_forward_wrap(tensor::Tensor t);   // last stage
+  comm::WorkHandle recv_forward_wrap(tensor::Tensor t);   // first stage
+  comm::WorkHandle send_backward_wrap(tensor::Tensor t);  // first stage
+  comm::WorkHandle recv_backward_wrap(tensor::Tensor t);  // last stage
 
   // Waits for a receive, adding the time spent to idle_seconds().
   void wait_recv(const comm::WorkHandle& work);
@@ -47,6 +61,8 @@ class PipelineLinks {
   int stage_ = 0, stages_ = 1;
   // Two-rank communicators: the lower stage is rank 0, the higher rank 1.
   std::unique_ptr<comm::Communicator> act_next_, act_prev_, grad_next_, grad_prev_;
+  // The wrap-around link, stage 0 is rank 0 and stage p - 1 rank 1; null without it.
+  std::unique_ptr<comm::Communicator> act_wrap_, grad_wrap_;
   double idle_ = 0;
 };
 

@@ -12,26 +12,102 @@ namespace strata::parallel {
 PipelineScheduleKind parse_pipeline_schedule(const std::string& name) {
   if (name == "gpipe") return PipelineScheduleKind::GPipe;
   if (name == "1f1b") return PipelineScheduleKind::OneFOneB;
-  user_error("parallelism.pipeline_schedule must be 'gpipe' or '1f1b', got '{}'", name);
+  if (name == "interleaved") return PipelineScheduleKind::Interleaved;
+  user_error("parallelism.pipeline_schedule must be 'gpipe', '1f1b' or 'interleaved', got '{}'",
+             name);
 }
 
 const char* pipeline_schedule_name(PipelineScheduleKind kind) {
-  return kind == PipelineScheduleKind::GPipe ? "gpipe" : "1f1b";
+  switch (kind) {
+    case PipelineScheduleKind::GPipe:
+      return "gpipe";
+    case PipelineScheduleKind::OneFOneB:
+      return "1f1b";
+    case PipelineScheduleKind::Interleaved:
+      return "interleaved";
+  }
+  return "?";
 }
 
-double pipeline_bubble_formula(int stages, int64_t micro_batches) {
-  return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+double pipeline_bubble_formula(int stages, int64_t micro_batches, int virtual_stages) {
+  return static_cast<double>(stages - 1) /
+         static_cast<double>(static_cast<int64_t>(virtual_stages) * micro_batches + stages - 1);
+}
+
+int64_t pipeline_warmup(PipelineScheduleKind kind, int stages, int virtual_stages,
+                        int64_t micro_batches, int stage) {
+  const int p = stages, v = virtual_stages, r = stage;
+  const int64_t A = micro_batches;
+  switch (kind) {
+    case PipelineScheduleKind::GPipe:
+      return A;
+    case PipelineScheduleKind::OneFOneB:
+      return std::min<int64_t>(p - r - 1, A);
+    case PipelineScheduleKind::Interleaved: {
+      // Note [Interleaved schedule]
+      const int64_t total = A * v;
+      if (A == p) return total;
+      return std::min<int64_t>(
+          static_cast<int64_t>(p - r - 1) * 2 + static_cast<int64_t>(v - 1) * p, total);
+    }
+  }
+  return 0;
+}
+
+std::vector<PipelineOp> pipeline_order(PipelineScheduleKind kind, int stages, int virtual_stages,
+                                       int64_t micro_batches, int stage) {
+  const int p = stages, v = virtual_stages;
+  const int64_t A = micro_batches;
+  STRATA_CHECK(p >= 1 && stage >= 0 && stage < p && A >= 1 && v >= 1,
+               "stage {} of {}, {} micro-batches, {} virtual stages", stage, p, A, v);
+  STRATA_CHECK(v == 1 || kind == PipelineScheduleKind::Interleaved,
+               "{} virtual stages need the interleaved schedule", v);
+  if (kind == PipelineScheduleKind::Interleaved)
+    STRATA_USER_CHECK(A % p == 0,
+                      "the interleaved pipeline schedule runs the micro-batches in groups of "
+                      "pipeline_parallel_size: batch.grad_accum_steps {} is not a multiple of {}",
+                      A, p);
+  const int64_t total = A * v;
+  // Virtual index k -> (micro-batch, chunk); without interleaving k is the micro-batch.
+  auto op = [&](int64_t k, bool forward) {
+    if (v == 1) return PipelineOp{forward, k, 0};
+    const int64_t group = k / (static_cast<int64_t>(p) * v), in = k % (static_cast<int64_t>(p) * v);
+    const int c = static_cast<int>(in / p);
+    return PipelineOp{forward, group * p + in % p, forward ? c : v - 1 - c};
+  };
+  const int64_t warmup = pipeline_warmup(kind, p, v, A, stage);
+  std::vector<PipelineOp> order;
+  order.reserve(static_cast<size_t>(2 * total));
+  for (int64_t k = 0; k < warmup; ++k) order.push_back(op(k, true));
+  for (int64_t i = 0; i < total - warmup; ++i) {
+    order.push_back(op(warmup + i, true));
+    order.push_back(op(i, false));
+  }
+  for (int64_t k = total - warmup; k < total; ++k) order.push_back(op(k, false));
+  return order;
 }
 
 PipelineSchedule::PipelineSchedule(PipelineScheduleKind kind,
-                                   std::shared_ptr<comm::Communicator> pp)
-    : kind_(kind), pp_(std::move(pp)), links_(*pp_) {}
+                                   std::shared_ptr<comm::Communicator> pp, int virtual_stages)
+    : kind_(kind),
+      pp_(std::move(pp)),
+      virtual_(virtual_stages),
+      links_(*pp_, kind == PipelineScheduleKind::Interleaved) {
+  STRATA_USER_CHECK(virtual_ >= 1, "parallelism.virtual_pipeline_stages must be >= 1, got {}",
+                    virtual_);
+  STRATA_USER_CHECK((kind_ == PipelineScheduleKind::Interleaved) == (virtual_ > 1),
+                    "parallelism.pipeline_schedule '{}' with virtual_pipeline_stages {}: the "
+                    "interleaved schedule needs virtual_pipeline_stages >= 2, the others 1",
+                    pipeline_schedule_name(kind_), virtual_);
+  STRATA_USER_CHECK(virtual_ == 1 || pp_->size() > 1,
+                    "parallelism.virtual_pipeline_stages {} needs pipeline_parallel_size > 1",
+                    virtual_);
+}
 
 namespace {
 
-// One micro-batch between its forward and its backward on this stage.
+// One micro-batch's chunk between its forward and its backward on this stage.
 struct InFlight {
-  MicroBatch batch;
   autograd::Variable input;   // the received hidden states (a leaf), not on the first stage
   autograd::Variable output;  // the sent hidden states, or the scaled loss on the last stage
   tensor::Tensor loss;        // [1], last stage
@@ -44,20 +120,30 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
   const auto start = std::chrono::steady_clock::now();
   links_.reset_idle();
   const int64_t A = in.micro_batches;
-  const int p = links_.stages(), s = links_.stage();
-  STRATA_CHECK(model.is_first_stage() == links_.first() && model.is_last_stage() == links_.last(),
-               "stage {} of {} holds layers [{}, {}) of {}", s, p, model.stage_layers().begin,
-               model.stage_layers().end, model.num_layers());
+  const int p = links_.stages(), s = links_.stage(), v = virtual_;
+  STRATA_CHECK(model.is_first_stage() == links_.first() && model.is_last_stage() == links_.last() &&
+                   model.num_chunks() == v,
+               "stage {} of {} ({} chunks) holds layers [{}, {}) of {} in {} chunks", s, p, v,
+               model.stage_layers().begin, model.stage_layers().end, model.num_layers(),
+               model.num_chunks());
   const float weight = in.loss_factor / static_cast<float>(A);
   const int64_t C = model.hidden_size();
   const DType dtype = engine.param_dtype();
   const Device device = model.flat_units().front().params.device();
+  const std::vector<PipelineOp> order = pipeline_order(kind_, p, v, A, s);
 
-  std::vector<InFlight> flight(static_cast<size_t>(A));
+  // [chunk][micro-batch]
+  std::vector<std::vector<InFlight>> flight(static_cast<size_t>(v),
+                                            std::vector<InFlight>(static_cast<size_t>(A)));
+  // in.batch(m) is called once per micro-batch, in order (chunk 0's forwards come in
+  // micro-batch order and before the micro-batch's other chunks); held until its last chunk's
+  // forward.
+  std::vector<MicroBatch> batches(static_cast<size_t>(A));
   std::vector<comm::WorkHandle> sends;
   std::vector<tensor::Tensor> losses(static_cast<size_t>(A));
   int held = 0;
   stats_.max_in_flight = 0;
+  int64_t backwards_left = A * v;
 
   // Waits for a receive after polling every pending send (Work::done). On a GPU a poll only
   // reads events: a send's kernel runs by itself on its communicator's stream. The CUDA emulator
@@ -70,49 +156,56 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
     links_.wait_recv(work);
   };
 
-  auto forward = [&](int64_t m) {
-    InFlight& f = flight[static_cast<size_t>(m)];
-    f.batch = in.batch(m);
+  auto forward = [&](int64_t m, int c) {
+    InFlight& f = flight[static_cast<size_t>(c)][static_cast<size_t>(m)];
+    MicroBatch& batch = batches[static_cast<size_t>(m)];
+    if (c == 0) batch = in.batch(m);
     // Under sequence parallelism a stage's hidden states are this rank's share of the sequence.
     const models::nn::TensorParallel& tp = model.tensor_parallel();
-    const int64_t M = f.batch.ids.size(0), T = f.batch.ids.size(1) / (tp.sp() ? tp.size() : 1);
-    if (!links_.first()) {
+    const int64_t M = batch.ids.size(0), T = batch.ids.size(1) / (tp.sp() ? tp.size() : 1);
+    if (!model.chunk_is_first(c)) {
       tensor::Tensor buf = tensor::Tensor::empty({M, T, C}, dtype, device);
-      receive(links_.recv_forward(buf));
+      // Note [Interleaved schedule]: the first stage's later chunks are fed by the last stage.
+      receive(links_.first() ? links_.recv_forward_wrap(buf) : links_.recv_forward(buf));
       f.input = autograd::Variable(buf, /*requires_grad=*/true);
     }
-    if (links_.last()) {
+    if (model.chunk_is_last(c)) {
       autograd::Variable loss;
       {
         // Note [Fused cross-entropy gradient]: the gradient this loss will receive.
         const autograd::LossGradientScope grad(engine.loss_gradient(weight));
-        loss = model.stage_loss(f.batch.ids, f.input, f.batch.targets);
+        loss = model.stage_loss(batch.ids, f.input, batch.targets);
       }
       f.loss = loss.data().reshape({1});
       f.output = weight == 1.f ? loss : autograd::scale(loss, weight);
     } else {
-      f.output = model.forward_stage(f.batch.ids, f.input);
-      sends.push_back(links_.send_forward(f.output.data()));
+      f.output = model.forward_stage(batch.ids, f.input, c);
+      const tensor::Tensor& out = f.output.data();
+      sends.push_back(links_.last() ? links_.send_forward_wrap(out) : links_.send_forward(out));
     }
+    if (c == v - 1) batch = MicroBatch();
     stats_.max_in_flight = std::max(stats_.max_in_flight, ++held);
   };
 
-  auto backward = [&](int64_t m) {
-    InFlight& f = flight[static_cast<size_t>(m)];
-    engine.begin_micro_batch(m == A - 1);
-    if (links_.last()) {
+  auto backward = [&](int64_t m, int c) {
+    InFlight& f = flight[static_cast<size_t>(c)][static_cast<size_t>(m)];
+    // The step's last backward launches the dp reductions (Note [Interleaved schedule]).
+    engine.begin_micro_batch(--backwards_left == 0);
+    if (model.chunk_is_last(c)) {
       engine.backward(f.output);
     } else {
       tensor::Tensor grad =
           tensor::Tensor::empty(f.output.data().shape(), f.output.data().dtype(), device);
-      receive(links_.recv_backward(grad));
+      receive(links_.last() ? links_.recv_backward_wrap(grad) : links_.recv_backward(grad));
       engine.backward(f.output, grad);
     }
-    if (!links_.first()) {
-      STRATA_CHECK(f.input.grad().defined(), "stage {} got no gradient for its input", s);
-      sends.push_back(links_.send_backward(f.input.grad()));
+    if (!model.chunk_is_first(c)) {
+      STRATA_CHECK(f.input.grad().defined(), "stage {} chunk {} got no gradient for its input", s,
+                   c);
+      const tensor::Tensor& g = f.input.grad();
+      sends.push_back(links_.first() ? links_.send_backward_wrap(g) : links_.send_backward(g));
     }
-    losses[static_cast<size_t>(m)] = f.loss;
+    if (model.chunk_is_last(c)) losses[static_cast<size_t>(m)] = f.loss;
     // The activations go (a send holds its own handle on the gradient it sends), and so do the
     // tensors of sends already done.
     f = InFlight();
@@ -124,17 +217,11 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
     });
   };
 
-  if (kind_ == PipelineScheduleKind::GPipe) {
-    for (int64_t m = 0; m < A; ++m) forward(m);
-    for (int64_t m = 0; m < A; ++m) backward(m);
-  } else {
-    const int64_t warmup = std::min<int64_t>(p - s - 1, A);
-    for (int64_t m = 0; m < warmup; ++m) forward(m);
-    for (int64_t m = warmup; m < A; ++m) {
-      forward(m);
-      backward(m - warmup);
-    }
-    for (int64_t m = A - warmup; m < A; ++m) backward(m);
+  for (const PipelineOp& op : order) {
+    if (op.forward)
+      forward(op.micro_batch, op.chunk);
+    else
+      backward(op.micro_batch, op.chunk);
   }
   for (const comm::WorkHandle& w : sends) w->wait();
   flight.clear();
@@ -157,20 +244,24 @@ tensor::Tensor PipelineSchedule::forward_loss(models::CausalLM& model, const ten
   const models::nn::TensorParallel& tp = model.tensor_parallel();
   const int64_t M = ids.size(0), T = ids.size(1) / (tp.sp() ? tp.size() : 1);
   const tensor::Tensor& params = model.flat_units().front().params;
-  autograd::Variable hidden;
-  if (!links_.first()) {
-    tensor::Tensor buf =
-        tensor::Tensor::empty({M, T, model.hidden_size()}, params.dtype(), params.device());
-    links_.recv_forward(buf)->wait();
-    hidden = autograd::Variable(buf, /*requires_grad=*/false);
-  }
   tensor::Tensor loss;
-  if (links_.last()) {
-    loss = model.stage_loss(ids, hidden, targets).data().reshape({1}).to(DType::F32);
-  } else {
-    links_.send_forward(model.forward_stage(ids, hidden).data())->wait();
-    loss = tensor::Tensor::empty({1}, DType::F32, params.device());
+  // Chunk by chunk (Note [Interleaved schedule]): every rank's chunk c before any rank's c + 1.
+  for (int c = 0; c < model.num_chunks(); ++c) {
+    autograd::Variable hidden;
+    if (!model.chunk_is_first(c)) {
+      tensor::Tensor buf =
+          tensor::Tensor::empty({M, T, model.hidden_size()}, params.dtype(), params.device());
+      (links_.first() ? links_.recv_forward_wrap(buf) : links_.recv_forward(buf))->wait();
+      hidden = autograd::Variable(buf, /*requires_grad=*/false);
+    }
+    if (model.chunk_is_last(c)) {
+      loss = model.stage_loss(ids, hidden, targets).data().reshape({1}).to(DType::F32);
+    } else {
+      const tensor::Tensor out = model.forward_stage(ids, hidden, c).data();
+      (links_.last() ? links_.send_forward_wrap(out) : links_.send_forward(out))->wait();
+    }
   }
+  if (!loss.defined()) loss = tensor::Tensor::empty({1}, DType::F32, params.device());
   pp_->broadcast(loss, links_.stages() - 1)->wait();
   return loss;
 }
@@ -200,7 +291,7 @@ PipelineSchedule& install_pipeline(Engine& engine, models::CausalLM& model,
       sync.count_tied_in_norm = s == 0;
     }
   }
-  auto schedule = std::make_unique<PipelineSchedule>(kind, pp);
+  auto schedule = std::make_unique<PipelineSchedule>(kind, pp, model.num_chunks());
   PipelineSchedule& ref = *schedule;
   engine.set_pipeline(std::move(schedule), std::move(sync));
   return ref;

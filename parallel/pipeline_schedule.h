@@ -20,9 +20,30 @@
 // same losses and logs the same step loss. The bubble is the time a stage waits in receives
 // over the step's time; with equal stages and free communication it is (p - 1) / (A + p - 1)
 // for both schedules.
+//
+// Note [Interleaved schedule]
+// Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, sec. 2.2;
+// forward_backward_pipelining_with_interleaving): each rank holds v chunks (Note [Virtual
+// pipeline stages] in models/causal_lm.h), so a micro-batch passes p x v virtual stages, chunk c
+// of rank r being virtual stage c p + r; chunk c of the last rank feeds chunk c + 1 of the first
+// over the wrap-around link (Note [Pipeline channels]). A must be a multiple of p. Rank r runs
+// A v virtual micro-batches: virtual index k is micro-batch (k / (p v)) p + k % p on chunk
+// (k % (p v)) / p for forwards, on chunk v - 1 - (k % (p v)) / p for backwards (groups of p
+// micro-batches go through one chunk, then the next). Warm-up: w = min((p - r - 1) 2 + (v - 1) p,
+// A v) forwards (all A v when A == p), then pairs F(w + i), B(i), then the remaining backwards,
+// so at most w + 1 chunk activations are held. Each chunk's backwards still come in
+// micro-batch order, and on every link the sender's sends and the receiver's receives come in
+// the same order (both walk the virtual indices), so the channels' argument holds. The step's
+// last backward is micro-batch A - 1 on chunk 0; Engine::begin_micro_batch(true) is called
+// before it alone, so at ZeRO 0 and 1 the other chunks' units, final since their own last
+// backward, are reduced when that pass ends (GradReducer::end_pass) rather than overlapping the
+// backward; at ZeRO 2 every pass reduce-scatters every unit, the other chunks' with zero
+// gradients added (correct, v times the reduce-scatter traffic). The idle share of an equal-
+// stage step with free communication is (p - 1) / (v A + p - 1): the bubble shrinks by v.
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "parallel/micro_batch_schedule.h"
@@ -30,19 +51,42 @@
 
 namespace strata::parallel {
 
-enum class PipelineScheduleKind { GPipe, OneFOneB };
+enum class PipelineScheduleKind { GPipe, OneFOneB, Interleaved };
 
-// "gpipe" or "1f1b"; strata::user_error naming parallelism.pipeline_schedule otherwise.
+// "gpipe", "1f1b" or "interleaved"; strata::user_error naming parallelism.pipeline_schedule
+// otherwise.
 PipelineScheduleKind parse_pipeline_schedule(const std::string& name);
 const char* pipeline_schedule_name(PipelineScheduleKind kind);
 
-// The bubble of p equal stages and m micro-batches: (p - 1) / (m + p - 1).
-double pipeline_bubble_formula(int stages, int64_t micro_batches);
+// The bubble of p equal stages, m micro-batches and v chunks per stage (v = 1 unless
+// interleaved): (p - 1) / (v m + p - 1).
+double pipeline_bubble_formula(int stages, int64_t micro_batches, int virtual_stages = 1);
+
+// One compute step of a stage's schedule: micro-batch `micro_batch`'s forward or backward
+// through the stage's chunk `chunk` (0 unless interleaved).
+struct PipelineOp {
+  bool forward = true;
+  int64_t micro_batch = 0;
+  int chunk = 0;
+  bool operator==(const PipelineOp&) const = default;
+};
+
+// The forwards stage `stage` runs before its first backward (Note [Pipeline schedules], Note
+// [Interleaved schedule]).
+int64_t pipeline_warmup(PipelineScheduleKind kind, int stages, int virtual_stages,
+                        int64_t micro_batches, int stage);
+// Stage `stage`'s order of forwards and backwards in one step. virtual_stages must be 1 unless
+// interleaved; interleaved needs micro_batches to be a multiple of stages (strata::user_error
+// naming batch.grad_accum_steps otherwise).
+std::vector<PipelineOp> pipeline_order(PipelineScheduleKind kind, int stages, int virtual_stages,
+                                       int64_t micro_batches, int stage);
 
 class PipelineSchedule final : public MicroBatchSchedule {
  public:
-  // Collective over `pp` (makes the links). `pp`'s rank is this rank's stage.
-  PipelineSchedule(PipelineScheduleKind kind, std::shared_ptr<comm::Communicator> pp);
+  // Collective over `pp` (makes the links). `pp`'s rank is this rank's stage; virtual_stages:
+  // the chunks per stage of the interleaved schedule (1 otherwise).
+  PipelineSchedule(PipelineScheduleKind kind, std::shared_ptr<comm::Communicator> pp,
+                   int virtual_stages = 1);
 
   std::vector<tensor::Tensor> run(Engine& engine, models::CausalLM& model,
                                   const TrainStepInputs& in) override;
@@ -53,13 +97,14 @@ class PipelineSchedule final : public MicroBatchSchedule {
                               const tensor::Tensor& targets);
 
   PipelineScheduleKind kind() const { return kind_; }
+  int virtual_stages() const { return virtual_; }
   const PipelineLinks& links() const { return links_; }
 
   // The last run() on this stage.
   struct StepStats {
     double seconds = 0;       // the schedule's wall time
     double idle_seconds = 0;  // waiting in receives
-    int max_in_flight = 0;    // micro-batches whose activations were held at once
+    int max_in_flight = 0;    // (micro-batch, chunk) activations held at once
     double bubble() const { return seconds > 0 ? idle_seconds / seconds : 0; }
   };
   const StepStats& last_step() const { return stats_; }
@@ -67,6 +112,7 @@ class PipelineSchedule final : public MicroBatchSchedule {
  private:
   PipelineScheduleKind kind_;
   std::shared_ptr<comm::Communicator> pp_;
+  int virtual_ = 1;
   PipelineLinks links_;
   StepStats stats_;
 };
@@ -74,7 +120,9 @@ class PipelineSchedule final : public MicroBatchSchedule {
 // Makes this stage's schedule and hands it to `engine` with what the step adds across stages
 // (Note [Pipeline in the engine]): the norm over `pp`, and when the model ties its embeddings
 // and there are several stages, the group of the first and last stage that sums the
-// "embeddings" unit's gradients. Collective over `pp`. Returns the schedule, owned by the engine.
+// "embeddings" unit's gradients. The interleaved schedule runs the model's chunks
+// (CausalLM::num_chunks(), which must be > 1 for it and 1 for the others). Collective over `pp`.
+// Returns the schedule, owned by the engine.
 PipelineSchedule& install_pipeline(Engine& engine, models::CausalLM& model,
                                    std::shared_ptr<comm::Communicator> pp,
                                    PipelineScheduleKind kind);

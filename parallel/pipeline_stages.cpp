@@ -93,6 +93,39 @@ StagePartition explicit_stages(const std::vector<int64_t>& layers, int64_t n_lay
   return StagePartition{layers};
 }
 
+models::StageLayers interleaved_stage(int64_t n_layer, int pp, int v, int rank) {
+  STRATA_USER_CHECK(pp >= 1 && v >= 1 && rank >= 0 && rank < pp,
+                    "rank {} of a pipeline of {} stages with {} virtual stages", rank, pp, v);
+  const int64_t chunks = static_cast<int64_t>(pp) * v;
+  STRATA_USER_CHECK(n_layer % chunks == 0,
+                    "parallelism.virtual_pipeline_stages {} x pipeline_parallel_size {} = {} "
+                    "chunks do not divide the model's {} layers: the interleaved schedule needs "
+                    "equal chunks",
+                    v, pp, chunks, n_layer);
+  const int64_t len = n_layer / chunks;
+  models::StageLayers s;
+  s.begin = rank * len;
+  s.end = s.begin + len;
+  s.chunks = v;
+  s.stride = v > 1 ? pp * len : 0;
+  return s;
+}
+
+std::string describe_interleaved(const models::ModelShape& shape, int pp, int v) {
+  std::string out;
+  for (int r = 0; r < pp; ++r) {
+    const models::StageLayers l = interleaved_stage(shape.n_layer, pp, v, r);
+    int64_t n = v * (l.end - l.begin) * shape.layer_parameters;
+    if (r == 0) n += shape.embedding_parameters;
+    if (r == pp - 1) n += shape.head_parameters;
+    out += fmt::format("{}rank {}: layers ", r ? ", " : "", r);
+    for (int64_t c = 0; c < v; ++c)
+      out += fmt::format("{}{}-{}", c ? ", " : "", l.chunk_begin(c), l.chunk_end(c) - 1);
+    out += fmt::format(" ({} parameters)", n);
+  }
+  return out;
+}
+
 void check_pipeline_layout(int world_size, int tp, int pp) {
   STRATA_USER_CHECK(pp >= 1, "parallelism.pipeline_parallel_size must be >= 1, got {}", pp);
   STRATA_USER_CHECK(tp >= 1, "parallelism.tensor_parallel_size must be >= 1, got {}", tp);

@@ -37,6 +37,13 @@ StagePartition balance_stages(const models::ModelShape& shape, int pp);
 // parallelism.pipeline_partition) unless it has pp entries, each >= 1, summing to n_layer.
 StagePartition explicit_stages(const std::vector<int64_t>& layers, int64_t n_layer, int pp);
 
+// Note [Virtual pipeline stages] (models/causal_lm.h): rank `rank`'s v chunks when the n_layer
+// layers form pp x v equal chunks. strata::user_error naming
+// parallelism.virtual_pipeline_stages unless pp x v divides n_layer.
+models::StageLayers interleaved_stage(int64_t n_layer, int pp, int v, int rank);
+// "rank 0: layers 0-0, 2-2 (1.2M parameters), rank 1: ..." for logs.
+std::string describe_interleaved(const models::ModelShape& shape, int pp, int v);
+
 // The layout checks of a pipeline run: pp >= 1, tp >= 1 and tp x pp dividing the world (world =
 // tp x pp x dp), with a user error that names the sizes otherwise.
 void check_pipeline_layout(int world_size, int tp, int pp);

@@ -26,8 +26,9 @@ GPT2::GPT2(const GPT2Config& config, uint64_t seed, const nn::TensorParallel& tp
   }
   drop_ = &add_module<nn::Dropout>("drop", config_.dropout);
   auto& h = add_module<nn::Module>("h");
-  for (int64_t i = stage_layers().begin; i < stage_layers().end; ++i)
-    blocks_.push_back(&h.add_module<Block>(std::to_string(i), config_, tp));
+  for (int64_t c = 0; c < num_chunks(); ++c)  // Note [Virtual pipeline stages]
+    for (int64_t i = stage_layers().chunk_begin(c); i < stage_layers().chunk_end(c); ++i)
+      blocks_.push_back(&h.add_module<Block>(std::to_string(i), config_, tp));
   if (is_last_stage()) {
     ln_f_ = &add_module<nn::LayerNorm>("ln_f", C, config_.layer_norm_epsilon);
     ln_f_->set_tensor_parallel(tp);
@@ -41,10 +42,11 @@ GPT2::GPT2(const GPT2Config& config, uint64_t seed, const nn::TensorParallel& tp
     else
       units.push_back({"embeddings", {"wte", "wpe"}});
   }
-  for (int64_t i = stage_layers().begin; i < stage_layers().end; ++i) {
-    std::string name = "h." + std::to_string(i);
-    units.push_back({name, {name}});
-  }
+  for (int64_t c = 0; c < num_chunks(); ++c)
+    for (int64_t i = stage_layers().chunk_begin(c); i < stage_layers().chunk_end(c); ++i) {
+      std::string name = "h." + std::to_string(i);
+      units.push_back({name, {name}});
+    }
   if (is_last_stage()) units.push_back({"head", {"ln_f"}});
   flatten(units);
   initialize(seed);
@@ -68,10 +70,10 @@ Variable GPT2::forward_logits(const Tensor& ids) {
   return forward_stage(ids, Variable());
 }
 
-Variable GPT2::forward_stage(const Tensor& ids, const Variable& hidden) {
+Variable GPT2::forward_stage(const Tensor& ids, const Variable& hidden, int chunk) {
   const nn::TensorParallel& tp = tensor_parallel();
   Variable x = hidden;
-  if (is_first_stage()) {
+  if (chunk_is_first(chunk)) {
     const int64_t T = ids.size(1);
     STRATA_USER_CHECK(!tp.sp() || T % tp.size() == 0,
                       "sequence parallelism splits the sequence over tensor_parallel_size {}: a "
@@ -91,9 +93,11 @@ Variable GPT2::forward_stage(const Tensor& ids, const Variable& hidden) {
   // Each block hands on its MLP output un-added; the last is added inside ln_f (Note [Fused ops
   // in models]). Only ln_f's output is used, so its fused op skips the sum's gradient.
   Variable pending;
-  for (Block* b : blocks_) std::tie(x, pending) = b->forward_residual(x, pending);
+  const auto [from, to] = chunk_slots(chunk);  // Note [Virtual pipeline stages]
+  for (size_t i = from; i < to; ++i)
+    std::tie(x, pending) = blocks_[i]->forward_residual(x, pending);
   // Note [Pipeline stages]: the next stage takes the whole residual stream.
-  if (!is_last_stage()) return pending.defined() ? autograd::add(x, pending) : x;
+  if (!chunk_is_last(chunk)) return pending.defined() ? autograd::add(x, pending) : x;
   // Note [Last-position logits]: under forward_cached(..., last_only) ln_f and the head run the
   // last position only.
   x = positions_for_logits(x);

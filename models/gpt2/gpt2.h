@@ -48,7 +48,7 @@ class GPT2 : public CausalLM {
   bool supports_kv_cache() const override { return true; }  // Note [KV cache]
   int64_t hidden_size() const override { return config_.n_embd; }
   bool ties_embeddings() const override { return true; }
-  Variable forward_stage(const Tensor& ids, const Variable& hidden) override;
+  Variable forward_stage(const Tensor& ids, const Variable& hidden, int chunk = 0) override;
 
   void reset_parameters(uint64_t seed) override;
   void finish_unit_init(const FlatUnit& unit) override;
@@ -57,7 +57,7 @@ class GPT2 : public CausalLM {
 
   nn::VocabParallelEmbedding& wte() { return *wte_; }
   nn::Embedding& wpe() { return *wpe_; }
-  // Layer i of this stage's layers (the global layer stage_layers().begin + i).
+  // Layer i of this stage's layers, every chunk's in order (Note [Virtual pipeline stages]).
   Block& block(int64_t i) { return *blocks_.at(static_cast<size_t>(i)); }
   nn::LayerNorm& ln_f() { return *ln_f_; }
   nn::TiedLinear& lm_head() { return *lm_head_; }

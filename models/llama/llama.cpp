@@ -26,8 +26,9 @@ Llama::Llama(const LlamaConfig& config, uint64_t seed, const nn::TensorParallel&
     embed_tokens_->set_init_std(config_.initializer_range);
   }
   auto& layers = add_module<nn::Module>("layers");
-  for (int64_t i = stage_layers().begin; i < stage_layers().end; ++i)
-    layers_.push_back(&layers.add_module<DecoderLayer>(std::to_string(i), config_, *rope_, tp));
+  for (int64_t c = 0; c < num_chunks(); ++c)  // Note [Virtual pipeline stages]
+    for (int64_t i = stage_layers().chunk_begin(c); i < stage_layers().chunk_end(c); ++i)
+      layers_.push_back(&layers.add_module<DecoderLayer>(std::to_string(i), config_, *rope_, tp));
   if (is_last_stage()) {
     norm_ = &add_module<RMSNorm>("norm", C, config_.rms_norm_eps);
     norm_->set_tensor_parallel(tp);
@@ -45,10 +46,11 @@ Llama::Llama(const LlamaConfig& config, uint64_t seed, const nn::TensorParallel&
     units.push_back({"embeddings", {"embed_tokens"}, {"lm_head"}});
   else if (embeddings)
     units.push_back({"embeddings", {"embed_tokens"}});
-  for (int64_t i = stage_layers().begin; i < stage_layers().end; ++i) {
-    std::string name = "layers." + std::to_string(i);
-    units.push_back({name, {name}});
-  }
+  for (int64_t c = 0; c < num_chunks(); ++c)
+    for (int64_t i = stage_layers().chunk_begin(c); i < stage_layers().chunk_end(c); ++i) {
+      std::string name = "layers." + std::to_string(i);
+      units.push_back({name, {name}});
+    }
   if (lm_head_)
     units.push_back({"head", {"norm", "lm_head"}});
   else if (norm_)
@@ -78,10 +80,10 @@ Variable Llama::forward_logits(const Tensor& ids) {
   return forward_stage(ids, Variable());
 }
 
-Variable Llama::forward_stage(const Tensor& ids, const Variable& hidden) {
+Variable Llama::forward_stage(const Tensor& ids, const Variable& hidden, int chunk) {
   const nn::TensorParallel& tp = tensor_parallel();
   Variable x = hidden;
-  if (is_first_stage()) {
+  if (chunk_is_first(chunk)) {
     STRATA_USER_CHECK(!tp.sp() || ids.size(1) % tp.size() == 0,
                       "sequence parallelism splits the sequence over tensor_parallel_size {}: a "
                       "sequence of {} tokens does not divide",
@@ -92,9 +94,11 @@ Variable Llama::forward_stage(const Tensor& ids, const Variable& hidden) {
   // Each layer hands on its MLP output un-added; the last is added inside `norm` (Note [Fused
   // ops in models]). Only the norm's output is used, so its fused op skips the sum's gradient.
   Variable pending;
-  for (DecoderLayer* l : layers_) std::tie(x, pending) = l->forward_residual(x, pending);
+  const auto [from, to] = chunk_slots(chunk);  // Note [Virtual pipeline stages]
+  for (size_t i = from; i < to; ++i)
+    std::tie(x, pending) = layers_[i]->forward_residual(x, pending);
   // Note [Pipeline stages]: the next stage takes the whole residual stream.
-  if (!is_last_stage()) return pending.defined() ? autograd::add(x, pending) : x;
+  if (!chunk_is_last(chunk)) return pending.defined() ? autograd::add(x, pending) : x;
   // Note [Last-position logits]: under forward_cached(..., last_only) the norm and the head run
   // the last position only.
   x = positions_for_logits(x);

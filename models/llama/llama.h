@@ -54,7 +54,7 @@ class Llama : public CausalLM {
   bool supports_kv_cache() const override { return true; }  // Note [KV cache]
   int64_t hidden_size() const override { return config_.hidden_size; }
   bool ties_embeddings() const override { return config_.tie_word_embeddings; }
-  Variable forward_stage(const Tensor& ids, const Variable& hidden) override;
+  Variable forward_stage(const Tensor& ids, const Variable& hidden, int chunk = 0) override;
 
   void reset_parameters(uint64_t seed) override;
   void finish_unit_init(const FlatUnit& unit) override;
@@ -62,7 +62,7 @@ class Llama : public CausalLM {
   void set_activation_checkpointing(bool on);
 
   nn::VocabParallelEmbedding& embed_tokens() { return *embed_tokens_; }
-  // Layer i of this stage's layers (the global layer stage_layers().begin + i).
+  // Layer i of this stage's layers, every chunk's in order (Note [Virtual pipeline stages]).
   DecoderLayer& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
   RMSNorm& norm() { return *norm_; }
   // Null when tie_word_embeddings.

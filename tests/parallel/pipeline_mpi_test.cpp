@@ -92,6 +92,8 @@ std::vector<double> reference_losses(const std::string& family, const TrainSpec&
   return losses;
 }
 
+constexpr int kInterleavedChunks = 2;
+
 // This rank's stage of a pp x dp layout, its engine and schedule.
 struct Pipeline {
   comm::ProcessGroups groups;
@@ -107,7 +109,12 @@ struct Pipeline {
     const models::ModelShape shape =
         models::ModelRegistry::global().shape(preset(family), model_options(family, s));
     partition = balance_stages(shape, pp);
-    models::ModelOptions o = model_options(family, s, partition.stage(groups.pp_rank));
+    // Note [Virtual pipeline stages]: interleaved, 2 chunks per stage.
+    models::ModelOptions o =
+        model_options(family, s,
+                      kind == PipelineScheduleKind::Interleaved
+                          ? interleaved_stage(shape.n_layer, pp, kInterleavedChunks, groups.pp_rank)
+                          : partition.stage(groups.pp_rank));
     o.tp = {groups.tp, sp};
     model = models::ModelRegistry::global().create(preset(family), o);
     engine = std::make_unique<Engine>(*model, groups.dp, zero, strata::testing::adamw_factory());
@@ -176,27 +183,32 @@ TEST_P(PipelineTrajectory, ReproducesTheSingleProcessLosses) {
 
 constexpr auto kGPipe = PipelineScheduleKind::GPipe;
 constexpr auto k1F1B = PipelineScheduleKind::OneFOneB;
+constexpr auto kInterleaved = PipelineScheduleKind::Interleaved;
 
 // Each dimension covered at least once: pp {1, 2, 4}; m {1, 4, 8}; both schedules; GPT-2 (tied
 // head), LLaMA untied and tied; ZeRO 0, 1 and 2 over dp 2 (np 4); clipping across stages;
 // activation checkpointing inside the stages; ZeRO-Offload's host placement.
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineTrajectory,
-    ::testing::Values(PipeCase{"Gpt2Pp2GPipeM1", "gpt2", 2, kGPipe, 1, 0, 0},
-                      PipeCase{"Gpt2Pp2OneFOneBM4Clip", "gpt2", 2, k1F1B, 4, 0, 0.5},
-                      PipeCase{"Gpt2Pp4OneFOneBM8", "gpt2", 4, k1F1B, 8, 0, 0},
-                      PipeCase{"Gpt2Pp4GPipeM4Clip", "gpt2", 4, kGPipe, 4, 0, 0.5},
-                      PipeCase{"Gpt2Pp2Zero1OneFOneBM4", "gpt2", 2, k1F1B, 4, 1, 0.5},
-                      PipeCase{"LlamaPp2OneFOneBM8", "llama", 2, k1F1B, 8, 0, 0},
-                      PipeCase{"LlamaPp4GPipeM8Clip", "llama", 4, kGPipe, 8, 0, 0.5},
-                      PipeCase{"LlamaPp4OneFOneBM1", "llama", 4, k1F1B, 1, 0, 0},
-                      PipeCase{"LlamaPp2Zero2GPipeM4", "llama", 2, kGPipe, 4, 2, 0.5},
-                      PipeCase{"LlamaTiedPp2OneFOneBM4Clip", "llama-tied", 2, k1F1B, 4, 1, 0.5},
-                      PipeCase{"Gpt2Pp1OneFOneBM4", "gpt2", 1, k1F1B, 4, 1, 0},
-                      PipeCase{"Gpt2Pp2OneFOneBM4Recompute", "gpt2", 2, k1F1B, 4, 0, 0.5, true},
-                      PipeCase{"LlamaPp4GPipeM4Recompute", "llama", 4, kGPipe, 4, 0, 0, true},
-                      PipeCase{"Gpt2Pp2Zero1OffloadOneFOneBM4Clip", "gpt2", 2, k1F1B, 4, 1, 0.5,
-                               false, true}),
+    ::testing::Values(
+        PipeCase{"Gpt2Pp2GPipeM1", "gpt2", 2, kGPipe, 1, 0, 0},
+        PipeCase{"Gpt2Pp2OneFOneBM4Clip", "gpt2", 2, k1F1B, 4, 0, 0.5},
+        PipeCase{"Gpt2Pp4OneFOneBM8", "gpt2", 4, k1F1B, 8, 0, 0},
+        PipeCase{"Gpt2Pp4GPipeM4Clip", "gpt2", 4, kGPipe, 4, 0, 0.5},
+        PipeCase{"Gpt2Pp2Zero1OneFOneBM4", "gpt2", 2, k1F1B, 4, 1, 0.5},
+        PipeCase{"LlamaPp2OneFOneBM8", "llama", 2, k1F1B, 8, 0, 0},
+        PipeCase{"LlamaPp4GPipeM8Clip", "llama", 4, kGPipe, 8, 0, 0.5},
+        PipeCase{"LlamaPp4OneFOneBM1", "llama", 4, k1F1B, 1, 0, 0},
+        PipeCase{"LlamaPp2Zero2GPipeM4", "llama", 2, kGPipe, 4, 2, 0.5},
+        PipeCase{"LlamaTiedPp2OneFOneBM4Clip", "llama-tied", 2, k1F1B, 4, 1, 0.5},
+        PipeCase{"Gpt2Pp1OneFOneBM4", "gpt2", 1, k1F1B, 4, 1, 0},
+        PipeCase{"Gpt2Pp2OneFOneBM4Recompute", "gpt2", 2, k1F1B, 4, 0, 0.5, true},
+        PipeCase{"LlamaPp4GPipeM4Recompute", "llama", 4, kGPipe, 4, 0, 0, true},
+        PipeCase{"Gpt2Pp2Zero1OffloadOneFOneBM4Clip", "gpt2", 2, k1F1B, 4, 1, 0.5, false, true},
+        // Note [Interleaved schedule]: pp 2 x 2 chunks of one layer each.
+        PipeCase{"Gpt2Pp2InterleavedM4Clip", "gpt2", 2, kInterleaved, 4, 0, 0.5},
+        PipeCase{"LlamaPp2InterleavedZero1M6", "llama", 2, kInterleaved, 6, 1, 0},
+        PipeCase{"LlamaTiedPp2InterleavedZero2M2Clip", "llama-tied", 2, kInterleaved, 2, 2, 0.5}),
     [](const ::testing::TestParamInfo<PipeCase>& info) { return std::string(info.param.name); });
 
 // 3D: tp 2 x pp 2 x dp 2 on 8 ranks (Note [Process group order]), GPT-2 and LLaMA, with and
@@ -299,6 +311,42 @@ TEST(PipelineMemory, ActivationPeakPerStageFollowsTheSchedule) {
     EXPECT_GE(p.schedule->last_step().bubble(), 0.0);
     EXPECT_LT(p.schedule->last_step().bubble(), 1.0);
   }
+}
+
+// Note [Interleaved schedule]: a rank holds at most its warm-up count + 1 chunk activations, so
+// the activation peak does not grow with the micro-batches once they pass the warm-up.
+TEST(PipelineMemory, InterleavedHoldsAtMostWarmupPlusOneChunks) {
+  if (world()->size() % 2 != 0) GTEST_SKIP() << "needs pp 2";
+  TrainSpec s;
+  s.steps = 1;
+  offload::MemoryStats& stats = offload::MemoryStats::global();
+  auto activation = [&] { return stats.usage(offload::Tier::Host, offload::Category::Activation); };
+  Pipeline p("gpt2", s, 2, kInterleaved, ZeroConfig{});
+  const int stage = p.groups.pp_rank;
+  auto step_peak = [&](int64_t A, int step) {
+    TrainSpec t = s;
+    t.accum = A;
+    const int64_t before = activation().current;
+    stats.reset_peaks();
+    p.step(t, step);
+    return activation().peak - before;
+  };
+  step_peak(2, 0);  // the optimizer's states are made in the first step
+  std::vector<int64_t> peaks;
+  for (int64_t A : {8, 16}) {
+    peaks.push_back(step_peak(A, static_cast<int>(peaks.size()) + 1));
+    const int64_t warmup = pipeline_warmup(kInterleaved, 2, kInterleavedChunks, A, stage);
+    EXPECT_EQ(p.schedule->last_step().max_in_flight, warmup + 1) << "stage " << stage << " m " << A;
+    std::printf(
+        "[ interleaved stage %d m %lld ] %d chunk activations held (warm-up %lld), "
+        "activation peak %lld bytes; bubble %.3f (formula %.3f)\n",
+        stage, static_cast<long long>(A), p.schedule->last_step().max_in_flight,
+        static_cast<long long>(warmup), static_cast<long long>(peaks.back()),
+        p.schedule->last_step().bubble(), pipeline_bubble_formula(2, A, kInterleavedChunks));
+  }
+  EXPECT_GT(peaks[0], 0);
+  EXPECT_NEAR(static_cast<double>(peaks[1]), static_cast<double>(peaks[0]), 0.01 * peaks[0])
+      << "stage " << stage;
 }
 
 // A non-finite gradient on the last stage alone (a NaN in its final norm's gradient) makes the

@@ -90,9 +90,12 @@ TEST(PipelineStages, BadLayoutsAreUserErrors) {
   EXPECT_THROW(check_pipeline_layout(6, 2, 2), UserError);  // 6 is not 4 x dp
   EXPECT_THROW(check_pipeline_layout(4, 1, 0), UserError);
   EXPECT_NO_THROW(check_pipeline_layout(8, 2, 2));
-  EXPECT_THROW(parse_pipeline_schedule("interleaved"), UserError);
+  EXPECT_THROW(parse_pipeline_schedule("zigzag"), UserError);
   EXPECT_EQ(parse_pipeline_schedule("1f1b"), PipelineScheduleKind::OneFOneB);
+  EXPECT_EQ(parse_pipeline_schedule("interleaved"), PipelineScheduleKind::Interleaved);
   EXPECT_DOUBLE_EQ(pipeline_bubble_formula(4, 8), 3.0 / 11.0);
+  // Note [Interleaved schedule]: v chunks per stage shrink the bubble to (p - 1) / (v m + p - 1).
+  EXPECT_DOUBLE_EQ(pipeline_bubble_formula(4, 8, 2), 3.0 / 19.0);
 }
 
 models::ModelOptions tiny(const std::string& family, models::StageLayers stage = {}) {
@@ -165,6 +168,58 @@ TEST(PipelineStages, StagesPutTogetherAreTheWholeModel) {
     ASSERT_EQ(logits.shape(), expected.shape());
     EXPECT_LE(tensor::max_abs_diff(logits, expected), 1e-5);
   }
+}
+
+// Note [Virtual pipeline stages]: at pp 2 x v 2 a 4-layer model's rank 0 holds layers 0 and 2,
+// rank 1 layers 1 and 3; their chunks run in virtual-stage order give the whole model's logits,
+// and every parameter is the whole model's of the same name.
+TEST(PipelineStages, InterleavedChunksPutTogetherAreTheWholeModel) {
+  for (const std::string family : {"gpt2", "llama", "llama-tied"}) {
+    SCOPED_TRACE(family);
+    const char* preset = family == "gpt2" ? "gpt2-tiny" : "llama-tiny";
+    const models::ModelRegistry& reg = models::ModelRegistry::global();
+    std::unique_ptr<models::CausalLM> whole = reg.create(preset, tiny(family));
+    std::vector<std::unique_ptr<models::CausalLM>> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.push_back(reg.create(preset, tiny(family, interleaved_stage(4, 2, 2, r))));
+    const std::string layer = family == "gpt2" ? "h." : "layers.";
+    std::vector<std::string> units0, units1;
+    for (const models::FlatUnit& u : ranks[0]->flat_units()) units0.push_back(u.name);
+    for (const models::FlatUnit& u : ranks[1]->flat_units()) units1.push_back(u.name);
+    EXPECT_EQ(units0, (std::vector<std::string>{"embeddings", layer + "0", layer + "2"}));
+    std::vector<std::string> want1 = {layer + "1", layer + "3", "head"};
+    if (family != "llama") want1.insert(want1.begin(), "embeddings");  // the tied copy
+    EXPECT_EQ(units1, want1);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ranks[r]->num_chunks(), 2);
+      EXPECT_FALSE(ranks[r]->is_whole());
+      EXPECT_THROW(ranks[r]->forward(tensor::from_ints({1, 2}, {1, 2})), UserError);
+    }
+    EXPECT_TRUE(ranks[0]->chunk_is_first(0) && !ranks[0]->chunk_is_first(1));
+    EXPECT_TRUE(ranks[1]->chunk_is_last(1) && !ranks[1]->chunk_is_last(0));
+    EXPECT_FALSE(ranks[0]->chunk_is_last(1));
+
+    std::map<std::string, tensor::Tensor> params;
+    for (auto& [name, v] : whole->named_parameters()) params[name] = v.data();
+    for (auto& rank : ranks)
+      for (auto& [name, v] : rank->named_parameters()) {
+        ASSERT_TRUE(params.count(name)) << name;
+        EXPECT_EQ(tensor::max_abs_diff(v.data(), params[name]), 0.0) << name;
+      }
+
+    const tensor::Tensor ids = tensor::from_ints({3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, {2, 5});
+    const tensor::Tensor expected = whole->forward(ids).data();
+    autograd::Variable h = ranks[0]->forward_stage(ids, {}, 0);
+    h = ranks[1]->forward_stage({}, h, 0);
+    h = ranks[0]->forward_stage({}, h, 1);
+    EXPECT_EQ(h.data().shape(), (tensor::Shape{2, 5, 32}));
+    const tensor::Tensor logits = ranks[1]->forward_stage({}, h, 1).data();
+    ASSERT_EQ(logits.shape(), expected.shape());
+    EXPECT_LE(tensor::max_abs_diff(logits, expected), 1e-5);
+  }
+  EXPECT_EQ(describe_interleaved(shape_of(4, 10, 100, 1000), 2, 2),
+            "rank 0: layers 0-0, 2-2 (120 parameters), rank 1: layers 1-1, 3-3 (1020 parameters)");
+  EXPECT_THROW(interleaved_stage(6, 2, 2, 0), UserError);  // 4 chunks of 6 layers
 }
 
 TEST(PipelineStages, StageRangeOutsideTheStackIsAUserError) {

@@ -37,6 +37,37 @@ void check_pipeline_config(const TrainConfig& c, const models::ModelShape& shape
              fmt::format("[{}] adds up to {} layers but model '{}' has {}", fmt::join(part, ", "),
                          sum, c.model.name, shape.n_layer));
   }
+  // The interleaved schedule (Note [Virtual pipeline stages] in models/causal_lm.h): v > 1
+  // exactly when pipeline_schedule is interleaved. That the micro-batches are a multiple of pp
+  // is checked once the batch is resolved (runtime/trainer.cpp).
+  const int64_t v = p.virtual_pipeline_stages;
+  const bool interleaved = p.pipeline_schedule == "interleaved";
+  if (v > 1 && !interleaved)
+    r.fail("pipeline_schedule",
+           fmt::format("is '{}' but virtual_pipeline_stages is {}: several chunks per stage run "
+                       "only with pipeline_schedule: interleaved (or set "
+                       "virtual_pipeline_stages: 1)",
+                       p.pipeline_schedule, v));
+  if (interleaved && v < 2)
+    r.fail("virtual_pipeline_stages",
+           fmt::format("is {} but pipeline_schedule is interleaved: give each stage at least 2 "
+                       "chunks, or use pipeline_schedule: 1f1b",
+                       v));
+  if (interleaved && pp < 2)
+    r.fail("virtual_pipeline_stages",
+           fmt::format("is {} but pipeline_parallel_size is {}: the interleaved schedule needs "
+                       "at least 2 stages",
+                       v, pp));
+  if (interleaved && !p.pipeline_partition.empty())
+    r.fail("pipeline_partition",
+           fmt::format("is given but pipeline_schedule is interleaved: its chunks are equal "
+                       "(layers / (pipeline_parallel_size x virtual_pipeline_stages)); leave "
+                       "pipeline_partition out"));
+  if (interleaved && shape.n_layer % (pp * v) != 0)
+    r.fail("virtual_pipeline_stages",
+           fmt::format("{} x pipeline_parallel_size {} = {} chunks do not divide model '{}''s {} "
+                       "layers: the interleaved schedule needs equal chunks",
+                       v, pp, pp * v, c.model.name, shape.n_layer));
   // What a pipelined `train` does not do (docs/pipeline.md).
   if (pp > 1 && c.zero.stage == 3)
     r.fail("pipeline_parallel_size",

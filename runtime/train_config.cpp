@@ -109,7 +109,8 @@ void read_parallelism(Reader& r, ParallelismSection& c) {
   r.get("tensor_parallel_size", c.tensor_parallel_size);
   r.get("sequence_parallel", c.sequence_parallel);
   r.get("pipeline_parallel_size", c.pipeline_parallel_size);
-  r.get_enum("pipeline_schedule", c.pipeline_schedule, {"gpipe", "1f1b"});
+  r.get_enum("pipeline_schedule", c.pipeline_schedule, {"gpipe", "1f1b", "interleaved"});
+  r.get("virtual_pipeline_stages", c.virtual_pipeline_stages);
   r.get("pipeline_partition", c.pipeline_partition);
 }
 
@@ -264,6 +265,7 @@ void check_parallelism(const TrainConfig& c, const models::ModelShape& shape, Re
   const ParallelismSection& p = c.parallelism;
   r.positive("tensor_parallel_size", static_cast<double>(p.tensor_parallel_size));
   r.positive("pipeline_parallel_size", static_cast<double>(p.pipeline_parallel_size));
+  r.positive("virtual_pipeline_stages", static_cast<double>(p.virtual_pipeline_stages));
   const int64_t tp = p.tensor_parallel_size;
   const int64_t kv = shape.n_kv_head > 0 ? shape.n_kv_head : shape.n_head;
   const std::pair<const char*, int64_t> split[] = {

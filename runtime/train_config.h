@@ -126,7 +126,11 @@ struct ParallelismSection {                // `parallelism`, Megatron's names; d
   int64_t tensor_parallel_size = 1;        // tp: ranks that split each layer (tp fastest)
   bool sequence_parallel = false;          // split norms/dropout/residuals over tp (tp > 1 only)
   int64_t pipeline_parallel_size = 1;      // pp: stages of the layer stack (pp slowest)
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b (parallel/pipeline_schedule.h)
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved (pipeline_schedule.h)
+  // Chunks per stage of the interleaved schedule (Megatron's virtual_pipeline_model_parallel_size;
+  // Note [Virtual pipeline stages] in models/causal_lm.h): > 1 exactly when the schedule is
+  // interleaved.
+  int64_t virtual_pipeline_stages = 1;
   // Layers per stage, one entry per stage summing to n_layer; empty = balanced by parameter
   // count (Note [Stage balance] in parallel/pipeline_stages.h).
   std::vector<int64_t> pipeline_partition;

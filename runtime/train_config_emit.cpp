@@ -129,6 +129,7 @@ std::string to_yaml(const TrainConfig& c) {
     e("sequence_parallel", c.parallelism.sequence_parallel);
     e("pipeline_parallel_size", c.parallelism.pipeline_parallel_size);
     e("pipeline_schedule", c.parallelism.pipeline_schedule);
+    e("virtual_pipeline_stages", c.parallelism.virtual_pipeline_stages);
     Node partition = Node::sequence({});
     for (int64_t n : c.parallelism.pipeline_partition)
       partition.push_back(Node::scalar(fmt::format("{}", n), {}));

@@ -239,6 +239,15 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
                        pp_size_ > 1 ? fmt::format("stage {} of {}, ", pp_rank_, pp_size_) : "",
                        tp_rank_, tp_size_, rank_, world_);
   c.resolve_batch(world_);
+  // Note [Interleaved schedule]: the micro-batches go through each chunk in groups of pp.
+  const int64_t virtual_stages = c.parallelism.virtual_pipeline_stages;
+  if (virtual_stages > 1 && c.batch.grad_accum_steps % pp_size_ != 0)
+    user_error(
+        "{}: batch.grad_accum_steps is {} but the interleaved pipeline schedule "
+        "(parallelism.virtual_pipeline_stages {}) runs the micro-batches in groups of "
+        "pipeline_parallel_size {}: make it a multiple of {} (global_batch_size = "
+        "micro_batch_size x grad_accum_steps x dp)",
+        c.source, c.batch.grad_accum_steps, virtual_stages, pp_size_, pp_size_);
   config_yaml_ = to_yaml(c);
 
   // 1. Everything that can fail on bad input, before the run directory is touched.
@@ -297,7 +306,11 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
                ? parallel::balance_stages(shape, pp)
                : parallel::explicit_stages(c.parallelism.pipeline_partition, n_layer, pp);
   });
-  if (pp_size_ > 1) mopts.stage = partition_.stage(pp_rank_);
+  if (pp_size_ > 1)
+    mopts.stage = virtual_stages > 1
+                      ? parallel::interleaved_stage(n_layer, pp_size_,
+                                                    static_cast<int>(virtual_stages), pp_rank_)
+                      : partition_.stage(pp_rank_);
   // Note [Host memory budget], Note [Host memory plan]: after the data's checks, before the
   // model and its states are allocated.
   host_budget_ = start_host_budget(c, shape, whole_options_, world_, tp_size_, launch.local_size);
@@ -458,7 +471,15 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
           resume_from.empty() ? std::string()
                               : fmt::format(" | resumed from {} at step {}", resume_from, step_)) +
       peak_note);
-  if (pp_size_ > 1)
+  if (pp_size_ > 1 && virtual_stages > 1)
+    console_->event(fmt::format(
+        "pipeline: {} stages x {} chunks, {} schedule, {} micro-batches per step, bubble formula "
+        "(p - 1) / (v m + p - 1) = {:.3f}; {}",
+        pp_size_, virtual_stages, c.parallelism.pipeline_schedule, c.batch.grad_accum_steps,
+        parallel::pipeline_bubble_formula(pp_size_, c.batch.grad_accum_steps,
+                                          static_cast<int>(virtual_stages)),
+        parallel::describe_interleaved(shape, pp_size_, static_cast<int>(virtual_stages))));
+  else if (pp_size_ > 1)
     console_->event(fmt::format(
         "pipeline: {} stages, {} schedule, {} micro-batches per step, bubble formula (p - 1) / "
         "(m + p - 1) = {:.3f}; {}",
@@ -523,7 +544,8 @@ void Trainer::train_step(StepRecord& record) {
     record.pipeline_bubble.clear();
     for (float f : tensor::to_float_vector(all.to(Device::cpu())))
       record.pipeline_bubble.push_back(f);
-    record.pipeline_bubble_formula = parallel::pipeline_bubble_formula(pp_size_, A);
+    record.pipeline_bubble_formula =
+        parallel::pipeline_bubble_formula(pp_size_, A, pipeline_->virtual_stages());
   }
   if (const parallel::ParamTier* tier = engine_->param_tier()) {
     record.param_wait_ms = (tier->wait_seconds() - param_wait_s_) * 1e3;

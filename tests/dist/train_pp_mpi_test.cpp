@@ -302,6 +302,109 @@ TEST_F(TrainPpMpi, InitFromHfAtPp2) {
               worst_relative(got, want));
 }
 
+// The interleaved schedule (Note [Interleaved schedule]) on a 4-layer model at pp 2 x v 2: rank
+// 0 holds layers 0 and 2, rank 1 layers 1 and 3. 6 steps against one process: at dp 1 (4
+// micro-batches per pipeline) with ZeRO 0, and at dp 2 (2 micro-batches, m == p: every forward,
+// then every backward) with ZeRO 1 and 2.
+const std::vector<std::string> kInterleaved = {
+    "model.config.n_layer=4", "parallelism.pipeline_parallel_size=2",
+    "parallelism.pipeline_schedule=interleaved", "parallelism.virtual_pipeline_stages=2"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST_F(TrainPpMpi, InterleavedReproducesOneProcess) {
+  const int kSteps = 6;
+  CommandResult single = train(0, config("single", kSteps), {"model.config.n_layer=4"});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("single");
+  const std::vector<double> want_val = val_losses("single");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  struct Run {
+    std::string name;
+    int np;
+    std::vector<std::string> sets;
+    int64_t micro_batches;  // per pipeline
+    std::string layout;
+  };
+  const std::vector<Run> runs = {
+      {"il_dp1", 2, {}, 4, "pp 2 (interleaved) x tp 1 x dp 1, ZeRO stage 0"},
+      {"il_dp2_z1",
+       4,
+       {"zero_optimization.stage=1"},
+       2,
+       "pp 2 (interleaved) x tp 1 x dp 2, ZeRO stage 1"},
+      {"il_dp2_z2",
+       4,
+       {"zero_optimization.stage=2"},
+       2,
+       "pp 2 (interleaved) x tp 1 x dp 2, ZeRO stage 2"},
+  };
+  for (const Run& run : runs) {
+    CommandResult r = train(run.np, config(run.name, kSteps), with(kInterleaved, run.sets));
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const std::vector<double> got = losses(run.name);
+    expect_close(got, want, 1e-5, run.name);
+    expect_close(val_losses(run.name), want_val, 1e-5, run.name + " (validation)");
+    std::printf("[train %s, %d ranks] %zu steps, worst relative delta %.3g (validation %.3g)\n",
+                run.name.c_str(), run.np, got.size(), worst_relative(got, want),
+                worst_relative(val_losses(run.name), want_val));
+    EXPECT_NE(r.out.find(run.layout), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("pipeline: 2 stages x 2 chunks, interleaved schedule"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("rank 0: layers 0-0, 2-2 ("), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank 1: layers 1-1, 3-3 ("), std::string::npos) << r.out;
+    // The bubble formula with v: (p - 1) / (v m + p - 1).
+    const double formula = 1.0 / static_cast<double>(2 * run.micro_batches + 1);
+    for (const nlohmann::json& j : records(run.name)) {
+      ASSERT_TRUE(j.contains("pipeline_bubble")) << j.dump();
+      EXPECT_NEAR(j["pipeline_bubble_formula"].get<double>(), formula, 1e-12) << j.dump();
+    }
+  }
+}
+
+// Resume at the same v is bitwise the uninterrupted interleaved run; the checkpoint has the
+// one-process names, and resumed in one process it continues the one-process trajectory.
+TEST_F(TrainPpMpi, InterleavedResumes) {
+  const int kSteps = 6;
+  CommandResult single = train(0, config("single", kSteps), {"model.config.n_layer=4"});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("single");
+  std::vector<std::string> want_names;
+  for (const auto& [n, t] :
+       tensor::load_safetensors(tmp_ / "single/checkpoints/step_00000006/model.safetensors"))
+    want_names.push_back(n);
+  CommandResult whole = train(2, config("il", kSteps), kInterleaved);
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+  const std::vector<double> uninterrupted = losses("il");
+
+  for (const std::string to : {"interleaved", "one process"}) {
+    const std::string name = to == "interleaved" ? "il_resume" : "il_to_one";
+    const std::string cfg = config(name, kSteps);
+    CommandResult a = train(2, cfg, with(kInterleaved, {"training.steps=3"}));
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    std::vector<std::string> names;
+    for (const auto& [n, t] :
+         tensor::load_safetensors(tmp_ / (name + "/checkpoints/step_00000003/model.safetensors")))
+      names.push_back(n);
+    EXPECT_EQ(names, want_names) << name;
+    CommandResult b = to == "interleaved" ? train(2, cfg, kInterleaved)
+                                          : train(0, cfg, {"model.config.n_layer=4"});
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    const std::vector<double> got = losses(name);
+    if (to == "interleaved") {
+      EXPECT_EQ(got, uninterrupted) << "resumed at pp 2 x v 2: not bitwise";
+    } else {
+      expect_close(got, want, 1e-5, name);
+    }
+    std::printf("[train %s] resumed at step 3 (%s), %zu steps, worst relative delta %.3g\n",
+                name.c_str(), to.c_str(), got.size(), worst_relative(got, want));
+  }
+}
+
 TEST_F(TrainPpMpi, BadLayoutsAreClearErrors) {
   const auto expect_error = [&](int np, const std::vector<std::string>& sets,
                                 const std::vector<std::string>& parts) {
@@ -321,7 +424,13 @@ TEST_F(TrainPpMpi, BadLayoutsAreClearErrors) {
   expect_error(0, {"parallelism.pipeline_parallel_size=2", "zero_optimization.stage=3"},
                {"parallelism.pipeline_parallel_size", "zero_optimization.stage is 3"});
   expect_error(0, {"parallelism.pipeline_schedule=interleaved"},
-               {"parallelism.pipeline_schedule", "interleaved"});
+               {"parallelism.virtual_pipeline_stages", "pipeline_schedule is interleaved"});
+  // Note [Interleaved schedule]: the micro-batches (8 / 2 / dp 1 = 4, here 3) in groups of pp.
+  expect_error(2,
+               {"model.config.n_layer=4", "parallelism.pipeline_parallel_size=2",
+                "parallelism.pipeline_schedule=interleaved",
+                "parallelism.virtual_pipeline_stages=2", "batch.global_batch_size=6"},
+               {"batch.grad_accum_steps is 3", "virtual_pipeline_stages 2", "multiple of 2"});
   // pp x tp above the world, and not dividing it.
   expect_error(0, {"parallelism.pipeline_parallel_size=2"},
                {"parallelism", "pipeline_parallel_size 2 = 2 ranks is more than the world's 1"});

@@ -70,6 +70,18 @@ TEST_F(ParallelismConfig, DefaultsAndRoundTrip) {
   EXPECT_EQ(pp.parallelism.pipeline_partition, (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(load_train_config(write(to_yaml(pp))).parallelism, pp.parallelism);
   EXPECT_EQ(load_train_config(write(to_yaml(c))).parallelism, c.parallelism);
+  EXPECT_EQ(c.parallelism.virtual_pipeline_stages, 1);
+  // The interleaved schedule with its chunks per stage: 4 layers, 2 stages x 2 chunks.
+  std::string text = tiny("gpt2-tiny",
+                          "  pipeline_parallel_size: 2\n  pipeline_schedule: interleaved\n"
+                          "  virtual_pipeline_stages: 2\n");
+  text.replace(text.find("gpt2-tiny"), 9, "gpt2-tiny\n  config:\n    n_layer: 4");
+  TrainConfig il = load_train_config(write(text));
+  EXPECT_EQ(il.parallelism.pipeline_schedule, "interleaved");
+  EXPECT_EQ(il.parallelism.virtual_pipeline_stages, 2);
+  const std::string il_yaml = to_yaml(il);
+  EXPECT_NE(il_yaml.find("virtual_pipeline_stages: 2"), std::string::npos) << il_yaml;
+  EXPECT_EQ(load_train_config(write(il_yaml)).parallelism, il.parallelism);
 }
 
 TEST_F(ParallelismConfig, SplittableLayoutLoads) {
@@ -108,6 +120,28 @@ TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
        {"parallelism.pipeline_parallel_size", "zero_optimization.stage is 3"}},
       {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n", 32, "  sample_every: 5\n"),
        {"parallelism.pipeline_parallel_size", "sample_every is 5"}},
+      // The interleaved schedule (Note [Virtual pipeline stages]): v > 1 exactly with it.
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n  virtual_pipeline_stages: 2\n"),
+       {"parallelism.pipeline_schedule", "is '1f1b' but virtual_pipeline_stages is 2"}},
+      {tiny("gpt2-tiny",
+            "  pipeline_parallel_size: 2\n  pipeline_schedule: gpipe\n"
+            "  virtual_pipeline_stages: 2\n"),
+       {"parallelism.pipeline_schedule", "is 'gpipe' but virtual_pipeline_stages is 2"}},
+      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n  pipeline_schedule: interleaved\n"),
+       {"parallelism.virtual_pipeline_stages", "is 1 but pipeline_schedule is interleaved"}},
+      {tiny("gpt2-tiny", "  pipeline_schedule: interleaved\n  virtual_pipeline_stages: 2\n"),
+       {"parallelism.virtual_pipeline_stages", "pipeline_parallel_size is 1"}},
+      {tiny("gpt2-tiny",
+            "  pipeline_parallel_size: 2\n  pipeline_schedule: interleaved\n"
+            "  virtual_pipeline_stages: 2\n"),
+       {"parallelism.virtual_pipeline_stages",
+        "2 x pipeline_parallel_size 2 = 4 chunks do not divide model 'gpt2-tiny''s 2 layers"}},
+      {tiny("gpt2-tiny",
+            "  pipeline_parallel_size: 2\n  pipeline_schedule: interleaved\n"
+            "  virtual_pipeline_stages: 2\n  pipeline_partition: [1, 1]\n"),
+       {"parallelism.pipeline_partition", "is given but pipeline_schedule is interleaved"}},
+      {tiny("gpt2-tiny", "  virtual_pipeline_stages: 0\n"),
+       {"parallelism.virtual_pipeline_stages"}},
       {tiny("gpt2-tiny", "  tensor_parallel_size: 0\n"), {"parallelism.tensor_parallel_size"}},
       // What a tensor-parallel `train` does not do yet says so.
       {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n", 32, "  sample_every: 5\n"),

@@ -1,8 +1,9 @@
-// bench_pipeline: the pipeline bubble and speed-up of GPipe and 1F1B on CPU ranks, against the
-// whole model trained by one process in the same run.
+// bench_pipeline: the pipeline bubble and speed-up of GPipe, 1F1B and interleaved 1F1B on CPU
+// ranks, against the whole model trained by one process in the same run.
 //
 //   mpirun -np P bench_pipeline [--model gpt2-tiny] [--layers L] [--micro M] [--seq T]
-//                               [--steps S]        (defaults: gpt2-tiny, 2P layers, M 4, T 64, 5)
+//                               [--steps S] [--virtual V]
+//                               (defaults: gpt2-tiny, 2P layers, M 4, T 64, 5 steps, V 2)
 //
 // For each micro-batch count m, rank 0 first trains the whole model alone while the others wait
 // (the reference T1(m), no communication), then the P ranks train it as a P-stage pipeline
@@ -10,7 +11,10 @@
 // optimizer step included (median over S steps after one warm-up, slowest rank), the speed-up
 // T1 / Tpp against the ideal m P / (m + P - 1) of equal stages and free communication, and the
 // measured bubble (time waiting in receives over the step, mean over stages) beside
-// (P - 1) / (m + P - 1). Ranks must have cores of their own for the numbers to mean anything.
+// (P - 1) / (m + P - 1). The interleaved rows (V chunks per stage: Note [Interleaved schedule]
+// in parallel/pipeline_schedule.h; only where m is a multiple of P and P x V divides L) have
+// the ideal m P V / (V m + P - 1) and the bubble (P - 1) / (V m + P - 1). Ranks must have cores
+// of their own for the numbers to mean anything.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -42,18 +46,23 @@ struct Args {
   int64_t micro = 4;
   int64_t seq = 64;
   int steps = 5;
+  int64_t virtual_stages = 2;  // chunks per stage of the interleaved rows
 };
 
 // Note [Bench command line]; nullopt: run.
 std::optional<int> parse(int argc, char** argv, Args& a) {
-  CLI::App app{"GPipe's and 1F1B's bubble and speed-up on CPU ranks against one process",
-               "bench_pipeline"};
+  CLI::App app{
+      "GPipe's, 1F1B's and interleaved 1F1B's bubble and speed-up on CPU ranks "
+      "against one process",
+      "bench_pipeline"};
   bench::value_option(app, "--model", a.model, "registry name");
   bench::value_option(app, "--layers", a.layers, "transformer blocks (n_layer); 0: 2 per stage")
       ->check(bench::at_least(0));
   bench::count_option(app, "--micro", a.micro, "sequences per micro-batch");
   bench::count_option(app, "--seq", a.seq, "tokens per sequence (n_positions)");
   bench::count_option(app, "--steps", a.steps, "timed steps (median)");
+  bench::count_option(app, "--virtual", a.virtual_stages,
+                      "chunks per stage of the interleaved schedule's rows");
   return bench::parse_args(app, argc, argv);
 }
 
@@ -134,9 +143,14 @@ int main(int argc, char** argv) {
       world->barrier();
       const double t1 = median(whole);
       for (auto kind :
-           {parallel::PipelineScheduleKind::GPipe, parallel::PipelineScheduleKind::OneFOneB}) {
+           {parallel::PipelineScheduleKind::GPipe, parallel::PipelineScheduleKind::OneFOneB,
+            parallel::PipelineScheduleKind::Interleaved}) {
+        const bool interleaved = kind == parallel::PipelineScheduleKind::Interleaved;
+        const int v = interleaved ? static_cast<int>(args.virtual_stages) : 1;
+        if (interleaved && (p < 2 || v < 2 || m % p != 0 || shape.n_layer % (p * v) != 0)) continue;
         models::ModelOptions stage_options = options;
-        stage_options.stage = partition.stage(rank);
+        stage_options.stage = interleaved ? parallel::interleaved_stage(shape.n_layer, p, v, rank)
+                                          : partition.stage(rank);
         std::unique_ptr<models::CausalLM> model = registry.create(args.model, stage_options);
         parallel::Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"),
                                 parallel::ZeroConfig{}, adamw());
@@ -159,8 +173,8 @@ int main(int argc, char** argv) {
         if (rank == 0)
           std::printf("| %lld | %s | %.2f | %.2f | %.2f | %.3f | %.3f |\n",
                       static_cast<long long>(m), parallel::pipeline_schedule_name(kind), 1e3 * tp,
-                      t1 / tp, static_cast<double>(m * p) / static_cast<double>(m + p - 1),
-                      median(bubbles), parallel::pipeline_bubble_formula(p, m));
+                      t1 / tp, static_cast<double>(m * p * v) / static_cast<double>(v * m + p - 1),
+                      median(bubbles), parallel::pipeline_bubble_formula(p, m, v));
       }
     }
     world.reset();

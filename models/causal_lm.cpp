@@ -124,6 +124,25 @@ std::pair<size_t, size_t> CausalLM::chunk_slots(int c) const {
   return {static_cast<size_t>(c) * n, static_cast<size_t>(c + 1) * n};
 }
 
+int CausalLM::unit_chunk(int u) const {
+  STRATA_CHECK(u >= 0 && u < static_cast<int>(flat_units_.size()), "unit {} of {}", u,
+               flat_units_.size());
+  if (num_chunks() == 1) return 0;
+  const std::string& name = flat_units_[u].name;
+  if (name == "embeddings") return is_first_stage() ? 0 : num_chunks() - 1;
+  if (name == "head") return num_chunks() - 1;
+  const size_t dot = name.rfind('.');
+  const std::string digits = dot == std::string::npos ? std::string() : name.substr(dot + 1);
+  STRATA_CHECK(!digits.empty() && std::all_of(digits.begin(), digits.end(),
+                                              [](char ch) { return ch >= '0' && ch <= '9'; }),
+               "unit '{}' of a chunked model is neither embeddings, head nor a layer", name);
+  const int64_t layer = std::stoll(digits);
+  for (int c = 0; c < num_chunks(); ++c)
+    if (layer >= stage_.chunk_begin(c) && layer < stage_.chunk_end(c)) return c;
+  STRATA_CHECK(false, "unit '{}': layer {} is in none of this model's chunks", name, layer);
+  return 0;
+}
+
 Variable CausalLM::forward_stage(const Tensor&, const Variable&, int) {
   user_error("model family '{}' cannot run as a pipeline stage", family());
 }

@@ -108,6 +108,11 @@ class CausalLM : public nn::Module {
   bool is_first_stage() const { return stage_.begin == 0; }
   bool is_last_stage() const { return stage_.chunk_end(stage_.chunks - 1) == n_layer_; }
   bool is_whole() const { return is_first_stage() && is_last_stage() && stage_.chunks == 1; }
+  // The chunk whose forward and backward use flat unit u: "embeddings" goes with chunk 0 on the
+  // first stage and with the last chunk elsewhere (a tied head's copy), "head" with the last
+  // chunk, a layer's unit (named "<prefix>.<layer>", Note [Flat parameters]) with the chunk
+  // holding that layer. 0 for every unit of a one-chunk model.
+  int unit_chunk(int u) const;
   // Whether chunk c takes the token ids (the embeddings) / computes the logits (the head).
   bool chunk_is_first(int c) const { return c == 0 && is_first_stage(); }
   bool chunk_is_last(int c) const { return c == num_chunks() - 1 && is_last_stage(); }

@@ -182,6 +182,18 @@ void Engine::begin_micro_batch(bool last) {
   gathering_->begin_pass(last);
 }
 
+void Engine::begin_micro_batch(bool last, const std::vector<bool>& units) {
+  STRATA_CHECK(!in_backward_, "begin_micro_batch during backward");
+  STRATA_CHECK(zero_.stage <= 2, "a backward pass through some units only at ZeRO stage {}",
+               zero_.stage);
+  in_micro_batch_ = true;
+  last_micro_batch_ = last;
+  if (last && (reduction_->grads_on_host() || reduction_->grads_on_nvme()) && !mixed_precision())
+    reduction_->set_last_pass_scales(fp32_last_pass_scales(dp_->size(), scaler_));
+  reduction_->begin_pass(last, &units);
+  gathering_->begin_pass(last);
+}
+
 void Engine::backward(const autograd::Variable& loss) {
   run_backward([&] {
     if (scaler_ != nullptr) {

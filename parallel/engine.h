@@ -161,6 +161,10 @@ class Engine {
   // Steps 1-5 are the OptimizerPlacement's, 6 the ParamGathering's, 7 the GradientReduction's.
   // Same seed and same dp give bitwise-identical runs: every reduction has a fixed order.
   void begin_micro_batch(bool last);
+  // A backward pass through `units` only (one flag per flat unit), `last` being their last pass
+  // of the step (Note [Partial passes] in parallel/grad_buckets.h): the interleaved pipeline
+  // schedule's passes, each through one model chunk. Stages 0-2.
+  void begin_micro_batch(bool last, const std::vector<bool>& units);
   void backward(const autograd::Variable& loss);  // loss already scaled by 1/grad_accum
   // A pipeline stage's backward (Note [Pipeline in the engine]): from `output`, the stage's
   // hidden states, with `grad` the next stage's gradient for them (already carrying the loss

@@ -52,7 +52,9 @@ struct GradReducer::State {
   std::vector<size_t> buckets_in;                // [unit]: buckets copied out in this pass
   std::vector<double> sum_squares;               // [unit]: of the last pass
   std::vector<float> last_pass_scales;
-  bool accumulated = false;  // the host partitions hold earlier micro-batches of this step
+  // [unit]: its host (or NVMe) partition holds earlier micro-batches of this step.
+  std::vector<bool> accumulated;
+  std::vector<bool> in_pass;  // [unit]: the running pass's backward goes through it
   // Note [Gradients on the NVMe tier]
   optim::NvmeAdamW* nvme = nullptr;
   struct TierWrite {
@@ -134,10 +136,10 @@ struct GradReducer::State {
       offload::CategoryScope scope(offload::Category::Comm);
       dev = tensor::Tensor::empty({setup[u].part.shard}, (*units)[u].grads.dtype(),
                                   (*units)[u].grads.device());
-      if (accumulated && on_nvme(u)) read_back(u, dev);
+      if (accumulated[u] && on_nvme(u)) read_back(u, dev);
     }
     tensor::Tensor out = dev.narrow(0, r.begin, r.size());
-    if (!accumulated) {
+    if (!accumulated[u]) {
       out.zero_();
       return out;
     }
@@ -256,6 +258,8 @@ struct GradReducer::State {
   }
 
   void on_grad_ready(int u, int k) {
+    STRATA_CHECK(in_pass[u], "unit '{}' got a gradient in a backward pass declared without it",
+                 (*units)[u].name);
     if (!reduces(u) || unit_done[u]) return;
     for (int id : param_buckets[u][k])
       if (--buckets[id].pending == 0) launch(id);
@@ -277,6 +281,8 @@ GradReducer::GradReducer(std::vector<models::FlatUnit>& units, std::vector<UnitR
   s.unit_buckets.resize(units.size());
   s.unit_pending.assign(units.size(), 0);
   s.unit_done.assign(units.size(), true);
+  s.accumulated.assign(units.size(), false);
+  s.in_pass.assign(units.size(), true);
   s.device_partition.resize(units.size());
   s.buckets_in.assign(units.size(), 0);
   s.sum_squares.assign(units.size(), 0.0);
@@ -345,8 +351,10 @@ GradReducer::~GradReducer() {
   }
 }
 
-void GradReducer::begin_pass(bool reduce) {
+void GradReducer::begin_pass(bool reduce, const std::vector<bool>* units) {
   State& s = *state_;
+  STRATA_CHECK(units == nullptr || units->size() == s.units->size(), "a pass over {} units of {}",
+               units ? units->size() : 0, s.units->size());
   // Note [Gradients streamed to the host]: the previous pass's ranges are on their way to the
   // host, each copied out with that pass's scales and counted in that pass's units.
   if (s.copies) {
@@ -362,7 +370,9 @@ void GradReducer::begin_pass(bool reduce) {
   }
   for (size_t u = 0; u < s.units->size(); ++u) {
     s.unit_pending[u] = static_cast<int64_t>((*s.units)[u].variables.size());
-    s.unit_done[u] = !s.reduces(static_cast<int>(u));
+    // Note [Partial passes]: a unit outside the pass neither reduces nor launches at end_pass.
+    s.in_pass[u] = units == nullptr || (*units)[u];
+    s.unit_done[u] = !s.in_pass[u] || !s.reduces(static_cast<int>(u));
     s.buckets_in[u] = 0;
   }
 }
@@ -370,8 +380,10 @@ void GradReducer::begin_pass(bool reduce) {
 void GradReducer::end_pass() {
   State& s = *state_;
   for (size_t u = 0; u < s.units->size(); ++u) s.finish_unit(static_cast<int>(u));
-  // Every IntoPartition bucket was launched: the next micro-batch adds to what this one left.
-  s.accumulated = true;
+  // Every IntoPartition bucket of the pass's units was launched: their next micro-batch adds to
+  // what this one left.
+  for (size_t u = 0; u < s.units->size(); ++u)
+    if (s.in_pass[u]) s.accumulated[u] = true;
 }
 
 void GradReducer::ensure_full_grads(int unit) {
@@ -393,7 +405,7 @@ void GradReducer::set_last_pass_scales(std::vector<float> scales) {
 }
 
 void GradReducer::restart_accumulation() {
-  state_->accumulated = false;
+  state_->accumulated.assign(state_->accumulated.size(), false);
 }
 
 void GradReducer::set_nvme(optim::NvmeAdamW* nvme) {

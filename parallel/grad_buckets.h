@@ -56,6 +56,16 @@
 // the whole model's; the read costs one partition of I/O per unit and micro-batch after the
 // first. begin_pass() and wait_all() wait for the writes, so the next read-back and the step's
 // reads see them.
+//
+// Note [Partial passes]
+// A backward pass may go through some units only: under the interleaved pipeline schedule each
+// pass runs one of the rank's model chunks (Note [Interleaved schedule] in
+// parallel/pipeline_schedule.h). begin_pass(reduce, units) names them; the others take no part
+// in the pass: they neither reduce nor are launched by end_pass, and their host or NVMe
+// partitions are read back only once a pass of theirs has left something there (accumulation is
+// tracked per unit). `reduce` then means the last pass of *these* units in the step, so each
+// unit is reduced once, in its own last backward (Megatron's no_sync per chunk). A gradient for a
+// unit outside the pass is an internal error.
 #include <functional>
 #include <memory>
 #include <string>
@@ -93,8 +103,9 @@ class GradReducer {
   GradReducer& operator=(const GradReducer&) = delete;
 
   // Before a backward pass: re-arms the counters; `reduce` says whether this pass reduces (the
-  // last micro-batch, or every one for IntoPartition units).
-  void begin_pass(bool reduce);
+  // last micro-batch, or every one for IntoPartition units). `units` (one flag per unit; null:
+  // all) are the units the pass's backward goes through (Note [Partial passes]).
+  void begin_pass(bool reduce, const std::vector<bool>* units = nullptr);
   // After the backward pass: launches, in plan order, the buckets whose hooks did not all fire
   // (parameters that got no gradient) and releases transient buffers still held.
   void end_pass();

@@ -76,8 +76,11 @@ class GradientReduction {
     reducer_->set_last_pass_scales(std::move(scales));
   }
 
-  // Around each micro-batch's backward; `last`: the step's last micro-batch.
-  void begin_pass(bool last) { reducer_->begin_pass(last); }
+  // Around each micro-batch's backward; `last`: the step's last micro-batch (of `units`, when
+  // the pass goes through those units only: Note [Partial passes] in parallel/grad_buckets.h).
+  void begin_pass(bool last, const std::vector<bool>* units = nullptr) {
+    reducer_->begin_pass(last, units);
+  }
   void end_pass() { reducer_->end_pass(); }
   // Before the step reads the owned gradients.
   void wait_all() { reducer_->wait_all(); }

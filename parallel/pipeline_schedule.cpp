@@ -143,7 +143,13 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
   std::vector<tensor::Tensor> losses(static_cast<size_t>(A));
   int held = 0;
   stats_.max_in_flight = 0;
-  int64_t backwards_left = A * v;
+  // Note [Partial passes]: interleaved, each backward goes through one chunk's units.
+  std::vector<std::vector<bool>> chunk_units;
+  if (v > 1) {
+    const int n = static_cast<int>(model.flat_units().size());
+    chunk_units.assign(static_cast<size_t>(v), std::vector<bool>(static_cast<size_t>(n), false));
+    for (int u = 0; u < n; ++u) chunk_units[static_cast<size_t>(model.unit_chunk(u))][u] = true;
+  }
 
   // Waits for a receive after polling every pending send (Work::done). On a GPU a poll only
   // reads events: a send's kernel runs by itself on its communicator's stream. The CUDA emulator
@@ -189,8 +195,12 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
 
   auto backward = [&](int64_t m, int c) {
     InFlight& f = flight[static_cast<size_t>(c)][static_cast<size_t>(m)];
-    // The step's last backward launches the dp reductions (Note [Interleaved schedule]).
-    engine.begin_micro_batch(--backwards_left == 0);
+    // Every chunk's backwards come in micro-batch order: micro-batch A - 1's launches the dp
+    // reductions of the chunk's units (Note [Interleaved schedule]).
+    if (v > 1)
+      engine.begin_micro_batch(m == A - 1, chunk_units[static_cast<size_t>(c)]);
+    else
+      engine.begin_micro_batch(m == A - 1);
     if (model.chunk_is_last(c)) {
       engine.backward(f.output);
     } else {

@@ -33,13 +33,14 @@
 // A v) forwards (all A v when A == p), then pairs F(w + i), B(i), then the remaining backwards,
 // so at most w + 1 chunk activations are held. Each chunk's backwards still come in
 // micro-batch order, and on every link the sender's sends and the receiver's receives come in
-// the same order (both walk the virtual indices), so the channels' argument holds. The step's
-// last backward is micro-batch A - 1 on chunk 0; Engine::begin_micro_batch(true) is called
-// before it alone, so at ZeRO 0 and 1 the other chunks' units, final since their own last
-// backward, are reduced when that pass ends (GradReducer::end_pass) rather than overlapping the
-// backward; at ZeRO 2 every pass reduce-scatters every unit, the other chunks' with zero
-// gradients added (correct, v times the reduce-scatter traffic). The idle share of an equal-
-// stage step with free communication is (p - 1) / (v A + p - 1): the bubble shrinks by v.
+// the same order (both walk the virtual indices), so the channels' argument holds. Each
+// backward goes through one chunk's units (CausalLM::unit_chunk), and the engine is told so
+// (Engine::begin_micro_batch(last, units); Note [Partial passes] in parallel/grad_buckets.h):
+// a chunk's backward of micro-batch A - 1 is its last, so at ZeRO 0 and 1 it launches the dp
+// reduction of that chunk's units while the later backwards of the other chunks run (Megatron's
+// no_sync per chunk), and at ZeRO 2 each pass reduce-scatters its own chunk's units only. The
+// idle share of an equal-stage step with free communication is (p - 1) / (v A + p - 1): the
+// bubble shrinks by v.
 #include <cstdint>
 #include <memory>
 #include <string>

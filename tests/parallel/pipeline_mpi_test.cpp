@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "comm/process_groups.h"
@@ -208,7 +209,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Note [Interleaved schedule]: pp 2 x 2 chunks of one layer each.
         PipeCase{"Gpt2Pp2InterleavedM4Clip", "gpt2", 2, kInterleaved, 4, 0, 0.5},
         PipeCase{"LlamaPp2InterleavedZero1M6", "llama", 2, kInterleaved, 6, 1, 0},
-        PipeCase{"LlamaTiedPp2InterleavedZero2M2Clip", "llama-tied", 2, kInterleaved, 2, 2, 0.5}),
+        PipeCase{"LlamaTiedPp2InterleavedZero2M2Clip", "llama-tied", 2, kInterleaved, 2, 2, 0.5},
+        PipeCase{"LlamaPp2InterleavedZero2OffloadM4Clip", "llama", 2, kInterleaved, 4, 2, 0.5,
+                 false, true}),
     [](const ::testing::TestParamInfo<PipeCase>& info) { return std::string(info.param.name); });
 
 // 3D: tp 2 x pp 2 x dp 2 on 8 ranks (Note [Process group order]), GPT-2 and LLaMA, with and
@@ -347,6 +350,32 @@ TEST(PipelineMemory, InterleavedHoldsAtMostWarmupPlusOneChunks) {
   EXPECT_GT(peaks[0], 0);
   EXPECT_NEAR(static_cast<double>(peaks[1]), static_cast<double>(peaks[0]), 0.01 * peaks[0])
       << "stage " << stage;
+}
+
+// Note [Partial passes]: interleaved, each backward reduces its own chunk's units only: at ZeRO 1
+// every unit once per step (in its chunk's last backward), at ZeRO 2 once per micro-batch of
+// its chunk — m times ZeRO 1's launches, not m v.
+TEST(PipelineEngine, InterleavedReducesEachChunkInItsOwnPasses) {
+  if (world()->size() % 2 != 0) GTEST_SKIP() << "needs pp 2";
+  TrainSpec s;
+  s.accum = 4;
+  std::map<std::string, int> launches[2];
+  for (int zero : {1, 2}) {
+    ZeroConfig z;
+    z.stage = zero;
+    Pipeline p("gpt2", s, 2, kInterleaved, z);
+    std::map<std::string, int>& count = launches[zero - 1];
+    p.engine->set_trace([&](const std::string& line) {
+      if (line.rfind("reduce ", 0) == 0) ++count[line.substr(7, line.find(' ', 7) - 7)];
+    });
+    p.step(s, 0);
+  }
+  ASSERT_FALSE(launches[0].empty());
+  EXPECT_EQ(launches[0].size(), launches[1].size());
+  for (const auto& [unit, n] : launches[0]) {
+    EXPECT_GT(n, 0) << unit;
+    EXPECT_EQ(launches[1][unit], s.accum * n) << unit;
+  }
 }
 
 // A non-finite gradient on the last stage alone (a NaN in its final norm's gradient) makes the

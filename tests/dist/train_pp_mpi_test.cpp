@@ -304,8 +304,8 @@ TEST_F(TrainPpMpi, InitFromHfAtPp2) {
 
 // The interleaved schedule (Note [Interleaved schedule]) on a 4-layer model at pp 2 x v 2: rank
 // 0 holds layers 0 and 2, rank 1 layers 1 and 3. 6 steps against one process: at dp 1 (4
-// micro-batches per pipeline) with ZeRO 0, and at dp 2 (2 micro-batches, m == p: every forward,
-// then every backward) with ZeRO 1 and 2.
+// micro-batches per pipeline) with ZeRO 0, at dp 2 (2 micro-batches, m == p: every forward,
+// then every backward) with ZeRO 1 and 2, and at tp 2, with and without sequence parallelism.
 const std::vector<std::string> kInterleaved = {
     "model.config.n_layer=4", "parallelism.pipeline_parallel_size=2",
     "parallelism.pipeline_schedule=interleaved", "parallelism.virtual_pipeline_stages=2"};
@@ -341,6 +341,12 @@ TEST_F(TrainPpMpi, InterleavedReproducesOneProcess) {
        {"zero_optimization.stage=2"},
        2,
        "pp 2 (interleaved) x tp 1 x dp 2, ZeRO stage 2"},
+      {"il_tp2", 4, {"parallelism.tensor_parallel_size=2"}, 4, "pp 2 (interleaved) x tp 2 x dp 1"},
+      {"il_tp2_sp",
+       4,
+       {"parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true"},
+       4,
+       "pp 2 (interleaved) x tp 2 (sequence parallel) x dp 1"},
   };
   for (const Run& run : runs) {
     CommandResult r = train(run.np, config(run.name, kSteps), with(kInterleaved, run.sets));
@@ -348,9 +354,12 @@ TEST_F(TrainPpMpi, InterleavedReproducesOneProcess) {
     const std::vector<double> got = losses(run.name);
     expect_close(got, want, 1e-5, run.name);
     expect_close(val_losses(run.name), want_val, 1e-5, run.name + " (validation)");
-    std::printf("[train %s, %d ranks] %zu steps, worst relative delta %.3g (validation %.3g)\n",
-                run.name.c_str(), run.np, got.size(), worst_relative(got, want),
-                worst_relative(val_losses(run.name), want_val));
+    std::printf(
+        "[train %s, %d ranks] %zu steps, loss %.6f -> %.6f, worst relative delta %.3g "
+        "(validation %.3g)\n",
+        run.name.c_str(), run.np, got.size(), got.empty() ? 0.0 : got.front(),
+        got.empty() ? 0.0 : got.back(), worst_relative(got, want),
+        worst_relative(val_losses(run.name), want_val));
     EXPECT_NE(r.out.find(run.layout), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("pipeline: 2 stages x 2 chunks, interleaved schedule"), std::string::npos)
         << r.out;

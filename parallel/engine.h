@@ -57,7 +57,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 //                       [Optimizer placement] in parallel/optimizer_placement.h)
 //   MicroBatchSchedule  the order of a step's micro-batch forwards and backwards: plain
 //                       accumulation (parallel/micro_batch_schedule.h), or a pipeline stage's
-//                       GPipe / 1F1B (parallel/pipeline_schedule.h, set_pipeline).
+//                       GPipe / 1F1B / interleaved 1F1B (parallel/pipeline_schedule.h,
+//                       set_pipeline).
 // The Engine keeps the step's protocol (begin_micro_batch / backward / step and their checks)
 // and calls the parts in a fixed order. Construction, in order: Partitioning (repad), rank 0's
 // parameters broadcast, the placement (masters from the fp32 parameters), the cast to

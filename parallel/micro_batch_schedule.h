@@ -5,9 +5,9 @@
 //
 // AccumulationSchedule is the schedule of a single-stage run: micro-batch m's forward then its
 // backward, for m = 0 .. A-1, gradients accumulating in the flat buffers. Pipeline parallelism's
-// GPipe and 1F1B (parallel/pipeline_schedule.h) are other schedules of this interface, sending
-// activations and their gradients to the neighbouring stages between the calls; under PP the
-// last stage alone computes losses.
+// GPipe, 1F1B and interleaved 1F1B (parallel/pipeline_schedule.h) are other schedules of this
+// interface, sending activations and their gradients to the neighbouring stages between the
+// calls; under PP the last stage alone computes losses.
 #include <cstdint>
 #include <functional>
 #include <vector>

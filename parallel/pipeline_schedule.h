@@ -1,7 +1,7 @@
 #pragma once
 // PipelineSchedule: the MicroBatchSchedule of a pipeline-parallel stage (Note [Engine parts]):
-// GPipe or 1F1B over the step's micro-batches, activations and their gradients moving between
-// stages through PipelineLinks.
+// GPipe, 1F1B or interleaved 1F1B over the step's micro-batches, activations and their gradients
+// moving between stages through PipelineLinks.
 //
 // Note [Pipeline schedules]
 // The step's A micro-batches (batch.grad_accum_steps) flow through the p stages. Stage s runs

@@ -370,7 +370,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
         },
         param_dtype(c.run.dtype), device_);
   });
-  if (pp_size_ > 1)  // Note [Pipeline in the engine]: the stage's GPipe / 1F1B schedule
+  // Note [Pipeline in the engine]: the stage's GPipe / 1F1B / interleaved schedule.
+  if (pp_size_ > 1)
     pipeline_ = &parallel::install_pipeline(
         *engine_, *model_, pp_, parallel::parse_pipeline_schedule(c.parallelism.pipeline_schedule));
   if (c.run.dtype == "fp16") {

@@ -46,7 +46,9 @@ class TrainGpuMpi : public testing::TrainMpiFixture {
     TrainMpiFixture::SetUp();
     gpus_ = tensor::cuda_device_count();
   }
-  void expect_layouts_follow_one_gpu(int np, const std::vector<GpuLayout>& layouts);
+  // `common`: --set lines of the one-GPU run and of every layout.
+  void expect_layouts_follow_one_gpu(int np, const std::vector<GpuLayout>& layouts,
+                                     const std::vector<std::string>& common = {});
   int gpus_ = 0;
 };
 
@@ -95,10 +97,13 @@ TEST_F(TrainGpuMpi, SgdWithMomentumAtZeroTwoOverNcclReproducesOneGpu) {
 // Each layout on `np` GPUs trains 3 steps in fp32, writes a checkpoint (put together over nccl,
 // which moves GPU memory only: runtime/tp_checkpoint.cpp) and resumes for 3 more, on one GPU's
 // losses throughout (within 1e-5 relative); both checkpoints hold the one-GPU run's tensor names.
-void TrainGpuMpi::expect_layouts_follow_one_gpu(int np, const std::vector<GpuLayout>& layouts) {
+void TrainGpuMpi::expect_layouts_follow_one_gpu(int np, const std::vector<GpuLayout>& layouts,
+                                                const std::vector<std::string>& common) {
   const int kSteps = 6;
   const std::string one_name = fmt::format("one_for_np{}", np);
-  CommandResult one = train(0, config(one_name, kSteps), {"run.dtype=fp32"});
+  std::vector<std::string> one_sets = common;
+  one_sets.push_back("run.dtype=fp32");
+  CommandResult one = train(0, config(one_name, kSteps), one_sets);
   ASSERT_EQ(one.exit_code, 0) << describe(one);
   const std::vector<double> want = losses(one_name);
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
@@ -111,7 +116,8 @@ void TrainGpuMpi::expect_layouts_follow_one_gpu(int np, const std::vector<GpuLay
 
   for (const GpuLayout& l : layouts) {
     const std::string cfg = config(l.name, kSteps);
-    std::vector<std::string> sets = l.sets;
+    std::vector<std::string> sets = common;
+    sets.insert(sets.end(), l.sets.begin(), l.sets.end());
     sets.push_back("run.dtype=fp32");
     std::vector<std::string> first = sets;
     first.push_back("training.steps=3");
@@ -153,6 +159,27 @@ TEST_F(TrainGpuMpi, TensorAndPipelineParallelOverNcclReproduceOneGpuAndResume) {
               {"parallelism.pipeline_parallel_size=2", "parallelism.pipeline_schedule=gpipe"},
               "pp 2 (gpipe) x tp 1 x dp 1"},
          });
+}
+
+// The interleaved schedule (Note [Interleaved schedule]) on two GPUs: a 4-layer model at pp 2 x
+// v 2 (4 micro-batches), the wrap-around link an nccl pair of its own; fp32 on one GPU's losses
+// through a checkpoint, and bf16 resumed bitwise.
+TEST_F(TrainGpuMpi, InterleavedPipelineOverNcclReproducesOneGpuAndResumes) {
+  NEED_GPUS(2);
+  const std::vector<std::string> interleaved = {"parallelism.pipeline_parallel_size=2",
+                                                "parallelism.pipeline_schedule=interleaved",
+                                                "parallelism.virtual_pipeline_stages=2"};
+  const std::vector<std::string> layers = {"model.config.n_layer=4"};
+  expect_layouts_follow_one_gpu(2, {{"pp2_v2", interleaved, "pp 2 (interleaved) x tp 1 x dp 1"}},
+                                layers);
+  // In bf16 (the GPU default) the resumed run is the uninterrupted one, bit for bit.
+  std::vector<std::string> sets = layers;
+  sets.insert(sets.end(), interleaved.begin(), interleaved.end());
+  ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, sets, 6, 3, "il_full", "il_parts"));
+  const std::vector<double> x = losses("il_full"), y = losses("il_parts");
+  ASSERT_EQ(x.size(), 6u);
+  ASSERT_EQ(y.size(), 6u);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], y[i]) << "step " << i + 1;
 }
 
 // On four GPUs the checkpoint's dp sums (ZeRO-1 shards) and the tp gathers inside a pipeline go

@@ -414,6 +414,34 @@ TEST_F(TrainPpMpi, InterleavedResumes) {
   }
 }
 
+// model.init_from at pp 2 x v 2: each rank takes its chunks' tensors from the HF export by name
+// and follows the one-process run from the same file.
+TEST_F(TrainPpMpi, InterleavedInitFromHf) {
+  const std::string layers = "model.config.n_layer=4";
+  CommandResult base = train(0, config("base", 2), {layers});
+  ASSERT_EQ(base.exit_code, 0) << describe(base);
+  const std::string hf = tmp_ / "hf";
+  CommandResult conv =
+      testing::run_command({std::string(STRATA_BINARY_DIR) + "/convert", "--checkpoint",
+                            tmp_ / "base/checkpoints/step_00000002", "--to-hf", hf});
+  ASSERT_EQ(conv.exit_code, 0) << describe(conv);
+  const std::string init = "model.init_from=" + hf;
+  CommandResult single = train(0, config("init_single", 4), {layers, init});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("init_single");
+  CommandResult il = train(2, config("init_il", 4), with(kInterleaved, {init}));
+  ASSERT_EQ(il.exit_code, 0) << describe(il);
+  const std::vector<double> got = losses("init_il");
+  expect_close(got, want, 1e-5, "init_from at pp 2 x v 2");
+  // Not the fresh initialisation's trajectory: the weights came from the file.
+  EXPECT_LT(want.front(), losses("base").front() - 1e-3);
+  std::printf(
+      "[train init_from, pp 2 x v 2] %zu steps, loss %.6f -> %.6f, worst relative delta "
+      "%.3g\n",
+      got.size(), got.empty() ? 0.0 : got.front(), got.empty() ? 0.0 : got.back(),
+      worst_relative(got, want));
+}
+
 TEST_F(TrainPpMpi, BadLayoutsAreClearErrors) {
   const auto expect_error = [&](int np, const std::vector<std::string>& sets,
                                 const std::vector<std::string>& parts) {

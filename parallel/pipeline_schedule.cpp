@@ -136,8 +136,8 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
   std::vector<std::vector<InFlight>> flight(static_cast<size_t>(v),
                                             std::vector<InFlight>(static_cast<size_t>(A)));
   // in.batch(m) is called once per micro-batch, in order (chunk 0's forwards come in
-  // micro-batch order and before the micro-batch's other chunks); held until its last chunk's
-  // forward.
+  // micro-batch order and before the micro-batch's other chunks); held until its last backward
+  // (chunk 0's), as its activations are.
   std::vector<MicroBatch> batches(static_cast<size_t>(A));
   std::vector<comm::WorkHandle> sends;
   std::vector<tensor::Tensor> losses(static_cast<size_t>(A));
@@ -189,7 +189,6 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
       const tensor::Tensor& out = f.output.data();
       sends.push_back(links_.last() ? links_.send_forward_wrap(out) : links_.send_forward(out));
     }
-    if (c == v - 1) batch = MicroBatch();
     stats_.max_in_flight = std::max(stats_.max_in_flight, ++held);
   };
 
@@ -216,6 +215,7 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
       sends.push_back(links_.first() ? links_.send_backward_wrap(g) : links_.send_backward(g));
     }
     if (model.chunk_is_last(c)) losses[static_cast<size_t>(m)] = f.loss;
+    if (c == 0) batches[static_cast<size_t>(m)] = MicroBatch();
     // The activations go (a send holds its own handle on the gradient it sends), and so do the
     // tensors of sends already done.
     f = InFlight();

@@ -39,15 +39,11 @@ PipelineLinks::PipelineLinks(comm::Communicator& pp, bool wrap)
   STRATA_CHECK(first() || (act_prev_ && act_prev_->size() == 2), "no link to the previous stage");
   if (wrap) {
     const int color = first() || last() ? 0 : -1;
-    act_wrap_ = pp.split(color, stage_, "pp-act-wrap");
+    act_wrap_ = pp.split(color, stage_, "pp-act-wrap");  // null on a middle stage
     grad_wrap_ = pp.split(color, stage_, "pp-grad-wrap");
-    if (color < 0) {
-      act_wrap_.reset();
-      grad_wrap_.reset();
-    } else {
-      STRATA_CHECK(act_wrap_ && act_wrap_->size() == 2 && grad_wrap_ && grad_wrap_->size() == 2,
-                   "no wrap-around link between the last stage and the first");
-    }
+    STRATA_CHECK(
+        color < 0 || (act_wrap_ && act_wrap_->size() == 2 && grad_wrap_ && grad_wrap_->size() == 2),
+        "no wrap-around link between the last stage and the first");
   }
 }
 

@@ -414,6 +414,28 @@ TEST_F(TrainPpMpi, InterleavedResumes) {
   }
 }
 
+// Four stages x 2 chunks of an 8-layer model (rank r holds layers r and r + 4; middle stages
+// outside the wrap-around link): 4 steps, 4 micro-batches, against one process.
+TEST_F(TrainPpMpi, InterleavedFourStages) {
+  const int kSteps = 4;
+  const std::string layers = "model.config.n_layer=8";
+  CommandResult single = train(0, config("single", kSteps), {layers});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<double> want = losses("single");
+  CommandResult r =
+      train(4, config("il_pp4", kSteps),
+            {layers, "parallelism.pipeline_parallel_size=4",
+             "parallelism.pipeline_schedule=interleaved", "parallelism.virtual_pipeline_stages=2"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("pp 4 (interleaved) x tp 1 x dp 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 2: layers 2-2, 6-6 ("), std::string::npos) << r.out;
+  const std::vector<double> got = losses("il_pp4");
+  expect_close(got, want, 1e-5, "pp 4 x v 2");
+  std::printf("[train pp 4 x v 2] %zu steps, loss %.6f -> %.6f, worst relative delta %.3g\n",
+              got.size(), got.empty() ? 0.0 : got.front(), got.empty() ? 0.0 : got.back(),
+              worst_relative(got, want));
+}
+
 // model.init_from at pp 2 x v 2: each rank takes its chunks' tensors from the HF export by name
 // and follows the one-process run from the same file.
 TEST_F(TrainPpMpi, InterleavedInitFromHf) {

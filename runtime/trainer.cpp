@@ -472,21 +472,16 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
           resume_from.empty() ? std::string()
                               : fmt::format(" | resumed from {} at step {}", resume_from, step_)) +
       peak_note);
-  if (pp_size_ > 1 && virtual_stages > 1)
+  if (pp_size_ > 1) {
+    const int v = static_cast<int>(virtual_stages);  // Note [Interleaved schedule]
     console_->event(fmt::format(
-        "pipeline: {} stages x {} chunks, {} schedule, {} micro-batches per step, bubble formula "
-        "(p - 1) / (v m + p - 1) = {:.3f}; {}",
-        pp_size_, virtual_stages, c.parallelism.pipeline_schedule, c.batch.grad_accum_steps,
-        parallel::pipeline_bubble_formula(pp_size_, c.batch.grad_accum_steps,
-                                          static_cast<int>(virtual_stages)),
-        parallel::describe_interleaved(shape, pp_size_, static_cast<int>(virtual_stages))));
-  else if (pp_size_ > 1)
-    console_->event(fmt::format(
-        "pipeline: {} stages, {} schedule, {} micro-batches per step, bubble formula (p - 1) / "
-        "(m + p - 1) = {:.3f}; {}",
-        pp_size_, c.parallelism.pipeline_schedule, c.batch.grad_accum_steps,
-        parallel::pipeline_bubble_formula(pp_size_, c.batch.grad_accum_steps),
-        partition_.describe(shape)));
+        "pipeline: {} stages{}, {} schedule, {} micro-batches per step, bubble formula (p - 1) / "
+        "({}m + p - 1) = {:.3f}; {}",
+        pp_size_, v > 1 ? fmt::format(" x {} chunks", v) : "", c.parallelism.pipeline_schedule,
+        c.batch.grad_accum_steps, v > 1 ? "v " : "",
+        parallel::pipeline_bubble_formula(pp_size_, c.batch.grad_accum_steps, v),
+        v > 1 ? parallel::describe_interleaved(shape, pp_size_, v) : partition_.describe(shape)));
+  }
 }
 
 Trainer::~Trainer() = default;

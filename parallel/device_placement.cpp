@@ -65,8 +65,8 @@ double DevicePlacement::global_sum_of_squares(const std::vector<tensor::Tensor>&
   const std::vector<optim::ParamGroup>& groups = optimizer_->groups();
   for (size_t u = 0; u < groups.size(); ++u)
     if (norm_counted_.empty() || norm_counted_[u]) counted.push_back(groups[u]);
-  const SplitSumOfSquares s = split_sum_of_squares(*tp_model_, counted);
-  return sum_over_tp(*tp_model_, global_sum(s.sharded)) + global_sum(s.replicated);
+  return tp_sum_of_squares(*tp_model_, split_sum_of_squares(*tp_model_, counted),
+                           [this](double x) { return global_sum(x); });
 }
 
 StepResult DevicePlacement::step(double lr, double max_norm, optim::LossScaler* scaler) {

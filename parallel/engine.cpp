@@ -94,16 +94,14 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
   // drawn on every rank alike from the seed (Note [Name-keyed init]): nothing to broadcast.
   if (!deferred) sync_params();
   // Note [Mixed precision]: fp32 masters of the owned slices, then the model goes low precision.
+  // Under tensor parallelism either placement's norm counts the sharded parameters over the tp
+  // group and the replicated ones once (Note [Tensor-parallel gradient norm]).
   if (zero_.offload_optimizer.enabled) {
-    // HostPlacement's norm counts what each rank owns: under tensor parallelism the replicated
-    // parameters would count once per tp rank (Note [Tensor-parallel gradient norm]).
-    STRATA_USER_CHECK(!model_.tensor_parallel().enabled(),
-                      "zero_optimization.offload_optimizer does not run tensor-parallel yet "
-                      "(tensor_parallel_size {}); set one of them off",
-                      model_.tensor_parallel().size());
-    placement_ = std::make_unique<HostPlacement>(units, *partitioning_, param_dtype_, *dp_,
-                                                 zero_.offload_optimizer, zero_.stage == 3,
-                                                 zero_.offload_param.enabled());
+    auto placement = std::make_unique<HostPlacement>(units, *partitioning_, param_dtype_, *dp_,
+                                                     zero_.offload_optimizer, zero_.stage == 3,
+                                                     zero_.offload_param.enabled());
+    if (model_.tensor_parallel().enabled()) placement->count_shards_of(model_);
+    placement_ = std::move(placement);
   } else {
     auto placement = std::make_unique<DevicePlacement>(units, *partitioning_, param_dtype_, *dp_);
     if (model_.tensor_parallel().enabled()) placement->count_shards_of(model_);

@@ -51,6 +51,8 @@ struct GradReducer::State {
   std::vector<tensor::Tensor> device_partition;  // [unit]: transient, while its buckets reduce
   std::vector<size_t> buckets_in;                // [unit]: buckets copied out in this pass
   std::vector<double> sum_squares;               // [unit]: of the last pass
+  std::vector<std::vector<Range>> norm_pieces;   // [unit]: empty for the whole partition
+  std::vector<std::vector<double>> piece_sums;   // [unit]: of the last pass, per norm piece
   std::vector<float> last_pass_scales;
   // [unit]: its host (or NVMe) partition holds earlier micro-batches of this step.
   std::vector<bool> accumulated;
@@ -192,6 +194,18 @@ struct GradReducer::State {
     while (!tier_writes.empty()) wait_tier_write();
   }
 
+  // The unit's sum of squares over its transient partition, whole or per norm piece.
+  void take_sums(int u) {
+    const tensor::Tensor& p = device_partition[u];
+    if (norm_pieces[u].empty()) {
+      sum_squares[u] = optim::grad_sum_of_squares({p});
+      return;
+    }
+    piece_sums[u].clear();
+    for (const Range& r : norm_pieces[u])
+      piece_sums[u].push_back(optim::grad_sum_of_squares({p.narrow(0, r.begin, r.size())}));
+  }
+
   // The bucket's reduction is in: its range goes to the host; the unit's last bucket takes the
   // sum of squares (last pass) and drops the transient partition. NVMe partitions go whole, from
   // the unit's last bucket (Note [Gradients on the NVMe tier]).
@@ -204,7 +218,7 @@ struct GradReducer::State {
       for (float f : last_pass_scales) optim::scale_grads({out}, f);
     if (on_nvme(u)) {
       if (++buckets_in[u] < unit_buckets[u].size()) return;
-      if (reducing) sum_squares[u] = optim::grad_sum_of_squares({device_partition[u]});
+      if (reducing) take_sums(u);
       write_out(u);
       if (copies->cuda()) copies->order_before(compute_stream());
       device_partition[u] = tensor::Tensor();
@@ -214,7 +228,7 @@ struct GradReducer::State {
     copies->wait_for(compute_stream());
     copies->to_host(to.data_ptr(), out.data_ptr(), to.nbytes());
     if (++buckets_in[u] < unit_buckets[u].size()) return;
-    if (reducing) sum_squares[u] = optim::grad_sum_of_squares({device_partition[u]});
+    if (reducing) take_sums(u);
     copies->order_before(compute_stream());
     device_partition[u] = tensor::Tensor();
   }
@@ -286,6 +300,8 @@ GradReducer::GradReducer(std::vector<models::FlatUnit>& units, std::vector<UnitR
   s.device_partition.resize(units.size());
   s.buckets_in.assign(units.size(), 0);
   s.sum_squares.assign(units.size(), 0.0);
+  s.norm_pieces.resize(units.size());
+  s.piece_sums.resize(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
     if (s.on_nvme(static_cast<int>(u))) {
       STRATA_CHECK(s.setup[u].kind == Reduction::IntoPartition && !s.on_host(static_cast<int>(u)) &&
@@ -416,6 +432,22 @@ void GradReducer::set_nvme(optim::NvmeAdamW* nvme) {
 double GradReducer::unit_sum_of_squares(int unit) const {
   STRATA_CHECK(state_->off_device(unit), "unit {} has no host or NVMe partition", unit);
   return state_->sum_squares[static_cast<size_t>(unit)];
+}
+
+void GradReducer::set_norm_pieces(int unit, std::vector<Range> pieces) {
+  STRATA_CHECK(state_->off_device(unit), "unit {} has no host or NVMe partition", unit);
+  const int64_t shard = state_->setup[static_cast<size_t>(unit)].part.shard;
+  for (const Range& r : pieces)
+    STRATA_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= shard,
+                 "norm piece [{}, {}) of unit {} outside its partition of {}", r.begin, r.end,
+                 unit, shard);
+  state_->norm_pieces[static_cast<size_t>(unit)] = std::move(pieces);
+}
+
+const std::vector<double>& GradReducer::piece_sums_of_squares(int unit) const {
+  STRATA_CHECK(state_->off_device(unit) && !state_->norm_pieces[static_cast<size_t>(unit)].empty(),
+               "unit {} has no norm pieces", unit);
+  return state_->piece_sums[static_cast<size_t>(unit)];
 }
 
 void GradReducer::set_synchronous(bool on) {

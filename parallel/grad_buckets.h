@@ -125,6 +125,13 @@ class GradReducer {
   // The device sum of squares of unit u's whole partition after the last micro-batch (host or
   // NVMe partitions only), valid once wait_all() returned.
   double unit_sum_of_squares(int unit) const;
+  // Before the first pass, for a norm that adds its terms per parameter (Note [Tensor-parallel
+  // gradient norm] in parallel/tp_grad_norm.h): unit u's sum of squares is taken per piece of
+  // its partition instead, each piece alone, in the given order (piece_sums_of_squares).
+  void set_norm_pieces(int unit, std::vector<Range> pieces);
+  // With set_norm_pieces: the device sums of squares of unit u's pieces after the last
+  // micro-batch, in their order, valid once wait_all() returned.
+  const std::vector<double>& piece_sums_of_squares(int unit) const;
   // Note [Gradients on the NVMe tier]: the store of the on_nvme units' partitions (slice u of
   // `nvme` is unit u); it must outlive the reducer's passes.
   void set_nvme(optim::NvmeAdamW* nvme);

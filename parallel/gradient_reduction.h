@@ -69,6 +69,15 @@ class GradientReduction {
   // grads_on_host() or grads_on_nvme(): the device's sum of squares of owned_grad(u) as the step's
   // last micro-batch left it, after the last-pass scales; the norm's term for unit u.
   double owned_sum_of_squares(int u) const { return reducer_->unit_sum_of_squares(u); }
+  // grads_on_host() or grads_on_nvme(), before the first pass: unit u's sums of squares are
+  // taken per piece of owned_grad(u) instead (GradReducer::set_norm_pieces), for a norm that
+  // splits its terms by parameter (Note [Tensor-parallel gradient norm]).
+  void set_norm_pieces(int u, std::vector<Range> pieces) {
+    reducer_->set_norm_pieces(u, std::move(pieces));
+  }
+  const std::vector<double>& owned_piece_sums(int u) const {
+    return reducer_->piece_sums_of_squares(u);
+  }
   // grads_on_host() or grads_on_nvme(): factors applied in order to the owned gradients on the
   // device on the step's last micro-batch (fp32's 1/dp and 1/loss-scale; Note [Gradients streamed
   // to the host]).

@@ -8,6 +8,7 @@
 #include "optim/grad_clip.h"
 #include "parallel/gradient_reduction.h"
 #include "parallel/rank_sum.h"
+#include "parallel/tp_grad_norm.h"
 
 namespace strata::parallel {
 
@@ -53,7 +54,12 @@ HostPlacement::HostPlacement(const std::vector<models::FlatUnit>& units, const P
   }
 }
 
-void HostPlacement::use_host_grads(const GradientReduction& reduction) {
+void HostPlacement::count_shards_of(const models::CausalLM& model) {
+  STRATA_CHECK(!offload_ && !nvme_, "count_shards_of after build()");
+  tp_model_ = &model;
+}
+
+void HostPlacement::use_host_grads(GradientReduction& reduction) {
   STRATA_CHECK(!offload_, "use_host_grads after build()");
   STRATA_CHECK(reduction.grads_on_host() || (reduction.grads_on_nvme() && config_.nvme),
                "the reduction keeps its gradients on the device");
@@ -67,6 +73,18 @@ void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory
   // Built from host units, the engine moves them after this placement's constructor (Note
   // [Offload construction]): the norm's sums go over the device the parameters train on.
   if (!slices.empty()) device_ = slices.front().params.device();
+  if (tp_model_ != nullptr) {
+    // Note [Tensor-parallel gradient norm]: the norm's terms per segment, in order.
+    for (size_t u = 0; u < slices.size(); ++u) {
+      norm_segments_.push_back(slices[u].segments);
+      segment_sharded_.push_back(sharded_segments(*tp_model_, slices[u].segments));
+      if (host_grads_ == nullptr) continue;
+      std::vector<Range> pieces;
+      for (const optim::Segment& sg : slices[u].segments)
+        pieces.push_back({sg.offset, sg.offset + sg.numel});
+      host_grads_->set_norm_pieces(static_cast<int>(u), std::move(pieces));
+    }
+  }
   if (config_.nvme) {
     // The factory says which AdamW: asked for one over no groups, it allocates nothing.
     const std::unique_ptr<optim::Optimizer> probe = make({});
@@ -89,7 +107,13 @@ void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory
     // Note [Gradients on NVMe] (optim/nvme_adamw.h): the reduction writes them into the store.
     options.grads_on_nvme = host_grads_ != nullptr && host_grads_->grads_on_nvme();
     options.grad_dtype = param_dtype_;  // the units' gradients are cast with their parameters
-    if (options.lock_tag.empty()) options.lock_tag = fmt::format("optimizer-dp{}", dp_.rank());
+    if (options.lock_tag.empty()) {
+      // The ranks of a tp group share a dp rank: each needs a swap file of its own.
+      options.lock_tag = tp_model_ != nullptr && tp_model_->tensor_parallel().enabled()
+                             ? fmt::format("optimizer-tp{}-dp{}",
+                                           tp_model_->tensor_parallel().rank(), dp_.rank())
+                             : fmt::format("optimizer-dp{}", dp_.rank());
+    }
     nvme_ = std::make_unique<optim::NvmeAdamW>(std::move(nv), adamw->config(), options);
     return;
   }
@@ -158,6 +182,30 @@ double HostPlacement::local_sum_of_squares() const {
   return total;
 }
 
+double HostPlacement::global_sum_of_squares() const {
+  if (tp_model_ == nullptr) return global_sum(local_sum_of_squares());
+  // DevicePlacement::global_sum_of_squares's split, term by term (Note [Norm across stages]).
+  auto counted = [&](size_t u) { return norm_counted_.empty() || norm_counted_[u]; };
+  SplitSumOfSquares split;
+  if (host_grads_ == nullptr) {
+    std::vector<optim::ParamGroup> groups;
+    for (size_t u = 0; u < device_grads_.size(); ++u) {
+      if (!counted(u)) continue;
+      optim::ParamGroup g;
+      g.grad = device_grads_[u];
+      g.segments = norm_segments_[u];
+      groups.push_back(std::move(g));
+    }
+    split = split_sum_of_squares(*tp_model_, groups);
+  } else {
+    for (size_t u = 0; u < device_grads_.size(); ++u)
+      if (counted(u))
+        add_segment_sums(split, host_grads_->owned_piece_sums(static_cast<int>(u)),
+                         segment_sharded_[u]);
+  }
+  return tp_sum_of_squares(*tp_model_, split, [this](double x) { return global_sum(x); });
+}
+
 // Note [Offloaded step]: DevicePlacement::step's arithmetic; the update on the host.
 StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* scaler) {
   const std::vector<tensor::Tensor>& grads = device_grads_;
@@ -167,7 +215,7 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
   if (mixed_precision()) {
     double factor = 1.0 / nd;
     if (scaler != nullptr) factor /= scaler->scale();
-    result.grad_norm = std::sqrt(global_sum(local_sum_of_squares())) * factor;
+    result.grad_norm = std::sqrt(global_sum_of_squares()) * factor;
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;
@@ -178,7 +226,7 @@ StepResult HostPlacement::step(double lr, double max_norm, optim::LossScaler* sc
     // With host gradients the reduction applied these on the device (fp32_last_pass_scales).
     if (host_grads_ == nullptr)
       for (float f : fp32_last_pass_scales(nd, scaler)) optim::scale_grads(grads, f);
-    result.grad_norm = std::sqrt(global_sum(local_sum_of_squares()));
+    result.grad_norm = std::sqrt(global_sum_of_squares());
     const bool overflow = !std::isfinite(result.grad_norm);
     const bool apply = scaler != nullptr ? scaler->update(overflow) : !overflow;
     result.skipped = !apply;

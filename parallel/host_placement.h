@@ -40,11 +40,16 @@
 // from a host copy, and set_param_fence() makes both optimizers write each owned slice between
 // the fence's calls (Note [Write-back through the group fence] in optim/host_offload.h; NvmeAdamW
 // per slice), which load the partition from its tier and store it back.
+// Under tensor parallelism (count_shards_of) the norm is DevicePlacement's too: the sums of
+// squares split by sharded and replicated parameters (Note [Tensor-parallel gradient norm] in
+// parallel/tp_grad_norm.h), each owned slice's segments taken alone in order, from the owned
+// gradients or, when the reduction takes the sums, from its per-segment sums (norm pieces).
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "models/causal_lm.h"
 #include "models/flat_params.h"
 #include "optim/host_offload.h"
 #include "optim/nvme_adamw.h"
@@ -60,7 +65,7 @@ struct OffloadOptimizerConfig {  // zero_optimization.offload_optimizer (DeepSpe
   int64_t delayed_param_update_start = 10;  // plain updates before the delayed ones
   // device: nvme (with enabled): ZeRO-Infinity's states in an NVMe swap file. nvme_path,
   // buffer_count, pipeline_read/write, zero_optimization.sub_group_size and the aio section;
-  // nvme.lock_tag empty: "optimizer-dp<rank>".
+  // nvme.lock_tag empty: "optimizer-dp<rank>" ("optimizer-tp<rank>-dp<rank>" tensor-parallel).
   bool nvme = false;
   optim::NvmeAdamWOptions nvme_options;
 };
@@ -88,7 +93,11 @@ class HostPlacement final : public OptimizerPlacement {
   // (reduction.grads_on_host()) or, with device nvme, to NVMe (reduction.grads_on_nvme(): the
   // NvmeAdamW reads them from its store, the clip coefficient is folded into its gradient scale);
   // it must outlive this placement.
-  void use_host_grads(const GradientReduction& reduction);
+  void use_host_grads(GradientReduction& reduction);
+  // Before build(): a tensor-parallel model's norm counts its sharded parameters over the tp
+  // group and its replicated ones once (Note [Tensor-parallel gradient norm]). The model must
+  // outlive the placement.
+  void count_shards_of(const models::CausalLM& model);
   void build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) override;
   optim::Optimizer& optimizer() override;
   StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
@@ -107,6 +116,8 @@ class HostPlacement final : public OptimizerPlacement {
   bool mixed_precision() const { return param_dtype_ != DType::F32; }
   double global_sum(double local) const;
   double local_sum_of_squares() const;
+  // The whole model's sum of squares of the gradients, every element once (collective).
+  double global_sum_of_squares() const;
 
   DType param_dtype_;
   comm::Communicator& dp_;
@@ -115,7 +126,11 @@ class HostPlacement final : public OptimizerPlacement {
   OffloadOptimizerConfig config_;
   std::vector<tensor::Tensor> initial_masters_;    // host fp32, until build()
   std::vector<tensor::Tensor> device_grads_;       // the owned reduced gradients (or host ones)
-  const GradientReduction* host_grads_ = nullptr;  // when they are host partitions
+  GradientReduction* host_grads_ = nullptr;        // when they are host partitions
+  const models::CausalLM* tp_model_ = nullptr;     // count_shards_of
+  // count_shards_of: per unit, the owned slice's segments and which are sharded.
+  std::vector<std::vector<optim::Segment>> norm_segments_;
+  std::vector<std::vector<bool>> segment_sharded_;
   std::unique_ptr<optim::HostOffload> offload_;    // device cpu
   std::unique_ptr<optim::NvmeAdamW> nvme_;         // device nvme
   int64_t delayed_steps_ = 0;

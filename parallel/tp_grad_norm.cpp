@@ -19,6 +19,28 @@ SplitSumOfSquares split_sum_of_squares(const models::CausalLM& model,
   return {optim::grad_sum_of_squares(sharded), optim::grad_sum_of_squares(replicated)};
 }
 
+std::vector<bool> sharded_segments(const models::CausalLM& model,
+                                   const std::vector<optim::Segment>& segments) {
+  std::vector<bool> out;
+  out.reserve(segments.size());
+  for (const optim::Segment& s : segments) out.push_back(model.shard_specs().contains(s.name));
+  return out;
+}
+
+void add_segment_sums(SplitSumOfSquares& s, const std::vector<double>& segment_sums,
+                      const std::vector<bool>& sharded) {
+  STRATA_CHECK(segment_sums.size() == sharded.size(), "{} segment sums for {} segments",
+               segment_sums.size(), sharded.size());
+  for (size_t i = 0; i < sharded.size(); ++i)
+    (sharded[i] ? s.sharded : s.replicated) += segment_sums[i];
+}
+
+double tp_sum_of_squares(const models::CausalLM& model, const SplitSumOfSquares& s,
+                         const std::function<double(double)>& global) {
+  const double sharded = sum_over_tp(model, global(s.sharded));
+  return sharded + global(s.replicated);
+}
+
 double sum_over_tp(const models::CausalLM& model, double x) {
   const models::nn::TensorParallel& tp = model.tensor_parallel();
   if (!tp.enabled()) return x;

@@ -1,0 +1,166 @@
+// ZeRO-Infinity's optimizer states under tensor parallelism, through `train` on CPU ranks: at tp 2
+// (and tp 2 x dp 2) the optimizer in an NVMe swap file (offload_optimizer.device nvme) gives the
+// in-memory tp 2 run's losses, norms, parameters and moments bitwise, at ZeRO-1, 2 and 3, in fp32
+// and bf16, with a max_norm that clips every step (Note [Tensor-parallel gradient norm]:
+// replicated parameters count once, not once per tp rank); a run stopped and resumed from its
+// checkpoint gives the uninterrupted run's bits. (`train` refuses device cpu on a CPU run, which
+// has no device to offload from: tests/tp/tp_offload_mpi_test.cpp runs the host placement at tp 2
+// through the Engine.)
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tensor/safetensors.h"
+#include "train_mpi_fixture.h"
+
+namespace strata::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::describe;
+using testing::read_text;
+
+// Below the tiny model's gradient norm at every step of these runs (checked): clipping is on.
+constexpr double kMaxNorm = 0.05;
+
+class TrainTpOffloadMpi : public testing::TrainMpiFixture {
+ protected:
+  TrainTpOffloadMpi() : TrainMpiFixture(STRATA_BINARY_DIR, "") {}
+  void SetUp() override {
+    TrainMpiFixture::SetUp();
+    fs::create_directories(swap());
+  }
+  std::string swap() const { return tmp_ / "swap"; }
+
+  // tp 2 at `stage` in `dtype`, clipping at kMaxNorm, optimizer states on NVMe with `nvme`.
+  std::vector<std::string> sets(int stage, const std::string& dtype,
+                                bool nvme) const {
+    std::vector<std::string> s = {"parallelism.tensor_parallel_size=2",
+                                  fmt::format("zero_optimization.stage={}", stage),
+                                  "run.dtype=" + dtype,
+                                  fmt::format("optimizer.grad_clip={}", kMaxNorm)};
+    if (nvme) {
+      s.push_back("zero_optimization.offload_optimizer.device=nvme");
+      s.push_back("zero_optimization.offload_optimizer.nvme_path=" + swap());
+      s.push_back("zero_optimization.offload_optimizer.buffer_count=3");
+      s.push_back("zero_optimization.sub_group_size=3000");
+      s.push_back("aio.block_size=65536");
+    }
+    return s;
+  }
+
+  // Every tensor of a checkpoint's files whose name starts with `prefix`, by file and name.
+  std::map<std::string, std::vector<uint8_t>> tensors(const std::string& run, int step,
+                                                      const std::string& prefix) {
+    std::map<std::string, std::vector<uint8_t>> out;
+    const fs::path dir = tmp_ / fmt::format("{}/checkpoints/step_{:08d}", run, step);
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string file = e.path().filename().string();
+      if (file.rfind(prefix, 0) != 0 || e.path().extension() != ".safetensors") continue;
+      for (auto& [name, t] : tensor::load_safetensors(e.path().string())) {
+        const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+        out[file + ":" + name].assign(p, p + t.nbytes());
+      }
+    }
+    return out;
+  }
+
+  // Run a's checkpointed parameters equal run b's bit for bit, and so do the optimizer tensors
+  // both hold (the moments; an in-memory fp32 run keeps no separate masters).
+  void expect_same_states(const std::string& a, const std::string& b, int step) {
+    const auto ma = tensors(a, step, "model"), mb = tensors(b, step, "model");
+    ASSERT_FALSE(ma.empty()) << a;
+    EXPECT_EQ(ma, mb) << a << " vs " << b << ": the parameters differ";
+    const auto oa = tensors(a, step, "optimizer"), ob = tensors(b, step, "optimizer");
+    int common = 0;
+    for (const auto& [name, bytes] : oa) {
+      auto it = ob.find(name);
+      if (it == ob.end()) continue;
+      ++common;
+      EXPECT_TRUE(bytes == it->second) << name << " differs between " << a << " and " << b;
+    }
+    EXPECT_GT(common, 0) << "no optimizer tensors in common";
+  }
+
+  // The gradient norms run `name` logged (before clipping).
+  std::vector<double> grad_norms(const std::string& name) {
+    std::vector<double> out;
+    std::istringstream in(read_text(tmp_ / (name + "/metrics.jsonl")));
+    std::string line;
+    while (std::getline(in, line))
+      out.push_back(nlohmann::json::parse(line)["grad_norm"].get<double>());
+    return out;
+  }
+
+  // The in-memory run and the nvme run at `np` ranks: equal losses, norms, parameters and
+  // moments; every step clipped; the swap directory empty afterwards.
+  void expect_offload_bitwise(int np, int stage, const std::string& dtype, int steps) {
+    const std::string tag = fmt::format("np{}_z{}_{}", np, stage, dtype);
+    const std::string plain = "plain_" + tag;
+    CommandResult a = train(np, config(plain, steps), sets(stage, dtype, false));
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    EXPECT_NE(a.out.find("): tp 2"), std::string::npos) << a.out;
+    const std::vector<double> want = losses(plain), want_norms = grad_norms(plain);
+    ASSERT_EQ(want.size(), static_cast<size_t>(steps));
+    EXPECT_LT(want.back(), want.front()) << "the run did not train";
+    for (double n : want_norms) EXPECT_GT(n, kMaxNorm) << "a step did not clip";
+    const std::string off = "nvme_" + tag;
+    CommandResult b = train(np, config(off, steps), sets(stage, dtype, true));
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find("): tp 2"), std::string::npos) << b.out;
+    EXPECT_NE(b.out.find("ZeRO-Infinity (rank 0): optimizer states on NVMe in " + swap()),
+              std::string::npos)
+        << b.out;
+    EXPECT_EQ(losses(off), want);
+    EXPECT_EQ(grad_norms(off), want_norms);
+    expect_same_states(off, plain, steps);
+    for (const auto& e : fs::directory_iterator(swap()))
+      ADD_FAILURE() << e.path() << " left in the swap directory";
+  }
+};
+
+TEST_F(TrainTpOffloadMpi, TpTwoOffloadedIsBitwiseTheInMemoryTpRunAtEveryStage) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(fmt::format("stage {}", stage));
+    ASSERT_NO_FATAL_FAILURE(expect_offload_bitwise(2, stage, "fp32", 6));
+  }
+}
+
+TEST_F(TrainTpOffloadMpi, TpTwoOffloadedIsBitwiseTheInMemoryTpRunInBf16) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(fmt::format("stage {}", stage));
+    ASSERT_NO_FATAL_FAILURE(expect_offload_bitwise(2, stage, "bf16", 4));
+  }
+}
+
+TEST_F(TrainTpOffloadMpi, TpTwoTimesDpTwoOffloadedIsBitwiseTheInMemoryRun) {
+  ASSERT_NO_FATAL_FAILURE(expect_offload_bitwise(4, 2, "fp32", 4));
+}
+
+// Stopped at step 3 and resumed, a tp 2 run with its states on NVMe gives the uninterrupted
+// run's bits (Note [Tensor-parallel checkpoints]), at ZeRO-1 and ZeRO-3.
+TEST_F(TrainTpOffloadMpi, CheckpointResumesBitwiseWithTheStatesOnNvme) {
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE(fmt::format("stage {}", stage));
+    const std::string full = fmt::format("full_z{}", stage), parts = fmt::format("parts_z{}", stage);
+    ASSERT_NO_FATAL_FAILURE(
+        train_full_and_resumed(2, sets(stage, "fp32", true), 6, 3, full, parts));
+    const std::vector<double> x = losses(full);
+    ASSERT_EQ(x.size(), 6u);
+    EXPECT_EQ(losses(parts), x);
+    expect_same_states(parts, full, 6);
+    for (const auto& e : fs::directory_iterator(swap()))
+      ADD_FAILURE() << e.path() << " left in the swap directory";
+  }
+}
+
+}  // namespace
+}  // namespace strata::tools

@@ -102,20 +102,25 @@ class TrainTpOffloadMpi : public testing::TrainMpiFixture {
 
   // The in-memory run and the nvme run at `np` ranks: equal losses, norms, parameters and
   // moments; every step clipped; the swap directory empty afterwards.
-  void expect_offload_bitwise(int np, int stage, const std::string& dtype, int steps) {
-    const std::string tag = fmt::format("np{}_z{}_{}", np, stage, dtype);
+  // `pp`: that many pipeline stages too.
+  void expect_offload_bitwise(int np, int stage, const std::string& dtype, int steps, int pp = 1) {
+    const std::string tag = fmt::format("np{}_pp{}_z{}_{}", np, pp, stage, dtype);
     const std::string plain = "plain_" + tag;
-    CommandResult a = train(np, config(plain, steps), sets(stage, dtype, false));
+    auto with_pp = [pp](std::vector<std::string> s) {
+      if (pp > 1) s.push_back(fmt::format("parallelism.pipeline_parallel_size={}", pp));
+      return s;
+    };
+    CommandResult a = train(np, config(plain, steps), with_pp(sets(stage, dtype, false)));
     ASSERT_EQ(a.exit_code, 0) << describe(a);
-    EXPECT_NE(a.out.find("): tp 2"), std::string::npos) << a.out;
+    EXPECT_NE(a.out.find("tp 2 x dp"), std::string::npos) << a.out;
     const std::vector<double> want = losses(plain), want_norms = grad_norms(plain);
     ASSERT_EQ(want.size(), static_cast<size_t>(steps));
     EXPECT_LT(want.back(), want.front()) << "the run did not train";
     for (double n : want_norms) EXPECT_GT(n, kMaxNorm) << "a step did not clip";
     const std::string off = "nvme_" + tag;
-    CommandResult b = train(np, config(off, steps), sets(stage, dtype, true));
+    CommandResult b = train(np, config(off, steps), with_pp(sets(stage, dtype, true)));
     ASSERT_EQ(b.exit_code, 0) << describe(b);
-    EXPECT_NE(b.out.find("): tp 2"), std::string::npos) << b.out;
+    EXPECT_NE(b.out.find("tp 2 x dp"), std::string::npos) << b.out;
     EXPECT_NE(b.out.find("ZeRO-Infinity (rank 0): optimizer states on NVMe in " + swap()),
               std::string::npos)
         << b.out;
@@ -143,6 +148,14 @@ TEST_F(TrainTpOffloadMpi, TpTwoOffloadedIsBitwiseTheInMemoryTpRunInBf16) {
 
 TEST_F(TrainTpOffloadMpi, TpTwoTimesDpTwoOffloadedIsBitwiseTheInMemoryRun) {
   ASSERT_NO_FATAL_FAILURE(expect_offload_bitwise(4, 2, "fp32", 4));
+}
+
+// tp 2 x pp 2 (Note [Norm across stages]: the stages' sums add, the tied copy counted once).
+TEST_F(TrainTpOffloadMpi, TpTwoTimesPpTwoOffloadedIsBitwiseTheInMemoryRun) {
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE(fmt::format("stage {}", stage));
+    ASSERT_NO_FATAL_FAILURE(expect_offload_bitwise(4, stage, "fp32", 4, 2));
+  }
 }
 
 // Stopped at step 3 and resumed, a tp 2 run with its states on NVMe gives the uninterrupted

@@ -454,12 +454,25 @@ void NvmeAdamW::commit_staged() {
 
 // Note [Streamed states]
 void NvmeAdamW::read_states(const SubGroupFn& fn) {
+  read_sub_groups(0, subs_.size(), fn);
+}
+
+void NvmeAdamW::read_slice_states(size_t slice, const SubGroupFn& fn) {
+  STRATA_CHECK(slice < slices_.size(), "slice {} of {}", slice, slices_.size());
+  size_t lo = 0;
+  while (lo < subs_.size() && subs_[lo].slice < slice) ++lo;
+  size_t hi = lo;
+  while (hi < subs_.size() && subs_[hi].slice == slice) ++hi;
+  read_sub_groups(lo, hi, fn);
+}
+
+void NvmeAdamW::read_sub_groups(size_t lo, size_t hi, const SubGroupFn& fn) {
   finish_writes();
-  const size_t S = subs_.size(), B = bufs_.size();
+  const size_t S = hi, B = bufs_.size();
   std::vector<offload::IoHandle> reads(S);
-  size_t next = 0;
+  size_t next = lo;
   try {
-    for (size_t i = 0; i < S; ++i) {
+    for (size_t i = lo; i < S; ++i) {
       // Sub-group i's buffer is free again once fn returned for i - B.
       for (; next < S && next < i + B; ++next)
         reads[next] = store_->read(subs_[next].home, buffer(next),
@@ -471,7 +484,7 @@ void NvmeAdamW::read_states(const SubGroupFn& fn) {
          buf.narrow(0, 2 * s.numel, s.numel));
     }
   } catch (...) {
-    for (size_t j = 0; j < next; ++j) try {
+    for (size_t j = lo; j < next; ++j) try {
         reads[j].wait();
       } catch (...) {  // the first error is the one raised
       }

@@ -160,6 +160,8 @@ class NvmeAdamW final : public Optimizer {
       std::function<void(size_t slice, int64_t offset, const tensor::Tensor& master,
                          const tensor::Tensor& exp_avg, const tensor::Tensor& exp_avg_sq)>;
   void read_states(const SubGroupFn& fn);
+  // read_states for slice `slice`'s sub-groups alone (a checkpoint that goes unit by unit).
+  void read_slice_states(size_t slice, const SubGroupFn& fn);
   void write_states(const SubGroupFn& fill);
 
   size_t slices() const { return slices_.size(); }
@@ -197,6 +199,8 @@ class NvmeAdamW final : public Optimizer {
     offload::Block grad_home;    // Note [Gradients on NVMe]
     std::vector<DecayRun> runs;  // offsets relative to the sub-group
   };
+  // read_states over sub-groups [lo, hi).
+  void read_sub_groups(size_t lo, size_t hi, const SubGroupFn& fn);
   float* buffer(size_t i) const;  // the state buffer of sub-group i
   // Sub-group i's gradient: gradient buffer i % B with grads_on_nvme, else the staging buffer.
   tensor::Tensor grad_buffer(size_t i) const;

@@ -260,13 +260,19 @@ class Engine {
     int unit_index = 0;
     int64_t slice_offset = 0;  // where `begin` is in the owned slice
   };
+  // The keys of the non-parameter states this rank holds for its units (the optimizer's state
+  // names, and "master" with masters), reading nothing; the same on every rank.
+  std::vector<std::string> state_keys();
   // What shards() would return (for_loading: what load_shards fills), without reading anything.
   std::vector<ShardInfo> shard_layout(bool for_loading = false);
   // emit(i, piece): the next piece.numel() elements of shard_layout()[i], each shard's pieces in
   // order, shards interleaved; a piece is valid during the call only. `params`: the "param"
-  // shards, else the others.
+  // shards, else the others. `unit` >= 0: that unit's shards alone (on NVMe, its sub-groups
+  // alone are read), for a save that goes unit by unit (Note [Tensor-parallel checkpoints] in
+  // runtime/tp_checkpoint.h).
   void stream_shards(bool params,
-                     const std::function<void(size_t shard, const tensor::Tensor& piece)>& emit);
+                     const std::function<void(size_t shard, const tensor::Tensor& piece)>& emit,
+                     int unit = -1);
   // For each shard this rank holds in the current layout (stage 0: every rank, whole units),
   // fill(unit, key, begin, dst) must fill dst from [begin, begin + dst.numel()) of the saved
   // flat coordinates; dst is the whole shard, or a piece of it (Note [Streamed shards]). Stage 3

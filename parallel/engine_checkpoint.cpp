@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "optim/nvme_adamw.h"
 
@@ -89,6 +90,14 @@ void Engine::for_each_held_slice(
       fn(u, "param", partitioning_->owned(u).size(), units[u].params.dtype());
 }
 
+std::vector<std::string> Engine::state_keys() {
+  std::set<std::string> keys;
+  for_each_held_slice(/*for_loading=*/true, [&](int, const std::string& key, int64_t, DType) {
+    if (key != "param") keys.insert(key);
+  });
+  return {keys.begin(), keys.end()};
+}
+
 std::vector<Engine::ShardInfo> Engine::shard_layout(bool for_loading) {
   std::vector<ShardInfo> out;
   std::vector<models::FlatUnit>& units = model_.flat_units();
@@ -106,11 +115,13 @@ std::vector<Engine::ShardInfo> Engine::shard_layout(bool for_loading) {
 
 // Note [Streamed shards]
 void Engine::stream_shards(bool params,
-                           const std::function<void(size_t, const tensor::Tensor&)>& emit) {
+                           const std::function<void(size_t, const tensor::Tensor&)>& emit,
+                           int unit) {
   const std::vector<ShardInfo> layout = shard_layout();
   std::map<std::pair<int, std::string>, size_t> index;
   for (size_t i = 0; i < layout.size(); ++i)
-    if ((layout[i].key == "param") == params) index[{layout[i].unit_index, layout[i].key}] = i;
+    if ((layout[i].key == "param") == params && (unit < 0 || layout[i].unit_index == unit))
+      index[{layout[i].unit_index, layout[i].key}] = i;
   if (index.empty()) return;
   // `piece` holds elements [offset, offset + numel) of unit u's owned slice of `key`.
   auto slice_piece = [&](int u, const std::string& key, int64_t offset,
@@ -131,13 +142,20 @@ void Engine::stream_shards(bool params,
     return;
   }
   if (optim::NvmeAdamW* nv = placement_->nvme()) {
-    nv->read_states([&](size_t g, int64_t offset, const tensor::Tensor& master,
-                        const tensor::Tensor& exp_avg, const tensor::Tensor& exp_avg_sq) {
+    const optim::NvmeAdamW::SubGroupFn fn = [&](size_t g, int64_t offset,
+                                                const tensor::Tensor& master,
+                                                const tensor::Tensor& exp_avg,
+                                                const tensor::Tensor& exp_avg_sq) {
       const int u = static_cast<int>(g);
       slice_piece(u, "exp_avg", offset, exp_avg);
       slice_piece(u, "exp_avg_sq", offset, exp_avg_sq);
       slice_piece(u, "master", offset, master);
-    });
+    };
+    if (unit >= 0) {
+      nv->read_slice_states(static_cast<size_t>(unit), fn);
+    } else {
+      nv->read_states(fn);
+    }
     return;
   }
   for (const optim::NamedTensor& t : optimizer().state_dict().tensors) {

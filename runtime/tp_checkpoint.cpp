@@ -2,11 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <exception>
+#include <functional>
+#include <map>
 #include <set>
 #include <vector>
 
 #include "comm/self_communicator.h"
 #include "core/error.h"
+#include "runtime/checkpoint_shards.h"
 #include "tensor/ops.h"
 
 namespace strata::runtime {
@@ -32,17 +36,76 @@ Tensor unshard(const Tensor& gathered, const models::nn::ShardSpec& spec, const 
   return out;
 }
 
-// The state keys every rank holds for every unit, in one order on every rank.
+// The state keys every rank holds for every unit, in one order on every rank, reading nothing
+// (Note [Streamed shards]); "param" at stage 3, where the parameters are partitioned.
 std::vector<std::string> state_keys(parallel::Engine& engine) {
   std::set<std::string> keys;
-  for (const optim::NamedTensor& t : engine.optimizer().state_dict().tensors) {
-    const size_t dot = t.name.find('.');
-    STRATA_CHECK(dot != std::string::npos, "optimizer state name '{}'", t.name);
-    keys.insert(t.name.substr(dot + 1));
-  }
+  for (const std::string& k : engine.state_keys())
+    if (k != "master") keys.insert(k);
   if (engine.mixed_precision()) keys.insert("master");
   if (engine.stage() == 3) keys.insert("param");
   return {keys.begin(), keys.end()};
+}
+
+// Called on the stage lead with each parameter's whole tensor (host) of state `key`.
+using PutWhole =
+    std::function<void(const std::string& key, const std::string& name, const Tensor& value)>;
+
+// Note [Tensor-parallel checkpoints], one unit: local unit u's states `keys` made whole over dp
+// (this rank's slices, streamed, into a zeroed buffer; one sum all-reduce), then each parameter
+// put together over the tp group of dp rank 0 and handed to `put` on the stage lead. `params`:
+// the keys are {"param"}. Collective over the unit's stage (its dp and tp groups). Host memory:
+// one local unit per key and one parameter's whole tensor.
+void gather_unit(const TpCheckpointContext& ctx, int u, const std::vector<std::string>& keys,
+                 bool params, const std::vector<parallel::Engine::ShardInfo>& layout,
+                 const PutWhole& put) {
+  models::CausalLM& model = ctx.model;
+  parallel::Engine& engine = ctx.engine;
+  const models::nn::TensorParallel& tp = model.tensor_parallel();
+  const models::FlatUnit& unit = model.flat_units()[u];
+  // The dp and tp collectives run where the units live (NCCL takes device buffers); the stage
+  // lead copies each whole tensor to the host as it lays it out.
+  const Device device = unit.params.device();
+  comm::Communicator& dp = engine.dp();
+  const int64_t numel = engine.partition(u).numel;
+  std::map<std::string, Tensor> bufs;
+  if (params && engine.stage() < 3) {
+    bufs["param"] = unit.params.narrow(0, 0, numel);  // whole on every rank
+  } else {
+    for (const std::string& key : keys)
+      bufs[key] = tensor::zeros({numel}, key == "param" ? unit.params.dtype() : DType::F32, device);
+    std::vector<int64_t> at(layout.size(), 0);
+    engine.stream_shards(
+        params,
+        [&](size_t i, const Tensor& piece) {
+          const parallel::Engine::ShardInfo& sh = layout[i];
+          auto it = bufs.find(sh.key);
+          if (it != bufs.end()) {
+            Tensor dst = it->second.narrow(0, sh.begin + at[i], piece.numel());
+            dst.copy_(piece);
+          }
+          at[i] += piece.numel();
+        },
+        u);
+    if (dp.size() > 1)
+      for (auto& [key, buf] : bufs) dp.allreduce(buf, comm::ReduceOp::Sum)->wait();
+  }
+  if (dp.rank() != 0) return;
+  const bool stage_lead = tp.rank() == 0;
+  for (const auto& [key, buf] : bufs) {
+    for (size_t i = 0; i < unit.names.size(); ++i) {
+      const std::string& name = unit.names[i];
+      const Tensor mine = buf.narrow(0, unit.offsets[i], unit.numels[i]).contiguous();
+      auto it = model.shard_specs().find(name);
+      if (it == model.shard_specs().end()) {
+        if (stage_lead) put(key, name, mine.to(Device::cpu()));
+        continue;
+      }
+      Tensor all = Tensor::empty({mine.numel() * tp.size()}, mine.dtype(), device);
+      tp.group->allgather(mine, all)->wait();
+      if (stage_lead) put(key, name, all.to(Device::cpu()));
+    }
+  }
 }
 
 }  // namespace
@@ -54,47 +117,29 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
   parallel::Engine& engine = ctx.engine;
   const models::nn::TensorParallel& tp = model.tensor_parallel();
   std::vector<models::FlatUnit>& units = model.flat_units();
-  // The dp and tp collectives run where the units live (NCCL takes device buffers); the stage lead
-  // copies each whole tensor to the host as it lays it out.
   const Device device = units.front().params.device();
   comm::Communicator& dp = engine.dp();
-
-  // 1. This rank's units whole over dp, per state key (parameters too unless ZeRO-3 holds them).
   const std::vector<std::string> keys = state_keys(engine);
-  const std::vector<parallel::Engine::Shard> shards = engine.shards();
-  struct Local {
-    int unit;
-    std::string key;
-    Tensor data;  // [unit numel before dp padding]
-  };
-  std::vector<Local> local;
-  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
-    const int64_t numel = engine.partition(u).numel;
-    for (const std::string& key : keys) {
-      Tensor buf;
-      for (const parallel::Engine::Shard& s : shards) {
-        if (s.unit != units[u].name || s.key != key) continue;
-        if (!buf.defined()) buf = tensor::zeros({numel}, s.data.dtype(), device);
-        Tensor dst = buf.narrow(0, s.begin, s.data.numel());
-        dst.copy_(s.data);
-      }
-      if (!buf.defined())
-        buf = tensor::zeros({numel}, key == "param" ? units[u].params.dtype() : DType::F32, device);
-      if (dp.size() > 1) dp.allreduce(buf, comm::ReduceOp::Sum)->wait();
-      local.push_back({u, key, buf});
-    }
-    if (engine.stage() < 3) local.push_back({u, "param", units[u].params.narrow(0, 0, numel)});
-  }
+  std::vector<std::string> state_names;  // the optimizer file's keys
+  for (const std::string& key : keys)
+    if (key != "param") state_names.push_back(key);
+  const std::vector<parallel::Engine::ShardInfo> layout = engine.shard_layout();
 
-  // 2. The tp group of dp rank 0 puts the sharded parameters together; the stage lead (global
-  // rank 0 without pipeline parallelism) lays them out in the whole model.
   const bool lead = ctx.world.rank() == 0;
   comm::Communicator* pp = ctx.pp != nullptr && ctx.pp->size() > 1 ? ctx.pp : nullptr;
   const bool stage_lead = dp.rank() == 0 && tp.rank() == 0;
   STRATA_CHECK(!lead || stage_lead, "global rank 0 is dp rank {}, tp rank {}", dp.rank(),
                tp.rank());
+  // The units this stage writes: the last stage's copy of a tied embedding is the first stage's
+  // (Note [Pipeline stages]). The same on every rank of the stage.
+  std::vector<int> written;
+  std::map<std::string, int> local_unit;  // name -> u, of the written units
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    if (pp != nullptr && !model.is_first_stage() && units[u].name == "embeddings") continue;
+    written.push_back(u);
+    local_unit[units[u].name] = u;
+  }
   std::unique_ptr<models::CausalLM> whole;
-  std::map<std::pair<std::string, std::string>, Tensor> whole_states;  // (unit, key)
   std::map<std::string, std::pair<std::string, int64_t>> place;  // name -> (whole unit, offset)
   if (stage_lead) {
     whole = ctx.make_whole();
@@ -107,70 +152,90 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
       }
     }
   }
-  if (dp.rank() == 0) {
-    for (const Local& l : local) {
-      const models::FlatUnit& unit = units[l.unit];
-      // The last stage's copy of a tied embedding is the first stage's (Note [Pipeline stages]).
-      if (pp != nullptr && !model.is_first_stage() && unit.name == "embeddings") continue;
-      for (size_t i = 0; i < unit.names.size(); ++i) {
-        const std::string& name = unit.names[i];
-        const Tensor mine = l.data.narrow(0, unit.offsets[i], unit.numels[i]).contiguous();
-        Tensor value;
-        auto it = model.shard_specs().find(name);
-        if (it != model.shard_specs().end()) {
-          Tensor all = Tensor::empty({mine.numel() * tp.size()}, mine.dtype(), device);
-          tp.group->allgather(mine, all)->wait();
-          if (!stage_lead) continue;
-          const tensor::Shape full = whole->parameter(name).data().shape();
-          value = unshard(all.to(Device::cpu()), it->second, full, tp.size());
-        } else {
-          if (!stage_lead) continue;
-          value = mine.to(Device::cpu());
-        }
-        if (l.key == "param") {
-          Tensor dst = whole->parameter(name).data();
-          dst.copy_(value.view(dst.shape()).to(dst.dtype()));
-          continue;
-        }
-        const auto& [wunit, woff] = place.at(name);
-        Tensor& buf = whole_states[{wunit, l.key}];
-        if (!buf.defined()) {
-          for (const models::FlatUnit& wu : whole->flat_units())
-            if (wu.name == wunit) buf = tensor::zeros({wu.size()}, value.dtype());
-        }
-        Tensor dst = buf.narrow(0, woff, value.numel());
-        dst.copy_(value.reshape({-1}));
-      }
+  // The whole tensors `value` of parameter `name` (gathered: every tp rank's slice in rank order).
+  auto whole_value = [&](const std::string& name, const Tensor& value) {
+    auto it = model.shard_specs().find(name);
+    if (it == model.shard_specs().end()) return value;
+    const tensor::Shape full = whole->parameter(name).data().shape();
+    return unshard(value, it->second, full, tp.size());
+  };
+  // Pipeline parallelism: the stage leads (one pp group) sum a whole unit's buffer onto rank 0,
+  // exact since the stages hold disjoint tensors. An nccl group moves device memory only: there
+  // the host buffer goes through a device copy.
+  auto sum_over_stages = [&](Tensor host) {
+    if (pp == nullptr) return;
+    if (pp->backend() != "nccl") {
+      pp->allreduce(host, comm::ReduceOp::Sum)->wait();
+      return;
     }
-  }
+    Tensor staged = host.to(device);
+    pp->allreduce(staged, comm::ReduceOp::Sum)->wait();
+    host.copy_(staged);
+  };
 
-  // 2b. Pipeline parallelism: the stage leads (one pp group) sum their whole models' units onto
-  // rank 0, parameters and every state key, unit by unit.
-  if (pp != nullptr && stage_lead) {
-    std::vector<std::string> state_names;
-    for (const std::string& key : keys)
-      if (key != "param") state_names.push_back(key);
-    // The whole model is in host memory, and an nccl group moves device memory only: there each
-    // buffer goes through a device copy of its own, one at a time, so the device never holds
-    // more than one whole unit's buffer beside the run.
-    auto sum = [&](Tensor host) {
-      if (pp->backend() != "nccl") {
-        pp->allreduce(host, comm::ReduceOp::Sum)->wait();
-        return;
-      }
-      Tensor staged = host.to(device);
-      pp->allreduce(staged, comm::ReduceOp::Sum)->wait();
-      host.copy_(staged);
-    };
-    for (models::FlatUnit& wu : whole->flat_units()) {
-      sum(wu.params);
-      for (const std::string& key : state_names) {
-        Tensor& buf = whole_states[{wu.name, key}];
-        if (!buf.defined()) buf = tensor::zeros({wu.size()}, DType::F32);
-        sum(buf);
-      }
+  // 1. The parameters, unit by unit, into the stage lead's whole model, summed over the stages.
+  for (int u : written)
+    gather_unit(ctx, u, {"param"}, true, layout,
+                [&](const std::string&, const std::string& name, const Tensor& value) {
+                  Tensor dst = whole->parameter(name).data();
+                  dst.copy_(whole_value(name, value).view(dst.shape()).to(dst.dtype()));
+                });
+  if (pp != nullptr && stage_lead)
+    for (models::FlatUnit& wu : whole->flat_units()) sum_over_stages(wu.params);
+
+  // 2. The optimizer states, a whole unit at a time (Note [Streamed shards]): gathered as the
+  // parameters are, summed over the stages, and on rank 0 handed to the checkpoint's writer as
+  // they come, so no rank holds more than a unit's states. Every rank goes through the same
+  // units whether rank 0's writer takes them or failed (`emit` null): the collectives match.
+  std::map<std::pair<std::string, std::string>, size_t> shard_of;  // (unit, key) -> stream index
+  FlatShardStream stream;
+  if (lead) {
+    std::map<std::pair<std::string, std::string>, int64_t> sizes;  // the file's order
+    for (const models::FlatUnit& wu : whole->flat_units())
+      for (const std::string& key : state_names) sizes[{wu.name, key}] = wu.size();
+    for (const auto& [uk, n] : sizes) {
+      shard_of[uk] = stream.shards.size();
+      stream.shards.push_back({uk.first, uk.second, 0, n, DType::F32});
     }
   }
+  bool states_done = false;
+  auto state_pass = [&](const FlatShardStream::Emit* emit) {
+    states_done = true;
+    if (!stage_lead) {
+      for (int u : written)
+        gather_unit(ctx, u, state_names, false, layout,
+                    [](const std::string&, const std::string&, const Tensor&) {});
+      return;
+    }
+    std::exception_ptr failed;  // the writer's first error; the collectives go on
+    int last = -1;  // the stage's other ranks go through `written` in order: so must this one
+    for (const models::FlatUnit& wu : whole->flat_units()) {
+      std::map<std::string, Tensor> bufs;  // key -> the whole unit's state
+      for (const std::string& key : state_names) bufs[key] = tensor::zeros({wu.size()});
+      auto it = local_unit.find(wu.name);
+      if (it != local_unit.end()) {
+        STRATA_CHECK(it->second > last, "unit '{}' is out of the whole model's order", wu.name);
+        last = it->second;
+        gather_unit(ctx, it->second, state_names, false, layout,
+                    [&](const std::string& key, const std::string& name, const Tensor& value) {
+                      Tensor dst = bufs.at(key).narrow(0, place.at(name).second, value.numel());
+                      dst.copy_(whole_value(name, value).reshape({-1}));
+                    });
+      } else {
+        STRATA_CHECK(pp != nullptr, "unit '{}' of the whole model is not on this rank", wu.name);
+      }
+      for (auto& [key, buf] : bufs) {
+        sum_over_stages(buf);
+        if (emit == nullptr || failed) continue;
+        try {
+          (*emit)(shard_of.at({wu.name, key}), buf);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
+  };
 
   // 3. Rank 0 writes it as one process would; the world agrees on the outcome.
   std::string dir;
@@ -182,14 +247,15 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
       parts.write_model = true;
       parts.optimizer_name = std::string(engine.optimizer().name());
       parts.optimizer_step = engine.optimizer().step_count();
-      for (auto& [uk, buf] : whole_states)
-        parts.optimizer_shards.push_back({uk.first, uk.second, 0, buf});
+      stream.produce = [&](const FlatShardStream::Emit& emit) { state_pass(&emit); };
+      parts.optimizer_stream = stream;
       comm::SelfCommunicator self;
       dir = save_checkpoint(run_dir, parts, state, config_yaml, keep, self);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
+  if (!states_done) state_pass(nullptr);
   Tensor ok = tensor::from_ints({error.empty() ? 1 : 0}, {1}, DType::I32).to(device);
   ctx.world.allreduce(ok, comm::ReduceOp::Min)->wait();
   if (tensor::to_int_vector(ok.to(Device::cpu()))[0] == 0) {

@@ -276,7 +276,12 @@ TpCheckpointReader::TpCheckpointReader(const models::CausalLM& local, const mode
 
 void TpCheckpointReader::fill(const std::string& unit, const std::string& key,
                               const std::string& source_key, int64_t begin, tensor::Tensor dst) {
-  Tensor& buf = unit_cache_[unit + "/" + key];
+  // A load goes unit by unit (Note [Streamed shards]): the cache holds one unit's states.
+  if (unit != cached_unit_) {
+    unit_cache_.clear();
+    cached_unit_ = unit;
+  }
+  Tensor& buf = unit_cache_[key];
   if (!buf.defined()) {
     const models::nn::TensorParallel& tp = local_.tensor_parallel();
     const models::FlatUnit* u = nullptr;

@@ -1,7 +1,7 @@
 // ZeRO-Infinity's optimizer states under tensor parallelism, through `train` on CPU ranks: at tp 2
-// (and tp 2 x dp 2) the optimizer in an NVMe swap file (offload_optimizer.device nvme) gives the
-// in-memory tp 2 run's losses, norms, parameters and moments bitwise, at ZeRO-1, 2 and 3, in fp32
-// and bf16, with a max_norm that clips every step (Note [Tensor-parallel gradient norm]:
+// (and tp 2 x dp 2, tp 2 x pp 2) the optimizer in an NVMe swap file (offload_optimizer.device
+// nvme) gives the in-memory tp 2 run's losses, norms, parameters and moments bitwise, at ZeRO-1, 2
+// and 3, in fp32 and bf16, with the parameter partitions offloaded too (ZeRO-3), with a max_norm that clips every step (Note [Tensor-parallel gradient norm]:
 // replicated parameters count once, not once per tp rank); a run stopped and resumed from its
 // checkpoint gives the uninterrupted run's bits. (`train` refuses device cpu on a CPU run, which
 // has no device to offload from: tests/tp/tp_offload_mpi_test.cpp runs the host placement at tp 2
@@ -102,9 +102,12 @@ class TrainTpOffloadMpi : public testing::TrainMpiFixture {
 
   // The in-memory run and the nvme run at `np` ranks: equal losses, norms, parameters and
   // moments; every step clipped; the swap directory empty afterwards.
-  // `pp`: that many pipeline stages too.
-  void expect_offload_bitwise(int np, int stage, const std::string& dtype, int steps, int pp = 1) {
-    const std::string tag = fmt::format("np{}_pp{}_z{}_{}", np, pp, stage, dtype);
+  // `pp`: that many pipeline stages too. `param_device` (cpu, nvme): ZeRO-Infinity's parameter
+  // partitions offloaded as well (stage 3).
+  void expect_offload_bitwise(int np, int stage, const std::string& dtype, int steps, int pp = 1,
+                              const std::string& param_device = "") {
+    const std::string tag =
+        fmt::format("np{}_pp{}_z{}_{}_{}", np, pp, stage, dtype, param_device);
     const std::string plain = "plain_" + tag;
     auto with_pp = [pp](std::vector<std::string> s) {
       if (pp > 1) s.push_back(fmt::format("parallelism.pipeline_parallel_size={}", pp));
@@ -118,7 +121,12 @@ class TrainTpOffloadMpi : public testing::TrainMpiFixture {
     EXPECT_LT(want.back(), want.front()) << "the run did not train";
     for (double n : want_norms) EXPECT_GT(n, kMaxNorm) << "a step did not clip";
     const std::string off = "nvme_" + tag;
-    CommandResult b = train(np, config(off, steps), with_pp(sets(stage, dtype, true)));
+    std::vector<std::string> offloaded = with_pp(sets(stage, dtype, true));
+    if (!param_device.empty()) {
+      offloaded.push_back("zero_optimization.offload_param.device=" + param_device);
+      offloaded.push_back("zero_optimization.offload_param.nvme_path=" + swap());
+    }
+    CommandResult b = train(np, config(off, steps), offloaded);
     ASSERT_EQ(b.exit_code, 0) << describe(b);
     EXPECT_NE(b.out.find("tp 2 x dp"), std::string::npos) << b.out;
     EXPECT_NE(b.out.find("ZeRO-Infinity (rank 0): optimizer states on NVMe in " + swap()),
@@ -150,6 +158,14 @@ TEST_F(TrainTpOffloadMpi, TpTwoTimesDpTwoOffloadedIsBitwiseTheInMemoryRun) {
   ASSERT_NO_FATAL_FAILURE(expect_offload_bitwise(4, 2, "fp32", 4));
 }
 
+// ZeRO-Infinity whole at tp 2: the parameter partitions on the host or on NVMe too.
+TEST_F(TrainTpOffloadMpi, TpTwoWithTheParametersOffloadedTooIsBitwiseTheInMemoryRun) {
+  for (const char* device : {"cpu", "nvme"}) {
+    SCOPED_TRACE(device);
+    ASSERT_NO_FATAL_FAILURE(expect_offload_bitwise(2, 3, "fp32", 4, 1, device));
+  }
+}
+
 // tp 2 x pp 2 (Note [Norm across stages]: the stages' sums add, the tied copy counted once).
 TEST_F(TrainTpOffloadMpi, TpTwoTimesPpTwoOffloadedIsBitwiseTheInMemoryRun) {
   for (int stage : {1, 2}) {
@@ -159,13 +175,19 @@ TEST_F(TrainTpOffloadMpi, TpTwoTimesPpTwoOffloadedIsBitwiseTheInMemoryRun) {
 }
 
 // Stopped at step 3 and resumed, a tp 2 run with its states on NVMe gives the uninterrupted
-// run's bits (Note [Tensor-parallel checkpoints]), at ZeRO-1 and ZeRO-3.
+// run's bits (Note [Tensor-parallel checkpoints]), at ZeRO-1, at ZeRO-3, and at ZeRO-3 with the
+// parameter partitions on NVMe too.
 TEST_F(TrainTpOffloadMpi, CheckpointResumesBitwiseWithTheStatesOnNvme) {
-  for (int stage : {1, 3}) {
-    SCOPED_TRACE(fmt::format("stage {}", stage));
-    const std::string full = fmt::format("full_z{}", stage), parts = fmt::format("parts_z{}", stage);
-    ASSERT_NO_FATAL_FAILURE(
-        train_full_and_resumed(2, sets(stage, "fp32", true), 6, 3, full, parts));
+  for (const auto& [stage, params] : {std::pair{1, false}, {3, false}, {3, true}}) {
+    const std::string tag = fmt::format("z{}{}", stage, params ? "_params" : "");
+    SCOPED_TRACE(tag);
+    std::vector<std::string> s = sets(stage, "fp32", true);
+    if (params) {
+      s.push_back("zero_optimization.offload_param.device=nvme");
+      s.push_back("zero_optimization.offload_param.nvme_path=" + swap());
+    }
+    const std::string full = "full_" + tag, parts = "parts_" + tag;
+    ASSERT_NO_FATAL_FAILURE(train_full_and_resumed(2, s, 6, 3, full, parts));
     const std::vector<double> x = losses(full);
     ASSERT_EQ(x.size(), 6u);
     EXPECT_EQ(losses(parts), x);

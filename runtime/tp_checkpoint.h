@@ -11,8 +11,15 @@
 // shards]); global rank 0 lays the whole tensors out in a tp = 1 model of the same config (the
 // "whole" model) and writes the checkpoint as one process would, and the world agrees on
 // success. On load every rank reads the whole tensors it needs from that layout and keeps its
-// slices. The whole model is built for the occasion: host memory for one more copy of the model
-// (and, on rank 0 while saving, of the optimizer state).
+// slices. The whole model is built for the occasion: host memory for one more copy of the
+// model's parameters.
+// The optimizer states go a unit at a time (Note [Streamed shards] in parallel/engine.h): every
+// rank streams its slices of one unit (on NVMe, that unit's sub-groups alone), the unit is made
+// whole over dp and tp, and rank 0 hands each state of the whole unit to the checkpoint's
+// streaming writer before the next unit; every rank goes through the same units even when rank
+// 0's writer failed, so the collectives stay matched. A load keeps one unit of this rank's
+// states (TpCheckpointReader). So host memory holds the whole model's parameters and a few
+// units' states, never the optimizer states whole.
 //
 // Under pipeline parallelism (Note [Pipeline stages]) a rank's units are its stage's, named as
 // in the whole model. On save the first rank of each stage's tp and dp groups (its "stage lead")
@@ -20,7 +27,8 @@
 // leads (one pp group) sum each whole unit's buffers, parameters and states, onto global rank 0:
 // exact, since the stages hold disjoint tensors. The copy of a tied embedding on the last stage
 // is left out (it equals the first stage's: the pipeline sums its gradients), so it is written
-// once. Each stage lead then holds a whole model and its states in host memory while saving.
+// once. The stage leads go through the whole model's units in its order, each summing a unit's
+// states (zeros where the stage holds none) before the next.
 // On load each stage reads the tensors of its own parameters by name, the tied copy included.
 #include <functional>
 #include <map>

@@ -19,6 +19,7 @@
 #include "models/registry.h"
 #include "tensor/ops.h"
 #include "tools/bench/bench_cli.h"
+#include "tools/bench/bench_model_args.h"
 
 using namespace strata;
 int main(int argc, char** argv) {
@@ -29,7 +30,7 @@ int main(int argc, char** argv) {
   // Note [Bench command line]; positional, as tools/bench/run_gpt2_cpu.sh passes them.
   CLI::App app{"GPT-2 forward + backward tokens/s and GFLOP/s on the CPU against one large GEMM",
                "bench_gpt2_cpu"};
-  bench::value_option(app, "model", model_name, "registry name");
+  bench::value_option(app, "model", model_name, "registry name")->check(bench::registry_model());
   bench::count_option(app, "B", B, "sequences per step");
   bench::count_option(app, "T", T, "tokens per sequence");
   bench::count_option(app, "steps", steps, "timed steps");

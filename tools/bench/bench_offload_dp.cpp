@@ -31,17 +31,13 @@
 #include "optim/adamw.h"
 #include "parallel/engine.h"
 #include "tools/bench/bench_cli.h"
+#include "tools/bench/bench_model_args.h"
 
 namespace {
 
 using namespace strata;
 
-struct Args {
-  std::string model = "gpt2-tiny";
-  int64_t embd = 256;
-  int64_t layers = 4;
-  int64_t seq = 64;
-  int64_t micro = 2;
+struct Args : bench::ModelArgs {  // gpt2-tiny, 4 layers, 256 wide, 64 tokens, micro-batch 2
   int steps = 5;
   std::string dtype = "bf16";
 };
@@ -50,11 +46,7 @@ struct Args {
 std::optional<int> parse(int argc, char** argv, Args& a) {
   CLI::App app{"ZeRO-Offload's CPU step against the data-parallel degree, on CPU ranks",
                "bench_offload_dp"};
-  bench::value_option(app, "--model", a.model, "registry name");
-  bench::count_option(app, "--embd", a.embd, "width (n_embd)");
-  bench::count_option(app, "--layers", a.layers, "transformer blocks (n_layer)");
-  bench::count_option(app, "--seq", a.seq, "tokens per sequence (n_positions)");
-  bench::count_option(app, "--micro", a.micro, "sequences per micro-batch");
+  bench::add_model_options(app, a);
   bench::count_option(app, "--steps", a.steps, "timed steps per degree (median)");
   bench::value_option(app, "--dtype", a.dtype, "parameter and gradient dtype")
       ->check(CLI::IsMember({"bf16", "fp32"}));
@@ -148,10 +140,7 @@ int main(int argc, char** argv) {
   try {
     auto world = comm::init_world("mpi", Device::cpu(), std::chrono::minutes(5));
     const int p = world->size(), rank = world->rank();
-    models::ModelOptions options;
-    options.overrides["n_layer"] = std::to_string(args.layers);
-    options.overrides["n_embd"] = std::to_string(args.embd);
-    options.overrides["n_positions"] = std::to_string(args.seq);
+    const models::ModelOptions options = bench::model_options(args);
     Times one;
     if (rank == 0)
       one = run(args, options, std::make_shared<comm::SelfCommunicator>("dp"), nullptr);

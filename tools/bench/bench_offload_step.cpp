@@ -38,19 +38,18 @@
 #include "parallel/engine.h"
 #include "tensor/ops.h"
 #include "tools/bench/bench_cli.h"
+#include "tools/bench/bench_model_args.h"
 
 using namespace strata;
 
 namespace {
 
-struct Args {
+struct Args : bench::ModelArgs {  // part 2's GPT-2: layers and embd (4 x 256)
   std::string dir = "/tmp";
   int64_t params = 16 << 20;
   int64_t sub_group = 2 << 20;
   int buffers = 4;
   int reps = 5;
-  int64_t layers = 4;
-  int64_t embd = 256;
   int steps = 3;
   int aio_threads = 1;
   int queue_depth = 8;
@@ -65,8 +64,7 @@ std::optional<int> parse(int argc, char** argv, Args& a) {
   bench::count_option(app, "--sub-group", a.sub_group, "sub_group_size, elements");
   bench::count_option(app, "--buffers", a.buffers, "offload_optimizer.buffer_count");
   bench::count_option(app, "--reps", a.reps, "rounds (medians reported)");
-  bench::count_option(app, "--layers", a.layers, "GPT-2 blocks of the training steps (part 2)");
-  bench::count_option(app, "--embd", a.embd, "GPT-2 width (part 2)");
+  bench::add_shape_options(app, a, " of part 2's GPT-2");
   bench::count_option(app, "--steps", a.steps, "training steps per round (part 2)");
   bench::value_option(app, "--aio-threads", a.aio_threads, "aio.thread_count");
   bench::value_option(app, "--queue-depth", a.queue_depth, "aio.queue_depth");

@@ -35,17 +35,18 @@
 #include "optim/adamw.h"
 #include "parallel/engine.h"
 #include "tools/bench/bench_cli.h"
+#include "tools/bench/bench_model_args.h"
 
 namespace {
 
 using namespace strata;
 
-struct Args {
-  std::string model = "gpt2-tiny";
-  int64_t layers = 8;
-  int64_t embd = 256;
-  int64_t micro = 4;
-  int64_t seq = 128;
+struct Args : bench::ModelArgs {
+  Args() {
+    layers = 8;
+    micro = 4;
+    seq = 128;
+  }
   int steps = 6;
   int rounds = 3;
   std::string nvme_path = "/tmp";
@@ -56,11 +57,7 @@ struct Args {
 std::optional<int> parse(int argc, char** argv, Args& a) {
   CLI::App app{"ZeRO-3 step time with the parameter partitions in memory, on the host or on NVMe",
                "bench_zero_infinity"};
-  bench::value_option(app, "--model", a.model, "registry name");
-  bench::count_option(app, "--layers", a.layers, "transformer blocks (n_layer)");
-  bench::count_option(app, "--embd", a.embd, "width (n_embd)");
-  bench::count_option(app, "--micro", a.micro, "sequences per micro-batch");
-  bench::count_option(app, "--seq", a.seq, "tokens per sequence (n_positions)");
+  bench::add_model_options(app, a);
   bench::count_option(app, "--steps", a.steps, "timed steps per placement (median)");
   bench::count_option(app, "--rounds", a.rounds, "rounds over the placements (fastest kept)");
   bench::value_option(app, "--nvme-path", a.nvme_path, "directory of the NVMe swap files");
@@ -151,10 +148,7 @@ int main(int argc, char** argv) {
   Args a;
   if (const std::optional<int> status = parse(argc, argv, a)) return *status;
   try {
-    models::ModelOptions options;
-    options.overrides["n_layer"] = std::to_string(a.layers);
-    options.overrides["n_embd"] = std::to_string(a.embd);
-    options.overrides["n_positions"] = std::to_string(a.seq);
+    const models::ModelOptions options = bench::model_options(a);
     const models::ModelShape shape = models::ModelRegistry::global().shape(a.model, options);
     std::printf(
         "bench_zero_infinity: %s, %lld layers x %lld wide, %.1fM parameters, micro-batch %lld x "

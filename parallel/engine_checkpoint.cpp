@@ -142,15 +142,14 @@ void Engine::stream_shards(bool params,
     return;
   }
   if (optim::NvmeAdamW* nv = placement_->nvme()) {
-    const optim::NvmeAdamW::SubGroupFn fn = [&](size_t g, int64_t offset,
-                                                const tensor::Tensor& master,
-                                                const tensor::Tensor& exp_avg,
-                                                const tensor::Tensor& exp_avg_sq) {
-      const int u = static_cast<int>(g);
-      slice_piece(u, "exp_avg", offset, exp_avg);
-      slice_piece(u, "exp_avg_sq", offset, exp_avg_sq);
-      slice_piece(u, "master", offset, master);
-    };
+    const optim::NvmeAdamW::SubGroupFn fn =
+        [&](size_t g, int64_t offset, const tensor::Tensor& master, const tensor::Tensor& exp_avg,
+            const tensor::Tensor& exp_avg_sq) {
+          const int u = static_cast<int>(g);
+          slice_piece(u, "exp_avg", offset, exp_avg);
+          slice_piece(u, "exp_avg_sq", offset, exp_avg_sq);
+          slice_piece(u, "master", offset, master);
+        };
     if (unit >= 0) {
       nv->read_slice_states(static_cast<size_t>(unit), fn);
     } else {

@@ -439,8 +439,8 @@ void GradReducer::set_norm_pieces(int unit, std::vector<Range> pieces) {
   const int64_t shard = state_->setup[static_cast<size_t>(unit)].part.shard;
   for (const Range& r : pieces)
     STRATA_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= shard,
-                 "norm piece [{}, {}) of unit {} outside its partition of {}", r.begin, r.end,
-                 unit, shard);
+                 "norm piece [{}, {}) of unit {} outside its partition of {}", r.begin, r.end, unit,
+                 shard);
   state_->norm_pieces[static_cast<size_t>(unit)] = std::move(pieces);
 }
 

@@ -109,10 +109,10 @@ void HostPlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory
     options.grad_dtype = param_dtype_;  // the units' gradients are cast with their parameters
     if (options.lock_tag.empty()) {
       // The ranks of a tp group share a dp rank: each needs a swap file of its own.
-      options.lock_tag = tp_model_ != nullptr && tp_model_->tensor_parallel().enabled()
-                             ? fmt::format("optimizer-tp{}-dp{}",
-                                           tp_model_->tensor_parallel().rank(), dp_.rank())
-                             : fmt::format("optimizer-dp{}", dp_.rank());
+      options.lock_tag =
+          tp_model_ != nullptr && tp_model_->tensor_parallel().enabled()
+              ? fmt::format("optimizer-tp{}-dp{}", tp_model_->tensor_parallel().rank(), dp_.rank())
+              : fmt::format("optimizer-dp{}", dp_.rank());
     }
     nvme_ = std::make_unique<optim::NvmeAdamW>(std::move(nv), adamw->config(), options);
     return;

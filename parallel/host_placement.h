@@ -124,15 +124,15 @@ class HostPlacement final : public OptimizerPlacement {
   bool sum_over_ranks_;
   Device device_;
   OffloadOptimizerConfig config_;
-  std::vector<tensor::Tensor> initial_masters_;    // host fp32, until build()
-  std::vector<tensor::Tensor> device_grads_;       // the owned reduced gradients (or host ones)
-  GradientReduction* host_grads_ = nullptr;        // when they are host partitions
-  const models::CausalLM* tp_model_ = nullptr;     // count_shards_of
+  std::vector<tensor::Tensor> initial_masters_;  // host fp32, until build()
+  std::vector<tensor::Tensor> device_grads_;     // the owned reduced gradients (or host ones)
+  GradientReduction* host_grads_ = nullptr;      // when they are host partitions
+  const models::CausalLM* tp_model_ = nullptr;   // count_shards_of
   // count_shards_of: per unit, the owned slice's segments and which are sharded.
   std::vector<std::vector<optim::Segment>> norm_segments_;
   std::vector<std::vector<bool>> segment_sharded_;
-  std::unique_ptr<optim::HostOffload> offload_;    // device cpu
-  std::unique_ptr<optim::NvmeAdamW> nvme_;         // device nvme
+  std::unique_ptr<optim::HostOffload> offload_;  // device cpu
+  std::unique_ptr<optim::NvmeAdamW> nvme_;       // device nvme
   int64_t delayed_steps_ = 0;
 };
 

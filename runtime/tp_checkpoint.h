@@ -75,7 +75,7 @@ class TpCheckpointReader {
   };
   const models::CausalLM& local_;
   const FlatShardIndex& index_;
-  std::map<std::string, Place> whole_places_;         // parameter name -> where in the whole model
+  std::map<std::string, Place> whole_places_;  // parameter name -> where in the whole model
   // key -> this rank's whole unit `cached_unit_` of that state; a fill of another unit drops it.
   std::string cached_unit_;
   std::map<std::string, tensor::Tensor> unit_cache_;

@@ -1,11 +1,11 @@
 // ZeRO-Infinity's optimizer states under tensor parallelism, through `train` on CPU ranks: at tp 2
 // (and tp 2 x dp 2, tp 2 x pp 2) the optimizer in an NVMe swap file (offload_optimizer.device
 // nvme) gives the in-memory tp 2 run's losses, norms, parameters and moments bitwise, at ZeRO-1, 2
-// and 3, in fp32 and bf16, with the parameter partitions offloaded too (ZeRO-3), with a max_norm that clips every step (Note [Tensor-parallel gradient norm]:
-// replicated parameters count once, not once per tp rank); a run stopped and resumed from its
-// checkpoint gives the uninterrupted run's bits. (`train` refuses device cpu on a CPU run, which
-// has no device to offload from: tests/tp/tp_offload_mpi_test.cpp runs the host placement at tp 2
-// through the Engine.)
+// and 3, in fp32 and bf16, with the parameter partitions offloaded too (ZeRO-3), with a max_norm
+// that clips every step (Note [Tensor-parallel gradient norm]: replicated parameters count once,
+// not once per tp rank); a run stopped and resumed from its checkpoint gives the uninterrupted
+// run's bits. (`train` refuses device cpu on a CPU run, which has no device to offload from:
+// tests/tp/tp_offload_mpi_test.cpp runs the host placement at tp 2 through the Engine.)
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -41,12 +41,10 @@ class TrainTpOffloadMpi : public testing::TrainMpiFixture {
   std::string swap() const { return tmp_ / "swap"; }
 
   // tp 2 at `stage` in `dtype`, clipping at kMaxNorm, optimizer states on NVMe with `nvme`.
-  std::vector<std::string> sets(int stage, const std::string& dtype,
-                                bool nvme) const {
-    std::vector<std::string> s = {"parallelism.tensor_parallel_size=2",
-                                  fmt::format("zero_optimization.stage={}", stage),
-                                  "run.dtype=" + dtype,
-                                  fmt::format("optimizer.grad_clip={}", kMaxNorm)};
+  std::vector<std::string> sets(int stage, const std::string& dtype, bool nvme) const {
+    std::vector<std::string> s = {
+        "parallelism.tensor_parallel_size=2", fmt::format("zero_optimization.stage={}", stage),
+        "run.dtype=" + dtype, fmt::format("optimizer.grad_clip={}", kMaxNorm)};
     if (nvme) {
       s.push_back("zero_optimization.offload_optimizer.device=nvme");
       s.push_back("zero_optimization.offload_optimizer.nvme_path=" + swap());
@@ -106,8 +104,7 @@ class TrainTpOffloadMpi : public testing::TrainMpiFixture {
   // partitions offloaded as well (stage 3).
   void expect_offload_bitwise(int np, int stage, const std::string& dtype, int steps, int pp = 1,
                               const std::string& param_device = "") {
-    const std::string tag =
-        fmt::format("np{}_pp{}_z{}_{}_{}", np, pp, stage, dtype, param_device);
+    const std::string tag = fmt::format("np{}_pp{}_z{}_{}_{}", np, pp, stage, dtype, param_device);
     const std::string plain = "plain_" + tag;
     auto with_pp = [pp](std::vector<std::string> s) {
       if (pp > 1) s.push_back(fmt::format("parallelism.pipeline_parallel_size={}", pp));

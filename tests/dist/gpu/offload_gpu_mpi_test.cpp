@@ -2,7 +2,8 @@
 // NCCL]): each rank steps only its partition on the host. Without the delayed update the run is
 // bitwise the run without offload at ZeRO-1 and ZeRO-2 (issue 54); an offloaded checkpoint
 // resumes bitwise on two GPUs and continues on one; at ZeRO-3 with the states on the host or on
-// NVMe (issue 55) the run is bitwise too. Each test skips without two GPUs.
+// NVMe (issue 55) the run is bitwise too, and so it is at tp 2, clipped. Each test skips without
+// two GPUs.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -185,6 +186,49 @@ TEST_F(OffloadGpuMpi, ZeroThreeWithTheStatesOnTheHostOrOnNvmeIsBitwiseOnTwoGpus)
   EXPECT_LT(want.back(), want.front()) << "the run did not train";
   expect_same_models("cpu3", "plain3", kSteps);
   expect_same_models("nvme3", "plain3", kSteps);
+  EXPECT_TRUE(fs::is_empty(swap)) << "swap files or locks left behind";
+}
+
+// Under tensor parallelism (tp 2 on the two GPUs), clipping every step: the offloaded norm counts
+// each replicated parameter once (Note [Tensor-parallel gradient norm]), from the device
+// gradients at ZeRO-1, from the reduction's per-segment device sums at ZeRO-2 (host partitions)
+// and ZeRO-3 on NVMe, so the run is bitwise the in-memory tp 2 run.
+TEST_F(OffloadGpuMpi, TensorParallelOffloadIsBitwiseTheInMemoryTpRunOnTwoGpus) {
+  NEED_GPUS(2);
+  const int kSteps = 4;
+  const fs::path swap = tmp_ / "swap";
+  fs::create_directories(swap);
+  struct Case {
+    const char* dtype;
+    int stage;
+    bool nvme;
+  };
+  for (const Case c : {Case{"fp32", 1, false}, Case{"bf16", 2, false}, Case{"bf16", 3, true}}) {
+    SCOPED_TRACE(fmt::format("{} stage {}{}", c.dtype, c.stage, c.nvme ? " nvme" : ""));
+    const std::vector<std::string> sets = {
+        "parallelism.tensor_parallel_size=2", fmt::format("run.dtype={}", c.dtype),
+        fmt::format("zero_optimization.stage={}", c.stage), "optimizer.grad_clip=0.05"};
+    const std::string plain = fmt::format("tp_plain_{}_{}", c.dtype, c.stage);
+    const std::string off = fmt::format("tp_off_{}_{}", c.dtype, c.stage);
+    CommandResult a = train(2, config(plain, kSteps), sets);
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    std::vector<std::string> with = sets;
+    if (c.nvme) {
+      with.push_back("zero_optimization.offload_optimizer.device=nvme");
+      with.push_back("zero_optimization.offload_optimizer.nvme_path=" + swap.string());
+      with.push_back("zero_optimization.sub_group_size=3000");
+    } else {
+      with.push_back(kOffload);
+    }
+    CommandResult b = train(2, config(off, kSteps), with);
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find("tp 2 x dp 1"), std::string::npos) << b.out;
+    const std::vector<double> want = losses(plain);
+    ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(losses(off), want);
+    EXPECT_LT(want.back(), want.front()) << "the run did not train";
+    expect_same_models(off, plain, kSteps);
+  }
   EXPECT_TRUE(fs::is_empty(swap)) << "swap files or locks left behind";
 }
 

@@ -201,9 +201,15 @@ struct GradReducer::State {
       sum_squares[u] = optim::grad_sum_of_squares({p});
       return;
     }
+    std::vector<tensor::Tensor> pieces;
+    for (const Range& r : norm_pieces[u]) pieces.push_back(p.narrow(0, r.begin, r.size()));
+    if (p.device().is_cuda()) {  // grad_sum_of_squares's values, one device wait for them all
+      piece_sums[u] = tensor::sum_squares_many(pieces);
+      return;
+    }
     piece_sums[u].clear();
-    for (const Range& r : norm_pieces[u])
-      piece_sums[u].push_back(optim::grad_sum_of_squares({p.narrow(0, r.begin, r.size())}));
+    for (const tensor::Tensor& piece : pieces)
+      piece_sums[u].push_back(optim::grad_sum_of_squares({piece}));
   }
 
   // The bucket's reduction is in: its range goes to the host; the unit's last bucket takes the

@@ -157,4 +157,15 @@ void move_flat_units(std::vector<FlatUnit>& units, Device device) {
       rebuild_unit(unit, unit.size(), unit.params.dtype(), device);
 }
 
+tensor::Tensor rebind_unit_params(FlatUnit& unit, tensor::Tensor params) {
+  STRATA_CHECK(params.ndim() == 1 && params.numel() == unit.size(),
+               "unit '{}' of {} elements bound to parameters {}", unit.name, unit.size(),
+               params.str());
+  for (size_t k = 0; k < unit.variables.size(); ++k)
+    unit.variables[k].set_data(
+        params.narrow(0, unit.offsets[k], unit.numels[k]).view(unit.shapes[k]));
+  std::swap(unit.params, params);
+  return params;
+}
+
 }  // namespace strata::models

@@ -82,4 +82,11 @@ void cast_flat_units(std::vector<FlatUnit>& units, DType dtype);
 // preconditions as repad.
 void move_flat_units(std::vector<FlatUnit>& units, Device device);
 
+// Binds the unit's parameter views (every variable's data) to `params`, a flat buffer of the
+// unit's size in any dtype and on any device, and returns the buffer they were bound to; the
+// gradients are left alone. Unit-by-unit construction (Note [Unit-by-unit construction] in
+// parallel/engine.h) initialises a unit of a low-precision or GPU model in an fp32 host buffer
+// this way, then binds the unit back to its own (released) buffer.
+tensor::Tensor rebind_unit_params(FlatUnit& unit, tensor::Tensor params);
+
 }  // namespace strata::models

@@ -31,16 +31,16 @@ HostOffload::HostOffload(std::vector<OffloadSlice> slices, const Factory& make,
     STRATA_CHECK((s.params.dtype() != DType::F32) == mixed_,
                  "offload slice {} is {} but slice 0 is {}", i, dtype_name(s.params.dtype()),
                  dtype_name(slices_.front().params.dtype()));
+    // Released params without a master (Note [Unit-by-unit construction] in parallel/engine.h):
+    // set_initial_master() fills it, in any precision of the params.
+    const bool later = !s.master.defined() && s.params.storage()->is_released();
     const tensor::Tensor& from = s.master.defined() ? s.master : s.params;
-    STRATA_CHECK(from.dtype() == DType::F32 && from.numel() == s.params.numel(),
+    STRATA_CHECK(later || (from.dtype() == DType::F32 && from.numel() == s.params.numel()),
                  "offload slice {}: masters start from an f32 tensor of {} elements, got {}", i,
                  s.params.numel(), from.str());
     const int64_t n = s.params.numel();
     ParamGroup g;
     g.param = tensor::empty_host({n}, DType::F32, offload::Category::Optimizer, options.pin_memory);
-    // Released params without a master (Note [Unit-by-unit construction] in parallel/engine.h):
-    // set_initial_master() fills it.
-    const bool later = !s.master.defined() && s.params.storage()->is_released();
     if (!later) g.param.copy_(from);
     if (grads_on_host_ && !options.copy_host_grads) {
       g.grad = s.grads;

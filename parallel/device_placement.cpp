@@ -26,9 +26,23 @@ DevicePlacement::DevicePlacement(const std::vector<models::FlatUnit>& units,
       offload::CategoryScope scope(offload::Category::Optimizer);
       m = tensor::Tensor::empty({own.size()}, DType::F32, units[u].params.device());
     }
-    m.copy_(units[u].params.narrow(0, own.begin, own.size()));
+    // Note [Unit-by-unit construction]: not initialised yet; set_initial_master() brings it.
+    const bool later = units[u].params.storage()->is_released();
+    if (!later) m.copy_(units[u].params.narrow(0, own.begin, own.size()));
     masters_.push_back(std::move(m));
+    masters_due_.push_back(later);
   }
+}
+
+void DevicePlacement::set_initial_master(int u, const tensor::Tensor& slice) {
+  if (!mixed_precision()) return;  // the optimizer steps the owned parameters themselves
+  STRATA_CHECK(u >= 0 && u < static_cast<int>(masters_.size()) && masters_due_[u],
+               "unit {} has its initial master", u);
+  STRATA_CHECK(slice.dtype() == DType::F32 && slice.numel() == masters_[u].numel(),
+               "unit {}: masters start from an f32 tensor of {} elements, got {}", u,
+               masters_[u].numel(), slice.str());
+  masters_[u].copy_(slice);  // host to device when the unit was initialised on the host
+  masters_due_[u] = false;
 }
 
 void DevicePlacement::build(std::vector<OwnedSlice> slices, const OptimizerFactory& make) {

@@ -16,8 +16,9 @@ namespace strata::parallel {
 class DevicePlacement final : public OptimizerPlacement {
  public:
   // Before the units are cast to `param_dtype`: takes fp32 masters of the owned slices when
-  // param_dtype is low precision (Category::Optimizer). `dp` for the 1/dp mean and, when `parts`
-  // is partitioned, the norm's allreduce.
+  // param_dtype is low precision (Category::Optimizer); a unit whose buffer is released (Note
+  // [Unit-by-unit construction] in parallel/engine.h) gets its master from set_initial_master().
+  // `dp` for the 1/dp mean and, when `parts` is partitioned, the norm's allreduce.
   DevicePlacement(const std::vector<models::FlatUnit>& units, const Partitioning& parts,
                   DType param_dtype, comm::Communicator& dp);
 
@@ -25,6 +26,7 @@ class DevicePlacement final : public OptimizerPlacement {
   optim::Optimizer& optimizer() override { return *optimizer_; }
   StepResult step(double lr, double max_norm, optim::LossScaler* scaler) override;
   void params_from_masters() override;
+  void set_initial_master(int u, const tensor::Tensor& slice) override;
   bool has_masters() const override { return mixed_precision(); }
   // A tensor-parallel model: the norm counts its sharded parameters over the tp group and its
   // replicated ones once (Note [Tensor-parallel gradient norm] in parallel/tp_grad_norm.h). The
@@ -42,6 +44,7 @@ class DevicePlacement final : public OptimizerPlacement {
   bool sum_over_ranks_;  // ranks own different slices
   Device device_;
   std::vector<tensor::Tensor> masters_;  // mixed precision: fp32, one per unit's owned slice
+  std::vector<bool> masters_due_;        // per unit: set_initial_master() has yet to fill it
   std::unique_ptr<optim::Optimizer> optimizer_;
   const models::CausalLM* tp_model_ = nullptr;  // count_shards_of
 };

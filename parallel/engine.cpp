@@ -75,11 +75,11 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
                       "ZeRO-3's offloaded partitions; it needs zero_optimization.stage 3 with "
                       "offload_param, got stage {} and offload_param.device {}",
                       zero_.stage, offload_param_device_name(zero_.offload_param.device));
-    STRATA_USER_CHECK(param_dtype_ == DType::F32 && !model_.tensor_parallel().enabled() &&
-                          model_.is_whole() && device.value_or(Device::cpu()).is_cpu() &&
-                          units.front().params.device().is_cpu(),
-                      "unit-by-unit construction runs fp32 on the CPU without tensor or "
-                      "pipeline parallelism; build the model whole for this run");
+    STRATA_USER_CHECK(!model_.tensor_parallel().enabled() && model_.is_whole(),
+                      "unit-by-unit construction runs without tensor or pipeline parallelism "
+                      "(tensor_parallel_size {}, a pipeline stage: {}); build the model whole "
+                      "for this run",
+                      model_.tensor_parallel().size(), !model_.is_whole());
   }
 
   // Note [Offload construction]
@@ -156,14 +156,47 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
 void Engine::build_units() {
   std::vector<models::FlatUnit>& units = model_.flat_units();
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    models::FlatUnit& unit = units[u];
+    // A low-precision or GPU unit is initialised in an fp32 host buffer, as the whole build
+    // initialises every unit; its own buffer (param_dtype, on the device) stays released.
+    const bool staged = unit.params.dtype() != DType::F32 || !unit.params.device().is_cpu();
+    tensor::Tensor own_buffer;
+    if (staged) {
+      tensor::Tensor host;
+      {
+        offload::CategoryScope scope(offload::Category::Param);
+        host = tensor::Tensor::empty_released({unit.size()}, DType::F32, Device::cpu());
+      }
+      own_buffer = models::rebind_unit_params(unit, std::move(host));
+    }
     model_.init_unit(u);
     const Range own = partitioning_->owned(u);
-    const tensor::Tensor slice = units[u].params.narrow(0, own.begin, own.size());
+    const tensor::Tensor slice = unit.params.narrow(0, own.begin, own.size());
+    // The fp32 master, before the cast (Note [Mixed precision]).
     placement_->set_initial_master(u, slice);
-    if (!gathering_->managed(u)) continue;  // stays whole (stage3_param_persistence_threshold)
-    gathering_->set_partition(u, slice);
-    units[u].params.storage()->release();
-  }
+    if (!staged) {
+      if (!gathering_->managed(u)) continue;  // stays whole (stage3_param_persistence_threshold)
+      gathering_->set_partition(u, slice);
+      unit.params.storage()->release();
+      continue;
+    }
+    const tensor::Tensor fp32 = models::rebind_unit_params(unit, own_buffer);
+    // The cast on the host, as models::cast_flat_units rounds (to nearest even, on every
+    // backend), then the copy to the device.
+    auto cast = [&](const tensor::Tensor& src) {
+      if (src.dtype() == param_dtype_) return src;
+      offload::CategoryScope scope(offload::Category::Param);
+      tensor::Tensor low = tensor::Tensor::empty(src.shape(), param_dtype_, Device::cpu());
+      low.copy_(src);
+      return low;
+    };
+    if (!gathering_->managed(u)) {  // stays whole: the unit's own buffer takes it all
+      unit.params.storage()->materialize(offload::Category::Param);
+      unit.params.copy_(cast(fp32));
+      continue;
+    }
+    gathering_->set_partition(u, cast(slice));
+  }  // each fp32 unit and its cast copy are freed here
   gathering_->partitions_set();
   model_.set_unit_source({});  // model.init_from's files close
 }

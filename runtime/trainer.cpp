@@ -314,11 +314,11 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   // Note [Host memory budget], Note [Host memory plan]: after the data's checks, before the
   // model and its states are allocated.
   host_budget_ = start_host_budget(c, shape, whole_options_, world_, tp_size_, launch.local_size);
-  // Note [Unit-by-unit construction] (parallel/engine.h): ZeRO-3 with offloaded parameters on
-  // the CPU never holds the model whole; the engine initialises it (or loads init_from into it)
-  // unit by unit into its partitions.
-  const bool deferred = c.zero.stage == 3 && c.zero.offload_param.enabled() && device_.is_cpu() &&
-                        param_dtype(c.run.dtype) == DType::F32 && tp_size_ == 1 && pp_size_ == 1;
+  // Note [Unit-by-unit construction] (parallel/engine.h): ZeRO-3 with offloaded parameters
+  // never holds the model whole, in host memory or on the GPU, in any precision; the engine
+  // initialises it (or loads init_from into it) unit by unit into its partitions.
+  const bool deferred =
+      c.zero.stage == 3 && c.zero.offload_param.enabled() && tp_size_ == 1 && pp_size_ == 1;
   // Note [NVMe space plan]: the swap files' bytes against their disks' free space.
   check_nvme_space_at_start(c, whole_options_, world_, tp_size_, launch.local_size);
   model_ = with_config_context(c, "model", [&] {

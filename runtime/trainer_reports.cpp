@@ -126,6 +126,11 @@ void Trainer::report_memory() {
     // holds of them is transient (a unit being loaded, updated or allgathered).
     using offload::Category;
     using offload::Tier;
+    // Note [Unit-by-unit construction] in parallel/engine.h
+    std::string built;
+    if (model_->built_deferred())
+      built = device_.is_cpu() ? "; built unit by unit, never whole in host memory"
+                               : "; built unit by unit, never whole in host memory or on the GPU";
     console_->event(fmt::format(
         "  ZeRO-Infinity parameters (rank 0): offload_param.device {}; nvme {} (swap files {}), "
         "pinned {} (peak {}), host {} (peak {}); {} buffers of {}{}",
@@ -136,9 +141,7 @@ void Trainer::report_memory() {
         format_bytes(stats.usage(Tier::Pinned, Category::Param).peak),
         format_bytes(stats.usage(Tier::Host, Category::Param).current),
         format_bytes(stats.usage(Tier::Host, Category::Param).peak), tier->buffer_count(),
-        format_bytes(tier->buffer_bytes()),
-        // Note [Unit-by-unit construction] in parallel/engine.h
-        model_->built_deferred() ? "; built unit by unit, never whole in host memory" : ""));
+        format_bytes(tier->buffer_bytes()), built));
   }
   if (autograd::cpu_checkpointing()) {
     // Note [CPU checkpointing]: the checkpoints' bytes moved from the device to pinned memory.

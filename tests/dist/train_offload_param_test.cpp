@@ -192,6 +192,49 @@ TEST_F(TrainOffloadParam, InitFromLoadsUnitByUnitBitwise) {
   }
 }
 
+// Note [Unit-by-unit construction] in mixed precision: `train` with run.dtype bf16 builds the
+// model unit by unit (each unit in fp32, its master to the optimizer, the cast partition to the
+// tier), for the parameters on nvme with the optimizer in memory and on cpu with it on NVMe, at
+// dp 1 and 2; every run is bitwise the same run with the parameters in memory, built whole
+// (losses, gradient norms, the checkpoint's parameters, masters and moments). On CPU ranks
+// `train` has no offload_optimizer.device cpu; the engine's test runs that placement
+// (UnitConstruction.MixedPrecisionIsBitwiseTheWholeInMemoryBuild).
+TEST_F(TrainOffloadParam, MixedPrecisionIsBuiltUnitByUnitBitwise) {
+  const int kSteps = 4;
+  const std::string swap = std::string(tmp_ / "nvme");
+  fs::create_directories(swap);
+  struct Case {
+    const char* param;
+    const char* optimizer;  // "none": in memory
+  };
+  for (int dp : {1, 2}) {
+    for (const Case c : {Case{"nvme", "none"}, Case{"cpu", "nvme"}}) {
+      std::vector<std::string> common = {"run.dtype=bf16"};
+      if (std::string(c.optimizer) != "none") {
+        common.push_back(fmt::format("zero_optimization.offload_optimizer.device={}", c.optimizer));
+        common.push_back("zero_optimization.offload_optimizer.nvme_path=" + swap);
+        common.push_back("zero_optimization.sub_group_size=3000");
+      }
+      // The reference: the same run with the parameters in memory, built whole.
+      const std::string whole = fmt::format("dp{}{}whole", dp, c.optimizer);
+      std::vector<std::string> in_memory = placement("none");
+      in_memory.insert(in_memory.end(), common.begin(), common.end());
+      CommandResult w = train(dp == 1 ? 0 : dp, config(whole, kSteps), in_memory);
+      ASSERT_EQ(w.exit_code, 0) << describe(w);
+      EXPECT_EQ(w.out.find("built unit by unit"), std::string::npos) << w.out;
+      const std::string name = fmt::format("dp{}{}{}", dp, c.param, c.optimizer);
+      std::vector<std::string> offloaded = placement(c.param);
+      offloaded.insert(offloaded.end(), common.begin(), common.end());
+      CommandResult r = train(dp == 1 ? 0 : dp, config(name, kSteps), offloaded);
+      ASSERT_EQ(r.exit_code, 0) << describe(r);
+      EXPECT_NE(r.out.find("built unit by unit, never whole in host memory"), std::string::npos)
+          << r.out;
+      expect_bitwise(whole, name, kSteps);
+    }
+  }
+  EXPECT_TRUE(fs::is_empty(swap));
+}
+
 TEST_F(TrainOffloadParam, BadSettingsAreClearErrors) {
   const std::string cfg = config("bad", 2);
   CommandResult stage =

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "comm/self_communicator.h"
 #include "offload/memory_stats.h"
 #include "tests/parallel/engine_test_util.h"
@@ -69,10 +71,12 @@ class UnitConstruction : public ::testing::Test {
 
 struct BuiltRun {
   std::vector<double> losses;
-  std::vector<std::vector<uint8_t>> params;
+  std::vector<std::vector<uint8_t>> params;  // per unit, gathered
+  std::vector<uint8_t> masters;              // every optimizer state, in the checkpoint's order
 };
 
-BuiltRun run(const TrainSpec& s, const ZeroConfig& z, bool deferred) {
+BuiltRun run(const TrainSpec& s, const ZeroConfig& z, bool deferred,
+             DType param_dtype = DType::F32) {
   std::unique_ptr<models::gpt2::GPT2> model;
   {
     std::optional<models::nn::DeferredInitScope> scope;
@@ -81,16 +85,34 @@ BuiltRun run(const TrainSpec& s, const ZeroConfig& z, bool deferred) {
   }
   EXPECT_EQ(model->built_deferred(), deferred);
   Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"), z,
-                strata::testing::adamw_factory());
+                strata::testing::adamw_factory(), param_dtype);
   BuiltRun r;
   for (int step = 0; step < s.steps; ++step)
     r.losses.push_back(strata::testing::engine_step(engine, s, step));
   engine.finish_pending_update();
   engine.for_each_gathered_unit([&](const models::FlatUnit& u) {
+    EXPECT_EQ(u.params.dtype(), param_dtype) << u.name;
     const auto* p = static_cast<const uint8_t*>(u.params.data_ptr());
     r.params.emplace_back(p, p + u.params.nbytes());
   });
+  // The fp32 masters (mixed precision) or the optimizer's parameters, as a checkpoint takes them.
+  engine.stream_shards(false, [&](size_t i, const tensor::Tensor& piece) {
+    (void)i;
+    const auto* p = static_cast<const uint8_t*>(piece.data_ptr());
+    r.masters.insert(r.masters.end(), p, p + piece.nbytes());
+  });
   return r;
+}
+
+void expect_same(const BuiltRun& whole, const BuiltRun& unit_by_unit) {
+  ASSERT_EQ(whole.losses.size(), unit_by_unit.losses.size());
+  for (size_t i = 0; i < whole.losses.size(); ++i)
+    EXPECT_EQ(whole.losses[i], unit_by_unit.losses[i]) << "step " << i + 1;
+  ASSERT_EQ(whole.params.size(), unit_by_unit.params.size());
+  for (size_t u = 0; u < whole.params.size(); ++u)
+    EXPECT_TRUE(whole.params[u] == unit_by_unit.params[u]) << "unit " << u;
+  EXPECT_FALSE(whole.masters.empty());
+  EXPECT_TRUE(whole.masters == unit_by_unit.masters) << "the optimizer states differ";
 }
 
 TEST_F(UnitConstruction, EveryOptimizerPlacementIsBitwiseTheWholeInMemoryBuild) {
@@ -102,22 +124,45 @@ TEST_F(UnitConstruction, EveryOptimizerPlacementIsBitwiseTheWholeInMemoryBuild) 
     SCOPED_TRACE(static_cast<int>(opt));
     const BuiltRun whole = run(s, zero(/*in_memory=*/true, opt), /*deferred=*/false);
     const BuiltRun unit_by_unit = run(s, zero(/*in_memory=*/false, opt), /*deferred=*/true);
-    ASSERT_EQ(whole.losses.size(), unit_by_unit.losses.size());
-    for (size_t i = 0; i < whole.losses.size(); ++i)
-      EXPECT_EQ(whole.losses[i], unit_by_unit.losses[i]) << "step " << i + 1;
-    ASSERT_EQ(whole.params.size(), unit_by_unit.params.size());
-    for (size_t u = 0; u < whole.params.size(); ++u)
-      EXPECT_TRUE(whole.params[u] == unit_by_unit.params[u]) << "unit " << u;
+    expect_same(whole, unit_by_unit);
+  }
+}
+
+// Mixed precision: each unit is initialised in fp32 on the host, its owned slice becomes the
+// placement's fp32 master (device, cpu, nvme), the cast slice the partition on the tier (cpu,
+// nvme). Losses, the bf16/fp16 parameters and every optimizer state are the whole build's bits.
+TEST_F(UnitConstruction, MixedPrecisionIsBitwiseTheWholeInMemoryBuild) {
+  TrainSpec s;
+  s.n_layer = 2;
+  s.steps = 3;
+  s.max_norm = 1.0;
+  struct Case {
+    DType dtype;
+    Opt opt;
+    OffloadParamConfig::Device param;
+  };
+  const auto nvme = OffloadParamConfig::Device::Nvme, cpu = OffloadParamConfig::Device::Cpu;
+  for (const Case c : {Case{DType::BF16, Opt::Device, nvme}, Case{DType::BF16, Opt::Cpu, nvme},
+                       Case{DType::BF16, Opt::Nvme, nvme}, Case{DType::BF16, Opt::Device, cpu},
+                       Case{DType::BF16, Opt::Cpu, cpu}, Case{DType::F16, Opt::Nvme, cpu}}) {
+    SCOPED_TRACE(fmt::format("{} optimizer {} offload_param {}", dtype_name(c.dtype),
+                             static_cast<int>(c.opt), offload_param_device_name(c.param)));
+    ZeroConfig offloaded = zero(/*in_memory=*/false, c.opt);
+    offloaded.offload_param.device = c.param;
+    const BuiltRun whole = run(s, zero(/*in_memory=*/true, c.opt), /*deferred=*/false, c.dtype);
+    const BuiltRun unit_by_unit = run(s, offloaded, /*deferred=*/true, c.dtype);
+    expect_same(whole, unit_by_unit);
   }
 }
 
 // The peak of Category::Param over host and pinned memory while the model and the engine are
-// built: the whole build holds the model (several times over), the deferred one a unit, its
-// partition and the tier's buffers.
+// built: the whole build holds the model (several times over), the deferred one a unit in fp32,
+// its partition (and under mixed precision the partition's cast copy: together at most another
+// fp32 unit) and the tier's buffers.
 TEST_F(UnitConstruction, PeakParameterBytesAreOneUnitAndTheBuffersNotTheModel) {
   TrainSpec s;
   s.n_layer = 12;
-  auto peak_params = [&](bool deferred, int64_t* model_bytes, int64_t* bound) {
+  auto peak_params = [&](bool deferred, DType dtype, int64_t* model_bytes, int64_t* bound) {
     MemoryStats& stats = MemoryStats::global();
     stats.reset_peaks();
     const int64_t base = stats.usage(Tier::Host, Category::Param).current +
@@ -129,27 +174,36 @@ TEST_F(UnitConstruction, PeakParameterBytesAreOneUnitAndTheBuffersNotTheModel) {
       model = std::make_unique<models::gpt2::GPT2>(strata::testing::tiny_config(s), s.seed);
     }
     Engine engine(*model, std::make_shared<comm::SelfCommunicator>("dp"),
-                  zero(/*in_memory=*/false, Opt::Nvme), strata::testing::adamw_factory());
+                  zero(/*in_memory=*/false, Opt::Nvme), strata::testing::adamw_factory(), dtype);
     const int64_t peak = stats.usage(Tier::Host, Category::Param).peak +
                          stats.usage(Tier::Pinned, Category::Param).peak - base;
-    int64_t largest = 0;
+    int64_t largest = 0;  // fp32 bytes, as every unit is initialised
     *model_bytes = 0;
     for (const models::FlatUnit& u : model->flat_units()) {
-      *model_bytes += static_cast<int64_t>(u.params.nbytes());
-      largest = std::max(largest, static_cast<int64_t>(u.params.nbytes()));
+      EXPECT_EQ(u.params.dtype(), dtype);
+      *model_bytes += u.params.numel() * 4;
+      largest = std::max(largest, u.params.numel() * 4);
     }
     const ParamTier* tier = engine.param_tier();
     EXPECT_NE(tier, nullptr);
-    // One unit whole, its partition (at dp 1 the unit again), the tier's buffers.
-    *bound = 2 * largest + (tier ? tier->buffer_count() * tier->buffer_bytes() : 0);
+    // One unit whole, its partition (at dp 1 the unit again), the tier's buffers; under mixed
+    // precision NvmeAdamW's buffer of one sub-group's updated low-precision parameters.
+    const int64_t nvme_buffer =
+        dtype == DType::F32
+            ? 0
+            : 2 * zero(false, Opt::Nvme).offload_optimizer.nvme_options.sub_group_size;
+    *bound = 2 * largest + (tier ? tier->buffer_count() * tier->buffer_bytes() : 0) + nvme_buffer;
     return peak;
   };
-  int64_t model_bytes = 0, bound = 0;
-  const int64_t whole = peak_params(false, &model_bytes, &bound);
-  const int64_t deferred = peak_params(true, &model_bytes, &bound);
-  EXPECT_GE(whole, model_bytes);  // the whole build holds the model at least once
-  EXPECT_LE(deferred, bound) << "model " << model_bytes;
-  EXPECT_LT(deferred, model_bytes / 2) << "bound " << bound;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    int64_t model_bytes = 0, bound = 0;
+    const int64_t whole = peak_params(false, dtype, &model_bytes, &bound);
+    const int64_t deferred = peak_params(true, dtype, &model_bytes, &bound);
+    EXPECT_GE(whole, model_bytes);  // the whole build holds the fp32 model at least once
+    EXPECT_LE(deferred, bound) << "model " << model_bytes;
+    EXPECT_LT(deferred, model_bytes / 2) << "bound " << bound;
+  }
 }
 
 }  // namespace

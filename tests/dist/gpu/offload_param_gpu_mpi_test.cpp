@@ -2,7 +2,9 @@
 // (emulated) GPUs under mpirun (label cuda; Note [Emulated NCCL]): the partitions live on NVMe
 // (bf16, the masters on the device) or in host memory (fp32), are loaded host -> device before
 // each allgather and written back after the update, and the run is bitwise the in-memory ZeRO-3
-// run over 20 steps (losses and checkpoint files). Skips without two GPUs.
+// run over 20 steps (losses and checkpoint files). The offloaded runs build the model unit by
+// unit (Note [Unit-by-unit construction]) and the in-memory ones whole, so the same comparison
+// checks construction too. Skips without two GPUs.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -69,6 +71,10 @@ TEST_F(OffloadParamGpuMpi, TwoGpusGiveTheInMemoryRunBitwise) {
                          c.device),
               std::string::npos)
         << b.out;
+    // Note [Unit-by-unit construction]: neither the host nor a GPU held the model whole.
+    EXPECT_NE(b.out.find("built unit by unit, never whole in host memory or on the GPU"),
+              std::string::npos)
+        << b.out;
     const std::vector<double> want = losses(mem), got = losses(off);
     ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
     EXPECT_EQ(got, want);
@@ -119,6 +125,9 @@ TEST_F(OffloadParamGpuMpi, WithTheOptimizerOffloadedTooTheRunIsBitwiseTheInMemor
     ASSERT_EQ(b.exit_code, 0) << describe(b);
     EXPECT_NE(b.out.find(std::string("ZeRO-Infinity parameters (rank 0): offload_param.device ") +
                          c.param),
+              std::string::npos)
+        << b.out;
+    EXPECT_NE(b.out.find("built unit by unit, never whole in host memory or on the GPU"),
               std::string::npos)
         << b.out;
     EXPECT_EQ(losses(off), want);

@@ -74,27 +74,35 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // do they move, so the GPU never holds the fp32 parameters and gradients (8 bytes per parameter,
 // where the bf16 model's are 2 + 2, the gradients released again at stage 2). The rank-0
 // broadcast before it goes through the device one unit at a time. A model built deferred never
-// has whole fp32 units to move or broadcast: Note [Unit-by-unit construction].
+// has whole units to move, cast or broadcast: Note [Unit-by-unit construction].
 //
 // Note [Unit-by-unit construction]
-// A model whose states exceed host memory must never exist whole, not even while it is built
-// (ZeRO-Infinity's "larger than memory", DeepSpeed's zero.Init). `train` builds it inside a
-// DeferredInitScope when zero_optimization.stage is 3 with offload_param (cpu or nvme), fp32 on
-// the CPU, without tensor or pipeline parallelism (Note [Deferred initialisation] in
-// models/nn/module.h): every unit's flat buffers are released and uninitialised. The engine then
-// lays everything out on released buffers — repadding changes only their sizes, no broadcast (the
-// name-keyed init draws the same values on every rank), the placement defers its masters, the
-// gatherer's partitions start released and the tier reserves their homes, the optimizer reserves
-// its NVMe extents — and last, in build_units(), for one unit at a time: materialize its flat
-// buffer and initialise it (CausalLM::init_unit, the bits of the whole build; model.init_from: the
-// unit's tensors from the HF files, hf_unit_loader), hand its owned slice to the placement as the
-// initial fp32 master (NvmeAdamW writes it home with zero moments; HostOffload copies it into its
-// host master) and to the gatherer (copied into the partition, stored on the tier, released), then
-// release the unit. Units below stage3_param_persistence_threshold stay whole, as they would have.
-// So the peak of Category::Param during construction is one unit plus one partition plus the tier's
-// buffers, not the model; what is O(model / dp) in host memory is only what training keeps
-// there anyway (the gradient partitions, unless they are on NVMe; HostOffload's masters and
-// moments with offload_optimizer.device cpu).
+// A model whose states exceed host or GPU memory must never exist whole, not even while it is
+// built (ZeRO-Infinity's "larger than memory", DeepSpeed's zero.Init). `train` builds it inside a
+// DeferredInitScope when zero_optimization.stage is 3 with offload_param (cpu or nvme), without
+// tensor or pipeline parallelism, in any param_dtype and on any device (Note [Deferred
+// initialisation] in models/nn/module.h): every unit's flat buffers are released and
+// uninitialised. The engine then lays everything out on released buffers — repadding, the cast
+// to param_dtype and the move to the device change only their sizes, dtypes and devices, no
+// broadcast (the name-keyed init draws the same values on every rank), the placement defers its
+// masters, the gatherer's partitions start released and the tier reserves their homes, the
+// optimizer reserves its NVMe extents — and last, in build_units(), for one unit at a time:
+// materialize an fp32 host buffer for it (the unit's own buffer when it is fp32 on the host,
+// else a staging buffer its parameter views are bound to meanwhile, models::rebind_unit_params)
+// and initialise it (CausalLM::init_unit, the bits of the whole build, which initialises on the
+// host too; model.init_from: the unit's tensors from the HF files, hf_unit_loader), hand its
+// owned slice to the placement as the initial fp32 master, before any cast as Note [Mixed
+// precision] takes them (NvmeAdamW writes it home with zero moments; HostOffload copies it into
+// its host master; DevicePlacement into its device master, under mixed precision), cast it to
+// param_dtype on the host (round to nearest even, the bits cast_flat_units gives on either
+// backend) and hand it to the gatherer (copied into the device partition, stored on the tier,
+// released), then release the fp32 unit. Units below stage3_param_persistence_threshold stay
+// whole, as they would have: their own buffer is materialized and filled. So the peak of
+// Category::Param during construction is one fp32 unit plus one partition (and its cast copy)
+// plus the tier's buffers in host memory, and one partition on the GPU, not the model; what is
+// O(model / dp) is only what training keeps anyway (the gradient partitions, unless they are on
+// NVMe; HostOffload's masters and moments with offload_optimizer.device cpu; DevicePlacement's
+// fp32 masters and moments without optimizer offload).
 //
 // Note [Mixed precision]
 // With a low-precision `param_dtype` (BF16, FP16) the engine keeps DeepSpeed's and the ZeRO

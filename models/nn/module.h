@@ -58,7 +58,7 @@ struct HookHandle {
 };
 
 // Note [Deferred initialisation]
-// A model larger than host memory cannot be built whole and partitioned afterwards. As
+// A model larger than host (or GPU) memory cannot be built whole and partitioned afterwards. As
 // DeepSpeed's zero.Init does, a model constructed inside a DeferredInitScope gets parameters
 // with released storage (Note [Released storage]): register_parameter allocates nothing,
 // flatten_parameters binds the variables to released flat buffers without copying or zeroing,
@@ -67,7 +67,9 @@ struct HookHandle {
 // unit's flat buffer and initialises it exactly as the constructor would have (Note [Name-keyed
 // init]: every draw is keyed by the parameter's name, so the bits do not depend on what else
 // exists), and the engine copies the rank's slice into its partition and releases the unit
-// again (Note [Unit-by-unit construction] in parallel/engine.h). Scopes nest; per thread.
+// again (Note [Unit-by-unit construction] in parallel/engine.h; a bf16/fp16 or GPU model's unit
+// is initialised in an fp32 host buffer and cast and copied from there). Scopes nest; per
+// thread.
 class DeferredInitScope {
  public:
   DeferredInitScope();

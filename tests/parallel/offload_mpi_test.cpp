@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "tests/parallel/engine_test_util.h"
@@ -25,8 +26,10 @@ struct Result {
 };
 
 // nvme_path non-empty: offload_optimizer.device nvme there (ZeRO-Infinity's optimizer side).
+// `deferred`: the model built unit by unit into partitions on the host tier (offload_param cpu,
+// Note [Unit-by-unit construction]).
 Result run(const TrainSpec& s, int stage, bool offload, DType dtype,
-           const std::string& nvme_path = "") {
+           const std::string& nvme_path = "", bool deferred = false) {
   ZeroConfig z;
   z.stage = stage;
   z.reduce_bucket_size = 1000;
@@ -39,7 +42,12 @@ Result run(const TrainSpec& s, int stage, bool offload, DType dtype,
     z.offload_optimizer.nvme_options.sub_group_size = 600;
     z.offload_optimizer.nvme_options.buffer_count = 3;
   }
+  if (deferred) z.offload_param.device = OffloadParamConfig::Device::Cpu;
+  std::optional<models::nn::DeferredInitScope> scope;
+  if (deferred) scope.emplace();
   models::gpt2::GPT2 model(strata::testing::tiny_config(s), s.seed);
+  scope.reset();
+  EXPECT_EQ(model.built_deferred(), deferred);
   Engine engine(model, strata::testing::test_world(), z, strata::testing::adamw_factory(), dtype);
   Result r;
   for (int step = 0; step < s.steps; ++step)
@@ -90,6 +98,29 @@ TEST(OffloadMpi, NvmeStatesEveryRankStreamsItsPartitionBitwise) {
       EXPECT_EQ(nvme.losses, ref.losses);
       EXPECT_TRUE(nvme.params == ref.params);
     }
+  }
+}
+
+// Note [Unit-by-unit construction] across ranks in mixed precision: each rank initialises every
+// unit in fp32, keeps its owned slice as the master (the optimizer in memory, offloaded to the
+// host, or on NVMe) and its cast partition on the host tier; bitwise the in-memory run built
+// whole, with the same optimizer placement.
+TEST(OffloadMpi, MixedPrecisionBuiltUnitByUnitIsBitwiseTheWholeBuild) {
+  TrainSpec s;
+  s.steps = 3;
+  s.max_norm = 0.5;
+  testing::TempDir dir;
+  struct Case {
+    bool offload;
+    std::string nvme;
+  };
+  for (const Case& c : {Case{false, ""}, Case{true, ""}, Case{true, dir.path().string()}}) {
+    SCOPED_TRACE(fmt::format("offload {} nvme '{}'", c.offload, c.nvme));
+    const Result whole = run(s, 3, c.offload, DType::BF16, c.nvme);
+    const Result unit_by_unit = run(s, 3, c.offload, DType::BF16, c.nvme, /*deferred=*/true);
+    EXPECT_EQ(unit_by_unit.losses, whole.losses);
+    EXPECT_TRUE(unit_by_unit.params == whole.params);
+    EXPECT_FALSE(whole.params.empty());
   }
 }
 

@@ -75,11 +75,12 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
                       "ZeRO-3's offloaded partitions; it needs zero_optimization.stage 3 with "
                       "offload_param, got stage {} and offload_param.device {}",
                       zero_.stage, offload_param_device_name(zero_.offload_param.device));
-    STRATA_USER_CHECK(!model_.tensor_parallel().enabled() && model_.is_whole(),
-                      "unit-by-unit construction runs without tensor or pipeline parallelism "
-                      "(tensor_parallel_size {}, a pipeline stage: {}); build the model whole "
-                      "for this run",
-                      model_.tensor_parallel().size(), !model_.is_whole());
+    // A tensor-parallel rank's init_unit draws its shards by name, the whole build's bits (Note
+    // [Tensor-parallel shards]); a pipeline stage would be refused stage 3 by set_pipeline.
+    STRATA_USER_CHECK(model_.is_whole(),
+                      "unit-by-unit construction builds a whole model's units into ZeRO-3 "
+                      "partitions, and ZeRO-3 does not run on a pipeline stage; build the model "
+                      "whole for this run");
   }
 
   // Note [Offload construction]

@@ -79,12 +79,14 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // Note [Unit-by-unit construction]
 // A model whose states exceed host or GPU memory must never exist whole, not even while it is
 // built (ZeRO-Infinity's "larger than memory", DeepSpeed's zero.Init). `train` builds it inside a
-// DeferredInitScope when zero_optimization.stage is 3 with offload_param (cpu or nvme), without
-// tensor or pipeline parallelism, in any param_dtype and on any device (Note [Deferred
-// initialisation] in models/nn/module.h): every unit's flat buffers are released and
+// DeferredInitScope (Note [Deferred initialisation] in models/nn/module.h) when
+// zero_optimization.stage is 3 with offload_param (cpu or nvme), in any param_dtype, on any
+// device and at any tensor-parallel size (a tp rank's init_unit draws its shards by name, Note
+// [Tensor-parallel shards]; a tensor-parallel model.init_from builds whole to take its shards
+// from; a pipeline stage has no ZeRO-3): every unit's flat buffers are released and
 // uninitialised. The engine then lays everything out on released buffers — repadding, the cast
 // to param_dtype and the move to the device change only their sizes, dtypes and devices, no
-// broadcast (the name-keyed init draws the same values on every rank), the placement defers its
+// broadcast (the name-keyed init draws the same values on every dp rank), the placement defers its
 // masters, the gatherer's partitions start released and the tier reserves their homes, the
 // optimizer reserves its NVMe extents — and last, in build_units(), for one unit at a time:
 // materialize an fp32 host buffer for it (the unit's own buffer when it is fp32 on the host,

@@ -315,10 +315,11 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   // model and its states are allocated.
   host_budget_ = start_host_budget(c, shape, whole_options_, world_, tp_size_, launch.local_size);
   // Note [Unit-by-unit construction] (parallel/engine.h): ZeRO-3 with offloaded parameters
-  // never holds the model whole, in host memory or on the GPU, in any precision; the engine
-  // initialises it (or loads init_from into it) unit by unit into its partitions.
-  const bool deferred =
-      c.zero.stage == 3 && c.zero.offload_param.enabled() && tp_size_ == 1 && pp_size_ == 1;
+  // never holds the model whole, in host memory or on the GPU, in any precision, at any tp; the
+  // engine initialises it (or loads init_from into it) unit by unit into its partitions. A
+  // tensor-parallel init_from takes its shards from a whole model (below), so it builds whole.
+  const bool deferred = c.zero.stage == 3 && c.zero.offload_param.enabled() && pp_size_ == 1 &&
+                        (tp_size_ == 1 || c.model.init_from.empty());
   // Note [NVMe space plan]: the swap files' bytes against their disks' free space.
   check_nvme_space_at_start(c, whole_options_, world_, tp_size_, launch.local_size);
   model_ = with_config_context(c, "model", [&] {

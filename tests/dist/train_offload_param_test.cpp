@@ -165,7 +165,8 @@ TEST_F(TrainOffloadParam, ResidentParametersAreTheBuffersNotTheModel) {
 
 // Note [Unit-by-unit construction]: model.init_from on an offloaded run reads each unit's tensors
 // from the HF file as the unit is built; the run is bitwise the in-memory ZeRO-3 run started
-// from the same file (which loads the whole model first), at dp 1 and 2.
+// from the same file (which loads the whole model first), at dp 1 and 2, and in bf16 (the unit
+// read in fp32, its master taken, then cast).
 TEST_F(TrainOffloadParam, InitFromLoadsUnitByUnitBitwise) {
   CommandResult base = train(0, config("base", 3), placement("none"));
   ASSERT_EQ(base.exit_code, 0) << describe(base);
@@ -174,11 +175,19 @@ TEST_F(TrainOffloadParam, InitFromLoadsUnitByUnitBitwise) {
       {kBin + "/convert", "--checkpoint", tmp_ / "base/checkpoints/step_00000003", "--to-hf", hf});
   ASSERT_EQ(conv.exit_code, 0) << describe(conv);
   const int kSteps = 4;
-  for (int dp : {1, 2}) {
-    const std::string mem = fmt::format("mem{}", dp), nvme = fmt::format("nvme{}", dp);
+  struct Case {
+    int dp;
+    const char* dtype;
+  };
+  for (const Case c : {Case{1, "fp32"}, Case{2, "fp32"}, Case{1, "bf16"}}) {
+    const int dp = c.dp;
+    const std::string mem = fmt::format("mem{}{}", dp, c.dtype),
+                      nvme = fmt::format("nvme{}{}", dp, c.dtype);
     std::vector<std::string> a = placement("none"), b = placement("nvme");
-    a.push_back("model.init_from=" + hf);
-    b.push_back("model.init_from=" + hf);
+    for (std::vector<std::string>* sets : {&a, &b}) {
+      sets->push_back("model.init_from=" + hf);
+      sets->push_back(fmt::format("run.dtype={}", c.dtype));
+    }
     CommandResult x = train(dp == 1 ? 0 : dp, config(mem, kSteps), a);
     ASSERT_EQ(x.exit_code, 0) << describe(x);
     CommandResult y = train(dp == 1 ? 0 : dp, config(nvme, kSteps), b);
@@ -233,6 +242,35 @@ TEST_F(TrainOffloadParam, MixedPrecisionIsBuiltUnitByUnitBitwise) {
     }
   }
   EXPECT_TRUE(fs::is_empty(swap));
+}
+
+// Note [Unit-by-unit construction] under tensor parallelism: each tp rank initialises its shards
+// of one unit at a time (drawn by name, Note [Tensor-parallel shards]) into its partitions; tp 2,
+// fp32 with the parameters on nvme and bf16 on cpu, bitwise the in-memory run built whole.
+TEST_F(TrainOffloadParam, TensorParallelIsBuiltUnitByUnitBitwise) {
+  const int kSteps = 4;
+  struct Case {
+    const char* dtype;
+    const char* param;
+  };
+  for (const Case c : {Case{"fp32", "nvme"}, Case{"bf16", "cpu"}}) {
+    const std::vector<std::string> common = {"parallelism.tensor_parallel_size=2",
+                                             fmt::format("run.dtype={}", c.dtype)};
+    const std::string whole = fmt::format("tp2{}whole", c.dtype);
+    std::vector<std::string> in_memory = placement("none");
+    in_memory.insert(in_memory.end(), common.begin(), common.end());
+    CommandResult w = train(2, config(whole, kSteps), in_memory);
+    ASSERT_EQ(w.exit_code, 0) << describe(w);
+    EXPECT_EQ(w.out.find("built unit by unit"), std::string::npos) << w.out;
+    const std::string name = fmt::format("tp2{}{}", c.dtype, c.param);
+    std::vector<std::string> offloaded = placement(c.param);
+    offloaded.insert(offloaded.end(), common.begin(), common.end());
+    CommandResult r = train(2, config(name, kSteps), offloaded);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("built unit by unit, never whole in host memory"), std::string::npos)
+        << r.out;
+    expect_bitwise(whole, name, kSteps);
+  }
 }
 
 TEST_F(TrainOffloadParam, BadSettingsAreClearErrors) {

@@ -1,9 +1,11 @@
 // Note [Unit-by-unit construction] (parallel/engine.h): a model built inside a DeferredInitScope
 // and handed to a ZeRO-3 engine with offload_param is initialised one unit at a time straight
 // into its offloaded partitions. What must hold: the run is bitwise the in-memory ZeRO-3 run of
-// a model built whole (losses, parameters) for every optimizer placement (device, cpu, nvme),
-// and construction's peak parameter bytes — measured by the allocators — are one unit plus the
-// tier's buffers, not the model. dp 2 and the `train` path are in tests/dist.
+// a model built whole (losses, parameters, optimizer states) for every optimizer placement
+// (device, cpu, nvme), in fp32 and in bf16/fp16 (each unit initialised in fp32, its master taken
+// before the cast), and construction's peak parameter bytes — measured by the allocators — are
+// a unit or two plus the tier's buffers, not the model. dp 2 and the `train` path are in
+// tests/dist and offload_mpi_test.cpp, the GPU in tests/cuda/unit_construction_gpu_test.cpp.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -72,7 +74,7 @@ class UnitConstruction : public ::testing::Test {
 struct BuiltRun {
   std::vector<double> losses;
   std::vector<std::vector<uint8_t>> params;  // per unit, gathered
-  std::vector<uint8_t> masters;              // every optimizer state, in the checkpoint's order
+  std::vector<uint8_t> states;               // every optimizer state, in the checkpoint's order
 };
 
 BuiltRun run(const TrainSpec& s, const ZeroConfig& z, bool deferred,
@@ -95,11 +97,11 @@ BuiltRun run(const TrainSpec& s, const ZeroConfig& z, bool deferred,
     const auto* p = static_cast<const uint8_t*>(u.params.data_ptr());
     r.params.emplace_back(p, p + u.params.nbytes());
   });
-  // The fp32 masters (mixed precision) or the optimizer's parameters, as a checkpoint takes them.
-  engine.stream_shards(false, [&](size_t i, const tensor::Tensor& piece) {
-    (void)i;
+  // Every optimizer state (the moments; the fp32 masters where the placement keeps them apart),
+  // as a checkpoint streams them.
+  engine.stream_shards(false, [&](size_t, const tensor::Tensor& piece) {
     const auto* p = static_cast<const uint8_t*>(piece.data_ptr());
-    r.masters.insert(r.masters.end(), p, p + piece.nbytes());
+    r.states.insert(r.states.end(), p, p + piece.nbytes());
   });
   return r;
 }
@@ -111,8 +113,8 @@ void expect_same(const BuiltRun& whole, const BuiltRun& unit_by_unit) {
   ASSERT_EQ(whole.params.size(), unit_by_unit.params.size());
   for (size_t u = 0; u < whole.params.size(); ++u)
     EXPECT_TRUE(whole.params[u] == unit_by_unit.params[u]) << "unit " << u;
-  EXPECT_FALSE(whole.masters.empty());
-  EXPECT_TRUE(whole.masters == unit_by_unit.masters) << "the optimizer states differ";
+  EXPECT_FALSE(whole.states.empty());
+  EXPECT_TRUE(whole.states == unit_by_unit.states) << "the optimizer states differ";
 }
 
 TEST_F(UnitConstruction, EveryOptimizerPlacementIsBitwiseTheWholeInMemoryBuild) {

@@ -145,5 +145,41 @@ TEST_F(OffloadParamGpuMpi, WithTheOptimizerOffloadedTooTheRunIsBitwiseTheInMemor
   EXPECT_TRUE(fs::is_empty(swap)) << "swap files left behind";
 }
 
+// Note [Unit-by-unit construction] under tensor parallelism on two GPUs (tp 2, dp 1): each GPU's
+// rank draws its shards of one unit at a time on the host, keeps the fp32 master on the device
+// and stores the bf16 partition on NVMe; bitwise the in-memory tp 2 ZeRO-3 run built whole.
+TEST_F(OffloadParamGpuMpi, TensorParallelBuiltUnitByUnitIsBitwiseTheInMemoryRun) {
+  if (tensor::cuda_device_count() < 2) GTEST_SKIP() << "needs two visible GPUs";
+  const int kSteps = 6;
+  const std::string swap = std::string(tmp_ / "nvme");
+  fs::create_directories(swap);
+  const std::vector<std::string> sets = {"run.dtype=bf16", "zero_optimization.stage=3",
+                                         "parallelism.tensor_parallel_size=2",
+                                         "training.eval_every=0"};
+  CommandResult a = train(2, config("mem", kSteps), sets);
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  EXPECT_EQ(a.out.find("built unit by unit"), std::string::npos) << a.out;
+  std::vector<std::string> with = sets;
+  with.push_back("zero_optimization.offload_param.device=nvme");
+  with.push_back("zero_optimization.offload_param.nvme_path=" + swap);
+  CommandResult b = train(2, config("off", kSteps), with);
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  EXPECT_NE(b.out.find("built unit by unit, never whole in host memory or on the GPU"),
+            std::string::npos)
+      << b.out;
+  const std::vector<double> want = losses("mem");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(losses("off"), want);
+  const auto x = checkpoint_bytes("mem", kSteps), y = checkpoint_bytes("off", kSteps);
+  ASSERT_FALSE(x.empty());
+  ASSERT_EQ(x.size(), y.size());
+  for (const auto& [name, bytes] : x) {
+    auto it = y.find(name);
+    ASSERT_NE(it, y.end()) << name;
+    EXPECT_TRUE(bytes == it->second) << name << " differs";
+  }
+  EXPECT_TRUE(fs::is_empty(swap)) << "swap files left behind";
+}
+
 }  // namespace
 }  // namespace strata::tools

@@ -75,8 +75,9 @@ Engine::Engine(models::CausalLM& model, std::shared_ptr<comm::Communicator> dp,
                       "ZeRO-3's offloaded partitions; it needs zero_optimization.stage 3 with "
                       "offload_param, got stage {} and offload_param.device {}",
                       zero_.stage, offload_param_device_name(zero_.offload_param.device));
-    // A tensor-parallel rank's init_unit draws its shards by name, the whole build's bits (Note
-    // [Tensor-parallel shards]); a pipeline stage would be refused stage 3 by set_pipeline.
+    // A tensor-parallel rank's init_unit draws each tensor by name and keeps its shard, the whole
+    // build's bits (Note [Tensor-parallel shards]); a pipeline stage would be refused stage 3 by
+    // set_pipeline.
     STRATA_USER_CHECK(model_.is_whole(),
                       "unit-by-unit construction builds a whole model's units into ZeRO-3 "
                       "partitions, and ZeRO-3 does not run on a pipeline stage; build the model "

@@ -81,9 +81,9 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // built (ZeRO-Infinity's "larger than memory", DeepSpeed's zero.Init). `train` builds it inside a
 // DeferredInitScope (Note [Deferred initialisation] in models/nn/module.h) when
 // zero_optimization.stage is 3 with offload_param (cpu or nvme), in any param_dtype, on any
-// device and at any tensor-parallel size (a tp rank's init_unit draws its shards by name, Note
-// [Tensor-parallel shards]; a tensor-parallel model.init_from builds whole to take its shards
-// from; a pipeline stage has no ZeRO-3): every unit's flat buffers are released and
+// device and at any tensor-parallel size (a tp rank's init_unit draws each tensor by name and keeps
+// its shard, Note [Tensor-parallel shards]; a tensor-parallel model.init_from builds whole to take
+// its shards from; a pipeline stage has no ZeRO-3): every unit's flat buffers are released and
 // uninitialised. The engine then lays everything out on released buffers — repadding, the cast
 // to param_dtype and the move to the device change only their sizes, dtypes and devices, no
 // broadcast (the name-keyed init draws the same values on every dp rank), the placement defers its

@@ -146,8 +146,8 @@ TEST_F(OffloadParamGpuMpi, WithTheOptimizerOffloadedTooTheRunIsBitwiseTheInMemor
 }
 
 // Note [Unit-by-unit construction] under tensor parallelism on two GPUs (tp 2, dp 1): each GPU's
-// rank draws its shards of one unit at a time on the host, keeps the fp32 master on the device
-// and stores the bf16 partition on NVMe; bitwise the in-memory tp 2 ZeRO-3 run built whole.
+// rank initialises its shards of one unit at a time on the host, keeps the fp32 master on the
+// device and stores the bf16 partition on NVMe; bitwise the in-memory tp 2 ZeRO-3 run built whole.
 TEST_F(OffloadParamGpuMpi, TensorParallelBuiltUnitByUnitIsBitwiseTheInMemoryRun) {
   if (tensor::cuda_device_count() < 2) GTEST_SKIP() << "needs two visible GPUs";
   const int kSteps = 6;

@@ -23,10 +23,22 @@ Variable CausalLM::forward(const Tensor& ids) {
 }
 
 Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache, bool last_only) {
+  STRATA_USER_CHECK(is_whole(),
+                    "model '{}' holds the pipeline stage of layers [{}, {}) only: run it with "
+                    "forward_stage_cached (Note [Cached pipeline stages])",
+                    family(), stage_.begin, stage_.end);
+  return run_cached(ids, Variable(), 0, cache, last_only, /*whole=*/true);
+}
+
+Variable CausalLM::forward_stage_cached(const Tensor& ids, const Variable& hidden, int chunk,
+                                        KvCache& cache, bool last_only) {
+  STRATA_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
+  return run_cached(ids, hidden, chunk, cache, last_only, /*whole=*/false);
+}
+
+Variable CausalLM::run_cached(const Tensor& ids, const Variable& hidden, int chunk, KvCache& cache,
+                              bool last_only, bool whole) {
   STRATA_USER_CHECK(supports_kv_cache(), "model family '{}' has no KV-cached forward", family());
-  STRATA_USER_CHECK(!tp_.enabled(),
-                    "the KV-cached forward (generation) does not run tensor-parallel (tp = {})",
-                    tp_.size());
   STRATA_CHECK(!autograd::GradMode::is_enabled(),
                "forward_cached is for inference: run it under autograd::NoGradGuard");
   STRATA_USER_CHECK(ids.ndim() == 2 && ids.size(1) > 0, "token ids must be [batch, seq], got {}",
@@ -34,22 +46,36 @@ Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache, bool last_o
   STRATA_USER_CHECK(ids.dtype() == DType::I32 || ids.dtype() == DType::I64,
                     "token ids must be i32 or i64, got {}", ids.str());
   const int64_t B = ids.size(0), T = ids.size(1);
-  if (cache.length() == 0 && (cache.model_ != this || cache.batch_ != B)) {
-    cache.slots_.clear();  // a fresh or cleared cache takes this model's and batch's shapes
-    cache.model_ = this;
-    cache.batch_ = B;
+  if (chunk == 0) {
+    if (cache.length() == 0 && (cache.model_ != this || cache.batch_ != B)) {
+      cache.slots_.clear();  // a fresh or cleared cache takes this model's and batch's shapes
+      cache.model_ = this;
+      cache.batch_ = B;
+    }
+    STRATA_USER_CHECK(cache.model_ == this,
+                      "this KV cache holds another model's positions; clear() it first");
+    STRATA_USER_CHECK(B == cache.batch_, "the KV cache holds a batch of {}, got ids {}",
+                      cache.batch_, ids.str());
+    STRATA_USER_CHECK(cache.length() + T <= max_seq_len(),
+                      "positions {}..{} pass the model's context of {} positions (the KV cache "
+                      "holds {})",
+                      cache.length(), cache.length() + T - 1, max_seq_len(), cache.length());
+    cache.capacity_ = max_seq_len();
+    cache.tokens_ = T;
+    cache.next_ = 0;
+  } else {
+    // Note [Cached pipeline stages]: the chunks of one step, in order, on the same tokens.
+    STRATA_CHECK(cache.model_ == this && cache.next_chunk_ == chunk && cache.tokens_ == T &&
+                     cache.batch_ == B,
+                 "forward_stage_cached: chunk {} of ids {} after chunk {} of [{}, {}]", chunk,
+                 ids.str(), cache.next_chunk_ - 1, cache.batch_, cache.tokens_);
   }
-  STRATA_USER_CHECK(cache.model_ == this,
-                    "this KV cache holds another model's positions; clear() it first");
-  STRATA_USER_CHECK(B == cache.batch_, "the KV cache holds a batch of {}, got ids {}", cache.batch_,
-                    ids.str());
-  STRATA_USER_CHECK(cache.length() + T <= max_seq_len(),
-                    "positions {}..{} pass the model's context of {} positions (the KV cache "
-                    "holds {})",
-                    cache.length(), cache.length() + T - 1, max_seq_len(), cache.length());
-  cache.capacity_ = max_seq_len();
-  cache.tokens_ = T;
-  cache.next_ = 0;
+  const bool first = whole || chunk_is_first(chunk), last = whole || chunk_is_last(chunk);
+  if (!first)
+    STRATA_CHECK(hidden.defined() && hidden.data().ndim() == 3 && hidden.data().size(0) == B &&
+                     hidden.data().size(1) == T,
+                 "chunk {} takes hidden states [{}, {}, C], got {}", chunk, B, T,
+                 hidden.defined() ? hidden.data().str() : std::string("none"));
   KvCache*& slot = detail::active_kv_cache();
   STRATA_CHECK(slot == nullptr, "forward_cached inside another forward_cached");
   struct Activate {
@@ -61,20 +87,37 @@ Variable CausalLM::forward_cached(const Tensor& ids, KvCache& cache, bool last_o
   } activate{slot};
   slot = &cache;
   cache.last_only_ = last_only;
-  Variable logits = (*this)(Variable(ids));
-  STRATA_CHECK(logits.data().ndim() == 3 && logits.data().size(0) == B &&
-                   (logits.data().size(1) == T || (last_only && logits.data().size(1) == 1)),
-               "model '{}' returned logits {} for ids {}", family(), logits.data().str(),
-               ids.str());
-  // Note [Last-position logits]: a model that ran every position through its head.
-  if (last_only && logits.data().size(1) != 1) logits = autograd::narrow(logits, 1, T - 1, 1);
+  // Note [Decoding without sequence parallelism].
+  const nn::SequenceParallelPause no_sp;
+  const size_t slots_before = cache.next_;
+  Variable out = whole ? (*this)(Variable(ids)) : forward_stage(ids, hidden, chunk);
+  if (last) {
+    STRATA_CHECK(out.data().ndim() == 3 && out.data().size(0) == B &&
+                     (out.data().size(1) == T || (last_only && out.data().size(1) == 1)),
+                 "model '{}' returned logits {} for ids {}", family(), out.data().str(), ids.str());
+    // Note [Last-position logits]: a model that ran every position through its head.
+    if (last_only && out.data().size(1) != 1) out = autograd::narrow(out, 1, T - 1, 1);
+  } else {
+    STRATA_CHECK(out.data().ndim() == 3 && out.data().size(0) == B && out.data().size(1) == T,
+                 "model '{}' chunk {} returned hidden states {} for ids {}", family(), chunk,
+                 out.data().str(), ids.str());
+  }
   // Every attention layer took its slot: a layer that ignored the cache would have attended to
   // the new tokens alone.
-  STRATA_CHECK(cache.next_ > 0 && cache.next_ == cache.slots_.size(),
-               "model '{}': {} of its {} attention layers used the KV cache", family(), cache.next_,
-               cache.slots_.size());
-  cache.length_ += T;
-  return logits;
+  STRATA_CHECK(cache.next_ > slots_before,
+               "model '{}' chunk {}: no attention layer used the KV "
+               "cache",
+               family(), chunk);
+  if (whole || chunk == num_chunks() - 1) {
+    STRATA_CHECK(cache.next_ == cache.slots_.size(),
+                 "model '{}': {} of its {} attention layers used the KV cache", family(),
+                 cache.next_, cache.slots_.size());
+    cache.length_ += T;
+    cache.next_chunk_ = 0;
+  } else {
+    cache.next_chunk_ = chunk + 1;
+  }
+  return out;
 }
 
 Variable CausalLM::positions_for_logits(const Variable& x) {

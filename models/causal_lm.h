@@ -84,7 +84,10 @@ class CausalLM : public nn::Module {
   // alone, [B, 1, padded_vocab_size] (Note [Last-position logits]); every position is cached
   // either way. Grad mode must be off. strata::user_error when the positions would pass
   // max_seq_len(), when the batch size differs from the one the cache holds, or when the model
-  // has no cached forward (supports_kv_cache()).
+  // has no cached forward (supports_kv_cache()). Under tensor parallelism each rank caches its
+  // own heads' keys and values (GQA: its own k/v heads) and returns its slice of the vocabulary,
+  // as forward does; sequence parallelism is paused (Note [Decoding without sequence
+  // parallelism] in models/nn/tensor_parallel.h).
   Variable forward_cached(const Tensor& ids, KvCache& cache, bool last_only = false);
   // Whether this model's attention layers take part in forward_cached.
   virtual bool supports_kv_cache() const { return false; }
@@ -124,6 +127,18 @@ class CausalLM : public nn::Module {
   // stage (ids may be undefined) -> hidden [B, T, C], or logits [B, T, padded_vocab] on the last.
   // `chunk`: which of this model's chunks runs (Note [Virtual pipeline stages]).
   virtual Variable forward_stage(const Tensor& ids, const Variable& hidden, int chunk = 0);
+  // Note [Cached pipeline stages]
+  // forward_cached for a model built as a pipeline stage: chunk `chunk` of one decode step,
+  // forward_stage under `cache` (Note [KV cache]). ids [B, T] are given on every stage (the
+  // positions and the batch come from them), hidden [B, T, C] from the previous stage on all but
+  // the first chunk of the model; returns the hidden states [B, T, C] to send on, or on the last
+  // chunk the logits as forward_cached. A step runs this model's chunks 0, 1, ..., in order, on
+  // the same ids: the layers of chunk c take the cache's slots after those of chunk c - 1, and
+  // the T positions are committed when the model's last chunk returns, so one KvCache serves all
+  // of a rank's chunks. Sequence parallelism is paused as in forward_cached. No module hooks run
+  // (as in a pipeline's forward_stage; ZeRO-3 is not combined with pipelines).
+  Variable forward_stage_cached(const Tensor& ids, const Variable& hidden, int chunk,
+                                KvCache& cache, bool last_only = false);
   // The last stage's mean cross entropy, as loss() (Note [Padded vocabulary]); runs the last
   // chunk.
   Variable stage_loss(const Tensor& ids, const Variable& hidden, const Tensor& targets,
@@ -182,6 +197,10 @@ class CausalLM : public nn::Module {
 
  private:
   Variable forward(const Variable& ids) final { return forward_logits(ids.data()); }
+  // forward_cached (whole: the module call with its hooks) and forward_stage_cached (chunk
+  // `chunk` through forward_stage).
+  Variable run_cached(const Tensor& ids, const Variable& hidden, int chunk, KvCache& cache,
+                      bool last_only, bool whole);
 
   std::vector<FlatUnit> flat_units_;
   StageLayers stage_{0, 0};

@@ -103,6 +103,7 @@ class KvCache {
   size_t next_ = 0;         // slot the next append takes in the running forward
   int64_t tokens_ = 0;      // T of the running forward
   bool last_only_ = false;  // the running forward's last_only
+  int next_chunk_ = 0;      // the chunk the running step runs next (Note [Cached pipeline stages])
 };
 
 namespace detail {

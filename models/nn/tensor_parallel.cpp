@@ -8,10 +8,25 @@
 
 namespace strata::models::nn {
 
+namespace {
+thread_local bool sp_paused = false;
+}  // namespace
+
+SequenceParallelPause::SequenceParallelPause() : was_(sp_paused) {
+  sp_paused = true;
+}
+SequenceParallelPause::~SequenceParallelPause() {
+  sp_paused = was_;
+}
+
+bool TensorParallel::sp() const {
+  return enabled() && sequence_parallel && !sp_paused;
+}
+
 Variable TensorParallel::enter(const Variable& x) const {
   if (!enabled()) return x;
-  return sequence_parallel ? autograd::gather_from_sequence_region(x, group)
-                           : autograd::copy_to_tp_region(x, group);
+  return sp() ? autograd::gather_from_sequence_region(x, group)
+              : autograd::copy_to_tp_region(x, group);
 }
 
 std::vector<Variable> TensorParallel::enter_columns(
@@ -28,8 +43,8 @@ Variable TensorParallel::enter_columns(
 
 Variable TensorParallel::exit(const Variable& partial) const {
   if (!enabled()) return partial;
-  return sequence_parallel ? autograd::reduce_scatter_to_sequence_region(partial, group)
-                           : autograd::reduce_from_tp_region(partial, group);
+  return sp() ? autograd::reduce_scatter_to_sequence_region(partial, group)
+              : autograd::reduce_from_tp_region(partial, group);
 }
 
 Variable TensorParallel::replicated(const Variable& param) const {

@@ -38,7 +38,9 @@ struct TensorParallel {
   int size() const { return autograd::tp_size(group); }
   int rank() const { return autograd::tp_rank(group); }
   bool enabled() const { return size() > 1; }
-  bool sp() const { return enabled() && sequence_parallel; }
+  // Sequence parallelism in effect: configured, tp > 1, and not paused on this thread (Note
+  // [Decoding without sequence parallelism]).
+  bool sp() const;
 
   // Into a tensor-parallel region: the input of column-parallel layers. x is replicated (or, under
   // sequence parallelism, this rank's tokens); the result is the whole [B, T, C] on every rank.
@@ -55,6 +57,28 @@ struct TensorParallel {
   Variable exit(const Variable& partial) const;
   // Note [Replicated parameters under sequence parallelism].
   Variable replicated(const Variable& param) const;
+};
+
+// Note [Decoding without sequence parallelism]
+// A decode step runs one new position per row, which cannot be split over the tp ranks, and a
+// prefill's prompt need not divide by tp either. So the KV-cached forward (CausalLM::
+// forward_cached and forward_stage_cached) and sampling's uncached forward run a sequence-parallel
+// model in the plain tensor-parallel layout: while a SequenceParallelPause lives on the calling
+// thread, TensorParallel::sp() is false, every activation is whole on every rank, and the
+// row-parallel outputs are all-reduced instead of reduce-scattered. The parameters are the same
+// (sequence parallelism only changes where activations live), so the logits are those of the
+// sequence-parallel forward up to the collectives' summation order. Inference only: a backward
+// through a paused forward would not match the training layout, and forward_cached refuses grad
+// mode anyway.
+class SequenceParallelPause {
+ public:
+  SequenceParallelPause();
+  ~SequenceParallelPause();
+  SequenceParallelPause(const SequenceParallelPause&) = delete;
+  SequenceParallelPause& operator=(const SequenceParallelPause&) = delete;
+
+ private:
+  bool was_;
 };
 
 struct ShardSpec {

@@ -397,5 +397,83 @@ TEST(KvCache, AModelWithoutACachedForwardIsRefused) {
   EXPECT_EQ(KvCache::active(), nullptr);
 }
 
+// Note [Cached pipeline stages]: a model cut into stages, each with its own KvCache, fed in stage
+// order (the hidden states handed on as the pipeline's links do), gives the whole model's cached
+// logits bit for bit: the same layers with the same weights on the same operands. Two stages of
+// one chunk, and two stages of two chunks each (Note [Virtual pipeline stages]: rank 0 holds
+// layers 0 and 2, rank 1 layers 1 and 3, run 0, 1, 2, 3), GPT-2 and LLaMA.
+TEST(KvCache, PipelineStagesWithTheirOwnCachesGiveTheWholeModelsLogits) {
+  for (const std::string family : {"gpt2-tiny", "llama-tiny"}) {
+    const bool is_gpt2 = family == "gpt2-tiny";
+    std::map<std::string, std::string> shape =
+        is_gpt2 ? std::map<std::string, std::string>{{"vocab_size", "61"},
+                                                     {"n_positions", "24"},
+                                                     {"n_embd", "32"},
+                                                     {"n_layer", "4"},
+                                                     {"n_head", "4"}}
+                : std::map<std::string, std::string>{
+                      {"vocab_size", "61"},        {"max_position_embeddings", "24"},
+                      {"hidden_size", "32"},       {"intermediate_size", "48"},
+                      {"num_hidden_layers", "4"},  {"num_attention_heads", "4"},
+                      {"num_key_value_heads", "2"}};
+    std::unique_ptr<CausalLM> whole = make(family, shape);
+    auto stage = [&](StageLayers layers) {
+      ModelOptions o;
+      o.seed = 5;
+      o.overrides = shape;
+      o.stage = layers;
+      std::unique_ptr<CausalLM> m = ModelRegistry::global().create(family, o);
+      m->eval();
+      return m;
+    };
+    const tensor::Tensor ids = random_ids(1, 9, 61, 3);
+    const std::vector<int64_t> steps{4, 1, 3, 1};
+    for (int chunks : {1, 2}) {
+      // One chunk: layers [0, 2) and [2, 4). Two: [0, 1) + [2, 3) and [1, 2) + [3, 4).
+      const int64_t per = 2 / chunks;
+      std::vector<std::unique_ptr<CausalLM>> stages;
+      stages.push_back(stage({0, per, chunks, chunks == 2 ? 2 : 0}));
+      stages.push_back(stage({per, 2 * per, chunks, chunks == 2 ? 2 : 0}));
+      KvCache whole_cache, cache0, cache1;
+      KvCache* caches[2] = {&cache0, &cache1};
+      autograd::NoGradGuard no_grad;
+      int64_t at = 0;
+      for (int64_t n : steps) {
+        const tensor::Tensor chunk_ids = ids.narrow(1, at, n).contiguous();
+        const tensor::Tensor want = whole->forward_cached(chunk_ids, whole_cache, true).data();
+        autograd::Variable hidden;
+        tensor::Tensor got;
+        for (int c = 0; c < chunks; ++c)
+          for (int s = 0; s < 2; ++s) {
+            autograd::Variable out =
+                stages[s]->forward_stage_cached(chunk_ids, hidden, c, *caches[s], true);
+            if (stages[s]->chunk_is_last(c)) {
+              got = out.data();
+            } else {
+              hidden = autograd::Variable(out.data().clone());
+            }
+          }
+        ASSERT_TRUE(got.defined());
+        EXPECT_EQ(tensor::max_abs_diff(got, want), 0.0)
+            << family << ", " << chunks << " chunks, positions " << at << ".." << at + n - 1;
+        at += n;
+        EXPECT_EQ(cache0.length(), at);
+        EXPECT_EQ(cache1.length(), at);
+      }
+      EXPECT_EQ(cache0.layers() + cache1.layers(), 4);
+    }
+    // A stage has no whole-model forward_cached: the error names what to run.
+    std::unique_ptr<CausalLM> first = stage({0, 2});
+    KvCache cache;
+    autograd::NoGradGuard no_grad;
+    try {
+      first->forward_cached(ids.narrow(1, 0, 2).contiguous(), cache);
+      ADD_FAILURE() << "a stage ran forward_cached";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("forward_stage_cached"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::models

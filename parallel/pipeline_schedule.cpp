@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "autograd/comm_functions.h"
 #include "autograd/functions.h"
 #include "parallel/engine.h"
 #include "tensor/ops.h"
@@ -274,6 +275,43 @@ tensor::Tensor PipelineSchedule::forward_loss(models::CausalLM& model, const ten
   if (!loss.defined()) loss = tensor::Tensor::empty({1}, DType::F32, params.device());
   pp_->broadcast(loss, links_.stages() - 1)->wait();
   return loss;
+}
+
+tensor::Tensor PipelineSchedule::forward_last_logits(models::CausalLM& model,
+                                                     const tensor::Tensor& ids,
+                                                     models::KvCache* cache) {
+  const autograd::NoGradGuard no_grad;
+  const models::nn::SequenceParallelPause no_sp;
+  const models::nn::TensorParallel& tp = model.tensor_parallel();
+  const int64_t M = ids.size(0), T = ids.size(1);
+  const tensor::Tensor& params = model.flat_units().front().params;
+  tensor::Tensor logits;
+  for (int c = 0; c < model.num_chunks(); ++c) {
+    autograd::Variable hidden;
+    if (!model.chunk_is_first(c)) {
+      tensor::Tensor buf =
+          tensor::Tensor::empty({M, T, model.hidden_size()}, params.dtype(), params.device());
+      (links_.first() ? links_.recv_forward_wrap(buf) : links_.recv_forward(buf))->wait();
+      hidden = autograd::Variable(buf, /*requires_grad=*/false);
+    }
+    const autograd::Variable out =
+        cache != nullptr ? model.forward_stage_cached(ids, hidden, c, *cache, /*last_only=*/true)
+                         : model.forward_stage(ids, hidden, c);
+    if (model.chunk_is_last(c)) {
+      // [M, T or 1, padded_vocab / tp] -> the last positions, the whole vocabulary.
+      tensor::Tensor last = out.data().select(1, out.data().size(1) - 1).contiguous();
+      if (tp.enabled())
+        last = autograd::gather_from_tp_region(autograd::Variable(last), tp.group).data();
+      logits = last.to(DType::F32).contiguous();
+    } else {
+      (links_.last() ? links_.send_forward_wrap(out.data()) : links_.send_forward(out.data()))
+          ->wait();
+    }
+  }
+  if (!logits.defined())
+    logits = tensor::Tensor::empty({M, model.padded_vocab_size()}, DType::F32, params.device());
+  pp_->broadcast(logits, links_.stages() - 1)->wait();
+  return logits;
 }
 
 }  // namespace strata::parallel

@@ -96,6 +96,16 @@ class PipelineSchedule final : public MicroBatchSchedule {
   // the last stage's mean loss ([1]) broadcast to every stage. Collective over the pp group.
   tensor::Tensor forward_loss(models::CausalLM& model, const tensor::Tensor& ids,
                               const tensor::Tensor& targets);
+  // Sampling's step forward through the stages (Note [Sampling over ranks] in
+  // sampling/sampler.h; no gradients): ids [rows, T] on every stage; each of this rank's chunks
+  // runs in turn, with `cache` (forward_stage_cached, last position only) or without it (null),
+  // the hidden states [rows, T, C] going on over the links as in forward_loss; the last stage
+  // takes each row's last-position logits, gathered over its tp group, and broadcasts them to
+  // every stage: [rows, padded_vocab] in f32 on the model's device. Sequence parallelism is
+  // paused (Note [Decoding without sequence parallelism]). Collective over the pp group (and
+  // the tp group).
+  tensor::Tensor forward_last_logits(models::CausalLM& model, const tensor::Tensor& ids,
+                                     models::KvCache* cache);
 
   PipelineScheduleKind kind() const { return kind_; }
   int virtual_stages() const { return virtual_; }

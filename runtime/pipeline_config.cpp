@@ -75,11 +75,6 @@ void check_pipeline_config(const TrainConfig& c, const models::ModelShape& shape
                        "parameters around each micro-batch, which a pipeline schedule "
                        "interleaves (docs/pipeline.md); use stage 0, 1 or 2",
                        pp));
-  if (pp > 1 && c.training.sample_every > 0)
-    r.fail("pipeline_parallel_size",
-           fmt::format("is {} but training.sample_every is {}: sampling (the KV-cached forward) "
-                       "needs the whole model on one rank; set sample_every: 0",
-                       pp, c.training.sample_every));
 }
 
 }  // namespace strata::runtime

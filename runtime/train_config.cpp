@@ -283,12 +283,6 @@ void check_parallelism(const TrainConfig& c, const models::ModelShape& shape, Re
                        "does not divide; choose a seq_len that is a multiple of {}",
                        tp, c.batch.seq_len, tp));
   check_pipeline_config(c, shape, r);
-  // What a tensor-parallel `train` does not do yet (docs/tensor_parallel.md).
-  if (tp > 1 && c.training.sample_every > 0)
-    r.fail("tensor_parallel_size",
-           fmt::format("is {} but training.sample_every is {}: sampling (the KV-cached forward) "
-                       "does not run tensor-parallel; set sample_every: 0",
-                       tp, c.training.sample_every));
 }
 
 void validate(TrainConfig& c, Readers& r) {

@@ -1,6 +1,6 @@
 // The Trainer's looks at the model between steps: the validation loss and the text samples the
-// log shows. Both run the model in eval mode without gradients; under pipeline parallelism the
-// validation batches flow through the stages.
+// log shows. Both run the model in eval mode without gradients on every rank; under pipeline
+// parallelism the validation batches and the sampling steps flow through the stages.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -52,7 +52,14 @@ std::string Trainer::sample_text() {
   // Every sampled token lengthens the sequence, so each forward is a new GEMM shape: not tuned
   // (Note [cuBLASLt tuning]).
   const tensor::CudaMatmulTuningPause no_tuning;
-  std::vector<int32_t> out = sample(*model_, prompt, so);
+  // Every rank samples (Note [Sampling over ranks] in sampling/sampler.h); under pipeline
+  // parallelism the steps run through the stages.
+  sampling::StepForward through_stages;
+  if (pipeline_ != nullptr)
+    through_stages = [this](const tensor::Tensor& ids, models::KvCache* cache) {
+      return pipeline_->forward_last_logits(*model_, ids, cache);
+    };
+  std::vector<int32_t> out = sample(*model_, prompt, so, through_stages);
   return tokenizer_->decode(out);
 }
 

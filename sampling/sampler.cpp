@@ -6,6 +6,7 @@
 #include <numeric>
 #include <utility>
 
+#include "autograd/comm_functions.h"
 #include "autograd/variable.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -186,9 +187,29 @@ int32_t choose_from_candidates(std::span<const float> values, std::span<const in
 
 }  // namespace detail
 
+namespace {
+
+// The model's own step forward (Note [Sampling over ranks]): forward_cached or forward, the last
+// positions, gathered over the tensor-parallel group.
+tensor::Tensor whole_model_last_logits(models::CausalLM& model, const tensor::Tensor& ids,
+                                       models::KvCache* cache) {
+  // The uncached forward at tp > 1 too (Note [Decoding without sequence parallelism]).
+  const models::nn::SequenceParallelPause no_sp;
+  autograd::Variable logits =
+      cache != nullptr ? model.forward_cached(ids, *cache, /*last_only=*/true) : model.forward(ids);
+  // [rows, T or 1, padded_vocab (/ tp)] -> each row's last position.
+  tensor::Tensor last = logits.data().select(1, logits.data().size(1) - 1);
+  const models::nn::TensorParallel& tp = model.tensor_parallel();
+  if (!tp.enabled()) return last;
+  return autograd::gather_from_tp_region(autograd::Variable(last.contiguous()), tp.group).data();
+}
+
+}  // namespace
+
 std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
                                                const std::vector<int32_t>& prompt,
-                                               const SampleOptions& o, int64_t num_samples) {
+                                               const SampleOptions& o, int64_t num_samples,
+                                               const StepForward& forward) {
   const int64_t V = model.vocab_size();
   STRATA_USER_CHECK(!prompt.empty(), "sampling needs a prompt of at least one token");
   for (int32_t t : prompt)
@@ -241,11 +262,15 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
     }
     tensor::Tensor ids = tensor::from_ints(ctx, {rows_now, T}, DType::I32);
     if (!device.is_cpu()) ids = ids.to(device);
-    // Cached: the last position's logits only (Note [Last-position logits]).
-    autograd::Variable logits =
-        cached ? model.forward_cached(ids, cache, /*last_only=*/true) : model.forward(ids);
-    // [rows, T or 1, padded_vocab] -> each row's last position.
-    tensor::Tensor last = logits.data().select(1, logits.data().size(1) - 1).narrow(1, 0, V);
+    // Cached: the last position's logits only (Note [Last-position logits]). [rows,
+    // padded_vocab] on every rank (Note [Sampling over ranks]).
+    models::KvCache* step_cache = cached ? &cache : nullptr;
+    const tensor::Tensor whole =
+        forward ? forward(ids, step_cache) : whole_model_last_logits(model, ids, step_cache);
+    STRATA_CHECK(whole.ndim() == 2 && whole.size(0) == rows_now &&
+                     whole.size(1) == model.padded_vocab_size(),
+                 "sampling: a step's forward returned {} for ids {}", whole.str(), ids.str());
+    tensor::Tensor last = whole.narrow(1, 0, V);
     // To the host as contiguous fp32: each row's top candidates when the device can pick them
     // (Note [Device candidates]), else the whole rows.
     const int64_t cand = detail::device_candidates(o, V, last.device());
@@ -296,8 +321,8 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
 }
 
 std::vector<int32_t> sample(models::CausalLM& model, const std::vector<int32_t>& prompt,
-                            const SampleOptions& o) {
-  return std::move(sample_batch(model, prompt, o, 1).front());
+                            const SampleOptions& o, const StepForward& forward) {
+  return std::move(sample_batch(model, prompt, o, 1, forward).front());
 }
 
 }  // namespace strata::sampling

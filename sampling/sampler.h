@@ -3,6 +3,7 @@
 // and sample_batch() draw continuations of a prompt, reproducibly from a seed, with the model's
 // KV cache where it has one, choosing on the device where the logits live.
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -58,12 +59,38 @@ struct SampleOptions {
 // [Dropping cache rows] in models/kv_cache.h), so the work per step shrinks with the rows left.
 // The batch ends when every row has stopped or at max_new_tokens.
 //
+// Note [Sampling over ranks]
+// A model split over ranks samples with every rank of the split running sample_batch together,
+// with the same prompt and options: each rank computes the same logits of the step's last
+// positions, so each draws the same token and feeds the same ids back (the draws are Philox, keyed
+// by the seed, position and sample alone: Note [Sampling draws]), and every rank makes the same
+// decisions (a stopped row, a window restart, a non-finite row's UserError) with no further
+// message. Under tensor parallelism each rank's forward gives its slice of the vocabulary; the
+// slices are all-gathered over the tp group, so every rank holds the same whole row (a copy of
+// each rank's values, bit for bit). Under pipeline parallelism the forward is a StepForward that
+// runs the stages (parallel::PipelineSchedule::forward_last_logits): each stage runs its layers
+// with its own KV cache (Note [Cached pipeline stages] in models/causal_lm.h) and the last stage
+// broadcasts the whole rows to the others. The logits differ from one process only in the
+// summation order of the tp all-reduces, a rounding-level change; a draw can only differ where two
+// candidates' cumulative weights are that close to the uniform.
+//
+// A step's forward: ids [rows, T] (on the model's device) -> the logits of each row's last
+// position, [rows, padded_vocab_size], the whole vocabulary, the same on every rank that runs the
+// sampling. `cache` is null when the step runs without the KV cache (Note [Cached sampling]);
+// otherwise the forward runs forward_cached (or each stage's forward_stage_cached) with
+// last_only, committing the positions to it. Runs under NoGradGuard in eval mode.
+using StepForward =
+    std::function<tensor::Tensor(const tensor::Tensor& ids, models::KvCache* cache)>;
+
 // Continuations of `prompt`, num_samples of them drawn in one batch (Note [Batched sampling]);
 // element r is sample first_sample + r, what sample() gives with that first_sample. Validation as
-// sample(), and strata::user_error when num_samples < 1 or first_sample < 0.
+// sample(), and strata::user_error when num_samples < 1 or first_sample < 0. `forward`: how a
+// step's logits are computed (Note [Sampling over ranks]); empty: the model's own forward_cached
+// or forward, gathered over its tensor-parallel group.
 std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
                                                const std::vector<int32_t>& prompt,
-                                               const SampleOptions& options, int64_t num_samples);
+                                               const SampleOptions& options, int64_t num_samples,
+                                               const StepForward& forward = {});
 
 // Returns the new tokens only (up to max_new_tokens; fewer when stop_token is emitted). Runs
 // under NoGradGuard in eval mode and restores the model's previous train/eval mode. Each step
@@ -71,7 +98,7 @@ std::vector<std::vector<int32_t>> sample_batch(models::CausalLM& model,
 // [Padded vocabulary], Note [Sampling draws], Note [Cached sampling]). strata::user_error on an
 // empty prompt, a token outside [0, vocab_size) or options out of range.
 std::vector<int32_t> sample(models::CausalLM& model, const std::vector<int32_t>& prompt,
-                            const SampleOptions& options);
+                            const SampleOptions& options, const StepForward& forward = {});
 
 namespace detail {
 // The uniform in [0, 1) that sample `sample`'s token at `position` draws with (Note [Sampling

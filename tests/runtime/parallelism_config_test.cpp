@@ -118,8 +118,6 @@ TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
       {tiny("gpt2-tiny", "  pipeline_schedule: zigzag\n"), {"parallelism.pipeline_schedule"}},
       {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n") + "zero_optimization:\n  stage: 3\n",
        {"parallelism.pipeline_parallel_size", "zero_optimization.stage is 3"}},
-      {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n", 32, "  sample_every: 5\n"),
-       {"parallelism.pipeline_parallel_size", "sample_every is 5"}},
       // The interleaved schedule (Note [Virtual pipeline stages]): v > 1 exactly with it.
       {tiny("gpt2-tiny", "  pipeline_parallel_size: 2\n  virtual_pipeline_stages: 2\n"),
        {"parallelism.pipeline_schedule", "is '1f1b' but virtual_pipeline_stages is 2"}},
@@ -143,13 +141,30 @@ TEST_F(ParallelismConfig, ImpossibleLayoutsNameTheKeyAndNumbers) {
       {tiny("gpt2-tiny", "  virtual_pipeline_stages: 0\n"),
        {"parallelism.virtual_pipeline_stages"}},
       {tiny("gpt2-tiny", "  tensor_parallel_size: 0\n"), {"parallelism.tensor_parallel_size"}},
-      // What a tensor-parallel `train` does not do yet says so.
-      {tiny("gpt2-tiny", "  tensor_parallel_size: 2\n", 32, "  sample_every: 5\n"),
-       {"parallelism.tensor_parallel_size", "sample_every is 5"}},
   };
   for (const Case& c : cases) {
     const std::string msg = error_of(c.yaml);
     for (const std::string& part : c.expected) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  }
+}
+
+// Sampling during training runs at every layout (Note [Sampling over ranks] in
+// sampling/sampler.h): sample_every is taken with tp > 1, pp > 1 (interleaved too) and sequence
+// parallelism.
+TEST_F(ParallelismConfig, SamplingAtEveryLayout) {
+  const std::string every = "  sample_every: 5\n";
+  for (const std::string& layout :
+       {std::string("  tensor_parallel_size: 2\n"),
+        std::string("  tensor_parallel_size: 2\n  sequence_parallel: true\n"),
+        std::string("  pipeline_parallel_size: 2\n"),
+        std::string("  pipeline_parallel_size: 2\n  tensor_parallel_size: 2\n"),
+        std::string("  pipeline_parallel_size: 2\n  pipeline_schedule: interleaved\n"
+                    "  virtual_pipeline_stages: 2\n")}) {
+    std::string yaml = tiny("gpt2-tiny", layout, 32, every);
+    // Two chunks on each of two stages need 4 layers.
+    if (layout.find("virtual") != std::string::npos)
+      yaml.replace(yaml.find("gpt2-tiny"), 9, "gpt2-tiny\n  config:\n    n_layer: 4");
+    EXPECT_EQ(error_of(yaml), "(no error)") << yaml;
   }
 }
 

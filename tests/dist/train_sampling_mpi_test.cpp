@@ -1,7 +1,7 @@
 // `train` samples text during training at any layout (Note [Sampling over ranks] in
 // sampling/sampler.h): with training.sample_every at tp 2 (x dp 2, with and without sequence
-// parallelism), pp 2 (x dp 2), pp 2 x tp 2 and the interleaved pp 2 x v 2, rank 0 prints the
-// samples the one-process run prints for the same seed, word for word, once each.
+// parallelism, with ZeRO-3), pp 2 (x dp 2), pp 2 x tp 2 and the interleaved pp 2 x v 2, rank 0
+// prints the samples the one-process run prints for the same seed, word for word, once each.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -58,6 +58,8 @@ TEST_F(TrainSamplingMpi, EveryLayoutPrintsTheOneProcessSamples) {
        4,
        {"parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=true",
         "zero_optimization.stage=1"}},
+      // ZeRO-3 gathers each unit around its forward: the cached steps too.
+      {"tp2_z3", 4, {"parallelism.tensor_parallel_size=2", "zero_optimization.stage=3"}},
       {"pp2", 4, {"parallelism.pipeline_parallel_size=2"}},
       {"pp2_tp2",
        4,

@@ -45,6 +45,7 @@
 #include "parallel/engine.h"
 #include "tools/bench/bench_cli.h"
 #include "tools/bench/bench_model_args.h"
+#include "tools/bench/build_stamp.h"
 
 namespace {
 
@@ -190,11 +191,11 @@ int main(int argc, char** argv) {
     std::printf(
         "bench_zero_infinity: %s, %lld layers x %lld wide, %.1fM parameters, micro-batch %lld x "
         "%lld tokens, ZeRO-3 on one CPU process, NVMe under %s, %lld buffers; %d timed steps "
-        "in each of %d interleaved rounds\n",
+        "in each of %d interleaved rounds; built from %s\n",
         a.model.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.embd),
         static_cast<double>(shape.num_parameters) / 1e6, static_cast<long long>(a.micro),
         static_cast<long long>(a.seq), a.nvme_path.c_str(), static_cast<long long>(a.buffer_count),
-        a.steps, a.rounds);
+        a.steps, a.rounds, bench::build_commit());
     using Device = parallel::OffloadParamConfig::Device;
     const std::vector<Placement> placements = {{"in memory", Device::None, true},
                                                {"in memory, no prefetch", Device::None, false},

@@ -42,6 +42,8 @@ std::string to_json_line(const StepRecord& r) {
     for (const auto& [tier, bytes] : r.grad_peak_bytes) gm[tier] = bytes;
     j["grad_peak_bytes"] = gm;
   }
+  if (r.loss_scale) j["loss_scale"] = *r.loss_scale;
+  if (r.skipped) j["skipped"] = true;
   return j.dump();
 }
 

@@ -10,7 +10,9 @@
 // zero_optimization.offload_param "param_wait_ms" (how long this rank's step waited for parameter
 // reads) and "param_peak_bytes": {tier: bytes} (the peak of Category::Param per tier since the
 // first step: what the parameters occupied where); with the gradients on NVMe (ZeRO-3 with
-// offload_optimizer.device nvme) "grad_peak_bytes", the same for Category::Grad. Floats are written
+// offload_optimizer.device nvme) "grad_peak_bytes", the same for Category::Grad; with run.dtype
+// fp16 "loss_scale" (the scale after the step's update, Note [Dynamic loss scaling]); and
+// "skipped": true on a step whose update was skipped (an inf/nan gradient). Floats are written
 // in their shortest round-trip form, so two runs can be compared bitwise from their files. On
 // resume the file is cut back to the records of steps the checkpoint covers (rewritten atomically),
 // so it always describes one consistent run.
@@ -39,6 +41,8 @@ struct StepRecord {
   std::optional<double> param_wait_ms;                            // offload_param only
   std::vector<std::pair<std::string, int64_t>> param_peak_bytes;  // offload_param only
   std::vector<std::pair<std::string, int64_t>> grad_peak_bytes;   // gradients on NVMe only
+  std::optional<double> loss_scale;  // fp16 only: the scale after this step's update
+  bool skipped = false;              // the optimizer did not run (overflow)
 };
 
 std::string to_json_line(const StepRecord& record);

@@ -524,6 +524,8 @@ void Trainer::train_step(StepRecord& record) {
   record.loss = static_cast<float>(mean_loss);
   record.lr = lr;
   record.grad_norm = result.grad_norm;
+  record.skipped = result.skipped;
+  if (scaler_ != nullptr) record.loss_scale = scaler_->scale();
   record.step_s = dt;
   double tokens = static_cast<double>(G * b.seq_len);
   record.tokens_per_s = tokens / dt;

@@ -95,6 +95,17 @@ class OptimizerPlacement {
   // squares over the stages (`pp`), and a unit whose gradient another stage holds too (the last
   // stage's copy of a tied embedding) is left out here (`counted[u]` false), so every parameter
   // counts once. Set before the first step; pp null: one stage.
+  //
+  // Note [Overflow across stages]
+  // The overflow test of a step (fp16's skip, and the skip of any non-finite norm) is
+  // !isfinite(norm) on the norm summed over dp, tp and these stages, never on a stage's own
+  // squares: an inf or NaN in any stage's gradients makes every stage's sum inf or NaN (the terms
+  // are squares, so no inf - inf), so all stages skip the step together, and with a LossScaler
+  // each stage's scaler sees the same overflow sequence and keeps the same scale. The loss is
+  // multiplied by the scale once, in the last stage's Engine::backward(loss); the earlier stages'
+  // gradients carry it through the received activation gradients, and every stage divides its
+  // own gradients by the same scale. TrainPpFp16Mpi (tests/dist) fails if the sum over stages is
+  // left out of the overflow test.
   void set_norm_across_stages(comm::Communicator* pp, std::vector<bool> counted) {
     norm_pp_ = pp;
     norm_counted_ = std::move(counted);

@@ -22,6 +22,7 @@
 // argument above holds for it too (at p = 2 it is a second pair between the same two ranks).
 #include <chrono>
 #include <memory>
+#include <utility>
 
 #include "comm/communicator.h"
 
@@ -51,6 +52,23 @@ class PipelineLinks {
   comm::WorkHandle recv_forward_wrap(tensor::Tensor t);   // first stage
   comm::WorkHandle send_backward_wrap(tensor::Tensor t);  // first stage
   comm::WorkHandle recv_backward_wrap(tensor::Tensor t);  // last stage
+  // Between consecutive chunks of the model (Note [Virtual pipeline stages]): the previous
+  // chunk's activations come from the previous stage, or on the first stage over the wrap link;
+  // the next chunk's go to the next stage, or from the last stage over the wrap link; the
+  // gradients go the opposite ways. Without interleaving a stage never calls these where a wrap
+  // link would be needed (its first stage holds the first chunk, its last the last).
+  comm::WorkHandle recv_chunk_input(tensor::Tensor t) {
+    return first() ? recv_forward_wrap(std::move(t)) : recv_forward(std::move(t));
+  }
+  comm::WorkHandle send_chunk_output(tensor::Tensor t) {
+    return last() ? send_forward_wrap(std::move(t)) : send_forward(std::move(t));
+  }
+  comm::WorkHandle recv_chunk_output_grad(tensor::Tensor t) {
+    return last() ? recv_backward_wrap(std::move(t)) : recv_backward(std::move(t));
+  }
+  comm::WorkHandle send_chunk_input_grad(tensor::Tensor t) {
+    return first() ? send_backward_wrap(std::move(t)) : send_backward(std::move(t));
+  }
 
   // Waits for a receive, adding the time spent to idle_seconds().
   void wait_recv(const comm::WorkHandle& work);

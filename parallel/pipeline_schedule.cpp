@@ -173,7 +173,7 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
     if (!model.chunk_is_first(c)) {
       tensor::Tensor buf = tensor::Tensor::empty({M, T, C}, dtype, device);
       // Note [Interleaved schedule]: the first stage's later chunks are fed by the last stage.
-      receive(links_.first() ? links_.recv_forward_wrap(buf) : links_.recv_forward(buf));
+      receive(links_.recv_chunk_input(buf));
       f.input = autograd::Variable(buf, /*requires_grad=*/true);
     }
     if (model.chunk_is_last(c)) {
@@ -188,7 +188,7 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
     } else {
       f.output = model.forward_stage(batch.ids, f.input, c);
       const tensor::Tensor& out = f.output.data();
-      sends.push_back(links_.last() ? links_.send_forward_wrap(out) : links_.send_forward(out));
+      sends.push_back(links_.send_chunk_output(out));
     }
     stats_.max_in_flight = std::max(stats_.max_in_flight, ++held);
   };
@@ -206,14 +206,14 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
     } else {
       tensor::Tensor grad =
           tensor::Tensor::empty(f.output.data().shape(), f.output.data().dtype(), device);
-      receive(links_.last() ? links_.recv_backward_wrap(grad) : links_.recv_backward(grad));
+      receive(links_.recv_chunk_output_grad(grad));
       engine.backward(f.output, grad);
     }
     if (!model.chunk_is_first(c)) {
       STRATA_CHECK(f.input.grad().defined(), "stage {} chunk {} got no gradient for its input", s,
                    c);
       const tensor::Tensor& g = f.input.grad();
-      sends.push_back(links_.first() ? links_.send_backward_wrap(g) : links_.send_backward(g));
+      sends.push_back(links_.send_chunk_input_grad(g));
     }
     if (model.chunk_is_last(c)) losses[static_cast<size_t>(m)] = f.loss;
     if (c == 0) batches[static_cast<size_t>(m)] = MicroBatch();
@@ -249,6 +249,16 @@ std::vector<tensor::Tensor> PipelineSchedule::run(Engine& engine, models::Causal
   return losses;
 }
 
+autograd::Variable PipelineSchedule::receive_hidden(const models::CausalLM& model, int chunk,
+                                                    int64_t rows, int64_t seq) {
+  if (model.chunk_is_first(chunk)) return {};
+  const tensor::Tensor& params = model.flat_units().front().params;
+  tensor::Tensor buf =
+      tensor::Tensor::empty({rows, seq, model.hidden_size()}, params.dtype(), params.device());
+  links_.recv_chunk_input(buf)->wait();
+  return autograd::Variable(buf, /*requires_grad=*/false);
+}
+
 tensor::Tensor PipelineSchedule::forward_loss(models::CausalLM& model, const tensor::Tensor& ids,
                                               const tensor::Tensor& targets) {
   const autograd::NoGradGuard no_grad;
@@ -258,18 +268,12 @@ tensor::Tensor PipelineSchedule::forward_loss(models::CausalLM& model, const ten
   tensor::Tensor loss;
   // Chunk by chunk (Note [Interleaved schedule]): every rank's chunk c before any rank's c + 1.
   for (int c = 0; c < model.num_chunks(); ++c) {
-    autograd::Variable hidden;
-    if (!model.chunk_is_first(c)) {
-      tensor::Tensor buf =
-          tensor::Tensor::empty({M, T, model.hidden_size()}, params.dtype(), params.device());
-      (links_.first() ? links_.recv_forward_wrap(buf) : links_.recv_forward(buf))->wait();
-      hidden = autograd::Variable(buf, /*requires_grad=*/false);
-    }
+    const autograd::Variable hidden = receive_hidden(model, c, M, T);
     if (model.chunk_is_last(c)) {
       loss = model.stage_loss(ids, hidden, targets).data().reshape({1}).to(DType::F32);
     } else {
       const tensor::Tensor out = model.forward_stage(ids, hidden, c).data();
-      (links_.last() ? links_.send_forward_wrap(out) : links_.send_forward(out))->wait();
+      links_.send_chunk_output(out)->wait();
     }
   }
   if (!loss.defined()) loss = tensor::Tensor::empty({1}, DType::F32, params.device());
@@ -287,13 +291,7 @@ tensor::Tensor PipelineSchedule::forward_last_logits(models::CausalLM& model,
   const tensor::Tensor& params = model.flat_units().front().params;
   tensor::Tensor logits;
   for (int c = 0; c < model.num_chunks(); ++c) {
-    autograd::Variable hidden;
-    if (!model.chunk_is_first(c)) {
-      tensor::Tensor buf =
-          tensor::Tensor::empty({M, T, model.hidden_size()}, params.dtype(), params.device());
-      (links_.first() ? links_.recv_forward_wrap(buf) : links_.recv_forward(buf))->wait();
-      hidden = autograd::Variable(buf, /*requires_grad=*/false);
-    }
+    const autograd::Variable hidden = receive_hidden(model, c, M, T);
     const autograd::Variable out =
         cache != nullptr ? model.forward_stage_cached(ids, hidden, c, *cache, /*last_only=*/true)
                          : model.forward_stage(ids, hidden, c);
@@ -304,8 +302,7 @@ tensor::Tensor PipelineSchedule::forward_last_logits(models::CausalLM& model,
         last = autograd::gather_from_tp_region(autograd::Variable(last), tp.group).data();
       logits = last.to(DType::F32).contiguous();
     } else {
-      (links_.last() ? links_.send_forward_wrap(out.data()) : links_.send_forward(out.data()))
-          ->wait();
+      links_.send_chunk_output(out.data())->wait();
     }
   }
   if (!logits.defined())

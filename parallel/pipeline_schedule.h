@@ -121,6 +121,11 @@ class PipelineSchedule final : public MicroBatchSchedule {
   const StepStats& last_step() const { return stats_; }
 
  private:
+  // Evaluation: chunk `chunk`'s input hidden states [rows, seq, C] from the previous chunk's rank
+  // (waited for); undefined for the model's first chunk, which starts from the ids.
+  autograd::Variable receive_hidden(const models::CausalLM& model, int chunk, int64_t rows,
+                                    int64_t seq);
+
   PipelineScheduleKind kind_;
   std::shared_ptr<comm::Communicator> pp_;
   int virtual_ = 1;

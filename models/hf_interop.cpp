@@ -178,9 +178,12 @@ struct HfLoadPlan {
   int64_t vocab_size = 0;
 
   void write(const Copy& c) const {
+    write_to(c, c.param.data());  // a view into the flat buffer: copy in place
+  }
+  // The parameter's values as write() gives them, into `dst` (the parameter's shape).
+  void write_to(const Copy& c, Tensor dst) const {
     Tensor src = c.item.reader->read(c.item.entry->name);
     if (c.hf.from_hf) src = c.hf.from_hf(src);
-    Tensor dst = c.param.data();  // a view into the flat buffer: copy in place
     if (c.hf.vocab_rows && dst.size(0) > vocab_size) {
       dst.narrow(0, 0, vocab_size).copy_(src);
       dst.narrow(0, vocab_size, dst.size(0) - vocab_size).zero_();  // Note [Padded vocabulary]
@@ -207,6 +210,22 @@ std::function<void(const FlatUnit&)> hf_unit_loader(CausalLM& model, const std::
     const std::set<std::string> names(unit.names.begin(), unit.names.end());
     for (const HfLoadPlan::Copy& c : plan->copies)
       if (names.contains(c.name)) plan->write(c);
+  };
+}
+
+std::function<Tensor(const std::string&)> hf_parameter_reader(CausalLM& model,
+                                                              const std::string& path,
+                                                              const ModelRegistry* registry) {
+  std::shared_ptr<const HfLoadPlan> plan = plan_hf_load(model, path, registry);
+  auto by_name = std::make_shared<std::map<std::string, size_t>>();
+  for (size_t i = 0; i < plan->copies.size(); ++i) (*by_name)[plan->copies[i].name] = i;
+  return [plan, by_name](const std::string& name) {
+    auto it = by_name->find(name);
+    STRATA_CHECK(it != by_name->end(), "no parameter '{}' to read from {}", name, plan->files.path);
+    const HfLoadPlan::Copy& c = plan->copies[it->second];
+    Tensor out = Tensor::empty(c.param.shape(), c.param.data().dtype());
+    plan->write_to(c, out);
+    return out;
   };
 }
 

@@ -96,6 +96,28 @@ void publish_directory(const std::string& tmp, const std::string& final_dir) {
 void write_trainer_files(const std::string& dir, const TrainerState& state,
                          const std::string& config_yaml);
 
+std::map<std::string, std::string> model_file_metadata(const models::CausalLM& model,
+                                                       const TrainerState& state) {
+  return {{"format", "strata"},
+          {"family", model.family()},
+          {"model_name", state.model_name},
+          {"layout", "strata: Linear weights [out, in], padded vocabulary; not an HF file"}};
+}
+
+void write_model_file(const std::string& dir, const models::CausalLM& model,
+                      const TrainerState& state, const ModelStream& produce) {
+  // The specs of write_step_directory's tensors, in its order: the same header, so the same bytes.
+  std::vector<tensor::SafetensorsSpec> specs;
+  for (const models::FlatUnit& u : model.flat_units())
+    for (size_t k = 0; k < u.names.size(); ++k)
+      specs.push_back({u.names[k], u.variables[k].data().dtype(), u.shapes[k]});
+  STRATA_CHECK(!specs.empty(), "model has no flat units");
+  tensor::SafetensorsWriter writer(join(dir, kModelFile), std::move(specs),
+                                   model_file_metadata(model, state));
+  produce([&](size_t i, const Tensor& piece) { writer.append(i, piece); });
+  writer.commit();
+}
+
 void write_step_directory(const std::string& dir, const models::CausalLM& model,
                           const optim::Optimizer* optimizer, const TrainerState& state,
                           const std::string& config_yaml) {
@@ -105,12 +127,7 @@ void write_step_directory(const std::string& dir, const models::CausalLM& model,
     for (size_t k = 0; k < u.names.size(); ++k)
       params.emplace_back(u.names[k], u.variables[k].data());
   STRATA_CHECK(!params.empty(), "model has no flat units");
-  tensor::save_safetensors(
-      join(dir, kModelFile), params,
-      {{"format", "strata"},
-       {"family", model.family()},
-       {"model_name", state.model_name},
-       {"layout", "strata: Linear weights [out, in], padded vocabulary; not an HF file"}});
+  tensor::save_safetensors(join(dir, kModelFile), params, model_file_metadata(model, state));
   if (optimizer != nullptr) {
     optim::OptimizerState s = optimizer->state_dict();
     std::vector<std::pair<std::string, Tensor>> tensors;

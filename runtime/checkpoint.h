@@ -38,6 +38,7 @@
 // (no "digest" in trainer_state.json) load unchecked. config.yaml and `latest` carry none:
 // a resume runs the config it is given, and `latest` only names a directory.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,9 +127,19 @@ CheckpointCheck verify_checkpoint(const std::string& checkpoint_dir);
 // data-parallel layout: open_checkpoint indexes whatever files are there, and each rank fills
 // the slices it owns now (re-partitioning when the dp size or ZeRO stage changed). The run
 // directory must be on a file system every rank sees.
+// The parameters of a model as whole tensors produced in pieces: produce(emit) calls emit(i,
+// piece) with the next piece.numel() elements of the model's i-th parameter (flat units in
+// order, each unit's parameters in order: model.safetensors's order), each parameter's pieces in
+// order and all of them.
+using ModelStream = std::function<void(const FlatShardStream::Emit&)>;
+
 struct CheckpointParts {
   const models::CausalLM* model = nullptr;  // written whole as model.safetensors when write_model
   bool write_model = false;
+  // When set (with write_model), model.safetensors takes its bytes from here as they come (Note
+  // [Streamed safetensors]), written before the optimizer files; `model` then only gives the
+  // layout (it may be built deferred: Note [Deferred initialisation]).
+  ModelStream model_stream;
   std::vector<FlatShard> param_shards;      // ZeRO-3: this rank's slices of the parameters
   std::vector<FlatShard> optimizer_shards;  // this rank's slices of the optimizer state
   // The same, streamed (Note [Streamed shards] in parallel/engine.h): used when the vector

@@ -114,6 +114,8 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointParts& p
             {"rank", std::to_string(rank)},
             {"world", std::to_string(size)}};
         STRATA_CHECK(parts.model != nullptr, "CheckpointParts without a model");
+        if (rank == 0 && parts.write_model && parts.model_stream)
+          write_model_file(tmp, *parts.model, state, parts.model_stream);
         const std::string model_file = join(tmp, rank_file("model", rank, size));
         if (!parts.param_shards.empty())
           save_flat_shards(model_file, *parts.model, parts.param_shards, meta);
@@ -130,7 +132,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointParts& p
             save_flat_shards(file, *parts.model, parts.optimizer_stream, meta);
         }
         if (rank == 0) {
-          if (parts.write_model) {
+          if (parts.write_model && !parts.model_stream) {
             write_step_directory(tmp, *parts.model, nullptr, state, config_yaml);
           } else {
             write_trainer_files(tmp, state, config_yaml);

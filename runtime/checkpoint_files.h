@@ -3,6 +3,7 @@
 // runtime/checkpoint_distributed.cpp): a step directory's file names and the file-system steps
 // of an atomic checkpoint (Note [Atomic checkpoints] in runtime/checkpoint.h).
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -37,6 +38,14 @@ std::string require_file(const std::string& dir, std::string_view name);
 void write_step_directory(const std::string& dir, const models::CausalLM& model,
                           const optim::Optimizer* optimizer, const TrainerState& state,
                           const std::string& config_yaml);
+// model.safetensors's metadata (Note [Checkpoint layout]).
+std::map<std::string, std::string> model_file_metadata(const models::CausalLM& model,
+                                                       const TrainerState& state);
+// model.safetensors of `model`'s layout (write_step_directory's names, shapes, dtypes and order;
+// `model` may be built deferred, its storage released), the bytes from `produce` as they come
+// (Note [Streamed safetensors]): the same file write_step_directory writes for the same values.
+void write_model_file(const std::string& dir, const models::CausalLM& model,
+                      const TrainerState& state, const ModelStream& produce);
 // trainer_state.json (with its digest) and config.yaml.
 void write_trainer_files(const std::string& dir, const TrainerState& state,
                          const std::string& config_yaml);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <map>
@@ -139,25 +141,28 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
     written.push_back(u);
     local_unit[units[u].name] = u;
   }
+  // The whole model's layout only: built deferred, its storage released (Note [Deferred
+  // initialisation]), so it costs no parameter memory.
   std::unique_ptr<models::CausalLM> whole;
-  std::map<std::string, std::pair<std::string, int64_t>> place;  // name -> (whole unit, offset)
+  struct Place {
+    int64_t offset = 0;
+    tensor::Shape shape;
+  };
+  std::map<std::string, Place> place;  // name -> where in its whole unit
   if (stage_lead) {
-    whole = ctx.make_whole();
-    for (const models::FlatUnit& wu : whole->flat_units()) {
-      for (size_t i = 0; i < wu.names.size(); ++i) place[wu.names[i]] = {wu.name, wu.offsets[i]};
-      // Under pipeline parallelism what this stage does not hold must add nothing to the sum.
-      if (pp != nullptr) {
-        Tensor params = wu.params;
-        params.zero_();
-      }
+    {
+      models::nn::DeferredInitScope layout_only;
+      whole = ctx.make_whole();
     }
+    for (const models::FlatUnit& wu : whole->flat_units())
+      for (size_t i = 0; i < wu.names.size(); ++i)
+        place[wu.names[i]] = {wu.offsets[i], wu.shapes[i]};
   }
-  // The whole tensors `value` of parameter `name` (gathered: every tp rank's slice in rank order).
+  // The whole tensor `value` of parameter `name` (gathered: every tp rank's slice in rank order).
   auto whole_value = [&](const std::string& name, const Tensor& value) {
     auto it = model.shard_specs().find(name);
     if (it == model.shard_specs().end()) return value;
-    const tensor::Shape full = whole->parameter(name).data().shape();
-    return unshard(value, it->second, full, tp.size());
+    return unshard(value, it->second, place.at(name).shape, tp.size());
   };
   // Pipeline parallelism: the stage leads (one pp group) sum a whole unit's buffer onto rank 0,
   // exact since the stages hold disjoint tensors. An nccl group moves device memory only: there
@@ -173,20 +178,76 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
     host.copy_(staged);
   };
 
-  // 1. The parameters, unit by unit, into the stage lead's whole model, summed over the stages.
-  for (int u : written)
-    gather_unit(ctx, u, {"param"}, true, layout,
-                [&](const std::string&, const std::string& name, const Tensor& value) {
-                  Tensor dst = whole->parameter(name).data();
-                  dst.copy_(whole_value(name, value).view(dst.shape()).to(dst.dtype()));
-                });
-  if (pp != nullptr && stage_lead)
-    for (models::FlatUnit& wu : whole->flat_units()) sum_over_stages(wu.params);
+  // One pass over the whole model's units in its order: the stage holding whole unit w makes
+  // `pass_keys` of it whole (gather_unit: the parameters when `params`), the stage leads sum each
+  // whole unit's buffer over the stages onto rank 0 (zeros where a stage holds none), and `out`
+  // takes it there before the next unit, so no rank holds more than one whole unit per key.
+  // Every rank goes through the same units whether rank 0's writer takes them or failed (`out`
+  // null): the collectives match; the writer's first error is raised at the end.
+  using Out = std::function<void(size_t w, const std::string& key, const Tensor& buf)>;
+  auto unit_pass = [&](bool params, const std::vector<std::string>& pass_keys, const Out* out) {
+    if (!stage_lead) {
+      for (int u : written)
+        gather_unit(ctx, u, pass_keys, params, layout,
+                    [](const std::string&, const std::string&, const Tensor&) {});
+      return;
+    }
+    std::exception_ptr failed;
+    int last = -1;  // the stage's other ranks go through `written` in order: so must this one
+    const std::vector<models::FlatUnit>& wunits = whole->flat_units();
+    for (size_t w = 0; w < wunits.size(); ++w) {
+      const models::FlatUnit& wu = wunits[w];
+      std::map<std::string, Tensor> bufs;  // key -> the whole unit's values, fp32
+      for (const std::string& key : pass_keys) bufs[key] = tensor::zeros({wu.size()});
+      auto it = local_unit.find(wu.name);
+      if (it != local_unit.end()) {
+        STRATA_CHECK(it->second > last, "unit '{}' is out of the whole model's order", wu.name);
+        last = it->second;
+        gather_unit(ctx, it->second, pass_keys, params, layout,
+                    [&](const std::string& key, const std::string& name, const Tensor& value) {
+                      Tensor dst = bufs.at(key).narrow(0, place.at(name).offset, value.numel());
+                      dst.copy_(whole_value(name, value).reshape({-1}).to(DType::F32));
+                    });
+      } else {
+        STRATA_CHECK(pp != nullptr, "unit '{}' of the whole model is not on this rank", wu.name);
+      }
+      for (auto& [key, buf] : bufs) {
+        sum_over_stages(buf);
+        if (out == nullptr || failed) continue;
+        try {
+          (*out)(w, key, buf);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
+  };
 
-  // 2. The optimizer states, a whole unit at a time (Note [Streamed shards]): gathered as the
-  // parameters are, summed over the stages, and on rank 0 handed to the checkpoint's writer as
-  // they come, so no rank holds more than a unit's states. Every rank goes through the same
-  // units whether rank 0's writer takes them or failed (`emit` null): the collectives match.
+  // 1. The parameters, a whole unit at a time, into model.safetensors as they come (Note
+  // [Streamed safetensors]): its i-th tensor is the whole model's i-th parameter.
+  bool params_done = false;
+  auto param_pass = [&](const FlatShardStream::Emit* emit) {
+    params_done = true;
+    if (emit == nullptr) {
+      unit_pass(true, {"param"}, nullptr);
+      return;
+    }
+    std::vector<size_t> first;  // whole unit w's first parameter in the file
+    size_t n = 0;
+    for (const models::FlatUnit& wu : whole->flat_units()) {
+      first.push_back(n);
+      n += wu.names.size();
+    }
+    const Out out = [&](size_t w, const std::string&, const Tensor& buf) {
+      const models::FlatUnit& wu = whole->flat_units()[w];
+      for (size_t i = 0; i < wu.names.size(); ++i)
+        (*emit)(first[w] + i, buf.narrow(0, wu.offsets[i], wu.numels[i]));
+    };
+    unit_pass(true, {"param"}, &out);
+  };
+
+  // 2. The optimizer states the same way (Note [Streamed shards]), into the optimizer file.
   std::map<std::pair<std::string, std::string>, size_t> shard_of;  // (unit, key) -> stream index
   FlatShardStream stream;
   if (lead) {
@@ -201,43 +262,18 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
   bool states_done = false;
   auto state_pass = [&](const FlatShardStream::Emit* emit) {
     states_done = true;
-    if (!stage_lead) {
-      for (int u : written)
-        gather_unit(ctx, u, state_names, false, layout,
-                    [](const std::string&, const std::string&, const Tensor&) {});
+    if (emit == nullptr) {
+      unit_pass(false, state_names, nullptr);
       return;
     }
-    std::exception_ptr failed;  // the writer's first error; the collectives go on
-    int last = -1;  // the stage's other ranks go through `written` in order: so must this one
-    for (const models::FlatUnit& wu : whole->flat_units()) {
-      std::map<std::string, Tensor> bufs;  // key -> the whole unit's state
-      for (const std::string& key : state_names) bufs[key] = tensor::zeros({wu.size()});
-      auto it = local_unit.find(wu.name);
-      if (it != local_unit.end()) {
-        STRATA_CHECK(it->second > last, "unit '{}' is out of the whole model's order", wu.name);
-        last = it->second;
-        gather_unit(ctx, it->second, state_names, false, layout,
-                    [&](const std::string& key, const std::string& name, const Tensor& value) {
-                      Tensor dst = bufs.at(key).narrow(0, place.at(name).second, value.numel());
-                      dst.copy_(whole_value(name, value).reshape({-1}));
-                    });
-      } else {
-        STRATA_CHECK(pp != nullptr, "unit '{}' of the whole model is not on this rank", wu.name);
-      }
-      for (auto& [key, buf] : bufs) {
-        sum_over_stages(buf);
-        if (emit == nullptr || failed) continue;
-        try {
-          (*emit)(shard_of.at({wu.name, key}), buf);
-        } catch (...) {
-          failed = std::current_exception();
-        }
-      }
-    }
-    if (failed) std::rethrow_exception(failed);
+    const Out out = [&](size_t w, const std::string& key, const Tensor& buf) {
+      (*emit)(shard_of.at({whole->flat_units()[w].name, key}), buf);
+    };
+    unit_pass(false, state_names, &out);
   };
 
-  // 3. Rank 0 writes it as one process would; the world agrees on the outcome.
+  // 3. Rank 0 writes it as one process would (the model file first, then the optimizer's); the
+  // others go through the same passes; the world agrees on the outcome.
   std::string dir;
   std::string error;
   if (lead) {
@@ -245,6 +281,7 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
       CheckpointParts parts;
       parts.model = whole.get();
       parts.write_model = true;
+      parts.model_stream = [&](const FlatShardStream::Emit& emit) { param_pass(&emit); };
       parts.optimizer_name = std::string(engine.optimizer().name());
       parts.optimizer_step = engine.optimizer().step_count();
       stream.produce = [&](const FlatShardStream::Emit& emit) { state_pass(&emit); };
@@ -255,6 +292,7 @@ std::string save_tp_checkpoint(const TpCheckpointContext& ctx, const std::string
       error = e.what();
     }
   }
+  if (!params_done) param_pass(nullptr);
   if (!states_done) state_pass(nullptr);
   Tensor ok = tensor::from_ints({error.empty() ? 1 : 0}, {1}, DType::I32).to(device);
   ctx.world.allreduce(ok, comm::ReduceOp::Min)->wait();
@@ -291,18 +329,55 @@ void TpCheckpointReader::fill(const std::string& unit, const std::string& key,
     buf = tensor::zeros({u->size()});
     for (size_t i = 0; i < u->names.size(); ++i) {
       const Place& p = whole_places_.at(u->names[i]);
-      Tensor w = Tensor::empty({p.shape.numel()});
-      index_.fill(p.unit, source_key, p.offset, w);
       auto it = local_.shard_specs().find(u->names[i]);
-      const Tensor piece =
-          it == local_.shard_specs().end()
-              ? w
-              : models::nn::shard_of(w.view(p.shape), it->second, tp.rank(), tp.size());
-      Tensor d = buf.narrow(0, u->offsets[i], u->numels[i]);
-      d.copy_(piece.reshape({-1}));
+      read_slice(index_, p.unit, source_key, p.offset, p.shape,
+                 it == local_.shard_specs().end() ? models::nn::ShardSpec{} : it->second, tp.rank(),
+                 tp.size(), buf.narrow(0, u->offsets[i], u->numels[i]));
     }
   }
   dst.copy_(buf.narrow(0, begin, dst.numel()).to(dst.dtype()));
+}
+
+void read_slice(const FlatShardIndex& index, const std::string& unit, const std::string& key,
+                int64_t offset, const tensor::Shape& full, const models::nn::ShardSpec& spec,
+                int rank, int size, Tensor dst, int64_t chunk) {
+  STRATA_CHECK(dst.dtype() == DType::F32 && dst.is_contiguous() && dst.device().is_cpu(),
+               "read_slice into a {} tensor", dtype_name(dst.dtype()));
+  if (spec.dim < 0 || size == 1) {
+    index.fill(unit, key, offset, dst);
+    return;
+  }
+  // In row-major order the slice is, for each index `o` over the dimensions before spec.dim and
+  // each block b, one contiguous run of piece * inner elements (Note [Tensor-parallel shards]).
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < spec.dim; ++d) outer *= full[d];
+  for (int d = spec.dim + 1; d < full.ndim(); ++d) inner *= full[d];
+  const int64_t len = full[spec.dim], block = len / spec.blocks, piece = block / size;
+  const int64_t run = piece * inner, row = len * inner, local_row = spec.blocks * run;
+  STRATA_CHECK(dst.numel() == outer * local_row, "a slice of {} elements into {}",
+               outer * local_row, dst.numel());
+  auto src_at = [&](int64_t o, int64_t b) { return o * row + (b * block + rank * piece) * inner; };
+  auto dst_at = [&](int64_t o, int64_t b) { return o * local_row + b * run; };
+  if (outer == 1 || run >= chunk) {  // a row shard: each run read straight into place
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t b = 0; b < spec.blocks; ++b)
+        index.fill(unit, key, offset + src_at(o, b), dst.narrow(0, dst_at(o, b), run));
+    return;
+  }
+  // A column shard's runs are short and strided: whole rows, a bounded chunk at a time, and the
+  // runs copied out of it.
+  const int64_t rows = std::max<int64_t>(1, chunk / row);
+  Tensor rows_read = Tensor::empty({std::min(rows, outer) * row});
+  const float* from = rows_read.data<float>();
+  float* to = dst.data<float>();
+  for (int64_t o0 = 0; o0 < outer; o0 += rows) {
+    const int64_t n = std::min(rows, outer - o0);
+    index.fill(unit, key, offset + o0 * row, rows_read.narrow(0, 0, n * row));
+    for (int64_t o = o0; o < o0 + n; ++o)
+      for (int64_t b = 0; b < spec.blocks; ++b)
+        std::memcpy(to + dst_at(o, b), from + src_at(o, b) - o0 * row,
+                    static_cast<size_t>(run) * sizeof(float));
+  }
 }
 
 }  // namespace strata::runtime

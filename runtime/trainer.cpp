@@ -337,17 +337,22 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
       model_->set_unit_source(models::hf_unit_loader(*model_, c.model.init_from));
     } else if (pp_size_ > 1 || tp_size_ > 1) {
       // A stage's parameters are the whole model's of the same names (Note [Pipeline stages]),
-      // a tensor-parallel rank's their slices (Note [Tensor-parallel shards]): the HF file loads
-      // into a whole model, and each rank takes its tensors from it (host memory for one more
-      // copy of the model, as a tensor-parallel checkpoint load takes).
-      const std::unique_ptr<models::CausalLM> whole = make_whole_model();
-      models::load_hf(*whole, c.model.init_from);
+      // a tensor-parallel rank's their slices (Note [Tensor-parallel shards]): the HF file is
+      // validated against the whole model's layout (built deferred: no parameter memory, Note
+      // [Deferred initialisation]), and each rank reads the whole tensors of its own parameters
+      // one at a time and keeps its slices.
+      std::unique_ptr<models::CausalLM> whole;
+      {
+        models::nn::DeferredInitScope layout_only;
+        whole = make_whole_model();
+      }
+      const auto read = models::hf_parameter_reader(*whole, c.model.init_from);
       const models::nn::TensorParallel& tp = model_->tensor_parallel();
       for (models::FlatUnit& u : model_->flat_units())
         for (size_t i = 0; i < u.names.size(); ++i) {
           auto spec = model_->shard_specs().find(u.names[i]);
           const tensor::Tensor src = models::nn::shard_of(
-              whole->parameter(u.names[i]).data(),
+              read(u.names[i]),
               spec == model_->shard_specs().end() ? models::nn::ShardSpec{} : spec->second,
               tp.rank(), tp.size());
           tensor::Tensor dst = u.params.narrow(0, u.offsets[i], u.numels[i]);

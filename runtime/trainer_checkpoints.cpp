@@ -73,10 +73,14 @@ std::unique_ptr<models::CausalLM> Trainer::make_whole_model() const {
 
 void Trainer::resume(const std::string& dir) {
   const TrainConfig& c = config_;
-  // Note [Tensor-parallel checkpoints]: a tensor- or pipeline-parallel run reads the whole
-  // tensors through the layout of the tp = 1, pp = 1 model and keeps its slices (its stage's).
-  const std::unique_ptr<models::CausalLM> whole =
-      tp_size_ > 1 || pp_size_ > 1 ? make_whole_model() : nullptr;
+  // Note [Tensor-parallel checkpoints]: a tensor- or pipeline-parallel run reads its slices (its
+  // stage's) of the whole tensors through the layout of the tp = 1, pp = 1 model, built deferred
+  // (Note [Deferred initialisation]): the layout alone, no parameter memory.
+  std::unique_ptr<models::CausalLM> whole;
+  if (tp_size_ > 1 || pp_size_ > 1) {
+    models::nn::DeferredInitScope layout_only;
+    whole = make_whole_model();
+  }
   OpenedCheckpoint ck = open_checkpoint(dir, whole ? *whole : *model_);
   std::optional<TpCheckpointReader> reader;
   if (whole) reader.emplace(*model_, *whole, *ck.index);

@@ -414,6 +414,46 @@ TEST_F(TrainPpMpi, InterleavedResumes) {
   }
 }
 
+// Note [Tensor-parallel checkpoints]: model.safetensors written a unit at a time and read back
+// as each rank's slices, in the layout that wrote it: a run stopped at step 2 and resumed is
+// bitwise the uninterrupted run, and its step-4 checkpoint has the same bytes (pp 2 x v 2: the
+// test above).
+TEST_F(TrainPpMpi, ResumesInTheSameLayoutAreBitwise) {
+  const int kSteps = 4;
+  struct Layout {
+    std::string name;
+    int np;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Layout> layouts = {
+      {"tp2", 2, {"parallelism.tensor_parallel_size=2"}},
+      {"pp2", 2, {"parallelism.pipeline_parallel_size=2"}},
+      {"tp2dp2", 4, {"parallelism.tensor_parallel_size=2", "zero_optimization.stage=1"}},
+  };
+  for (const Layout& l : layouts) {
+    CommandResult whole = train(l.np, config(l.name, kSteps), l.sets);
+    ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+    const std::vector<double> uninterrupted = losses(l.name);
+    const std::string name = l.name + "_resumed";
+    const std::string cfg = config(name, kSteps);
+    CommandResult a = train(l.np, cfg, with(l.sets, {"training.steps=2"}));
+    ASSERT_EQ(a.exit_code, 0) << describe(a);
+    CommandResult b = train(l.np, cfg, l.sets);
+    ASSERT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    EXPECT_EQ(losses(name), uninterrupted) << l.name << ": the resumed run is not bitwise";
+    for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+      const std::string want =
+          testing::read_text(tmp_ / (l.name + "/checkpoints/step_00000004/" + f));
+      EXPECT_FALSE(want.empty()) << l.name << " " << f;
+      EXPECT_TRUE(testing::read_text(tmp_ / (name + "/checkpoints/step_00000004/" + f)) == want)
+          << l.name << ": " << f << " differs after the resume";
+    }
+    std::printf("[train %s] stopped at step 2 and resumed: %zu steps, bitwise\n", l.name.c_str(),
+                uninterrupted.size());
+  }
+}
+
 // Four stages x 2 chunks of an 8-layer model (rank r holds layers r and r + 4; middle stages
 // outside the wrap-around link): 4 steps, 4 micro-batches, against one process.
 TEST_F(TrainPpMpi, InterleavedFourStages) {

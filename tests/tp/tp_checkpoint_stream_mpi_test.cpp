@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "comm/process_groups.h"
@@ -92,7 +93,11 @@ struct TpRun {
   // What Trainer::resume does at tp > 1 (Note [Tensor-parallel checkpoints]), fp32: no masters
   // in the file, the parameters stand for them.
   void load(const std::string& dir) {
-    const std::unique_ptr<models::CausalLM> whole = make_whole();
+    std::unique_ptr<models::CausalLM> whole;
+    {
+      models::nn::DeferredInitScope layout_only;  // the layout alone
+      whole = make_whole();
+    }
     OpenedCheckpoint ck = open_checkpoint(dir, *whole);
     TpCheckpointReader reader(model, *whole, *ck.index);
     for (const models::FlatUnit& u : model.flat_units())
@@ -111,9 +116,51 @@ struct TpRun {
   parallel::Engine engine;
 };
 
+// The whole-copy save, kept as the reference for the streamed one's bytes: every parameter put
+// together over tp into an allocated whole model, which rank 0 writes as one process does.
+// Returns the checkpoint directory on every rank.
+std::string save_whole_copy(TpRun& r, comm::Communicator& world, const std::string& run_dir,
+                            int64_t step) {
+  const std::unique_ptr<models::CausalLM> whole = r.make_whole();
+  const models::nn::TensorParallel& tp = r.model.tensor_parallel();
+  for (const models::FlatUnit& u : r.model.flat_units())
+    for (size_t i = 0; i < u.names.size(); ++i) {
+      const tensor::Tensor mine = u.params.narrow(0, u.offsets[i], u.numels[i]).contiguous();
+      tensor::Tensor dst = whole->parameter(u.names[i]).data();
+      auto it = r.model.shard_specs().find(u.names[i]);
+      if (it == r.model.shard_specs().end()) {
+        dst.copy_(mine.view(dst.shape()));
+        continue;
+      }
+      tensor::Tensor all = tensor::Tensor::empty({mine.numel() * tp.size()});
+      tp.group->allgather(mine, all)->wait();
+      const models::nn::ShardSpec& spec = it->second;
+      const tensor::Shape local = models::nn::shard_shape(dst.shape(), spec, tp.size());
+      const int64_t block = dst.size(spec.dim) / spec.blocks, piece = block / tp.size();
+      for (int q = 0; q < tp.size(); ++q) {
+        const tensor::Tensor part = all.narrow(0, q * mine.numel(), mine.numel()).view(local);
+        for (int64_t b = 0; b < spec.blocks; ++b) {
+          tensor::Tensor to = dst.narrow(spec.dim, b * block + q * piece, piece);
+          to.copy_(part.narrow(spec.dim, b * piece, piece));
+        }
+      }
+    }
+  TrainerState st;
+  st.step = step;
+  st.model_name = "gpt2-tiny";
+  std::string dir;
+  if (world.rank() == 0) dir = save_checkpoint(run_dir, *whole, nullptr, st, "", 0);
+  return from_rank_0(world, dir);
+}
+
+// At tp 2 (and tp 2 x dp 2 on four ranks) the parameters go into model.safetensors a whole unit
+// at a time and come back as each rank's slices read from the file: no rank's host memory grows
+// by the whole model (the bound leaves it out: it fails when rank 0 lays the parameters out in a
+// whole model, or a load reads through one), and model.safetensors has the whole-copy save's
+// bytes.
 TEST(TpCheckpointStream, NvmeStatesSaveAndLoadAUnitAtATime) {
   const std::shared_ptr<comm::Communicator> world = strata::testing::test_world();
-  if (world->size() != 2) GTEST_SKIP() << "tp 2 on two ranks";
+  if (world->size() != 2 && world->size() != 4) GTEST_SKIP() << "tp 2 (x dp 2) on 2 (4) ranks";
   const comm::ProcessGroups g = comm::make_process_groups(world, 2, 1);
   strata::testing::TempDir local;  // this rank's swap directories
   strata::testing::TempDir shared_holder;
@@ -123,7 +170,7 @@ TEST(TpCheckpointStream, NvmeStatesSaveAndLoadAUnitAtATime) {
   TpRun a(s, s.seed, g, local.path() / "swap_a");
   for (int step = 0; step < 2; ++step) strata::testing::engine_step(a.engine, s, step);
 
-  // The whole model's bytes (rank 0 lays the parameters out in it; a load reads through it).
+  // The whole model's bytes (what a whole copy of the parameters would take).
   int64_t whole_bytes = 0, largest_unit = 0, largest_param = 0, whole_numel = 0;
   {
     const int64_t before = host_bytes(false);
@@ -135,15 +182,15 @@ TEST(TpCheckpointStream, NvmeStatesSaveAndLoadAUnitAtATime) {
       for (int64_t n : u.numels) largest_param = std::max(largest_param, n);
     }
   }
-  // What a unit at a time may add beside the whole model, for the 2 states (exp_avg,
-  // exp_avg_sq; fp32 keeps no masters): each state's whole unit and this rank's unit made whole
-  // over dp, a parameter gathered over tp, put together, and copied to the host, and the
-  // agreement scalars.
-  const int64_t per_unit = 2 * 2 * largest_unit * 4 + 3 * largest_param * 4 + 4096;
-  const int64_t bound = whole_bytes + per_unit;
-  // The states held whole (rank 0's optimizer file as one tensor per unit and state) would not
-  // fit: the bound discriminates.
-  ASSERT_LT(bound, whole_bytes + 2 * whole_numel * 4);
+  // What a unit at a time may add, for the 2 states (exp_avg, exp_avg_sq; fp32 keeps no
+  // masters; the parameters are one key): each state's whole unit and this rank's unit made
+  // whole over dp, a parameter gathered over tp, put together, and copied to the host (at a
+  // load: read, or a bounded chunk of its rows), and the agreement scalars.
+  const int64_t bound = 2 * 2 * largest_unit * 4 + 3 * largest_param * 4 + 4096;
+  // A whole copy of the parameters would not fit, nor the states held whole (rank 0's optimizer
+  // file as one tensor per unit and state): the bound discriminates.
+  ASSERT_LT(bound, whole_bytes);
+  ASSERT_LT(bound, 2 * whole_numel * 4);
 
   MemoryStats::global().reset_peaks();
   int64_t base = host_bytes(false);
@@ -154,6 +201,12 @@ TEST(TpCheckpointStream, NvmeStatesSaveAndLoadAUnitAtATime) {
   std::printf("[rank %d] tp 2 save: host growth %lld B, bound %lld B (whole model %lld B)\n",
               world->rank(), static_cast<long long>(save_growth), static_cast<long long>(bound),
               static_cast<long long>(whole_bytes));
+  // The bytes the whole-copy save writes for the same parameters.
+  const std::string ref = save_whole_copy(a, *world, (shared / "ref").string(), 2);
+  const std::string want = file_bytes(fs::path(ref) / "model.safetensors");
+  EXPECT_FALSE(want.empty());
+  EXPECT_TRUE(file_bytes(fs::path(dir) / "model.safetensors") == want)
+      << "model.safetensors differs from the whole-copy save's";
 
   TpRun b(s, s.seed + 1, g, local.path() / "swap_b");  // other weights: the load sets them
   MemoryStats::global().reset_peaks();
@@ -165,6 +218,36 @@ TEST(TpCheckpointStream, NvmeStatesSaveAndLoadAUnitAtATime) {
   EXPECT_EQ(b.engine.optimizer().step_count(), 2);
   std::printf("[rank %d] tp 2 load: host growth %lld B, bound %lld B\n", world->rank(),
               static_cast<long long>(load_growth), static_cast<long long>(bound));
+  // A strided slice read a row, or a few rows, at a time is the same slice.
+  {
+    std::unique_ptr<models::CausalLM> whole;
+    {
+      models::nn::DeferredInitScope layout_only;
+      whole = b.make_whole();
+    }
+    OpenedCheckpoint ck = open_checkpoint(dir, *whole);
+    std::map<std::string, std::pair<std::string, int64_t>> at;  // name -> (whole unit, offset)
+    for (const models::FlatUnit& wu : whole->flat_units())
+      for (size_t i = 0; i < wu.names.size(); ++i) at[wu.names[i]] = {wu.name, wu.offsets[i]};
+    const models::nn::TensorParallel& tp = b.model.tensor_parallel();
+    int strided = 0;
+    for (const models::FlatUnit& u : b.model.flat_units())
+      for (size_t i = 0; i < u.names.size(); ++i) {
+        auto spec = b.model.shard_specs().find(u.names[i]);
+        if (spec == b.model.shard_specs().end()) continue;
+        strided += spec->second.dim > 0;
+        const tensor::Shape full = whole->parameter(u.names[i]).data().shape();
+        const tensor::Tensor loaded = u.params.narrow(0, u.offsets[i], u.numels[i]).contiguous();
+        for (int64_t chunk : {int64_t{7}, int64_t{300}}) {
+          tensor::Tensor got = tensor::Tensor::empty({u.numels[i]});
+          read_slice(*ck.index, at.at(u.names[i]).first, "param", at.at(u.names[i]).second, full,
+                     spec->second, tp.rank(), tp.size(), got, chunk);
+          EXPECT_EQ(std::memcmp(got.data_ptr(), loaded.data_ptr(), got.nbytes()), 0)
+              << u.names[i] << ", chunk " << chunk;
+        }
+      }
+    EXPECT_GT(strided, 0);  // column shards were among them
+  }
 
   // What was read back is what was written: b's checkpoint has a's bytes, and both continue
   // alike.

@@ -213,19 +213,37 @@ std::function<void(const FlatUnit&)> hf_unit_loader(CausalLM& model, const std::
   };
 }
 
-std::function<Tensor(const std::string&)> hf_parameter_reader(CausalLM& model,
-                                                              const std::string& path,
-                                                              const ModelRegistry* registry) {
+HfShardReader hf_shard_reader(CausalLM& model, const std::string& path,
+                              const ModelRegistry* registry) {
   std::shared_ptr<const HfLoadPlan> plan = plan_hf_load(model, path, registry);
   auto by_name = std::make_shared<std::map<std::string, size_t>>();
   for (size_t i = 0; i < plan->copies.size(); ++i) (*by_name)[plan->copies[i].name] = i;
-  return [plan, by_name](const std::string& name) {
+  return [plan, by_name](const std::string& name, const nn::ShardSpec& spec, int rank, int size,
+                         Tensor dst) {
     auto it = by_name->find(name);
     STRATA_CHECK(it != by_name->end(), "no parameter '{}' to read from {}", name, plan->files.path);
     const HfLoadPlan::Copy& c = plan->copies[it->second];
-    Tensor out = Tensor::empty(c.param.shape(), c.param.data().dtype());
-    plan->write_to(c, out);
-    return out;
+    const SafetensorsEntry& e = *c.item.entry;
+    // A tensor stored in the parameter's layout: the slice's elements alone, converted to fp32
+    // as write() converts them. The others (a layout transform, vocabulary padding) go whole.
+    if (!c.hf.from_hf && !c.hf.vocab_rows && e.shape == c.param.shape()) {
+      nn::read_shard(
+          c.param.shape(), spec, rank, size,
+          [&](int64_t begin, Tensor part) {
+            if (e.dtype == DType::F32) {
+              c.item.reader->read_into(e.name, part, static_cast<uint64_t>(begin));
+              return;
+            }
+            Tensor raw = Tensor::empty({part.numel()}, e.dtype);
+            c.item.reader->read_into(e.name, raw, static_cast<uint64_t>(begin));
+            part.copy_(raw);
+          },
+          dst);
+      return;
+    }
+    Tensor whole = Tensor::empty(c.param.shape());
+    plan->write_to(c, whole);
+    dst.copy_(nn::shard_of(whole, spec, rank, size).reshape({-1}));
   };
 }
 

@@ -26,13 +26,18 @@ void load_hf(CausalLM& model, const std::string& path, const ModelRegistry* regi
 // takes, which writes one unit's parameters from the files (keeping them open).
 std::function<void(const FlatUnit&)> hf_unit_loader(CausalLM& model, const std::string& path,
                                                     const ModelRegistry* registry = nullptr);
-// load_hf a parameter at a time, for a model whose parameters are held elsewhere (a tensor- or
+// Fills dst (F32, contiguous, host, the slice's size) with rank `rank`'s slice (nn::shard_of's,
+// `spec`; the whole tensor when replicated) of parameter `name` as load_hf would write it.
+using HfShardReader = std::function<void(const std::string& name, const nn::ShardSpec& spec,
+                                         int rank, int size, tensor::Tensor dst)>;
+// load_hf a slice at a time, for a model whose parameters are held elsewhere (a tensor- or
 // pipeline-parallel run reads its slices through the whole model's layout, built deferred):
-// validates everything as load_hf does, now, and returns a function giving parameter `name`'s
-// whole tensor (a fresh host tensor of its shape and dtype) with the values load_hf would write
-// into it, reading that tensor's alone (keeping the files open).
-std::function<tensor::Tensor(const std::string& name)> hf_parameter_reader(
-    CausalLM& model, const std::string& path, const ModelRegistry* registry = nullptr);
+// validates everything as load_hf does, now, and returns the reader (keeping the files open). A
+// tensor stored in the parameter's layout is read a slice at a time (nn::read_shard); one the
+// mapping transforms (GPT-2's Conv1D transpose, LLaMA's rotary permutation) or pads (the
+// vocabulary rows) is read and converted whole, then cut.
+HfShardReader hf_shard_reader(CausalLM& model, const std::string& path,
+                              const ModelRegistry* registry = nullptr);
 
 // Writes out_dir/model.safetensors (fp32, the family's HF names and layouts, no tied head and
 // no vocabulary padding) and out_dir/config.json, so that transformers' from_pretrained(out_dir)

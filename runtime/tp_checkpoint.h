@@ -85,16 +85,13 @@ class TpCheckpointReader {
   std::map<std::string, tensor::Tensor> unit_cache_;
 };
 
-// Elements read_slice reads at once by default when a slice is strided.
-inline constexpr int64_t kSliceChunk = int64_t{1} << 20;
-
 // This rank's slice (nn::shard_of's, Note [Tensor-parallel shards]; the whole tensor when
 // replicated) of a whole tensor of shape `full` stored at elements [offset, offset +
 // full.numel()) of (unit, key) in `index`, into `dst` (F32, contiguous, host, the slice's size),
-// reading only the slice: a row shard one range per block, a column shard whole rows a bounded
-// chunk (`chunk` elements, or one row when a row is longer) at a time.
+// reading only the slice (nn::read_shard).
 void read_slice(const FlatShardIndex& index, const std::string& unit, const std::string& key,
                 int64_t offset, const tensor::Shape& full, const models::nn::ShardSpec& spec,
-                int rank, int size, tensor::Tensor dst, int64_t chunk = kSliceChunk);
+                int rank, int size, tensor::Tensor dst,
+                int64_t chunk = models::nn::kShardReadChunk);
 
 }  // namespace strata::runtime

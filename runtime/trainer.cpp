@@ -339,24 +339,24 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
       // A stage's parameters are the whole model's of the same names (Note [Pipeline stages]),
       // a tensor-parallel rank's their slices (Note [Tensor-parallel shards]): the HF file is
       // validated against the whole model's layout (built deferred: no parameter memory, Note
-      // [Deferred initialisation]), and each rank reads the whole tensors of its own parameters
-      // one at a time and keeps its slices.
+      // [Deferred initialisation]), and each rank reads its slices of its own parameters, one
+      // at a time (models::hf_shard_reader).
       std::unique_ptr<models::CausalLM> whole;
       {
         models::nn::DeferredInitScope layout_only;
         whole = make_whole_model();
       }
-      const auto read = models::hf_parameter_reader(*whole, c.model.init_from);
+      const models::HfShardReader read = models::hf_shard_reader(*whole, c.model.init_from);
       const models::nn::TensorParallel& tp = model_->tensor_parallel();
       for (models::FlatUnit& u : model_->flat_units())
         for (size_t i = 0; i < u.names.size(); ++i) {
           auto spec = model_->shard_specs().find(u.names[i]);
-          const tensor::Tensor src = models::nn::shard_of(
-              read(u.names[i]),
-              spec == model_->shard_specs().end() ? models::nn::ShardSpec{} : spec->second,
-              tp.rank(), tp.size());
+          tensor::Tensor slice = tensor::Tensor::empty({u.numels[i]});
+          read(u.names[i],
+               spec == model_->shard_specs().end() ? models::nn::ShardSpec{} : spec->second,
+               tp.rank(), tp.size(), slice);
           tensor::Tensor dst = u.params.narrow(0, u.offsets[i], u.numels[i]);
-          dst.copy_(src.reshape({-1}));
+          dst.copy_(slice);
         }
     } else {
       models::load_hf(*model_, c.model.init_from);

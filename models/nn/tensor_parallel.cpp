@@ -1,5 +1,7 @@
 #include "models/nn/tensor_parallel.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/rng.h"
@@ -59,6 +61,47 @@ Shape shard_shape(const Shape& full, const ShardSpec& spec, int size) {
   Shape s = full;
   s[spec.dim] = full[spec.dim] / size;
   return s;
+}
+
+void read_shard(const Shape& full, const ShardSpec& spec, int rank, int size, const ReadRange& read,
+                Tensor dst, int64_t chunk) {
+  STRATA_CHECK(dst.dtype() == DType::F32 && dst.is_contiguous() && dst.device().is_cpu(),
+               "read_shard into a {} tensor", dtype_name(dst.dtype()));
+  if (spec.dim < 0 || size == 1) {
+    read(0, dst);
+    return;
+  }
+  // In row-major order the slice is, for each index `o` over the dimensions before spec.dim and
+  // each block b, one contiguous run of piece * inner elements (Note [Tensor-parallel shards]).
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < spec.dim; ++d) outer *= full[d];
+  for (int d = spec.dim + 1; d < full.ndim(); ++d) inner *= full[d];
+  const int64_t len = full[spec.dim], block = len / spec.blocks, piece = block / size;
+  const int64_t run = piece * inner, row = len * inner, local_row = spec.blocks * run;
+  STRATA_CHECK(dst.numel() == outer * local_row, "a slice of {} elements into {}",
+               outer * local_row, dst.numel());
+  auto src_at = [&](int64_t o, int64_t b) { return o * row + (b * block + rank * piece) * inner; };
+  auto dst_at = [&](int64_t o, int64_t b) { return o * local_row + b * run; };
+  if (outer == 1 || run >= chunk) {  // a row shard: each run read straight into place
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t b = 0; b < spec.blocks; ++b)
+        read(src_at(o, b), dst.narrow(0, dst_at(o, b), run));
+    return;
+  }
+  // A column shard's runs are short and strided: whole rows, a bounded chunk at a time, and the
+  // runs copied out of it.
+  const int64_t rows = std::max<int64_t>(1, chunk / row);
+  Tensor rows_read = Tensor::empty({std::min(rows, outer) * row});
+  const float* from = rows_read.data<float>();
+  float* to = dst.data<float>();
+  for (int64_t o0 = 0; o0 < outer; o0 += rows) {
+    const int64_t n = std::min(rows, outer - o0);
+    read(o0 * row, rows_read.narrow(0, 0, n * row));
+    for (int64_t o = o0; o < o0 + n; ++o)
+      for (int64_t b = 0; b < spec.blocks; ++b)
+        std::memcpy(to + dst_at(o, b), from + src_at(o, b) - o0 * row,
+                    static_cast<size_t>(run) * sizeof(float));
+  }
 }
 
 Tensor shard_of(const Tensor& full, const ShardSpec& spec, int rank, int size) {

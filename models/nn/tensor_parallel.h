@@ -93,6 +93,18 @@ Tensor shard_of(const Tensor& full, const ShardSpec& spec, int rank, int size);
 // The shape of one rank's slice of a whole tensor of shape `full`.
 Shape shard_shape(const Shape& full, const ShardSpec& spec, int size);
 
+// Elements read_shard reads at once by default when a slice is strided.
+inline constexpr int64_t kShardReadChunk = int64_t{1} << 20;
+// Fills dst (F32, contiguous, host) with elements [begin, begin + dst.numel()) of a whole tensor
+// stored row-major elsewhere (a file).
+using ReadRange = std::function<void(int64_t begin, Tensor dst)>;
+// shard_of without the whole tensor: rank `rank`'s slice of a whole tensor of shape `full`, read
+// through `read` into `dst` (F32, contiguous, host, the slice's size), reading only the slice: a
+// row shard one range per block, a column shard whole rows `chunk` elements (or one row, when a
+// row is longer) at a time.
+void read_shard(const Shape& full, const ShardSpec& spec, int rank, int size, const ReadRange& read,
+                Tensor dst, int64_t chunk = kShardReadChunk);
+
 // Layers whose parameters are split over a tensor-parallel group say how.
 class ShardedModule {
  public:

@@ -255,6 +255,45 @@ TEST_F(HfInterop, MutatedFilesLoadOrAreRefusedWithoutTouchingTheModel) {
   EXPECT_GT(tally.refused, 0);
 }
 
+// hf_shard_reader (a tensor- or pipeline-parallel init_from) gives each rank's slice of what
+// load_hf writes, bit for bit: tensors in the parameter's layout read a slice at a time, the
+// transposed (GPT-2's Conv1D), permuted (LLaMA's rotary rows) and padded (wte) ones whole and cut.
+TEST_F(HfInterop, ShardReaderGivesTheSlicesOfWhatLoadHfWrites) {
+  auto llama = make_model({}, 3, "llama-tiny");
+  export_hf(*llama, (dir_ / "llama").string());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"gpt2-tiny", reference_path(kHfFile)}, {"llama-tiny", (dir_ / "llama").string()}};
+  for (const auto& [name, file] : cases) {
+    SCOPED_TRACE(name);
+    auto want = name == "gpt2-tiny" ? make_model() : make_model({}, 0, name);
+    load_hf(*want, file);
+    std::unique_ptr<CausalLM> layout;
+    {
+      nn::DeferredInitScope layout_only;
+      layout = name == "gpt2-tiny" ? make_model() : make_model({}, 0, name);
+    }
+    const HfShardReader read = hf_shard_reader(*layout, file);
+    int checked = 0;
+    for (auto& [pname, p] : want->named_parameters()) {
+      const tensor::Tensor whole = p.data();
+      std::vector<nn::ShardSpec> specs = {{-1, 1}};
+      for (int dim = 0; dim < whole.ndim(); ++dim)
+        for (int64_t blocks : {1, 3})
+          if (whole.size(dim) % (2 * blocks) == 0) specs.push_back({dim, blocks});
+      for (const nn::ShardSpec& spec : specs)
+        for (int rank = 0; rank < 2; ++rank) {
+          const tensor::Tensor slice = nn::shard_of(whole, spec, rank, 2).contiguous();
+          tensor::Tensor got = tensor::Tensor::empty({slice.numel()});
+          read(pname, spec, rank, 2, got);
+          EXPECT_EQ(std::memcmp(got.data_ptr(), slice.data_ptr(), slice.nbytes()), 0)
+              << pname << " dim " << spec.dim << " blocks " << spec.blocks << " rank " << rank;
+          ++checked;
+        }
+    }
+    EXPECT_GT(checked, 0);
+  }
+}
+
 TEST_F(HfInterop, ExportThenLoadIsBitwiseAndWritesAnHfConfig) {
   auto a = make_model();
   load_hf(*a, reference_path(kHfFile));

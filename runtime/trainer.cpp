@@ -317,7 +317,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   // Note [Unit-by-unit construction] (parallel/engine.h): ZeRO-3 with offloaded parameters
   // never holds the model whole, in host memory or on the GPU, in any precision, at any tp; the
   // engine initialises it (or loads init_from into it) unit by unit into its partitions. A
-  // tensor-parallel init_from takes its shards from a whole model (below), so it builds whole.
+  // tensor-parallel init_from writes the rank's slices into its built model (below), so that
+  // model is not deferred.
   const bool deferred = c.zero.stage == 3 && c.zero.offload_param.enabled() && pp_size_ == 1 &&
                         (tp_size_ == 1 || c.model.init_from.empty());
   // Note [NVMe space plan]: the swap files' bytes against their disks' free space.

@@ -81,7 +81,8 @@ inline Batch make_batch(int64_t first, int64_t n) {
 }
 
 // The single-process trajectory for a global batch of `dp` ranks' worth: A * dp micro-batches of
-// M, each loss scaled by 1 / (A * dp), then norm/clip and AdamW, as trainer.cpp does.
+// M, each loss scaled by 1 / (A * dp), then norm/clip and AdamW, as the Trainer does
+// (runtime/trainer_loop.cpp).
 inline std::vector<double> reference_losses(const TrainSpec& s, int dp) {
   models::gpt2::GPT2 model(tiny_config(s), s.seed);
   optim::AdamW opt(parallel::unit_param_groups(model), adamw_config());

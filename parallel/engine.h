@@ -121,7 +121,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // AdamW kernel's model copy), which stages 1/2 then allgather in the parameters' dtype.
 // Checkpoints carry the masters as key "master" next to the moments; a checkpoint without
 // masters (an fp32 run's) fills them from its parameters, and an fp32 engine resuming a
-// mixed-precision checkpoint takes its parameters from the masters (runtime/trainer.cpp).
+// mixed-precision checkpoint takes its parameters from the masters
+// (runtime/trainer_checkpoints.cpp).
 class Engine {
  public:
   using OptimizerFactory = parallel::OptimizerFactory;

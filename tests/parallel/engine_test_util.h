@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the engine tests: a tiny GPT-2, synthetic data, the single-process reference step
-// (runtime/trainer.cpp's Note [Training step]) and the same training through the engine.
+// (Note [Training step] in runtime/trainer.h) and the same training through the engine.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -82,8 +82,8 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // DeferredInitScope (Note [Deferred initialisation] in models/nn/module.h) when
 // zero_optimization.stage is 3 with offload_param (cpu or nvme), in any param_dtype, on any
 // device and at any tensor-parallel size (a tp rank's init_unit draws each tensor by name and keeps
-// its shard, Note [Tensor-parallel shards]; a tensor-parallel model.init_from builds whole to take
-// its shards from; a pipeline stage has no ZeRO-3): every unit's flat buffers are released and
+// its shard, Note [Tensor-parallel shards], and reads its slices of model.init_from's tensors,
+// hf_shard_reader; a pipeline stage has no ZeRO-3): every unit's flat buffers are released and
 // uninitialised. The engine then lays everything out on released buffers — repadding, the cast
 // to param_dtype and the move to the device change only their sizes, dtypes and devices, no
 // broadcast (the name-keyed init draws the same values on every dp rank), the placement defers its
@@ -92,7 +92,7 @@ struct ZeroConfig {                          // DeepSpeed's names and meanings (
 // materialize an fp32 host buffer for it (the unit's own buffer when it is fp32 on the host,
 // else a staging buffer its parameter views are bound to meanwhile, models::rebind_unit_params)
 // and initialise it (CausalLM::init_unit, the bits of the whole build, which initialises on the
-// host too; model.init_from: the unit's tensors from the HF files, hf_unit_loader), hand its
+// host too; model.init_from: the unit's tensors (tp > 1: its slices) from the HF files), hand its
 // owned slice to the placement as the initial fp32 master, before any cast as Note [Mixed
 // precision] takes them (NvmeAdamW writes it home with zero moments; HostOffload copies it into
 // its host master; DevicePlacement into its device master, under mixed precision), cast it to

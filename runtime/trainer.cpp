@@ -290,12 +290,11 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
   // model and its states are allocated.
   host_budget_ = start_host_budget(c, shape, whole_options_, world_, tp_size_, launch.local_size);
   // Note [Unit-by-unit construction] (parallel/engine.h): ZeRO-3 with offloaded parameters
-  // never holds the model whole, in host memory or on the GPU, in any precision, at any tp; the
-  // engine initialises it (or loads init_from into it) unit by unit into its partitions. A
-  // tensor-parallel init_from writes the rank's slices into its built model (below), so that
-  // model is not deferred.
-  const bool deferred = c.zero.stage == 3 && c.zero.offload_param.enabled() && pp_size_ == 1 &&
-                        (tp_size_ == 1 || c.model.init_from.empty());
+  // never holds the model whole, in host memory or on the GPU, in any precision, at any tp, from
+  // the seed or from model.init_from; the engine initialises it (or loads init_from into it)
+  // unit by unit into its partitions, a tensor-parallel rank reading its slices of the unit's
+  // tensors only (models::hf_shard_reader, below).
+  const bool deferred = c.zero.stage == 3 && c.zero.offload_param.enabled() && pp_size_ == 1;
   // Note [NVMe space plan]: the swap files' bytes against their disks' free space.
   check_nvme_space_at_start(c, whole_options_, world_, tp_size_, launch.local_size);
   model_ = with_config_context(c, "model", [&] {
@@ -308,32 +307,41 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)), generator_(co
       "model '{}' built with context {} and vocabulary {}; its shape said {} and {}", c.model.name,
       model_->max_seq_len(), model_->vocab_size(), shape.max_seq_len, shape.vocab_size);
   if (!c.model.init_from.empty()) {
-    if (deferred) {
-      // Validated now, written unit by unit as the engine builds them.
-      model_->set_unit_source(models::hf_unit_loader(*model_, c.model.init_from));
-    } else if (pp_size_ > 1 || tp_size_ > 1) {
+    if (pp_size_ > 1 || tp_size_ > 1) {
       // A stage's parameters are the whole model's of the same names (Note [Pipeline stages]),
       // a tensor-parallel rank's their slices (Note [Tensor-parallel shards]): the HF file is
       // validated against the whole model's layout (built deferred: no parameter memory, Note
       // [Deferred initialisation]), and each rank reads its slices of its own parameters, one
-      // at a time (models::hf_shard_reader).
-      std::unique_ptr<models::CausalLM> whole;
+      // at a time (models::hf_shard_reader): unit by unit as the engine builds them when
+      // deferred, else into the built model now.
+      std::shared_ptr<models::CausalLM> whole;
       {
         models::nn::DeferredInitScope layout_only;
         whole = make_whole_model();
       }
-      const models::HfShardReader read = models::hf_shard_reader(*whole, c.model.init_from);
-      const models::nn::TensorParallel& tp = model_->tensor_parallel();
-      for (models::FlatUnit& u : model_->flat_units())
-        for (size_t i = 0; i < u.names.size(); ++i) {
-          auto spec = model_->shard_specs().find(u.names[i]);
-          tensor::Tensor slice = tensor::Tensor::empty({u.numels[i]});
-          read(u.names[i],
-               spec == model_->shard_specs().end() ? models::nn::ShardSpec{} : spec->second,
-               tp.rank(), tp.size(), slice);
-          tensor::Tensor dst = u.params.narrow(0, u.offsets[i], u.numels[i]);
-          dst.copy_(slice);
-        }
+      // The reader keeps the layout it validated (`whole`) until the engine drops the source.
+      std::function<void(const models::FlatUnit&)> read_unit =
+          [whole, read = models::hf_shard_reader(*whole, c.model.init_from),
+           model = model_.get()](const models::FlatUnit& u) {
+            const models::nn::TensorParallel& tp = model->tensor_parallel();
+            for (size_t i = 0; i < u.names.size(); ++i) {
+              auto spec = model->shard_specs().find(u.names[i]);
+              tensor::Tensor slice = tensor::Tensor::empty({u.numels[i]});
+              read(u.names[i],
+                   spec == model->shard_specs().end() ? models::nn::ShardSpec{} : spec->second,
+                   tp.rank(), tp.size(), slice);
+              tensor::Tensor dst = u.params.narrow(0, u.offsets[i], u.numels[i]);
+              dst.copy_(slice);
+            }
+          };
+      if (deferred) {
+        model_->set_unit_source(std::move(read_unit));
+      } else {
+        for (const models::FlatUnit& u : model_->flat_units()) read_unit(u);
+      }
+    } else if (deferred) {
+      // Validated now, written unit by unit as the engine builds them.
+      model_->set_unit_source(models::hf_unit_loader(*model_, c.model.init_from));
     } else {
       models::load_hf(*model_, c.model.init_from);
     }

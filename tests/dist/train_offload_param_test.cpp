@@ -164,9 +164,10 @@ TEST_F(TrainOffloadParam, ResidentParametersAreTheBuffersNotTheModel) {
 }
 
 // Note [Unit-by-unit construction]: model.init_from on an offloaded run reads each unit's tensors
-// from the HF file as the unit is built; the run is bitwise the in-memory ZeRO-3 run started
-// from the same file (which loads the whole model first), at dp 1 and 2, and in bf16 (the unit
-// read in fp32, its master taken, then cast).
+// from the HF file as the unit is built (at tp 2 the rank's slices of them, hf_shard_reader);
+// the run is bitwise the in-memory ZeRO-3 run started from the same file (which builds the
+// model whole first, then loads it), at dp 1 and 2, in bf16 (the unit read in fp32, its master
+// taken, then cast), and at tp 2 in fp32 on nvme and bf16 on cpu.
 TEST_F(TrainOffloadParam, InitFromLoadsUnitByUnitBitwise) {
   CommandResult base = train(0, config("base", 3), placement("none"));
   ASSERT_EQ(base.exit_code, 0) << describe(base);
@@ -177,26 +178,32 @@ TEST_F(TrainOffloadParam, InitFromLoadsUnitByUnitBitwise) {
   const int kSteps = 4;
   struct Case {
     int dp;
+    int tp;
     const char* dtype;
+    const char* param;
   };
-  for (const Case c : {Case{1, "fp32"}, Case{2, "fp32"}, Case{1, "bf16"}}) {
-    const int dp = c.dp;
-    const std::string mem = fmt::format("mem{}{}", dp, c.dtype),
-                      nvme = fmt::format("nvme{}{}", dp, c.dtype);
-    std::vector<std::string> a = placement("none"), b = placement("nvme");
+  for (const Case c :
+       {Case{1, 1, "fp32", "nvme"}, Case{2, 1, "fp32", "nvme"}, Case{1, 1, "bf16", "nvme"},
+        Case{1, 2, "fp32", "nvme"}, Case{1, 2, "bf16", "cpu"}}) {
+    const int ranks = c.dp * c.tp;
+    const std::string mem = fmt::format("mem{}x{}{}", c.dp, c.tp, c.dtype),
+                      off = fmt::format("{}{}x{}{}", c.param, c.dp, c.tp, c.dtype);
+    std::vector<std::string> a = placement("none"), b = placement(c.param);
     for (std::vector<std::string>* sets : {&a, &b}) {
       sets->push_back("model.init_from=" + hf);
       sets->push_back(fmt::format("run.dtype={}", c.dtype));
+      sets->push_back(fmt::format("parallelism.tensor_parallel_size={}", c.tp));
     }
-    CommandResult x = train(dp == 1 ? 0 : dp, config(mem, kSteps), a);
+    CommandResult x = train(ranks == 1 ? 0 : ranks, config(mem, kSteps), a);
     ASSERT_EQ(x.exit_code, 0) << describe(x);
-    CommandResult y = train(dp == 1 ? 0 : dp, config(nvme, kSteps), b);
+    EXPECT_EQ(x.out.find("built unit by unit"), std::string::npos) << x.out;
+    CommandResult y = train(ranks == 1 ? 0 : ranks, config(off, kSteps), b);
     ASSERT_EQ(y.exit_code, 0) << describe(y);
     EXPECT_NE(y.out.find("built unit by unit, never whole in host memory"), std::string::npos)
         << y.out;
-    expect_bitwise(mem, nvme, kSteps);
+    expect_bitwise(mem, off, kSteps);
     // The file's weights, not a fresh init: the first loss is below the base run's first.
-    EXPECT_LT(records(nvme).front()["loss"].get<double>(),
+    EXPECT_LT(records(off).front()["loss"].get<double>(),
               records("base").front()["loss"].get<double>() - 0.05);
   }
 }

@@ -1,17 +1,21 @@
 #pragma once
 // What the `train`-under-mpirun suites share (train_mpi_test.cpp on the CPU, gpu/
 // train_gpu_mpi_test.cpp on GPUs): the tiny GPT-2 run they train, its data, launching the binary
-// with or without mpirun, and reading back its losses.
+// with or without mpirun, and reading back its metrics and checkpoints.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "tensor/safetensors.h"
 #include "tests/support/tool_test_util.h"
 
 namespace strata::testing {
@@ -135,13 +139,55 @@ class TrainMpiFixture : public ::testing::Test {
     EXPECT_NE(r.second.out.find("resumed from"), std::string::npos) << r.second.out;
   }
 
+  // Every metrics record of run `name`, in order.
+  std::vector<nlohmann::json> records(const std::string& name) {
+    std::vector<nlohmann::json> out;
+    std::istringstream in(read_text(tmp_ / (name + "/metrics.jsonl")));
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+
   // The per-step losses run `name` logged, in order.
   std::vector<double> losses(const std::string& name) {
     std::vector<double> out;
-    std::istringstream in(read_text(tmp_ / (name + "/metrics.jsonl")));
-    std::string line;
-    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    for (const nlohmann::json& j : records(name)) out.push_back(j["loss"].get<double>());
     return out;
+  }
+
+  // Every tensor of run `run`'s checkpoint at `step` whose file name starts with `prefix` (every
+  // safetensors file by default), by "file:tensor".
+  std::map<std::string, std::vector<uint8_t>> checkpoint_tensors(const std::string& run, int step,
+                                                                 const std::string& prefix = "") {
+    std::map<std::string, std::vector<uint8_t>> out;
+    const std::filesystem::path dir = tmp_ / fmt::format("{}/checkpoints/step_{:08d}", run, step);
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      const std::string file = e.path().filename().string();
+      if (file.rfind(prefix, 0) != 0 || e.path().extension() != ".safetensors") continue;
+      for (auto& [name, t] : tensor::load_safetensors(e.path().string())) {
+        const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+        out[file + ":" + name].assign(p, p + t.nbytes());
+      }
+    }
+    return out;
+  }
+
+  // Run a's checkpointed parameters at `step` equal run b's bit for bit, and so do the optimizer
+  // tensors both hold (the moments; an in-memory fp32 run keeps no separate masters).
+  void expect_same_states(const std::string& a, const std::string& b, int step) {
+    const auto ma = checkpoint_tensors(a, step, "model"), mb = checkpoint_tensors(b, step, "model");
+    ASSERT_FALSE(ma.empty()) << a;
+    EXPECT_EQ(ma, mb) << a << " vs " << b << ": the parameters differ";
+    const auto oa = checkpoint_tensors(a, step, "optimizer");
+    const auto ob = checkpoint_tensors(b, step, "optimizer");
+    int common = 0;
+    for (const auto& [name, bytes] : oa) {
+      auto it = ob.find(name);
+      if (it == ob.end()) continue;
+      ++common;
+      EXPECT_TRUE(bytes == it->second) << name << " differs between " << a << " and " << b;
+    }
+    EXPECT_GT(common, 0) << "no optimizer tensors in common";
   }
 
   std::string bin_, device_;

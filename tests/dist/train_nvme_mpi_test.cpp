@@ -16,13 +16,11 @@
 
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "tensor/safetensors.h"
 #include "train_mpi_fixture.h"
 
 namespace strata::tools {
@@ -59,37 +57,6 @@ class TrainNvmeMpi : public testing::TrainMpiFixture {
     sets.push_back("zero_optimization.offload_param.device=" + device);
     sets.push_back("zero_optimization.offload_param.nvme_path=" + swap());
     return sets;
-  }
-  // Every tensor of a checkpoint's files whose name starts with `prefix`, by file and name.
-  std::map<std::string, std::vector<uint8_t>> tensors(const std::string& run, int step,
-                                                      const std::string& prefix) {
-    std::map<std::string, std::vector<uint8_t>> out;
-    const fs::path dir = tmp_ / fmt::format("{}/checkpoints/step_{:08d}", run, step);
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string file = e.path().filename().string();
-      if (file.rfind(prefix, 0) != 0 || e.path().extension() != ".safetensors") continue;
-      for (auto& [name, t] : tensor::load_safetensors(e.path().string())) {
-        const auto* p = static_cast<const uint8_t*>(t.data_ptr());
-        out[file + ":" + name].assign(p, p + t.nbytes());
-      }
-    }
-    return out;
-  }
-  // Run a's model tensors equal run b's, and the optimizer tensors both hold (the moments; an
-  // in-memory fp32 run keeps no separate masters) too.
-  void expect_same_states(const std::string& a, const std::string& b, int step) {
-    const auto ma = tensors(a, step, "model"), mb = tensors(b, step, "model");
-    ASSERT_FALSE(ma.empty()) << a;
-    EXPECT_EQ(ma, mb) << a << " vs " << b << ": the parameters differ";
-    const auto oa = tensors(a, step, "optimizer"), ob = tensors(b, step, "optimizer");
-    int common = 0;
-    for (const auto& [name, bytes] : oa) {
-      auto it = ob.find(name);
-      if (it == ob.end()) continue;
-      ++common;
-      EXPECT_TRUE(bytes == it->second) << name << " differs between " << a << " and " << b;
-    }
-    EXPECT_GT(common, 0) << "no optimizer tensors in common";
   }
   void expect_swap_empty() {
     for (const auto& e : fs::directory_iterator(swap()))

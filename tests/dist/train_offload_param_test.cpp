@@ -10,13 +10,10 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "tensor/safetensors.h"
 #include "train_mpi_fixture.h"
 
 namespace strata::tools {
@@ -42,28 +39,6 @@ class TrainOffloadParam : public testing::TrainMpiFixture {
     return s;
   }
 
-  std::vector<nlohmann::json> records(const std::string& run) {
-    std::vector<nlohmann::json> out;
-    std::istringstream in(testing::read_text(tmp_ / (run + "/metrics.jsonl")));
-    std::string line;
-    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-    return out;
-  }
-
-  // Every tensor of every safetensors file of a checkpoint, by file and name.
-  std::map<std::string, std::vector<uint8_t>> checkpoint_bytes(const std::string& run, int step) {
-    std::map<std::string, std::vector<uint8_t>> out;
-    const fs::path dir = tmp_ / fmt::format("{}/checkpoints/step_{:08d}", run, step);
-    for (const auto& e : fs::directory_iterator(dir)) {
-      if (e.path().extension() != ".safetensors") continue;
-      for (auto& [name, t] : tensor::load_safetensors(e.path().string())) {
-        const auto* p = static_cast<const uint8_t*>(t.data_ptr());
-        out[e.path().filename().string() + ":" + name].assign(p, p + t.nbytes());
-      }
-    }
-    return out;
-  }
-
   // Same losses and gradient norms, bit for bit, and the same checkpoint tensors at `step`.
   void expect_bitwise(const std::string& a, const std::string& b, int step) {
     SCOPED_TRACE(a + " vs " + b);
@@ -75,7 +50,7 @@ class TrainOffloadParam : public testing::TrainMpiFixture {
       EXPECT_EQ(x[i]["grad_norm"].get<double>(), y[i]["grad_norm"].get<double>())
           << "step " << i + 1;
     }
-    const auto p = checkpoint_bytes(a, step), q = checkpoint_bytes(b, step);
+    const auto p = checkpoint_tensors(a, step), q = checkpoint_tensors(b, step);
     ASSERT_FALSE(p.empty());
     ASSERT_EQ(p.size(), q.size());
     for (const auto& [name, bytes] : p) {

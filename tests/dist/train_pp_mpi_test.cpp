@@ -27,15 +27,6 @@ class TrainPpMpi : public testing::TrainMpiFixture {
  protected:
   TrainPpMpi() : TrainMpiFixture(STRATA_BINARY_DIR, "") {}
 
-  // Every metrics record of run `name`, in order.
-  std::vector<nlohmann::json> records(const std::string& name) {
-    std::vector<nlohmann::json> out;
-    std::istringstream in(testing::read_text(tmp_ / (name + "/metrics.jsonl")));
-    std::string line;
-    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-    return out;
-  }
-
   std::vector<double> val_losses(const std::string& name) {
     std::vector<double> out;
     for (const nlohmann::json& j : records(name))

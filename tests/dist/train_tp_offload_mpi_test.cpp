@@ -11,13 +11,10 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "tensor/safetensors.h"
 #include "train_mpi_fixture.h"
 
 namespace strata::tools {
@@ -26,7 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CommandResult;
 using testing::describe;
-using testing::read_text;
 
 // Below the tiny model's gradient norm at every step of these runs (checked): clipping is on.
 constexpr double kMaxNorm = 0.05;
@@ -55,46 +51,10 @@ class TrainTpOffloadMpi : public testing::TrainMpiFixture {
     return s;
   }
 
-  // Every tensor of a checkpoint's files whose name starts with `prefix`, by file and name.
-  std::map<std::string, std::vector<uint8_t>> tensors(const std::string& run, int step,
-                                                      const std::string& prefix) {
-    std::map<std::string, std::vector<uint8_t>> out;
-    const fs::path dir = tmp_ / fmt::format("{}/checkpoints/step_{:08d}", run, step);
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string file = e.path().filename().string();
-      if (file.rfind(prefix, 0) != 0 || e.path().extension() != ".safetensors") continue;
-      for (auto& [name, t] : tensor::load_safetensors(e.path().string())) {
-        const auto* p = static_cast<const uint8_t*>(t.data_ptr());
-        out[file + ":" + name].assign(p, p + t.nbytes());
-      }
-    }
-    return out;
-  }
-
-  // Run a's checkpointed parameters equal run b's bit for bit, and so do the optimizer tensors
-  // both hold (the moments; an in-memory fp32 run keeps no separate masters).
-  void expect_same_states(const std::string& a, const std::string& b, int step) {
-    const auto ma = tensors(a, step, "model"), mb = tensors(b, step, "model");
-    ASSERT_FALSE(ma.empty()) << a;
-    EXPECT_EQ(ma, mb) << a << " vs " << b << ": the parameters differ";
-    const auto oa = tensors(a, step, "optimizer"), ob = tensors(b, step, "optimizer");
-    int common = 0;
-    for (const auto& [name, bytes] : oa) {
-      auto it = ob.find(name);
-      if (it == ob.end()) continue;
-      ++common;
-      EXPECT_TRUE(bytes == it->second) << name << " differs between " << a << " and " << b;
-    }
-    EXPECT_GT(common, 0) << "no optimizer tensors in common";
-  }
-
   // The gradient norms run `name` logged (before clipping).
   std::vector<double> grad_norms(const std::string& name) {
     std::vector<double> out;
-    std::istringstream in(read_text(tmp_ / (name + "/metrics.jsonl")));
-    std::string line;
-    while (std::getline(in, line))
-      out.push_back(nlohmann::json::parse(line)["grad_norm"].get<double>());
+    for (const nlohmann::json& j : records(name)) out.push_back(j["grad_norm"].get<double>());
     return out;
   }
 

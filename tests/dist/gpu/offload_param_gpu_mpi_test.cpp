@@ -10,15 +10,12 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../train_mpi_fixture.h"
 #include "tensor/cuda.h"
-#include "tensor/safetensors.h"
 
 namespace strata::tools {
 namespace {
@@ -32,19 +29,6 @@ const std::string kBin = STRATA_BINARY_DIR;
 class OffloadParamGpuMpi : public testing::TrainMpiFixture {
  protected:
   OffloadParamGpuMpi() : TrainMpiFixture(kBin, "cuda") {}
-
-  std::map<std::string, std::vector<uint8_t>> checkpoint_bytes(const std::string& run, int step) {
-    std::map<std::string, std::vector<uint8_t>> out;
-    const fs::path dir = tmp_ / fmt::format("{}/checkpoints/step_{:08d}", run, step);
-    for (const auto& e : fs::directory_iterator(dir)) {
-      if (e.path().extension() != ".safetensors") continue;
-      for (auto& [name, t] : tensor::load_safetensors(e.path().string())) {
-        const auto* p = static_cast<const uint8_t*>(t.data_ptr());
-        out[e.path().filename().string() + ":" + name].assign(p, p + t.nbytes());
-      }
-    }
-    return out;
-  }
 };
 
 TEST_F(OffloadParamGpuMpi, TwoGpusGiveTheInMemoryRunBitwise) {
@@ -79,7 +63,7 @@ TEST_F(OffloadParamGpuMpi, TwoGpusGiveTheInMemoryRunBitwise) {
     ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
     EXPECT_EQ(got, want);
     EXPECT_LT(want.back(), want.front()) << "the run did not train";
-    const auto x = checkpoint_bytes(mem, kSteps), y = checkpoint_bytes(off, kSteps);
+    const auto x = checkpoint_tensors(mem, kSteps), y = checkpoint_tensors(off, kSteps);
     ASSERT_FALSE(x.empty());
     ASSERT_EQ(x.size(), y.size());
     for (const auto& [name, bytes] : x) {
@@ -107,7 +91,7 @@ TEST_F(OffloadParamGpuMpi, WithTheOptimizerOffloadedTooTheRunIsBitwiseTheInMemor
   const std::vector<double> want = losses("mem");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   EXPECT_LT(want.back(), want.front()) << "the run did not train";
-  const auto x = checkpoint_bytes("mem", kSteps);
+  const auto x = checkpoint_tensors("mem", kSteps);
   struct Case {
     const char* param;
     const char* optimizer;
@@ -131,7 +115,7 @@ TEST_F(OffloadParamGpuMpi, WithTheOptimizerOffloadedTooTheRunIsBitwiseTheInMemor
               std::string::npos)
         << b.out;
     EXPECT_EQ(losses(off), want);
-    const auto y = checkpoint_bytes(off, kSteps);
+    const auto y = checkpoint_tensors(off, kSteps);
     int model = 0, optimizer = 0;
     for (const auto& [name, bytes] : x) {
       auto it = y.find(name);
@@ -170,7 +154,7 @@ TEST_F(OffloadParamGpuMpi, TensorParallelBuiltUnitByUnitIsBitwiseTheInMemoryRun)
   const std::vector<double> want = losses("mem");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   EXPECT_EQ(losses("off"), want);
-  const auto x = checkpoint_bytes("mem", kSteps), y = checkpoint_bytes("off", kSteps);
+  const auto x = checkpoint_tensors("mem", kSteps), y = checkpoint_tensors("off", kSteps);
   ASSERT_FALSE(x.empty());
   ASSERT_EQ(x.size(), y.size());
   for (const auto& [name, bytes] : x) {
